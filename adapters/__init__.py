@@ -1,0 +1,1 @@
+"""Driven and driving adapters: torch models, tokenizers, weight sources, HTTP, telemetry."""

@@ -1,0 +1,159 @@
+"""Single-request generation with the KV cache: a streaming iterator of text deltas.
+
+The engine (batching, many requests) has its own loop; this is the standalone path for
+scripts, the CLI and the benchmark baseline.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from adapters.torch.kv_cache import KVCache
+from adapters.torch.sampler import Sampler, make_generator
+from adapters.torch.transformer import Transformer
+from domain.detokenizer import IncrementalDetokenizer
+from domain.errors import InvalidParameterError
+from domain.ports import Tokenizer
+from domain.sampling import SamplingParams
+from domain.stop import StopStringMatcher
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One sampled token's worth of output; the last chunk carries ``finish_reason``
+    (``"eos"``, ``"stop"`` or ``"length"``). ``text`` may be empty while text is held back
+    (an unfinished UTF-8 character or a possible stop-string prefix)."""
+
+    text: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+
+
+def stream_generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    sampler: Sampler | None = None,
+) -> Iterator[GenerationChunk]:
+    """Yield a chunk per generated token until EOS, a stop string / token, or max tokens."""
+    _validate(model, tokenizer, prompt_ids, params)
+    device = model.embed_tokens.weight.device
+    sampler = sampler or Sampler()
+    generator = make_generator(params.seed, device) if params.seed is not None else None
+    cache = KVCache.from_model_config(
+        model.config,
+        len(prompt_ids) + params.max_new_tokens,
+        dtype=model.embed_tokens.weight.dtype,
+        device=device,
+    )
+    stops = _StopState(tokenizer, prompt_ids, params)
+    output: list[int] = []
+    next_input = torch.zeros(1, 1, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids], device=device), kv_cache=cache)
+        while True:
+            sampled = sampler.sample(
+                logits[:, -1],
+                [params],
+                prompt_ids=[prompt_ids],
+                output_ids=[output],
+                generators=[generator],
+            )
+            token = sampled.token_ids[0]
+            output.append(token)
+            chunk = stops.chunk(token, len(output), sampled.logprobs, sampled.top_logprobs)
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+            next_input.fill_(token)
+            logits = model(next_input, kv_cache=cache)
+
+
+def generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: str | list[int],
+    params: SamplingParams,
+    *,
+    chat: bool = False,
+) -> GenerationResult:
+    """Run :func:`stream_generate` to completion; ``chat`` renders ``prompt`` as a user turn."""
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
+    chunks = list(stream_generate(model, tokenizer, prompt_ids, params))
+    return GenerationResult(
+        text="".join(c.text for c in chunks),
+        token_ids=[c.token_id for c in chunks],
+        finish_reason=chunks[-1].finish_reason or "length",
+        prompt_tokens=len(prompt_ids),
+    )
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str | list[int], *, chat: bool) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt
+    if chat:
+        return tokenizer.render_chat([{"role": "user", "content": prompt}])
+    return tokenizer.encode(prompt)
+
+
+def _validate(
+    model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams
+) -> None:
+    if not prompt_ids:
+        raise InvalidParameterError("prompt", "must not be empty")
+    vocab = model.config.vocab_size
+    if any(not 0 <= t < vocab for t in prompt_ids):
+        raise InvalidParameterError("prompt", f"token ids must be in [0, {vocab})")
+    limit = model.config.max_position_embeddings
+    if len(prompt_ids) + params.max_new_tokens > limit:
+        raise InvalidParameterError(
+            "max_new_tokens",
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+            f"exceeds the model's context length {limit}",
+        )
+
+
+class _StopState:
+    """Turns sampled tokens into text chunks and decides when generation ends."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams):
+        self.params = params
+        self.eos = frozenset() if params.ignore_eos else tokenizer.eos_token_ids
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.matcher = StopStringMatcher(params.stop)
+
+    def chunk(
+        self,
+        token: int,
+        count: int,
+        logprobs: list[float] | None,
+        top: list[list[tuple[int, float]]] | None,
+    ) -> GenerationChunk:
+        logprob = logprobs[0] if logprobs else None
+        alternatives = top[0] if top else []
+        if token in self.eos or token in self.params.stop_token_ids:
+            reason = "eos" if token in self.eos else "stop"
+            return GenerationChunk(self._tail(), token, logprob, alternatives, reason)
+        text, hit = self.matcher.feed(self.detokenizer.push(token))
+        if hit:
+            return GenerationChunk(text, token, logprob, alternatives, "stop")
+        if count >= self.params.max_new_tokens:
+            return GenerationChunk(text + self._tail(), token, logprob, alternatives, "length")
+        return GenerationChunk(text, token, logprob, alternatives)
+
+    def _tail(self) -> str:
+        text, _ = self.matcher.feed(self.detokenizer.flush())
+        return text + self.matcher.flush()

@@ -1,0 +1,60 @@
+"""Contiguous, preallocated KV cache with a batch dimension (no per-step concatenation)."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from adapters.torch.config import ModelConfig
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer, ``[layers, batch, kv_heads, max_seq_len, head_dim]``.
+
+    All rows share ``seq_len``, the number of positions written so far; a forward writes its
+    ``T`` new positions at ``[seq_len, seq_len + T)`` of every layer and then ``advance(T)``.
+    """
+
+    k: Tensor
+    v: Tensor
+    seq_len: int = 0
+
+    @staticmethod
+    def from_model_config(
+        config: ModelConfig,
+        max_seq_len: int,
+        *,
+        batch_size: int = 1,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+    ) -> "KVCache":
+        shape = (config.num_layers, batch_size, config.num_kv_heads, max_seq_len, config.head_dim)
+        return KVCache(
+            k=torch.zeros(shape, dtype=dtype, device=device),
+            v=torch.zeros(shape, dtype=dtype, device=device),
+        )
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k, v`` ``[batch, kv_heads, T, head_dim]`` at the current position; return
+        views of everything written so far, ``[batch, kv_heads, seq_len + T, head_dim]``."""
+        end = self.seq_len + k.shape[2]
+        if end > self.max_seq_len:
+            raise ValueError(f"KV cache overflow: {end} positions > max_seq_len {self.max_seq_len}")
+        self.k[layer, :, :, self.seq_len : end] = k
+        self.v[layer, :, :, self.seq_len : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, num_tokens: int) -> None:
+        self.seq_len += num_tokens
+
+    def reset(self) -> None:
+        self.seq_len = 0

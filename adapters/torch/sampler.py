@@ -1,0 +1,262 @@
+"""Batched sampling: one call picks the next token of every row, each with its own parameters.
+
+Pipeline per row (HF order): penalties -> top-k -> temperature -> softmax -> top-p -> min-p ->
+inverse-CDF draw. Greedy rows are argmax; in a mixed batch they ride the same pipeline as
+"top-k 1, draw 0", which keeps the lowest id among tied maxima.
+
+Every step is row-local and order-free (thresholds, no sorts), so a row with its own
+generator gets the same token whichever rows share its batch. At most one device->host
+transfer per call: everything the host needs is packed into one tensor before ``tolist()``.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from domain.sampling import SamplingParams
+
+# Probabilities as integers (units of 2**-40): exact, order-independent sums, so the nucleus and
+# the CDF come out the same on every device and batch; the truncated tail (< 1e-12) never wins.
+_FIXED_POINT = 2.0**40
+# Radix-select digit widths over the 31 magnitude bits of a non-negative float32.
+_RADIX_WIDTHS = (11, 10, 10)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleResult:
+    """Per row: the chosen id; when any row asked, its logprob and the top-N alternatives.
+
+    Logprobs come from the model's raw distribution (log-softmax of the logits before
+    penalties, temperature and filters), as OpenAI's ``logprobs`` mean. ``top_logprobs`` rows
+    hold ``params.logprobs`` pairs, best first, and are empty for rows that asked for none.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A request's own random stream, on the device its logits live on."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class Sampler:
+    """Samples a whole batch in one call, each row with its own :class:`SamplingParams`."""
+
+    def sample(
+        self,
+        logits: Tensor,
+        params: Sequence[SamplingParams],
+        *,
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        generators: Sequence[torch.Generator | None],
+    ) -> SampleResult:
+        """``logits`` ``[B, V]`` (any float dtype); the other arguments have one entry per row.
+
+        ``generators[i]`` is row i's own generator (seeded requests) or ``None`` (global RNG).
+        """
+        assert logits.shape[0] == len(params) == len(prompt_ids) == len(output_ids)
+        assert len(generators) == len(params)
+        raw = logits.float()
+        penalized = _penalize_rows(raw, params, prompt_ids, output_ids)
+        if all(p.greedy for p in params):
+            token_ids = penalized.argmax(dim=-1)
+        else:
+            probs = filtered_probs(penalized, params)
+            token_ids = sample_from_probs(probs, _uniforms(params, generators, logits.device))
+        return _collect(token_ids, raw, params)
+
+
+def filtered_probs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """``[B, V]`` float32 logits -> ``[B, V]`` unnormalized probabilities after every filter.
+
+    Greedy rows keep only their maximal logits (top-k 1 at temperature 1). Each filter runs
+    only when some row uses it.
+    """
+    vocab_size = logits.shape[-1]
+    top_k = [1 if p.greedy else p.top_k for p in params]
+    if any(0 < k < vocab_size for k in top_k):
+        logits = apply_top_k(logits, top_k)
+    temperature = _row_values([1.0 if p.greedy else p.temperature for p in params], logits)
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    top_p = [1.0 if p.greedy else p.top_p for p in params]
+    if any(q < 1.0 for q in top_p):
+        probs = apply_top_p(probs, top_p)
+    min_p = [0.0 if p.greedy else p.min_p for p in params]
+    if any(m > 0.0 for m in min_p):
+        probs = apply_min_p(probs, min_p)
+    return probs
+
+
+def apply_penalties(
+    logits: Tensor,
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+    repetition: Sequence[float],
+    presence: Sequence[float],
+    frequency: Sequence[float],
+) -> Tensor:
+    """``[B, V]`` logits with per-row penalties applied; returns a new tensor.
+
+    Repetition (HF): a token seen in prompt or output has its logit divided by the penalty if
+    positive, multiplied if not. Presence and frequency (OpenAI), over output tokens only:
+    ``logit -= presence * (count > 0) + frequency * count``.
+    """
+    output_counts = token_counts(output_ids, logits.shape[-1], logits.device)
+    seen = (token_counts(prompt_ids, logits.shape[-1], logits.device) > 0) | (output_counts > 0)
+    scale = torch.where(seen, _row_values(repetition, logits)[:, None], 1.0)
+    logits = torch.where(logits > 0, logits / scale, logits * scale)
+    logits = logits - _row_values(frequency, logits)[:, None] * output_counts
+    return logits - _row_values(presence, logits)[:, None] * (output_counts > 0)
+
+
+def token_counts(
+    token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device
+) -> Tensor:
+    """``[B, vocab_size]`` float32: how many times each id occurs in each row of ``token_ids``."""
+    flat = [row * vocab_size + t for row, ids in enumerate(token_ids) for t in ids]
+    index = torch.tensor(flat, dtype=torch.long, device=device)
+    counts = torch.zeros(len(token_ids) * vocab_size, device=device)
+    # Float atomics adding ones are exact, so this is deterministic on every device.
+    counts.index_add_(0, index, torch.ones(len(flat), device=device))
+    return counts.view(len(token_ids), vocab_size)
+
+
+def apply_top_k(logits: Tensor, top_k: Sequence[int]) -> Tensor:
+    """``[B, V]`` logits with everything below each row's k-th largest value set to -inf.
+
+    ``top_k[i] <= 0`` disables row i. Ties with the k-th value are kept, so the result depends
+    on values only, never on how a sort orders equal logits (bf16 logits tie often).
+    """
+    vocab_size = logits.shape[-1]
+    enabled = [0 < k < vocab_size for k in top_k]
+    ks = [k if on else 1 for k, on in zip(top_k, enabled, strict=True)]
+    kth_index = torch.tensor(ks, device=logits.device)[:, None] - 1
+    kth = logits.topk(max(ks), dim=-1).values.gather(1, kth_index)
+    on = torch.tensor(enabled, device=logits.device)[:, None]
+    return logits.masked_fill(on & (logits < kth), float("-inf"))
+
+
+def apply_top_p(probs: Tensor, top_p: Sequence[float]) -> Tensor:
+    """``[B, V]`` probabilities with tokens outside each row's nucleus set to 0.
+
+    The nucleus is the most probable tokens whose mass first reaches ``top_p`` of the row's
+    total (the top token always stays; ties at the boundary all stay). ``top_p[i] == 1``
+    disables row i.
+    """
+    threshold = _nucleus_threshold(probs, _row_values(top_p, probs))
+    enabled = torch.tensor([p < 1.0 for p in top_p], device=probs.device)[:, None]
+    return probs.masked_fill(enabled & (probs.view(torch.int32) < threshold), 0.0)
+
+
+def _nucleus_threshold(probs: Tensor, top_p: Tensor) -> Tensor:
+    """``[B, 1]`` int32 bit pattern of each row's smallest kept probability.
+
+    A radix select instead of a sort (a 49152-wide ``torch.sort`` costs milliseconds on a
+    CPU): non-negative float32 values order like their int32 bit patterns, so the threshold
+    is found digit by digit from per-row histograms of probability mass, most significant
+    digit first. Per digit the bins are: 0 below the prefix found so far, 1 + digit inside
+    it, last above it; the chosen digit is the largest whose mass from it upward reaches
+    ``top_p`` of the total. ``probs`` ``[B, V]``, ``top_p`` ``[B]``.
+    """
+    bits = probs.view(torch.int32)
+    weights = (probs * _FIXED_POINT).long()
+    target = top_p.double()[:, None] * weights.sum(dim=-1, keepdim=True)
+    prefix = torch.zeros_like(bits[:, :1])
+    shift = 31
+    for width in _RADIX_WIDTHS:
+        shift -= width
+        bins = ((bits >> shift) - ((prefix << width) - 1)).clamp_(0, (1 << width) + 1).long()
+        hist = weights.new_zeros(bits.shape[0], (1 << width) + 2).scatter_add_(1, bins, weights)
+        mass_from = hist.flip(-1).cumsum(dim=-1).flip(-1)
+        digit = (mass_from >= target).sum(dim=-1, keepdim=True, dtype=torch.int32) - 2
+        prefix = (prefix << width) + digit
+    return prefix
+
+
+def apply_min_p(probs: Tensor, min_p: Sequence[float]) -> Tensor:
+    """``[B, V]`` probabilities with tokens below ``min_p`` times the row's maximum set to 0."""
+    floor = _row_values(min_p, probs)[:, None] * probs.amax(dim=-1, keepdim=True)
+    return probs.masked_fill(probs < floor, 0.0)
+
+
+def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """``[B]`` int64 ids drawn by inverse CDF from unnormalized ``[B, V]`` probabilities.
+
+    ``uniforms`` ``[B]`` float64 in ``[0, 1)``; 0 picks the lowest-id kept token. One uniform
+    per row (instead of V exponentials for an exponential race) keeps the draw cheap and lets
+    a row's generator advance the same whatever the batch.
+    """
+    cdf = (probs * _FIXED_POINT).long().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.minimum((uniforms[:, None] * total).long(), total - 1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+
+def _penalize_rows(
+    logits: Tensor,
+    params: Sequence[SamplingParams],
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+) -> Tensor:
+    """``[B, V]`` logits with :func:`apply_penalties` run on only the rows that have any."""
+    rows = [i for i, p in enumerate(params) if p.has_penalties]
+    if not rows:
+        return logits
+    index = torch.tensor(rows, device=logits.device)
+    penalized = apply_penalties(
+        logits.index_select(0, index),
+        [prompt_ids[i] for i in rows],
+        [output_ids[i] for i in rows],
+        [params[i].repetition_penalty for i in rows],
+        [params[i].presence_penalty for i in rows],
+        [params[i].frequency_penalty for i in rows],
+    )
+    return logits.index_copy(0, index, penalized)
+
+
+def _uniforms(
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    device: torch.device,
+) -> Tensor:
+    """``[B]`` float64: one draw per row from its own generator (or the global one); greedy 0."""
+    if all(g is None for g in generators):
+        draws = torch.rand(len(params), dtype=torch.float64, device=device)
+    else:
+        draws = torch.cat(
+            [torch.rand(1, dtype=torch.float64, device=device, generator=g) for g in generators]
+        )
+    sampled = torch.tensor([not p.greedy for p in params], device=device)
+    return draws * sampled
+
+
+def _row_values(values: Sequence[float], like: Tensor) -> Tensor:
+    """``[B]`` float32 on ``like``'s device."""
+    return torch.tensor(values, dtype=torch.float32, device=like.device)
+
+
+def _collect(token_ids: Tensor, raw: Tensor, params: Sequence[SamplingParams]) -> SampleResult:
+    """Bring ids ``[B]`` (and, if asked, logprobs of ``raw`` ``[B, V]``) to the host at once."""
+    wanted = [p.logprobs for p in params]
+    if all(n is None for n in wanted):
+        return SampleResult(token_ids.tolist(), None, None)
+    logprobs = torch.log_softmax(raw, dim=-1)
+    n_max = max(n or 0 for n in wanted)
+    top = logprobs.topk(n_max, dim=-1)
+    chosen = logprobs.gather(1, token_ids[:, None])
+    # float64 holds every vocabulary id exactly, so one tensor carries ids and logprobs.
+    columns = [token_ids[:, None], chosen, top.indices, top.values]
+    rows = torch.cat([c.double() for c in columns], dim=1).tolist()
+    return SampleResult(
+        token_ids=[int(row[0]) for row in rows],
+        logprobs=[row[1] for row in rows],
+        top_logprobs=[
+            [(int(i), v) for i, v in zip(row[2 : 2 + (n or 0)], row[2 + n_max :], strict=False)]
+            for row, n in zip(rows, wanted, strict=True)
+        ],
+    )

@@ -1,0 +1,82 @@
+"""The decoder-only transformer every family shares; families supply their blocks.
+
+``forward(input_ids, kv_cache=None, padding_mask=None)`` follows seed 000 §4: right
+padding, and the last-position shortcut only with a cache and no padding mask.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from adapters.torch.config import ModelConfig
+from adapters.torch.kv_cache import KVCache
+from adapters.torch.layers import AttnMask, RMSNorm, RotaryTable, build_mask
+
+
+class Block(nn.Module):
+    """One decoder layer; ``sliding`` selects the local rope and sliding-window mask."""
+
+    sliding: bool = False
+
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: KVCache | None
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, blocks: list[Block], *, unit_offset: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(blocks)
+        self.sliding = [b.sliding for b in blocks]
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=unit_offset)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope: dict[bool, RotaryTable] = {}
+
+    def setup_rope(self, dtype: torch.dtype, device: torch.device | str) -> None:
+        """Build the cos/sin tables (not parameters: they are derived, never loaded)."""
+        c = self.config
+        self.rope = {
+            False: RotaryTable(c.rope, c.head_dim, c.max_position_embeddings, dtype, device)
+        }
+        if c.local_rope is not None:
+            self.rope[True] = RotaryTable(
+                c.local_rope, c.head_dim, c.max_position_embeddings, dtype, device
+            )
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self, input_ids: Tensor, kv_cache: KVCache | None = None, padding_mask: Tensor | None = None
+    ) -> Tensor:
+        """``input_ids`` ``[batch, T]`` -> logits ``[batch, T | 1, vocab]``.
+
+        ``padding_mask`` ``[batch, >= kv_len]`` (True = real token) requires a cache.
+        """
+        if padding_mask is not None and kv_cache is None:
+            raise ValueError("padding_mask requires a kv_cache")
+        seqlen = input_ids.shape[1]
+        start = kv_cache.seq_len if kv_cache is not None else 0
+        ropes = {s: table.at(start, seqlen) for s, table in self.rope.items()}
+        masks = {
+            s: build_mask(start, seqlen, padding_mask, self._window(s), input_ids.device)
+            for s in self.rope
+        }
+        x = self.embed(input_ids)
+        for layer, sliding in zip(self.layers, self.sliding, strict=True):
+            x = layer(x, ropes[sliding], masks[sliding], kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(seqlen)
+            if padding_mask is None:
+                x = x[:, -1:]
+        return self.logits(self.norm(x))
+
+    def logits(self, x: Tensor) -> Tensor:
+        return self.lm_head(x)
+
+    def _window(self, sliding: bool) -> int | None:
+        return self.config.sliding_window if sliding else None

@@ -1,0 +1,1 @@
+"""Use cases: the engine step loop and the services built on it (domain + stdlib only)."""

@@ -1,0 +1,1 @@
+"""Pure domain layer: entities, value objects, scheduler policies and ports (stdlib only)."""

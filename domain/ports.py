@@ -1,0 +1,46 @@
+"""Ports: what the domain and application need from the outside world."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+ChatMessage = Mapping[str, Any]
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids, and chat rendering through the model's chat template.
+
+    Held by tests/contract/test_tokenizer_contract.py against the fake and the real adapter.
+    """
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Ids that end generation: the tokenizer's eos plus the model's generation config's."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer knows, added tokens included."""
+        ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``; a character whose bytes are incomplete decodes to U+FFFD."""
+        ...
+
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Prompt ids of a conversation; ``InvalidParameterError`` if the model has no template.
+
+        ``add_generation_prompt`` appends the opener of the assistant's turn. ``tools`` are
+        OpenAI-style function definitions; a template without a tools section ignores them.
+        """
+        ...

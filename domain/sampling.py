@@ -1,0 +1,72 @@
+"""Sampling parameters: a validated value object shared by every face of the engine."""
+
+from dataclasses import dataclass
+
+from domain.errors import InvalidParameterError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick the next tokens of one request.
+
+    ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` and ``min_p == 0``
+    disable those filters. Repetition penalty (HF semantics) applies to prompt and output
+    tokens; presence and frequency penalties (OpenAI semantics) to output tokens only.
+    ``logprobs`` is ``None`` for none, ``0`` for the chosen token's logprob only, ``N`` for the
+    chosen token plus the top-N alternatives.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        _check(0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
+        _check(self.top_k >= -1, "top_k", "must be -1, 0 (disabled) or a positive integer")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(
+            self.seed is None or 0 <= self.seed < 2**63,
+            "seed",
+            "must be a non-negative 63-bit integer",
+        )
+        _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
+        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")
+        _check(
+            self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+            "logprobs",
+            f"must be in [0, {MAX_LOGPROBS}]",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidParameterError(param, message)

@@ -1,0 +1,51 @@
+"""Stop strings on streamed text: emit what is safe, hold back what may start a stop string."""
+
+from collections.abc import Sequence
+
+
+class StopStringMatcher:
+    """Finds the first stop string to complete in a stream of text deltas (OpenAI semantics).
+
+    The stop string itself is never emitted, nor anything after it. Text that could be the
+    beginning of a stop string is held back until the next deltas decide; stop strings spanning
+    several deltas are found. Stop strings must be non-empty (``SamplingParams`` checks).
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._stop = tuple(stop)
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Returns the text safe to emit now, and whether a stop string was hit."""
+        text = self._held + delta
+        hit = self._first_hit(text)
+        if hit is not None:
+            self._held = ""
+            return text[:hit], True
+        safe = len(text) - self._partial_stop_length(text)
+        self._held = text[safe:]
+        return text[:safe], False
+
+    def flush(self) -> str:
+        """Returns the held-back text at the end of the stream (no stop string was hit)."""
+        held, self._held = self._held, ""
+        return held
+
+    def _first_hit(self, text: str) -> int | None:
+        """Start of the stop string that completes first in ``text`` (the longest on a tie).
+
+        Ordering by end rather than start keeps the result independent of how the text was cut
+        into deltas: "abcd" with stops ("abcd", "c") stops at "ab" whether it arrives at once or
+        character by character.
+        """
+        found = [(i + len(s), i) for s in self._stop if (i := text.find(s)) >= 0]
+        return min(found)[1] if found else None
+
+    def _partial_stop_length(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+        longest = max((len(s) - 1 for s in self._stop), default=0)
+        for length in range(min(longest, len(text)), 0, -1):
+            suffix = text[-length:]
+            if any(s.startswith(suffix) for s in self._stop):
+                return length
+        return 0

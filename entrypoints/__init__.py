@@ -1,0 +1,1 @@
+"""Composition root, CLI and in-process API."""

@@ -1,0 +1,113 @@
+"""``infer`` command line: ``infer generate "prompt"`` (``infer serve`` comes with the server)."""
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from adapters.torch.generate import encode_prompt, stream_generate
+from domain.errors import InferError
+from domain.sampling import SamplingParams
+from entrypoints.container import DTYPES, create_container
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except InferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infer", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    gen = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
+    gen.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    _add_model_args(gen)
+    gen.add_argument("--chat", action="store_true", help="render the prompt as a user chat turn")
+    _add_sampling_args(gen)
+    gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF folder, .gguf file, hub id, 'dummy:<name>', or alias "
+        "(default: the embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
+    )
+    p.add_argument(
+        "--cache-dir", default=None, help="converted-weights cache (default ~/.cache/infer)"
+    )
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)
+    container = create_container(
+        args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir
+    )
+    start = time.perf_counter()
+    model, tokenizer = container.model(), container.tokenizer()
+    loaded = time.perf_counter()
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=args.chat)
+    first = None
+    count, reason = 0, None
+    for chunk in stream_generate(model, tokenizer, prompt_ids, params, sampler=container.sampler()):
+        first = first or time.perf_counter()
+        count += 1
+        reason = chunk.finish_reason
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    end = time.perf_counter()
+    sys.stdout.write("\n")
+    if not args.quiet and first is not None:
+        decode = (count - 1) / (end - first) if count > 1 else 0.0
+        print(
+            f"[{container.resolved_model().name}] load {loaded - start:.2f} s, "
+            f"prompt {len(prompt_ids)} tokens, TTFT {(first - loaded) * 1e3:.0f} ms, "
+            f"{count} tokens at {decode:.1f} tok/s, finish: {reason}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
