@@ -97,7 +97,7 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
     end = time.perf_counter()
-    sys.stdout.write("\n")
+    print(flush=True)
     if not args.quiet and first is not None:
         decode = (count - 1) / (end - first) if count > 1 else 0.0
         print(

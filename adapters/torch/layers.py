@@ -57,7 +57,8 @@ def _llama3_scaling(inv: Tensor, rope: RopeConfig) -> Tensor:
 
 
 class RotaryTable:
-    """cos/sin for every position, ``[max_positions, head_dim]``, computed once in float32."""
+    """cos and signed sin for every position, ``[max_positions, head_dim]``, computed once in
+    float32. The sin's first half is negated so rotate-half needs only a roll."""
 
     def __init__(
         self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype, device
@@ -66,20 +67,22 @@ class RotaryTable:
         pos = torch.arange(max_positions, device=device, dtype=torch.float32)
         freqs = torch.outer(pos, inv)
         emb = torch.cat((freqs, freqs), dim=-1)
+        sin = emb.sin()
+        sin[:, : head_dim // 2].neg_()
         self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        self.sin = sin.to(dtype)
 
     def at(self, start: int, length: int) -> tuple[Tensor, Tensor]:
-        """cos, sin for positions ``[start, start + length)``, ``[1, 1, length, head_dim]``."""
-        return self.cos[None, None, start : start + length], self.sin[
-            None, None, start : start + length
+        """cos, sin for positions ``[start, start + length)``, ``[1, length, 1, head_dim]``."""
+        return self.cos[None, start : start + length, None], self.sin[
+            None, start : start + length, None
         ]
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate-half RoPE on ``x`` ``[batch, heads, T, head_dim]``."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotate-half RoPE on ``x`` ``[batch, T, heads, head_dim]``:
+    ``x * cos + cat(-x2, x1) * sin`` written as ``x * cos + roll(x) * signed_sin``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class Attention(nn.Module):
@@ -114,49 +117,35 @@ class Attention(nn.Module):
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: KVCache | None
     ) -> Tensor:
         bsz, seqlen, _ = x.shape
-        q, k, v = self.wqkv(x).split(
-            [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim],
-            dim=-1,
-        )
-        q = q.view(bsz, seqlen, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(bsz, seqlen, self.n_kv, self.head_dim).transpose(1, 2)
-        v = v.view(bsz, seqlen, self.n_kv, self.head_dim).transpose(1, 2)
+        n_qk = self.n_heads + self.n_kv
+        qkv = self.wqkv(x).view(bsz, seqlen, n_qk + self.n_kv, self.head_dim)
+        qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = qk.split([self.n_heads, self.n_kv], dim=2)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=2)
+        # One rotation for queries and keys together: half the small ops of a decode step.
+        q, k = apply_rope(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
+        v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         if mask.kv_start:
             k, v = k[:, :, mask.kv_start :], v[:, :, mask.kv_start :]
-        if seqlen == 1:
-            y = decode_attention(q, k, v, mask.mask, self.scale)
-        else:
-            y = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask.mask,
-                is_causal=mask.is_causal,
-                scale=self.scale,
-                enable_gqa=self.n_kv != self.n_heads,
-            )
+        y = self._attend(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, -1))
 
-
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """One query per row: ``q`` ``[B, H, 1, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, 1, D]``.
-
-    Two batched matmuls with the query heads grouped per KV head: on a CPU, SDPA's flash
-    kernel costs several times more than this for a single query.
-    """
-    bsz, n_heads, _, head_dim = q.shape
-    n_kv = k.shape[1]
-    qg = q.view(bsz, n_kv, n_heads // n_kv, head_dim)
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [B, Hkv, G, L]
-    if mask is not None:
-        scores = scores.masked_fill(~mask.view(mask.shape[0], 1, 1, -1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.matmul(probs, v).view(bsz, n_heads, 1, head_dim)
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
+        """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``, computed in
+        the keys' dtype (a CPU cache keeps float32: see :func:`cache_dtype`)."""
+        y = F.scaled_dot_product_attention(
+            q.to(k.dtype),
+            k,
+            v,
+            attn_mask=mask.mask,
+            is_causal=mask.is_causal,
+            scale=self.scale,
+            enable_gqa=self.n_kv != self.n_heads,
+        )
+        return y.to(q.dtype)
 
 
 class GatedMLP(nn.Module):

@@ -1,7 +1,6 @@
 """The real GGUFs shipped in PyPI wheels: SmolLM2-135M-Instruct (default) and Gemma-3-270M."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -47,9 +46,7 @@ def test_the_default_model_converts_to_a_working_chat_model(cache_dir):
 def test_the_default_model_is_served_from_the_cache_the_second_time(cache_dir, monkeypatch):
     first = resolve_model("default", cache_dir=cache_dir, progress=False)
     monkeypatch.setattr(converter, "convert_gguf", pytest.fail)
-    start = time.perf_counter()
     second = resolve_model("smollm2", cache_dir=cache_dir, progress=False)
-    assert time.perf_counter() - start < 0.05
     assert second == first
 
 

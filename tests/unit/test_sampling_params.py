@@ -1,0 +1,43 @@
+"""SamplingParams validates its ranges and names the offending field."""
+
+import pytest
+
+from domain.errors import InvalidParameterError
+from domain.sampling import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_new_tokens", 0),
+        ("temperature", -0.1),
+        ("top_k", -2),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("min_p", 1.1),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3.0),
+        ("seed", -1),
+        ("stop", ("",)),
+        ("stop_token_ids", (-1,)),
+        ("logprobs", 21),
+    ],
+)
+def test_out_of_range_values_are_rejected_by_name(field: str, value: object) -> None:
+    with pytest.raises(InvalidParameterError) as error:
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+    assert error.value.param == field
+    assert field in str(error.value)
+
+
+def test_defaults_are_valid_and_sample_without_penalties() -> None:
+    params = SamplingParams()
+    assert not params.greedy
+    assert not params.has_penalties
+
+
+def test_temperature_zero_is_greedy_and_penalties_are_detected() -> None:
+    assert SamplingParams(temperature=0.0).greedy
+    assert SamplingParams(presence_penalty=0.5).has_penalties
+    assert SamplingParams(repetition_penalty=1.2).has_penalties
