@@ -26,6 +26,10 @@ class KVCache:
     v: Tensor
     seq_len: int = 0
 
+    def __post_init__(self) -> None:
+        # Per-layer views made once: indexing the 5-d tensors costs several ops per step.
+        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
+
     @staticmethod
     def from_model_config(
         config: ModelConfig,
@@ -55,9 +59,10 @@ class KVCache:
         end = self.seq_len + k.shape[2]
         if end > self.max_seq_len:
             raise ValueError(f"KV cache overflow: {end} positions > max_seq_len {self.max_seq_len}")
-        self.k[layer, :, :, self.seq_len : end] = k
-        self.v[layer, :, :, self.seq_len : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        k_all, v_all = self._k_layers[layer], self._v_layers[layer]
+        k_all[:, :, self.seq_len : end].copy_(k)
+        v_all[:, :, self.seq_len : end].copy_(v)
+        return k_all[:, :, :end], v_all[:, :, :end]
 
     def advance(self, num_tokens: int) -> None:
         self.seq_len += num_tokens
