@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # One fused op for the float32 normalization (same values as the textbook formula).
+        # Normalized in float32, as HF does, whatever the activation dtype.
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         if self.unit_offset:  # Gemma multiplies in float32 before casting back
             return (h * (1.0 + self.weight.float())).to(x.dtype)
