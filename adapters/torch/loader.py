@@ -7,6 +7,7 @@ Checkpoint names map one to one onto ours except the fused projections: q/k/v be
 import json
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.cpu_linear import can_pack, pack_linears
+from adapters.torch.cpu_inference import can_optimize, optimize_for_cpu
 from adapters.torch.gemma3 import Gemma3Model
 from adapters.torch.llama import LlamaModel
 from adapters.torch.qwen3 import Qwen3Model
@@ -47,8 +48,8 @@ def load_model(
 ) -> Transformer:
     """Our model for ``folder/config.json`` with its safetensors weights, for inference.
 
-    ``prepack`` puts bf16 CPU linears into oneDNN's layout (faster, but no longer plain
-    parameters: pass False for a model whose weights will be trained or inspected).
+    ``prepack`` applies :func:`optimize_for_cpu` to a bf16 CPU model (faster, but its linears
+    are no longer plain parameters: pass False for a model to train or inspect).
     """
     config = ModelConfig.from_folder(folder)
     family = FAMILIES[config.arch]
@@ -58,7 +59,7 @@ def load_model(
             model = family(config).to(dtype)
         _init_random(model)
     else:
-        with torch.device("meta"):
+        with torch.device("meta"), _skipped_init():
             model = family(config)
         state = _fused_state_dict(folder, dtype, device)
         _check_keys(model, state, folder)
@@ -67,9 +68,24 @@ def load_model(
             model.lm_head.weight = model.embed_tokens.weight
     model.setup_rope(dtype, device)
     model.eval().requires_grad_(False)
-    if prepack and can_pack(model):
-        pack_linears(model)
+    if prepack and can_optimize(model):
+        optimize_for_cpu(model)
     return model
+
+
+@contextmanager
+def _skipped_init() -> Iterator[None]:
+    """Parameter init is wasted work before loading weights, and on "meta" tensors it runs
+    through torch's reference ops, whose first use imports torch._dynamo (~1 s)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
 
 
 def _init_random(model: Transformer) -> None:

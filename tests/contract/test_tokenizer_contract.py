@@ -160,3 +160,21 @@ def test_hf_tokenizer_refuses_chat_without_a_template(smollm2_folder: Path, tmp_
 def test_hf_tokenizer_reports_a_folder_without_a_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=str(tmp_path)):
         HFTokenizer.from_folder(tmp_path)
+
+
+@pytest.mark.parametrize("generation_prompt", [True, False])
+@pytest.mark.parametrize("conversation", [CONVERSATION, CONVERSATION[1:]])
+def test_hf_tokenizer_matches_transformers_encoding_and_chat_rendering(
+    smollm2_folder: Path, conversation: list[dict[str, str]], generation_prompt: bool
+) -> None:
+    ours = HFTokenizer.from_folder(smollm2_folder)
+    reference = AutoTokenizer.from_pretrained(smollm2_folder)
+    for text in TEXTS.values():
+        assert ours.encode(text) == reference.encode(text)
+    expected = reference.apply_chat_template(
+        conversation, tools=[WEATHER_TOOL], add_generation_prompt=generation_prompt, tokenize=False
+    )
+    rendered = ours.render_chat(
+        conversation, tools=[WEATHER_TOOL], add_generation_prompt=generation_prompt
+    )
+    assert rendered == reference.encode(expected, add_special_tokens=False)

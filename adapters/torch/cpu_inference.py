@@ -1,0 +1,128 @@
+"""CPU inference optimizations, applied to a loaded bf16 model from outside.
+
+- Linear weights prepacked into oneDNN's blocked layout (what inductor's freezing pass
+  does): a bf16 matmul ~1.5x faster than ``F.linear``, identical results.
+- When this CPU has AVX512-BF16 and a C++ compiler, small kernels from
+  ``csrc/cpu_decode.cpp`` (built once on first use, cached by torch): a matrix-vector
+  product for single-row inputs that streams weights faster than oneDNN, and one call each
+  for RMSNorm and SiLU gating, which PyTorch runs as ~9 and ~4 small ops. A decode step of
+  a small model is bound by weight reads and per-op dispatch, so both matter.
+
+Packed weights are opaque (no autograd, no state_dict), so only inference models are
+optimized. ``INFER_CPU_KERNELS=0`` turns the compiled kernels off.
+"""
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from adapters.torch.layers import GatedMLP, RMSNorm
+
+log = structlog.get_logger(__name__)
+_SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
+
+
+@functools.cache
+def cpu_kernels() -> Any | None:
+    """The compiled kernels module, or None where they cannot be built or run."""
+    if os.environ.get("INFER_CPU_KERNELS", "1") == "0" or not _has_avx512_bf16():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name="infer_cpu_decode",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-mavx512f", "-mavx512bf16", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+        )
+    except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
+        log.warning("cpu kernels unavailable, using PyTorch ops", error=str(e))
+        return None
+
+
+def _has_avx512_bf16() -> bool:
+    try:
+        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+class PackedLinear(nn.Module):
+    """``y = x @ W.T (+ b)`` on oneDNN-prepacked weights; one-row inputs go to the GEMV
+    kernel when it is available (it needs the plain weight too)."""
+
+    def __init__(self, linear: nn.Linear, kernels: Any | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        gemv_fits = self.bias is None and self.in_features % 32 == 0
+        self.gemv = kernels.gemv if kernels is not None and gemv_fits else None
+        self.weight = weight.contiguous() if self.gemv is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gemv is not None and x.numel() == self.in_features and x.is_contiguous():
+            return self.gemv(x, self.weight)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class KernelRMSNorm(nn.Module):
+    """:class:`RMSNorm` as one kernel call for contiguous bf16 inputs."""
+
+    def __init__(self, norm: RMSNorm, kernels: Any) -> None:
+        super().__init__()
+        self.norm, self.kernel = norm, kernels.rms_norm
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.is_contiguous():
+            n = self.norm
+            return self.kernel(x, n.weight, n.eps, n.unit_offset)
+        return self.norm(x)
+
+
+class KernelSiluMLP(nn.Module):
+    """A SiLU :class:`GatedMLP` with the gating done in one kernel call."""
+
+    def __init__(self, mlp: GatedMLP, kernels: Any) -> None:
+        super().__init__()
+        self.w13, self.w2, self.kernel = mlp.w13, mlp.w2, kernels.silu_mul
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.kernel(self.w13(x)))
+
+
+def can_optimize(model: nn.Module) -> bool:
+    """Needs oneDNN with bf16 support, a CPU model and bf16 weights."""
+    weight = next(model.parameters())
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+def optimize_for_cpu(model: nn.Module) -> None:
+    """Swap in packed linears and, where available, the compiled kernels (in place)."""
+    kernels = cpu_kernels()
+    _swap(model, nn.Linear, lambda m: PackedLinear(m, kernels))
+    if kernels is None:
+        return
+    _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
+    _swap(model, GatedMLP, lambda m: KernelSiluMLP(m, kernels) if m.act is F.silu else m)
+
+
+def _swap(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> None:
+    for name, module in list(model.named_modules()):
+        if isinstance(module, kind):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, make(module))
