@@ -13,6 +13,7 @@ optimized. ``INFER_CPU_KERNELS=0`` turns the compiled kernels off.
 """
 
 import functools
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adapters.torch.layers import GatedMLP, RMSNorm
+from adapters.torch.layers import Attention, GatedMLP, RMSNorm
 
 log = structlog.get_logger(__name__)
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
@@ -37,8 +38,11 @@ def cpu_kernels() -> Any | None:
     try:
         from torch.utils.cpp_extension import load
 
+        # The source hash in the name lets checkouts with different kernels coexist in
+        # torch's extension cache instead of rebuilding over each other.
+        digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
         return load(
-            name="infer_cpu_decode",
+            name=f"infer_cpu_decode_{digest}",
             sources=[str(_SOURCE)],
             extra_cflags=["-O3", "-mavx512f", "-mavx512bf16", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -119,6 +123,9 @@ def optimize_for_cpu(model: nn.Module) -> None:
         return
     _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
     _swap(model, GatedMLP, lambda m: KernelSiluMLP(m, kernels) if m.act is F.silu else m)
+    for module in model.modules():
+        if isinstance(module, Attention) and module.head_dim % 16 == 0:
+            module.decode_kernel = kernels.decode_attention
 
 
 def _swap(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> None:

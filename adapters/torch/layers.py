@@ -112,6 +112,9 @@ class Attention(nn.Module):
         )
         scalar = config.query_pre_attn_scalar
         self.scale = scalar**-0.5 if scalar else config.head_dim**-0.5
+        # A faster single-query path, injected by CPU inference optimizations:
+        # (q [1, H, 1, D], k, v [1, Hkv, L, D] float32, scale) -> [1, H, 1, D].
+        self.decode_kernel: Callable[[Tensor, Tensor, Tensor, float], Tensor] | None = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: KVCache | None
@@ -136,6 +139,9 @@ class Attention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
         """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``, computed in
         the keys' dtype (a CPU cache keeps float32: see :func:`cache_dtype`)."""
+        one_query = q.shape[:3] == (1, self.n_heads, 1) and mask.mask is None
+        if self.decode_kernel is not None and one_query and k.dtype == torch.float32:
+            return self.decode_kernel(q, k, v, self.scale)
         y = F.scaled_dot_product_attention(
             q.to(k.dtype),
             k,

@@ -44,6 +44,16 @@ def test_silu_mul_matches_the_pytorch_ops() -> None:
     assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "length"), [(9, 3, 64, 37), (4, 1, 256, 5)])
+def test_decode_attention_matches_sdpa(heads: int, kv_heads: int, dim: int, length: int) -> None:
+    torch.manual_seed(3)
+    q = torch.randn(1, 1, heads, dim, dtype=BF16).transpose(1, 2)  # a strided view, as in Attention
+    cache = torch.randn(2, 1, kv_heads, length + 8, dim)
+    k, v = cache[0, :, :, :length], cache[1, :, :, :length]
+    expected = F.scaled_dot_product_attention(q.float(), k, v, scale=0.1, enable_gqa=True)
+    assert_close(kernels.decode_attention(q, k, v, 0.1), expected.to(BF16))
+
+
 def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) -> None:
     save_tiny_model("llama", tmp_path)
     fast = load_model(tmp_path, dtype=BF16)

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -112,7 +113,54 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return y;
 }
 
+// Attention of one query per head over a float32 cache, heads grouped per KV head (GQA):
+// q [1, H, 1, D] bf16, k and v [1, Hkv, L, D] float32 with contiguous rows -> [1, H, 1, D] bf16.
+// One call instead of SDPA plus two dtype conversions.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat && q.size(0) == 1 && q.size(2) == 1,
+              "decode_attention: one bf16 query row over a float32 cache");
+  const int64_t heads = q.size(1), kv_heads = k.size(1), len = k.size(2), dim = q.size(3);
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == dim && v.stride(2) == dim &&
+                  q.stride(3) == 1 && dim % 16 == 0,
+              "decode_attention: rows must be contiguous and head_dim a multiple of 16");
+  auto out = torch::empty({1, heads, 1, dim}, q.options());
+  const uint16_t* Q = bits(q);
+  const float* K = k.data_ptr<float>();
+  const float* V = v.data_ptr<float>();
+  uint16_t* O = bits_mut(out);
+  const int64_t group = heads / kv_heads, q_stride = q.stride(1);
+  const int64_t k_stride = k.stride(1), v_stride = v.stride(1);
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<float> qf(dim), scores(len), acc(dim, 0.f);
+    for (int64_t d = 0; d < dim; ++d) qf[d] = bf16_to_float(Q[h * q_stride + d]);
+    const float* kh = K + (h / group) * k_stride;
+    const float* vh = V + (h / group) * v_stride;
+    float best = -INFINITY;
+    for (int64_t l = 0; l < len; ++l) {
+      __m512 dot = _mm512_setzero_ps();
+      for (int64_t d = 0; d < dim; d += 16)
+        dot = _mm512_fmadd_ps(_mm512_loadu_ps(qf.data() + d), _mm512_loadu_ps(kh + l * dim + d), dot);
+      scores[l] = _mm512_reduce_add_ps(dot) * static_cast<float>(scale);
+      best = std::max(best, scores[l]);
+    }
+    float total = 0.f;
+    for (int64_t l = 0; l < len; ++l) total += (scores[l] = std::exp(scores[l] - best));
+    for (int64_t l = 0; l < len; ++l) {
+      const __m512 p = _mm512_set1_ps(scores[l] / total);
+      for (int64_t d = 0; d < dim; d += 16)
+        _mm512_storeu_ps(acc.data() + d, _mm512_fmadd_ps(p, _mm512_loadu_ps(vh + l * dim + d),
+                                                          _mm512_loadu_ps(acc.data() + d)));
+    }
+    for (int64_t d = 0; d < dim; ++d) O[h * dim + d] = float_to_bf16(acc[d]);
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "one-query GQA attention over a float32 cache");
   m.def("gemv", &gemv, "bf16 matrix-vector product (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
