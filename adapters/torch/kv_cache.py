@@ -40,9 +40,10 @@ class KVCache:
         device: str | torch.device = "cpu",
     ) -> "KVCache":
         shape = (config.num_layers, batch_size, config.num_kv_heads, max_seq_len, config.head_dim)
+        # Uninitialized: a position is always written before any view includes it.
         return KVCache(
-            k=torch.zeros(shape, dtype=dtype, device=device),
-            v=torch.zeros(shape, dtype=dtype, device=device),
+            k=torch.empty(shape, dtype=dtype, device=device),
+            v=torch.empty(shape, dtype=dtype, device=device),
         )
 
     @property
