@@ -1,0 +1,73 @@
+"""A completion request's lifecycle, and what each engine step reports about it.
+
+Prefill and decode are not separate code paths: a request has ``num_computed_tokens`` and
+the scheduler decides how many of its tokens run in a step (all of a prompt, a chunk of
+it, or the one newest token).
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from domain.sampling import SamplingParams
+
+
+class RequestState(Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time_s: float
+
+    state: RequestState = RequestState.WAITING
+    generated_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return self.num_prompt_tokens + len(self.generated_token_ids)
+
+    @property
+    def is_done(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.FAILED)
+
+    def token_ids_from(self, start: int, count: int) -> list[int]:
+        """``count`` tokens of prompt + output starting at position ``start``."""
+        prompt = self.prompt_token_ids
+        if start + count <= len(prompt):
+            return prompt[start : start + count]
+        return (prompt + self.generated_token_ids)[start : start + count]
+
+    def finish(self, reason: str) -> None:
+        self.state, self.finish_reason = RequestState.FINISHED, reason
+
+    def fail(self, error: str) -> None:
+        self.state, self.error = RequestState.FAILED, error
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One step's news for one request: a token (and its text), or the end, or an error."""
+
+    request_id: str
+    token_id: int | None
+    text_delta: str
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
