@@ -15,3 +15,18 @@ class InvalidParameterError(InferError, ValueError):
 
 class ModelLoadError(InferError):
     """Weights or a tokenizer could not be loaded; the message names the file and the problem."""
+
+
+class PromptTooLongError(InvalidParameterError):
+    """Prompt plus requested new tokens do not fit the engine's max_seq_len (HTTP 422)."""
+
+    def __init__(self, prompt_tokens: int, max_new_tokens: int, max_seq_len: int) -> None:
+        super().__init__(
+            "prompt",
+            f"{prompt_tokens} prompt tokens + {max_new_tokens} new tokens exceed "
+            f"max_seq_len {max_seq_len}",
+        )
+
+
+class QueueFullError(InferError):
+    """The waiting queue is at max_waiting_requests (HTTP 503); retry later."""

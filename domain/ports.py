@@ -1,7 +1,11 @@
 """Ports: what the domain and application need from the outside world."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from domain.request import StepOutput
+    from domain.scheduler import RunnerOutput, SchedulerOutput
 
 ChatMessage = Mapping[str, Any]
 
@@ -44,3 +48,19 @@ class Tokenizer(Protocol):
         OpenAI-style function definitions; a template without a tools section ignores them.
         """
         ...
+
+
+class ModelRunner(Protocol):
+    """Runs one scheduled step: one batched forward plus sampling, returning token ids."""
+
+    def execute(self, batch: "SchedulerOutput") -> "RunnerOutput": ...
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Free what the runner keeps per request (KV slot, generator)."""
+        ...
+
+
+class OutputSink(Protocol):
+    """Where step outputs go (per-request queues, a list in tests). Never blocks."""
+
+    def publish(self, output: "StepOutput") -> None: ...

@@ -1,0 +1,44 @@
+"""A deterministic fake ModelRunner: no model, configurable latency, scripted tokens.
+
+Each sampling request gets ``script(request)``: by default the token after its newest
+one (``(last + 1) % vocab_size``), which makes outputs easy to predict in tests.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+
+from domain.request import Request
+from domain.scheduler import RunnerOutput, SchedulerOutput
+
+
+def next_token(vocab_size: int) -> Callable[[Request], int]:
+    def script(request: Request) -> int:
+        last = (request.prompt_token_ids + request.generated_token_ids)[-1]
+        return (last + 1) % vocab_size
+
+    return script
+
+
+class FakeModelRunner:
+    def __init__(
+        self,
+        vocab_size: int = 259,
+        *,
+        script: Callable[[Request], int] | None = None,
+        step_latency_s: float = 0.0,
+    ) -> None:
+        self.script = script or next_token(vocab_size)
+        self.step_latency_s = step_latency_s
+        self.live: set[str] = set()  # requests holding runner state (a KV slot)
+        self.steps: list[SchedulerOutput] = []
+
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        if self.step_latency_s:
+            time.sleep(self.step_latency_s)
+        self.steps.append(batch)
+        self.live.update(c.request.request_id for c in batch.chunks)
+        tokens = {c.request.request_id: self.script(c.request) for c in batch.chunks if c.samples}
+        return RunnerOutput(sampled_token_ids=tokens)
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        self.live.difference_update(request_ids)

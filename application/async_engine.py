@@ -1,0 +1,98 @@
+"""The engine loop as one background asyncio task, and per-request output queues.
+
+The loop runs ``Engine.step()`` (synchronous), yields to the event loop between steps so
+streams flush, and sleeps on an event (no polling) when there is no work.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from application.engine import Engine
+from domain.request import Request, StepOutput
+from domain.sampling import SamplingParams
+
+# A static batch still filling up: re-check after this long instead of spinning.
+_WAITING_FOR_BATCH_S = 0.001
+
+
+class QueueOutputSink:
+    """OutputSink feeding one asyncio.Queue per request (unbounded: the engine never waits)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, asyncio.Queue[StepOutput]] = {}
+
+    def open(self, request_id: str) -> asyncio.Queue[StepOutput]:
+        queue: asyncio.Queue[StepOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        return queue
+
+    def close(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+
+    def publish(self, output: StepOutput) -> None:
+        queue = self._queues.get(output.request_id)
+        if queue is not None:  # a closed stream (client gone) drops its outputs
+            queue.put_nowait(output)
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, sink: QueueOutputSink) -> None:
+        self.engine = engine
+        self.sink = sink
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def healthy(self) -> bool:
+        """The loop task is running (not crashed, not stopped)."""
+        return self._task is not None and not self._task.done()
+
+    async def stream(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[StepOutput]:
+        """Queue a request and yield its outputs until it finishes. Validation errors raise
+        before the first yield; leaving early (a client disconnect) aborts the request."""
+        queue = self.sink.open(request_id)
+        try:
+            request = self.engine.add_request(request_id, prompt, params)
+        except Exception:
+            self.sink.close(request_id)
+            raise
+        self._wake.set()
+        return self._drain(request, queue)
+
+    async def _drain(
+        self, request: Request, queue: asyncio.Queue[StepOutput]
+    ) -> AsyncIterator[StepOutput]:
+        try:
+            while True:
+                output = await queue.get()
+                yield output
+                if output.finished:
+                    return
+        finally:  # synchronous cleanup: it must run even when the consumer is cancelled
+            if not request.is_done:
+                self.engine.abort(request.request_id)
+            self.sink.close(request.request_id)
+
+    async def _run(self) -> None:
+        while True:
+            if not self.engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            ran = self.engine.step()
+            await asyncio.sleep(0 if ran else _WAITING_FOR_BATCH_S)

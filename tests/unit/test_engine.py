@@ -1,0 +1,212 @@
+"""Engine and AsyncEngine with the fake runner and the byte tokenizer (no torch)."""
+
+import asyncio
+
+import pytest
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from domain.config import EngineConfig
+from domain.errors import InvalidParameterError, PromptTooLongError, QueueFullError
+from domain.request import Request, StepOutput
+from domain.sampling import SamplingParams
+
+TOKENIZER = ByteTokenizer()
+EOS = next(iter(TOKENIZER.eos_token_ids))
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.outputs: list[StepOutput] = []
+
+    def publish(self, output: StepOutput) -> None:
+        self.outputs.append(output)
+
+    def of(self, request_id: str) -> list[StepOutput]:
+        return [o for o in self.outputs if o.request_id == request_id]
+
+
+def scripted(text: str, then_eos: bool = True):
+    """Each request emits ``text`` byte by byte (then EOS), whatever its prompt."""
+    tokens = TOKENIZER.encode(text, add_special_tokens=False) + ([EOS] if then_eos else [])
+    return lambda request: tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
+
+
+def make_engine(text: str = "Hello", **config) -> tuple[Engine, FakeModelRunner, ListSink]:
+    runner = FakeModelRunner(script=scripted(text))
+    sink = ListSink()
+    engine = Engine(EngineConfig(**config), runner, TOKENIZER, sink)
+    return engine, runner, sink
+
+
+def run(engine: Engine, max_steps: int = 100) -> None:
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return
+        engine.step()
+    raise AssertionError("engine did not finish")
+
+
+def params(**kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **kwargs)
+
+
+def test_a_request_streams_its_text_then_finishes_with_usage() -> None:
+    engine, runner, sink = make_engine("Hello")
+    engine.add_request("a", "hi", params())
+    run(engine)
+    outputs = sink.of("a")
+    assert "".join(o.text_delta for o in outputs) == "Hello"
+    last = outputs[-1]
+    assert (last.finished, last.finish_reason) == (True, "eos")
+    assert (last.prompt_tokens, last.completion_tokens) == (3, 6)  # <bos>hi; Hello + EOS
+    assert all(not o.finished for o in outputs[:-1])
+    engine.step()
+    assert runner.live == set()  # the finished request's runner state was released
+
+
+def test_a_stop_string_across_tokens_ends_the_request_without_its_text() -> None:
+    engine, _, sink = make_engine("The answer is 42. END of story")
+    engine.add_request("a", "q", params(stop=("END",)))
+    run(engine)
+    outputs = sink.of("a")
+    assert "".join(o.text_delta for o in outputs) == "The answer is 42. "
+    assert outputs[-1].finish_reason == "stop"
+
+
+def test_max_tokens_ends_with_length() -> None:
+    engine, _, sink = make_engine("Hello world")
+    engine.add_request("a", "q", params(max_new_tokens=4))
+    run(engine)
+    outputs = sink.of("a")
+    assert "".join(o.text_delta for o in outputs) == "Hell"
+    assert (outputs[-1].finish_reason, outputs[-1].completion_tokens) == ("length", 4)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sampling", "error"),
+    [
+        ("", params(max_new_tokens=4), InvalidParameterError),
+        ([], params(max_new_tokens=4), InvalidParameterError),
+        ("x" * 60, params(max_new_tokens=10), PromptTooLongError),
+    ],
+)
+def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> None:
+    engine, _, _ = make_engine(max_seq_len=64)
+    with pytest.raises(error) as raised:
+        engine.add_request("a", prompt, sampling)
+    assert type(raised.value) is error
+    assert not engine.has_work() and engine._text == {}
+
+
+def test_a_full_queue_refuses_with_queue_full() -> None:
+    engine, _, _ = make_engine(max_waiting_requests=1)
+    engine.add_request("a", "x", params())
+    with pytest.raises(QueueFullError):
+        engine.add_request("b", "x", params())
+    assert list(engine._text) == ["a"]
+
+
+def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
+    engine, runner, sink = make_engine("ok")
+    calls = {"n": 0}
+    execute = runner.execute
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("out of memory")
+        return execute(batch)
+
+    runner.execute = flaky  # type: ignore[method-assign]
+    engine.add_request("a", "x", params())
+    engine.add_request("b", "x", params())
+    engine.step()
+    assert [(o.request_id, o.error) for o in sink.outputs] == [
+        ("a", "RuntimeError: out of memory"),
+        ("b", "RuntimeError: out of memory"),
+    ]
+    engine.add_request("c", "x", params())
+    run(engine)
+    assert "".join(o.text_delta for o in sink.of("c")) == "ok"
+    assert runner.live == set()
+
+
+def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
+    engine, runner, sink = make_engine("a long reply", max_batch_size=1)
+    engine.add_request("a", "x", params())
+    engine.add_request("b", "x", params())
+    engine.step()
+    assert runner.live == {"a"}
+    engine.abort("a")
+    engine.step()
+    assert runner.live == {"b"}
+    run(engine)
+    assert sink.of("a")[-1].finished is False  # no output after the abort
+    assert "".join(o.text_delta for o in sink.of("b")) == "a long reply"
+
+
+def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
+    engine, runner, sink = make_engine("hey", batching_mode="static", batch_wait_timeout_s=0.0)
+    engine.add_request("short", "a", params())
+    engine.add_request("long", "a much longer prompt", params(max_new_tokens=2))
+    run(engine)
+    assert runner.steps[0].new_batch
+    assert [c.num_tokens for c in runner.steps[0].chunks] == [2, 21]
+    assert "".join(o.text_delta for o in sink.of("short")) == "hey"
+    assert sink.of("long")[-1].finish_reason == "length"
+    engine.step()
+    assert runner.live == set()
+
+
+async def test_async_engine_streams_and_idles_without_polling() -> None:
+    runner = FakeModelRunner(script=scripted("Hi!"))
+    sink = QueueOutputSink()
+    engine = AsyncEngine(Engine(EngineConfig(), runner, TOKENIZER, sink), sink)
+    engine.start()
+    try:
+        stream = await engine.stream("a", "x", params())
+        text = "".join([o.text_delta async for o in stream])
+        assert text == "Hi!"
+        steps = len(runner.steps)
+        await asyncio.sleep(0.05)
+        assert len(runner.steps) == steps and engine.healthy
+        assert len(sink) == 0
+    finally:
+        await engine.stop()
+    assert not engine.healthy
+
+
+async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> None:
+    runner = FakeModelRunner(script=scripted("x" * 50), step_latency_s=0.001)
+    sink = QueueOutputSink()
+    core = Engine(EngineConfig(), runner, TOKENIZER, sink)
+    engine = AsyncEngine(core, sink)
+    engine.start()
+    try:
+        stream = await engine.stream("a", "x", params())
+        async for output in stream:
+            assert output.text_delta == "x"
+            break
+        await stream.aclose()  # what a client disconnect does to the SSE generator
+        for _ in range(20):
+            await asyncio.sleep(0.005)
+        assert not core.has_work() and runner.live == set() and len(sink) == 0
+    finally:
+        await engine.stop()
+
+
+async def test_validation_errors_raise_before_streaming() -> None:
+    sink = QueueOutputSink()
+    engine = AsyncEngine(Engine(EngineConfig(), FakeModelRunner(), TOKENIZER, sink), sink)
+    with pytest.raises(InvalidParameterError):
+        await engine.stream("a", "", params())
+    assert len(sink) == 0
+
+
+def test_request_ids_are_kept_on_requests() -> None:
+    engine, _, _ = make_engine()
+    request = engine.add_request("id-1", [5, 6], params())
+    assert isinstance(request, Request) and request.prompt_token_ids == [5, 6]
