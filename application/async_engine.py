@@ -8,9 +8,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import structlog
+
 from application.engine import Engine
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
+
+log = structlog.get_logger(__name__)
 
 # A static batch still filling up: re-check after this long instead of spinning.
 _WAITING_FOR_BATCH_S = 0.001
@@ -35,6 +39,11 @@ class QueueOutputSink:
         if queue is not None:  # a closed stream (client gone) drops its outputs
             queue.put_nowait(output)
 
+    def fail_all(self, error: str) -> None:
+        """End every open stream with ``error`` (the engine loop died)."""
+        for request_id, queue in self._queues.items():
+            queue.put_nowait(StepOutput(request_id, None, "", finished=True, error=error))
+
     def __len__(self) -> int:
         return len(self._queues)
 
@@ -52,7 +61,8 @@ class AsyncEngine:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # A crash was logged and reported to every stream when it happened.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
     @property
@@ -89,6 +99,14 @@ class AsyncEngine:
             self.sink.close(request.request_id)
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as e:  # a bug, not a bad request: end every stream, then stop
+            log.exception("engine loop crashed")
+            self.sink.fail_all(f"engine loop crashed: {type(e).__name__}: {e}")
+            raise
+
+    async def _loop(self) -> None:
         while True:
             if not self.engine.has_work():
                 self._wake.clear()

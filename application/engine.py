@@ -13,7 +13,7 @@ import structlog
 
 from domain.config import EngineConfig
 from domain.detokenizer import IncrementalDetokenizer
-from domain.errors import InvalidParameterError, PromptTooLongError, QueueFullError
+from domain.errors import EmptyPromptError, PromptTooLongError, QueueFullError
 from domain.ports import ModelRunner, OutputSink, Tokenizer
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
@@ -53,7 +53,7 @@ class Engine:
     ) -> Request:
         """Validate, tokenize and queue a request; raises before anything is queued."""
         if not prompt:  # checked before tokenizing: a BOS token would hide an empty string
-            raise InvalidParameterError("prompt", "must not be empty")
+            raise EmptyPromptError()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(prompt_ids) + params.max_new_tokens > self.config.max_seq_len:
             raise PromptTooLongError(

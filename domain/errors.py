@@ -30,3 +30,10 @@ class PromptTooLongError(InvalidParameterError):
 
 class QueueFullError(InferError):
     """The waiting queue is at max_waiting_requests (HTTP 503); retry later."""
+
+
+class EmptyPromptError(InvalidParameterError):
+    """An empty prompt (HTTP 400 on the native endpoint)."""
+
+    def __init__(self) -> None:
+        super().__init__("prompt", "must not be empty")

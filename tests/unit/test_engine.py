@@ -9,7 +9,12 @@ from adapters.fake.runner import FakeModelRunner
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
-from domain.errors import InvalidParameterError, PromptTooLongError, QueueFullError
+from domain.errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    PromptTooLongError,
+    QueueFullError,
+)
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
 
@@ -88,8 +93,8 @@ def test_max_tokens_ends_with_length() -> None:
 @pytest.mark.parametrize(
     ("prompt", "sampling", "error"),
     [
-        ("", params(max_new_tokens=4), InvalidParameterError),
-        ([], params(max_new_tokens=4), InvalidParameterError),
+        ("", params(max_new_tokens=4), EmptyPromptError),
+        ([], params(max_new_tokens=4), EmptyPromptError),
         ("x" * 60, params(max_new_tokens=10), PromptTooLongError),
     ],
 )

@@ -1,0 +1,5 @@
+"""Litestar HTTP adapter: the native token stream (seed 000 §7) and health."""
+
+from adapters.http.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,139 @@
+"""``create_app(engine, model_name) -> Litestar``: the HTTP face of an AsyncEngine.
+
+The adapter knows no container: entrypoints build the engine and pass it in. Status codes
+follow seed 000 §7: 400 malformed (bad JSON, wrong types, empty prompt), 422 invalid
+values (wrong model, out-of-range parameters, unknown fields, prompt too long), 503 queue
+full.
+"""
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.response import ServerSentEvent
+from litestar.response.sse import ServerSentEventMessage
+
+from adapters.http.schemas import (
+    DoneEvent,
+    ErrorDetail,
+    ErrorEvent,
+    ErrorResponse,
+    GenerateRequest,
+    TokenEvent,
+    Usage,
+)
+from application.async_engine import AsyncEngine
+from domain.errors import EmptyPromptError, InvalidParameterError, QueueFullError
+from domain.request import StepOutput
+from domain.sampling import SamplingParams
+
+_decoder = msgspec.json.Decoder(GenerateRequest)
+_encoder = msgspec.json.Encoder()
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def create_app(engine: AsyncEngine, model_name: str) -> Litestar:
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    @post("/v1/generate", status_code=200)
+    async def generate(request: Request) -> ServerSentEvent:
+        body = _parse(await request.body())
+        if body.model != model_name:
+            raise HTTPError(
+                422,
+                f"model {body.model!r} is not served (serving {model_name!r})",
+                "invalid_request_error",
+                "model",
+            )
+        params = _sampling_params(body)
+        try:
+            outputs = await engine.stream(f"gen-{uuid.uuid4().hex}", body.prompt, params)
+        except EmptyPromptError as e:
+            raise HTTPError(400, str(e), "invalid_request_error", "prompt") from e
+        except InvalidParameterError as e:
+            raise HTTPError(422, str(e), "invalid_request_error", e.param) from e
+        except QueueFullError as e:
+            raise HTTPError(503, str(e), "overloaded_error") from e
+        return ServerSentEvent(_events(outputs))
+
+    @get("/health")
+    async def health() -> Response[bytes]:
+        status = 200 if engine.healthy else 503
+        return Response(
+            b'{"status":"ok"}' if status == 200 else b'{"status":"engine loop down"}',
+            status_code=status,
+            media_type="application/json",
+        )
+
+    return Litestar(
+        route_handlers=[generate, health],
+        lifespan=[lifespan],
+        exception_handlers={HTTPError: _error_response},
+    )
+
+
+def _parse(raw: bytes) -> GenerateRequest:
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        status = 422 if "unknown field" in str(e) else 400
+        raise HTTPError(status, str(e), "invalid_request_error") from e
+    except msgspec.DecodeError as e:
+        raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
+
+
+def _sampling_params(body: GenerateRequest) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    try:
+        return SamplingParams(
+            max_new_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k or 0,
+            repetition_penalty=body.repetition_penalty,
+            stop=stop,
+            seed=body.seed,
+        )
+    except InvalidParameterError as e:
+        param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
+        raise HTTPError(
+            422, str(e).replace(e.param, param, 1), "invalid_request_error", param
+        ) from e
+
+
+async def _events(outputs: AsyncIterator[StepOutput]) -> AsyncIterator[ServerSentEventMessage]:
+    async for out in outputs:
+        if out.error is not None:
+            yield _event("error", ErrorEvent(out.error))
+            return
+        if out.text_delta or not out.finished:
+            assert out.token_id is not None
+            yield _event("token", TokenEvent(out.text_delta, out.token_id))
+        if out.finished:
+            usage = Usage(
+                out.prompt_tokens, out.completion_tokens, out.prompt_tokens + out.completion_tokens
+            )
+            yield _event("done", DoneEvent(out.finish_reason, usage))
+            return
+
+
+def _event(kind: str, payload: msgspec.Struct) -> ServerSentEventMessage:
+    return ServerSentEventMessage(data=_encoder.encode(payload).decode(), event=kind)
+
+
+def _error_response(_: Request, exc: HTTPError) -> Response[bytes]:
+    body = ErrorResponse(ErrorDetail(exc.message, exc.kind, exc.param))
+    return Response(_encoder.encode(body), status_code=exc.status, media_type="application/json")

@@ -1,0 +1,141 @@
+"""POST /v1/generate (seed 000 §7) over Litestar with the fake runner and byte tokenizer."""
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner
+from adapters.http import create_app
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from domain.config import EngineConfig
+from domain.request import Request
+from domain.sampling import SamplingParams
+
+MODEL = "test/fake-model"
+TOKENIZER = ByteTokenizer()
+EOS = next(iter(TOKENIZER.eos_token_ids))
+REPLY = "Hello world, end of story."
+
+
+def scripted(request: Request) -> int:
+    tokens = [*TOKENIZER.encode(REPLY, add_special_tokens=False), EOS]
+    return tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
+
+
+def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
+    runner = FakeModelRunner(script=scripted)
+    sink = QueueOutputSink()
+    engine = Engine(EngineConfig(**{"max_seq_len": 256, **config}), runner, TOKENIZER, sink)
+    return AsyncEngine(engine, sink), runner
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[AsyncTestClient]:
+    engine, _ = build()
+    async with AsyncTestClient(app=create_app(engine, MODEL)) as client:
+        yield client
+
+
+def events(text: str) -> list[tuple[str, dict]]:
+    parsed, kind = [], None
+    for line in text.splitlines():
+        if line.startswith("event:"):
+            kind = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            parsed.append((kind, json.loads(line.removeprefix("data:").strip())))
+    return parsed
+
+
+def body(**fields) -> dict:
+    return {"model": MODEL, "prompt": "Hi", "max_tokens": 64, **fields}
+
+
+async def test_a_valid_request_streams_tokens_then_one_done_with_usage(client) -> None:
+    response = await client.post("/v1/generate", json=body())
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    stream = events(response.text)
+    kinds = [k for k, _ in stream]
+    assert kinds.count("done") == 1 and kinds[-1] == "done" and "token" in kinds
+    assert "".join(d["token"] for k, d in stream if k == "token") == REPLY
+    done = stream[-1][1]
+    assert done["finish_reason"] == "eos"
+    assert done["usage"] == {
+        "prompt_tokens": 3,  # <bos> H i
+        "completion_tokens": len(REPLY) + 1,
+        "total_tokens": 3 + len(REPLY) + 1,
+    }
+
+
+async def test_token_id_prompts_are_accepted(client) -> None:
+    response = await client.post("/v1/generate", json=body(prompt=[1, 72, 105]))
+    assert events(response.text)[-1][1]["usage"]["prompt_tokens"] == 3
+
+
+async def test_a_stop_string_ends_with_finish_reason_stop(client) -> None:
+    response = await client.post("/v1/generate", json=body(stop=["end"]))
+    stream = events(response.text)
+    assert "".join(d["token"] for k, d in stream if k == "token") == "Hello world, "
+    assert stream[-1][1]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"prompt": ""}, 400),
+        ({"prompt": []}, 400),
+        ({"prompt": 12}, 400),
+        ({"max_tokens": "many"}, 400),
+        ({"model": "nonexistent"}, 422),
+        ({"temperature": -1.0}, 422),
+        ({"top_p": 0.0}, 422),
+        ({"max_tokens": 0}, 422),
+        ({"foo": "bar"}, 422),
+        ({"prompt": "x" * 200, "max_tokens": 100}, 422),
+    ],
+)
+async def test_bad_requests_get_the_seed_status_codes(client, fields, status) -> None:
+    response = await client.post("/v1/generate", json=body(**fields))
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["message"]
+
+
+async def test_malformed_json_is_a_400(client) -> None:
+    response = await client.post(
+        "/v1/generate", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+
+
+async def test_a_full_queue_answers_503_and_queues_nothing() -> None:
+    # A static batch waiting to fill keeps requests in the queue.
+    engine, _ = build(
+        batching_mode="static", batch_wait_timeout_s=60.0, max_waiting_requests=1, max_batch_size=4
+    )
+    engine.engine.add_request("occupant", [1, 2], SamplingParams(max_new_tokens=4))
+    async with AsyncTestClient(app=create_app(engine, MODEL)) as client:
+        response = await client.post("/v1/generate", json=body())
+        assert response.status_code == 503
+        assert response.json()["error"]["type"] == "overloaded_error"
+        assert len(engine.sink) == 0
+        assert len(engine.engine.scheduler.waiting) == 1  # type: ignore[attr-defined]
+
+
+async def test_a_dead_engine_loop_ends_streams_with_an_error_and_fails_health() -> None:
+    engine, _ = build()
+
+    def broken_step() -> bool:
+        raise RuntimeError("bug")
+
+    async with AsyncTestClient(app=create_app(engine, MODEL)) as client:
+        assert (await client.get("/health")).status_code == 200
+        engine.engine.step = broken_step  # type: ignore[method-assign]
+        response = await client.post("/v1/generate", json=body())
+        assert events(response.text) == [
+            ("error", {"error": "engine loop crashed: RuntimeError: bug"})
+        ]
+        assert (await client.get("/health")).status_code == 503
