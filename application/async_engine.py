@@ -6,11 +6,13 @@ streams flush, and sleeps on an event (no polling) when there is no work.
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 import structlog
 
 from application.engine import Engine
+from domain.ports import ChatMessage
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
 
@@ -64,6 +66,16 @@ class AsyncEngine:
             # A crash was logged and reported to every stream when it happened.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.config.max_seq_len
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Chat messages -> prompt token ids through the model's chat template."""
+        return self.engine.tokenizer.render_chat(messages, tools=tools)
 
     @property
     def healthy(self) -> bool:

@@ -1,4 +1,4 @@
-"""Litestar HTTP adapter: the native token stream (seed 000 §7) and health."""
+"""Litestar HTTP adapter: the native token stream (seed 000 §7), the OpenAI endpoints, health."""
 
 from adapters.http.app import create_app
 

@@ -15,15 +15,9 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from adapters.http.schemas import (
-    DoneEvent,
-    ErrorDetail,
-    ErrorEvent,
-    ErrorResponse,
-    GenerateRequest,
-    TokenEvent,
-    Usage,
-)
+from adapters.http.errors import HTTPError, error_response
+from adapters.http.openai_routes import openai_routes
+from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent, Usage
 from application.async_engine import AsyncEngine
 from domain.errors import EmptyPromptError, InvalidParameterError, QueueFullError
 from domain.request import StepOutput
@@ -31,12 +25,6 @@ from domain.sampling import SamplingParams
 
 _decoder = msgspec.json.Decoder(GenerateRequest)
 _encoder = msgspec.json.Encoder()
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
 def create_app(engine: AsyncEngine, model_name: str) -> Litestar:
@@ -79,9 +67,9 @@ def create_app(engine: AsyncEngine, model_name: str) -> Litestar:
         )
 
     return Litestar(
-        route_handlers=[generate, health],
+        route_handlers=[generate, health, *openai_routes(engine, model_name)],
         lifespan=[lifespan],
-        exception_handlers={HTTPError: _error_response},
+        exception_handlers={HTTPError: error_response},
     )
 
 
@@ -132,8 +120,3 @@ async def _events(outputs: AsyncIterator[StepOutput]) -> AsyncIterator[ServerSen
 
 def _event(kind: str, payload: msgspec.Struct) -> ServerSentEventMessage:
     return ServerSentEventMessage(data=_encoder.encode(payload).decode(), event=kind)
-
-
-def _error_response(_: Request, exc: HTTPError) -> Response[bytes]:
-    body = ErrorResponse(ErrorDetail(exc.message, exc.kind, exc.param))
-    return Response(_encoder.encode(body), status_code=exc.status, media_type="application/json")

@@ -1,0 +1,359 @@
+"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions over AsyncEngine."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.response import ServerSentEvent
+from litestar.response.sse import ServerSentEventMessage
+
+from adapters.http.errors import HTTPError
+from adapters.http.openai_schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatMessageOut,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from application.async_engine import AsyncEngine
+from domain.errors import InvalidParameterError, QueueFullError
+from domain.request import StepOutput
+from domain.sampling import SamplingParams
+
+T = TypeVar("T")
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "stop"}
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # the legacy endpoint's documented default
+_encoder = msgspec.json.Encoder()
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+Prompt = str | list[int]
+
+
+def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler]:
+    created = int(time.time())
+
+    @get("/v1/models")
+    async def models() -> Response[bytes]:
+        return _json(ModelList([ModelCard(model_name, created)]))
+
+    @post("/v1/completions", status_code=200)
+    async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
+        body = _decode(_completion_decoder, await request.body())
+        _check(body.model, model_name)
+        _refuse(
+            ("best_of", body.best_of not in (None, 1)),
+            ("echo", bool(body.echo)),
+            ("suffix", body.suffix is not None),
+            *_common_unsupported(body),
+        )
+        params = _sampling(body, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS)
+        prompts = _prompts(body.prompt)
+        streams = await _start(engine, "cmpl", prompts, params)
+        reply_id = f"cmpl-{uuid.uuid4().hex}"
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(_completion_chunks(reply_id, model_name, streams, usage))
+        outputs = await asyncio.gather(*(_collect(s) for s in streams))
+        choices = [CompletionChoice(i, text, reason) for i, (text, reason, _) in enumerate(outputs)]
+        return _json(Completion(reply_id, int(time.time()), model_name, choices, _usage(outputs)))
+
+    @post("/v1/chat/completions", status_code=200)
+    async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
+        body = _decode(_chat_decoder, await request.body())
+        _check(body.model, model_name)
+        _refuse(*_chat_unsupported(body), *_common_unsupported(body))
+        prompt = _render(engine, body.messages)
+        limit = body.max_completion_tokens or body.max_tokens or engine.max_seq_len - len(prompt)
+        params = _sampling(body, max(limit, 1))
+        [stream] = await _start(engine, "chatcmpl", [prompt], params)
+        reply_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(_chat_chunks(reply_id, model_name, stream, usage))
+        text, reason, counts = await _collect(stream)
+        choice = ChatChoice(0, ChatMessageOut(text), reason)
+        return _json(
+            ChatCompletion(
+                reply_id, int(time.time()), model_name, [choice], _usage([(text, reason, counts)])
+            )
+        )
+
+    return [models, completions, chat_completions]
+
+
+def _decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        message = str(e)
+        if "unknown field" in message:
+            field = message.split("`")[1] if "`" in message else None
+            raise HTTPError(
+                400,
+                f"Unrecognized request argument supplied: {field}",
+                "invalid_request_error",
+                field,
+            ) from e
+        raise HTTPError(400, message, "invalid_request_error") from e
+    except msgspec.DecodeError as e:
+        raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
+
+
+def _check(requested: str, served: str) -> None:
+    if requested != served:
+        raise HTTPError(
+            404,
+            f"The model `{requested}` does not exist (serving `{served}`)",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
+def _refuse(*checks: tuple[str, bool]) -> None:
+    for field, is_set in checks:
+        if is_set:
+            raise HTTPError(
+                400, f"`{field}` is not supported by this server", "invalid_request_error", field
+            )
+
+
+def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
+    return [
+        ("n", body.n not in (None, 1)),
+        ("logit_bias", bool(body.logit_bias)),
+        ("logprobs", body.logprobs not in (None, False)),
+    ]
+
+
+def _chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
+    text_format = body.response_format in (None, {"type": "text"})
+    return [
+        ("tools", bool(body.tools)),
+        ("tool_choice", body.tool_choice not in (None, "none", "auto")),
+        ("functions", bool(body.functions)),
+        ("function_call", body.function_call is not None),
+        ("response_format", not text_format),
+        ("top_logprobs", bool(body.top_logprobs)),
+        ("audio", body.audio is not None),
+        ("modalities", body.modalities not in (None, ["text"])),
+        ("prediction", body.prediction is not None),
+        ("web_search_options", body.web_search_options is not None),
+    ]
+
+
+def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
+        raise HTTPError(
+            400, "temperature must be in [0, 2]", "invalid_request_error", "temperature"
+        )
+    try:
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            stop=stop,
+            seed=body.seed,
+        )
+    except InvalidParameterError as e:
+        param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
+        raise HTTPError(400, str(e), "invalid_request_error", param) from e
+
+
+def _prompts(prompt: str | list[Any]) -> list[Prompt]:
+    """A string, a list of strings, token ids, or a list of token-id lists -> prompts."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(_is_token_id(t) for t in prompt):
+        return [list(prompt)]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if prompt and all(isinstance(p, list) and all(_is_token_id(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise HTTPError(
+        400,
+        "prompt must be a string, strings, token ids or lists of token ids",
+        "invalid_request_error",
+        "prompt",
+    )
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _render(engine: AsyncEngine, messages: list[dict[str, Any]]) -> list[int]:
+    plain = [{**m, "content": _text_content(m.get("content"))} for m in messages]
+    if not plain:
+        raise HTTPError(400, "messages must not be empty", "invalid_request_error", "messages")
+    try:
+        return engine.render_chat(plain)
+    except InvalidParameterError as e:
+        raise HTTPError(400, str(e), "invalid_request_error", "messages") from e
+
+
+def _text_content(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" for p in content
+    ):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise HTTPError(
+        400, "only text content parts are supported", "invalid_request_error", "messages"
+    )
+
+
+async def _start(
+    engine: AsyncEngine, prefix: str, prompts: Sequence[Prompt], params: SamplingParams
+) -> list[AsyncIterator[StepOutput]]:
+    """Queue every prompt; if one is refused, the ones already queued are aborted."""
+    streams: list[AsyncIterator[StepOutput]] = []
+    try:
+        for prompt in prompts:
+            streams.append(await engine.stream(f"{prefix}-{uuid.uuid4().hex}", prompt, params))
+    except Exception as e:
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+        raise _as_http(e) from e
+    return streams
+
+
+def _as_http(e: Exception) -> Exception:
+    if isinstance(e, InvalidParameterError):
+        return HTTPError(400, str(e), "invalid_request_error", e.param)
+    if isinstance(e, QueueFullError):
+        return HTTPError(503, str(e), "server_error", code="overloaded")
+    return e
+
+
+async def _collect(stream: AsyncIterator[StepOutput]) -> tuple[str, str | None, tuple[int, int]]:
+    parts, reason, counts = [], None, (0, 0)
+    async for out in stream:
+        if out.error is not None:
+            raise HTTPError(500, out.error, "server_error")
+        parts.append(out.text_delta)
+        if out.finished:
+            reason = FINISH_REASONS.get(out.finish_reason or "", out.finish_reason)
+            counts = (out.prompt_tokens, out.completion_tokens)
+    return "".join(parts), reason, counts
+
+
+def _usage(outputs: Sequence[tuple[str, str | None, tuple[int, int]]]) -> Usage:
+    prompt = sum(c[0] for _, _, c in outputs)
+    completion = sum(c[1] for _, _, c in outputs)
+    return Usage(prompt, completion, prompt + completion)
+
+
+async def _merge(streams: list[AsyncIterator[StepOutput]]) -> AsyncIterator[tuple[int, StepOutput]]:
+    """Outputs of several streams as they come, tagged with the stream's index."""
+    queue: asyncio.Queue[tuple[int, StepOutput] | None] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[StepOutput]) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _completion_chunks(
+    reply_id: str, model: str, streams: list[AsyncIterator[StepOutput]], include_usage: bool
+) -> AsyncIterator[bytes]:
+    created, totals = int(time.time()), [0, 0]
+    async for index, out in _merge(streams):
+        if out.error is not None:
+            yield _error_chunk(out.error)
+            return
+        reason = (
+            FINISH_REASONS.get(out.finish_reason or "", out.finish_reason) if out.finished else None
+        )
+        if out.finished:
+            totals[0] += out.prompt_tokens
+            totals[1] += out.completion_tokens
+        yield _encoder.encode(
+            Completion(reply_id, created, model, [CompletionChoice(index, out.text_delta, reason)])
+        )
+    if include_usage:
+        yield _encoder.encode(
+            Completion(reply_id, created, model, [], Usage(totals[0], totals[1], sum(totals)))
+        )
+    yield b"[DONE]"
+
+
+async def _chat_chunks(
+    reply_id: str, model: str, stream: AsyncIterator[StepOutput], include_usage: bool
+) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
+        return _encoder.encode(
+            ChatCompletionChunk(reply_id, created, model, [ChatChunkChoice(0, delta, reason)])
+        )
+
+    yield chunk(ChatDelta(role="assistant", content=""))
+    usage = None
+    async for out in stream:
+        if out.error is not None:
+            yield _error_chunk(out.error)
+            return
+        if out.text_delta:
+            yield chunk(ChatDelta(content=out.text_delta))
+        if out.finished:
+            yield chunk(ChatDelta(), FINISH_REASONS.get(out.finish_reason or "", out.finish_reason))
+            usage = Usage(
+                out.prompt_tokens, out.completion_tokens, out.prompt_tokens + out.completion_tokens
+            )
+    if include_usage and usage is not None:
+        yield _encoder.encode(ChatCompletionChunk(reply_id, created, model, [], usage))
+    yield b"[DONE]"
+
+
+def _error_chunk(message: str) -> bytes:
+    return _encoder.encode(
+        {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+    )
+
+
+def _sse(chunks: AsyncIterator[bytes]) -> ServerSentEvent:
+    async def messages() -> AsyncIterator[ServerSentEventMessage]:
+        async for data in chunks:
+            yield ServerSentEventMessage(data=data.decode())
+
+    return ServerSentEvent(messages())
+
+
+def _json(payload: msgspec.Struct) -> Response[bytes]:
+    return Response(_encoder.encode(payload), media_type="application/json")

@@ -1,0 +1,122 @@
+"""The OpenAI endpoints, driven by the official openai SDK over Litestar's test client."""
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner
+from adapters.http import create_app
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from domain.config import EngineConfig
+from domain.request import Request
+
+MODEL = "test/fake-model"
+TOKENIZER = ByteTokenizer()
+EOS = next(iter(TOKENIZER.eos_token_ids))
+REPLY = "Paris is the capital."
+
+
+def scripted(request: Request) -> int:
+    tokens = [*TOKENIZER.encode(REPLY, add_special_tokens=False), EOS]
+    return tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
+
+
+@pytest.fixture
+def http() -> Iterator[TestClient]:
+    sink = QueueOutputSink()
+    runner = FakeModelRunner(script=scripted)
+    engine = AsyncEngine(Engine(EngineConfig(max_seq_len=512), runner, TOKENIZER, sink), sink)
+    with TestClient(app=create_app(engine, MODEL)) as client:
+        yield client
+
+
+@pytest.fixture
+def client(http: TestClient) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
+    )
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_completion_returns_the_reply_and_usage(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Capital of France?"}], max_tokens=64
+    )
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.content == REPLY
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None and reply.usage.completion_tokens == len(REPLY) + 1
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_chat_streaming_sends_role_deltas_finish_and_usage(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Capital of France?"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == REPLY
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+
+
+def test_completion_honours_max_tokens_and_stop(client: openai.OpenAI) -> None:
+    short = client.completions.create(model=MODEL, prompt="Q:", max_tokens=5)
+    assert (short.choices[0].text, short.choices[0].finish_reason) == ("Paris", "length")
+    stopped = client.completions.create(model=MODEL, prompt="Q:", max_tokens=64, stop=["capital"])
+    assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == ("Paris is the ", "stop")
+
+
+def test_completion_accepts_several_prompts_and_token_ids(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=5)
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert all(c.text == "Paris" for c in reply.choices)
+    ids = client.completions.create(model=MODEL, prompt=[1, 70, 80], max_tokens=5)
+    assert ids.usage is not None and ids.usage.prompt_tokens == 3
+
+
+def test_completion_streaming_ends_with_done(http: TestClient) -> None:
+    response = http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "Q:", "max_tokens": 5, "stream": True}
+    )
+    lines = [line for line in response.text.splitlines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    assert len(lines) == 6  # five tokens, then [DONE]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "param"),
+    [
+        ({"model": "other"}, 404, "model"),
+        ({"temperature": 5.0}, 400, "temperature"),
+        ({"n": 2}, 400, "n"),
+        ({"logprobs": True}, 400, "logprobs"),
+        ({"extra_body": {"frobnicate": 1}}, 400, "frobnicate"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+            400,
+            "tools",
+        ),
+    ],
+)
+def test_bad_chat_requests_get_openai_errors(client: openai.OpenAI, kwargs, status, param) -> None:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    with pytest.raises(openai.APIStatusError) as error:
+        client.chat.completions.create(**request)
+    assert error.value.status_code == status
+    assert error.value.body["param"] == param  # type: ignore[index]
