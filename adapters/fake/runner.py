@@ -7,6 +7,7 @@ one (``(last + 1) % vocab_size``), which makes outputs easy to predict in tests.
 import time
 from collections.abc import Callable, Sequence
 
+from domain.ports import Tokenizer
 from domain.request import Request
 from domain.scheduler import RunnerOutput, SchedulerOutput
 
@@ -42,3 +43,17 @@ class FakeModelRunner:
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.live.difference_update(request_ids)
+
+
+def reply_script(
+    tokenizer: Tokenizer, text: str, *, then_eos: bool = True
+) -> Callable[[Request], int]:
+    """Every request answers ``text`` token by token (then EOS), whatever its prompt."""
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    if then_eos:
+        tokens.append(min(tokenizer.eos_token_ids))
+
+    def script(request: Request) -> int:
+        return tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
+
+    return script

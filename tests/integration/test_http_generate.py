@@ -7,27 +7,20 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from adapters.fake import ByteTokenizer
-from adapters.fake.runner import FakeModelRunner
+from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
-from domain.request import Request
 from domain.sampling import SamplingParams
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
-EOS = next(iter(TOKENIZER.eos_token_ids))
 REPLY = "Hello world, end of story."
 
 
-def scripted(request: Request) -> int:
-    tokens = [*TOKENIZER.encode(REPLY, add_special_tokens=False), EOS]
-    return tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
-
-
 def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
-    runner = FakeModelRunner(script=scripted)
+    runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY))
     sink = QueueOutputSink()
     engine = Engine(EngineConfig(**{"max_seq_len": 256, **config}), runner, TOKENIZER, sink)
     return AsyncEngine(engine, sink), runner

@@ -7,28 +7,21 @@ import pytest
 from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
-from adapters.fake.runner import FakeModelRunner
+from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
-from domain.request import Request
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
-EOS = next(iter(TOKENIZER.eos_token_ids))
 REPLY = "Paris is the capital."
-
-
-def scripted(request: Request) -> int:
-    tokens = [*TOKENIZER.encode(REPLY, add_special_tokens=False), EOS]
-    return tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
 
 
 @pytest.fixture
 def http() -> Iterator[TestClient]:
     sink = QueueOutputSink()
-    runner = FakeModelRunner(script=scripted)
+    runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY))
     engine = AsyncEngine(Engine(EngineConfig(max_seq_len=512), runner, TOKENIZER, sink), sink)
     with TestClient(app=create_app(engine, MODEL)) as client:
         yield client

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from adapters.fake import ByteTokenizer
-from adapters.fake.runner import FakeModelRunner
+from adapters.fake.runner import FakeModelRunner, reply_script
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
@@ -33,10 +33,8 @@ class ListSink:
         return [o for o in self.outputs if o.request_id == request_id]
 
 
-def scripted(text: str, then_eos: bool = True):
-    """Each request emits ``text`` byte by byte (then EOS), whatever its prompt."""
-    tokens = TOKENIZER.encode(text, add_special_tokens=False) + ([EOS] if then_eos else [])
-    return lambda request: tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
+def scripted(text: str):
+    return reply_script(TOKENIZER, text)
 
 
 def make_engine(text: str = "Hello", **config) -> tuple[Engine, FakeModelRunner, ListSink]:
