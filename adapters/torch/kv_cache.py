@@ -1,11 +1,18 @@
 """Contiguous, preallocated KV cache with a batch dimension (no per-step concatenation)."""
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
+
+
+class KVStore(Protocol):
+    """What attention layers need from a cache: write this step's keys/values, read all."""
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 def cache_dtype(model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
@@ -70,3 +77,57 @@ class KVCache:
 
     def reset(self) -> None:
         self.seq_len = 0
+
+
+class SlotKVCache:
+    """Continuous batching storage: one contiguous slot per running request,
+    ``[layers, slots, kv_heads, max_seq_len, head_dim]``.
+
+    A prefill chunk runs on :meth:`slot`, a one-row :class:`KVCache` view. A batched decode
+    step runs rows ``0..B-1`` = slots ``0..B-1`` (the runner keeps occupied slots
+    compacted), each writing its one new position; attention reads the slots' first
+    ``decode_len`` positions and masks each row beyond its own position.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        slots: int,
+        max_seq_len: int,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
+        shape = (config.num_layers, slots, config.num_kv_heads, max_seq_len, config.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
+        self._rows = self._positions = torch.empty(0, dtype=torch.long, device=device)
+        self.decode_len = 0
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.k.shape[3]
+
+    def slot(self, index: int, seq_len: int) -> KVCache:
+        """Slot ``index`` as a batch-1 cache whose first ``seq_len`` positions are written."""
+        return KVCache(self.k[:, index : index + 1], self.v[:, index : index + 1], seq_len)
+
+    def begin_decode(self, positions: Tensor, decode_len: int) -> None:
+        """Row ``b`` writes its key/value at ``positions[b]`` ``[B]``; keys ``< decode_len``."""
+        self._positions = positions
+        self._rows = torch.arange(positions.shape[0], device=positions.device)
+        self.decode_len = decode_len
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``k, v`` ``[B, kv_heads, 1, D]`` -> keys/values ``[B, kv_heads, decode_len, D]``."""
+        k_all, v_all = self._k_layers[layer], self._v_layers[layer]
+        k_all[self._rows, :, self._positions] = k[:, :, 0].to(k_all.dtype)
+        v_all[self._rows, :, self._positions] = v[:, :, 0].to(v_all.dtype)
+        rows = k.shape[0]
+        return k_all[:rows, :, : self.decode_len], v_all[:rows, :, : self.decode_len]
+
+    def move(self, source: int, target: int, length: int) -> None:
+        """Copy slot ``source``'s first ``length`` positions into slot ``target``."""
+        self.k[:, target, :, :length] = self.k[:, source, :, :length]
+        self.v[:, target, :, :length] = self.v[:, source, :, :length]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.torch.config import ModelConfig, RopeConfig
-from adapters.torch.kv_cache import KVCache
+from adapters.torch.kv_cache import KVStore
 
 
 class RMSNorm(nn.Module):
@@ -72,6 +72,10 @@ class RotaryTable:
         self.cos = emb.cos().to(dtype)
         self.sin = sin.to(dtype)
 
+    def gather(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin at one position per row, ``positions`` ``[B]`` -> ``[B, 1, 1, head_dim]``."""
+        return self.cos[positions][:, None, None], self.sin[positions][:, None, None]
+
     def at(self, start: int, length: int) -> tuple[Tensor, Tensor]:
         """cos, sin for positions ``[start, start + length)``, ``[1, length, 1, head_dim]``."""
         return self.cos[None, start : start + length, None], self.sin[
@@ -117,7 +121,7 @@ class Attention(nn.Module):
         self.decode_kernel: Callable[[Tensor, Tensor, Tensor, float], Tensor] | None = None
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: KVCache | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: KVStore | None
     ) -> Tensor:
         bsz, seqlen, _ = x.shape
         n_qk = self.n_heads + self.n_kv
@@ -183,6 +187,17 @@ class AttnMask:
 
     def __init__(self, mask: Tensor | None, is_causal: bool, kv_start: int = 0) -> None:
         self.mask, self.is_causal, self.kv_start = mask, is_causal, kv_start
+
+
+def position_mask(positions: Tensor, kv_len: int, window: int | None) -> AttnMask:
+    """One query per row at ``positions`` ``[B]`` over keys ``[0, kv_len)``: key ``j`` is
+    visible iff ``j <= position`` (and within the sliding ``window``)."""
+    k_pos = torch.arange(kv_len, device=positions.device)[None, :]
+    q_pos = positions[:, None]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= q_pos - k_pos < window
+    return AttnMask(allowed[:, None, None, :], False, 0)
 
 
 def build_mask(
