@@ -99,8 +99,10 @@ class SlotKVCache:
         device: str | torch.device,
     ) -> None:
         shape = (config.num_layers, slots, config.num_kv_heads, max_seq_len, config.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        # Zeroed, unlike KVCache: a batched decode reads every row up to the longest row,
+        # and a masked-out key still multiplies its value by 0 — garbage NaN would leak.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
         self._rows = self._positions = torch.empty(0, dtype=torch.long, device=device)
         self.decode_len = 0
