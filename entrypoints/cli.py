@@ -6,7 +6,8 @@ import time
 from collections.abc import Sequence
 
 from adapters.torch.generate import encode_prompt, stream_generate
-from domain.errors import InferError
+from domain.config import EngineConfig
+from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.container import DTYPES, create_container
 
@@ -31,6 +32,18 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
     gen.set_defaults(func=_generate)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API and /v1/generate")
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None, help="model id clients send")
+    serve.add_argument("--max-batch-size", type=int, default=8, help="running requests at most")
+    serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
+    serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
+    serve.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512)
+    serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    serve.set_defaults(func=_serve)
     return parser
 
 
@@ -106,6 +119,39 @@ def _generate(args: argparse.Namespace) -> int:
             f"{count} tokens at {decode:.1f} tok/s, finish: {reason}",
             file=sys.stderr,
         )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_seq_len=args.max_seq_len,
+        max_batch_size=args.max_batch_size,
+        max_waiting_requests=args.max_waiting_requests,
+        batching_mode=args.batching_mode,
+        batch_wait_timeout_s=args.batch_wait_timeout,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    container = create_container(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        cache_dir=args.cache_dir,
+        engine=config,
+        served_model_name=args.served_model_name,
+    )
+    limit = container.model().config.max_position_embeddings
+    if config.max_seq_len > limit:
+        raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
+    app = container.http_app()
+    print(
+        f"serving {container.resolved_model().name} at http://{args.host}:{args.port}", flush=True
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 

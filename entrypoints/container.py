@@ -10,10 +10,15 @@ from dependency_injector import containers, providers
 
 from adapters.fake.tokenizer import ByteTokenizer
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
+from adapters.http import create_app
 from adapters.torch.loader import load_model
+from adapters.torch.runner import TorchModelRunner
 from adapters.torch.sampler import Sampler
 from adapters.torch.transformer import Transformer
 from adapters.weights import ResolvedModel, resolve_model
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from domain.config import EngineConfig
 from domain.ports import Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -51,6 +56,18 @@ class Container(containers.DeclarativeContainer):
     tokenizer = providers.Singleton(build_tokenizer, resolved_model)
     sampler = providers.Singleton(Sampler)
 
+    engine_config = providers.Singleton(EngineConfig)
+    runner = providers.Singleton(TorchModelRunner, model, engine_config, sampler)
+    sink = providers.Singleton(QueueOutputSink)
+    engine = providers.Singleton(Engine, engine_config, runner, tokenizer, sink)
+    async_engine = providers.Singleton(AsyncEngine, engine, sink)
+    http_app = providers.Singleton(
+        lambda engine, resolved, name: create_app(engine, name or resolved.name),
+        async_engine,
+        resolved_model,
+        config.served_model_name,
+    )
+
 
 def create_container(
     model: str | None = None,
@@ -59,6 +76,8 @@ def create_container(
     device: str | None = None,
     cache_dir: str | None = None,
     progress: bool = True,
+    engine: EngineConfig | None = None,
+    served_model_name: str | None = None,
 ) -> Container:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -70,6 +89,9 @@ def create_container(
             "device": device,
             "cache_dir": cache_dir,
             "progress": progress,
+            "served_model_name": served_model_name,
         }
     )
+    if engine is not None:
+        container.engine_config.override(providers.Object(engine))
     return container

@@ -1,0 +1,119 @@
+"""A real `infer serve` process on the default model, driven by the openai SDK and plain SSE."""
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+INFER = Path(sys.executable).with_name("infer")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [str(INFER), "serve", "--port", str(port), "--max-batch-size", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_completion_answers(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=20,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+
+def test_chat_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Name three colors."}],
+        "temperature": 0,
+        "max_tokens": 24,
+    }
+    whole = client.chat.completions.create(**request).choices[0].message.content
+    chunks = client.chat.completions.create(**request, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole
+
+
+def test_completions_stream_and_non_stream(client: openai.OpenAI) -> None:
+    whole = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert whole.choices[0].finish_reason in ("length", "stop")
+    parts = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in parts if c.choices) == whole.choices[0].text
+
+
+def test_native_generate_streams_sse_events(base_url: str) -> None:
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+    events = []
+    with httpx.stream("POST", f"{base_url}/v1/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        kind = None
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                events.append((kind, json.loads(line.split(":", 1)[1])))
+    assert [k for k, _ in events] == ["token"] * 6 + ["done"]
+    assert events[-1][1]["usage"]["completion_tokens"] == 6
+
+
+def test_concurrent_streams_are_served_together(base_url: str) -> None:
+    async def one(client: openai.AsyncOpenAI, i: int) -> str:
+        reply = await client.completions.create(
+            model=MODEL, prompt=f"Story {i}: Once upon a time", max_tokens=16, temperature=0
+        )
+        return reply.choices[0].text
+
+    async def main() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        return await asyncio.gather(*(one(client, i) for i in range(6)))
+
+    texts = asyncio.run(main())
+    assert len(texts) == 6 and all(texts)
