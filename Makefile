@@ -1,12 +1,13 @@
-# One command each: `make generate` sets up and runs the default model, `make test` sets up
-# and runs the tests. Everything installs into .venv; re-running skips finished steps.
+# One command each: `make serve` / `make generate` set up and serve / run the default model,
+# `make test` sets up and runs the tests. Everything installs into .venv; re-running skips
+# finished steps.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
 TORCH_VERSION := 2.13.0
 
-.PHONY: setup generate test lint bench clean
+.PHONY: setup generate serve test bench clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +28,9 @@ $(VENV)/.installed: pyproject.toml
 
 generate: setup
 	$(BIN)/infer generate "$(PROMPT)" --chat
+
+serve: setup
+	$(BIN)/infer serve
 
 test: setup
 	$(BIN)/ruff check .
