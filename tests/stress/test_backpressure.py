@@ -1,0 +1,109 @@
+"""Seed 000's stress tests over the HTTP app with the fake runner (bounded in time and count)."""
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import uvicorn
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner, reply_script
+from adapters.http import create_app
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from domain.config import EngineConfig
+
+pytestmark = pytest.mark.slow
+MODEL = "test/fake-model"
+TOKENIZER = ByteTokenizer()
+REPLY = "x" * 40
+
+
+def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
+    runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY), step_latency_s=0.002)
+    sink = QueueOutputSink()
+    engine = Engine(EngineConfig(max_seq_len=256, **config), runner, TOKENIZER, sink)
+    return AsyncEngine(engine, sink), runner
+
+
+BODY = {"model": MODEL, "prompt": "go", "max_tokens": 64}
+
+
+@contextmanager
+def serving(engine: AsyncEngine) -> Iterator[str]:
+    """A real uvicorn server on 127.0.0.1 in a thread: requests really run concurrently."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+async def test_requests_beyond_the_queue_limit_get_503_and_the_rest_complete() -> None:
+    limit = 8
+    # A static batch that waits to fill keeps every accepted request in the queue meanwhile.
+    engine, _runner = build(
+        batching_mode="static",
+        max_waiting_requests=limit,
+        max_batch_size=64,
+        batch_wait_timeout_s=1.0,
+    )
+    with serving(engine) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            responses = await asyncio.gather(
+                *(client.post("/v1/generate", json=BODY) for _ in range(limit + 10))
+            )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] * limit + [503] * 10
+    done = [r for r in responses if r.status_code == 200]
+    assert all("event: done" in r.text for r in done)
+    assert not engine.engine.has_work() and len(engine.sink) == 0
+
+
+async def test_concurrent_disconnects_do_not_deadlock_or_leak() -> None:
+    engine, runner = build(max_batch_size=8)
+    with serving(engine) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await _disconnects(client, engine, runner)
+
+
+async def _disconnects(
+    client: httpx.AsyncClient, engine: AsyncEngine, runner: FakeModelRunner
+) -> None:
+
+    async def full() -> str:
+        response = await client.post("/v1/generate", json=BODY)
+        return response.text
+
+    async def abandoned() -> None:
+        async with client.stream("POST", "/v1/generate", json=BODY) as response:
+            async for _ in response.aiter_lines():
+                break  # read one line, then hang up
+
+    results = await asyncio.gather(*(full() for _ in range(4)), *(abandoned() for _ in range(4)))
+    assert all(text.count("event: done") == 1 for text in results[:4])
+    assert (await client.get("/health")).status_code == 200
+    again = await client.post("/v1/generate", json=BODY)
+    assert "event: done" in again.text
+    for _ in range(200):
+        if not engine.engine.has_work() and not runner.live:
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.engine.has_work() and runner.live == set() and len(engine.sink) == 0
