@@ -57,10 +57,6 @@ class KVCache:
     def max_seq_len(self) -> int:
         return self.k.shape[3]
 
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``k, v`` ``[batch, kv_heads, T, head_dim]`` at the current position; return
         views of everything written so far, ``[batch, kv_heads, seq_len + T, head_dim]``."""
@@ -74,9 +70,6 @@ class KVCache:
 
     def advance(self, num_tokens: int) -> None:
         self.seq_len += num_tokens
-
-    def reset(self) -> None:
-        self.seq_len = 0
 
 
 class SlotKVCache:
