@@ -20,7 +20,12 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None  # vLLM's extension
+    # vLLM's sampling extensions (sent by its clients and benchmarks as extra body fields)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = None

@@ -124,7 +124,7 @@ def optimize_for_cpu(model: nn.Module) -> None:
     _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
     _swap(model, GatedMLP, lambda m: KernelSiluMLP(m, kernels) if m.act is F.silu else m)
     for module in model.modules():
-        if isinstance(module, Attention) and module.head_dim % 16 == 0:
+        if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.decode_kernel = kernels.decode_attention
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adapters.torch.kv_cache import KVCache, cache_dtype
+from adapters.torch.kv_cache import KVCache
 from adapters.torch.sampler import Sampler, make_generator
 from adapters.torch.transformer import Transformer
 from domain.detokenizer import IncrementalDetokenizer
@@ -56,7 +56,7 @@ def stream_generate(
     cache = KVCache.from_model_config(
         model.config,
         len(prompt_ids) + params.max_new_tokens,
-        dtype=cache_dtype(model.embed_tokens.weight.dtype, device),
+        dtype=model.embed_tokens.weight.dtype,
         device=device,
     )
     stops = _StopState(tokenizer, prompt_ids, params)

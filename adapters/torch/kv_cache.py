@@ -15,12 +15,6 @@ class KVStore(Protocol):
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
-def cache_dtype(model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
-    """float32 on a CPU: SDPA's CPU kernel is ~3x slower for a bf16 decode query, and a bf16
-    cache would be upcast in full at every step; the model's dtype elsewhere."""
-    return torch.float32 if torch.device(device).type == "cpu" else model_dtype
-
-
 @dataclass
 class KVCache:
     """Keys and values of every layer, ``[layers, batch, kv_heads, max_seq_len, head_dim]``.
@@ -97,7 +91,7 @@ class SlotKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
-        self._rows = self._positions = torch.empty(0, dtype=torch.long, device=device)
+        self._write_index = torch.empty(0, dtype=torch.long, device=device)
         self.decode_len = 0
 
     @property
@@ -110,15 +104,22 @@ class SlotKVCache:
 
     def begin_decode(self, positions: Tensor, decode_len: int) -> None:
         """Row ``b`` writes its key/value at ``positions[b]`` ``[B]``; keys ``< decode_len``."""
-        self._positions = positions
-        self._rows = torch.arange(positions.shape[0], device=positions.device)
+        _, _, kv_heads, max_len, _ = self.k.shape
+        rows = torch.arange(positions.shape[0], device=positions.device)
+        heads = torch.arange(kv_heads, device=positions.device)
+        # Where row b, head h writes, as a row of a layer seen as [slots * kv_heads * max_len, D]:
+        # one index_copy_ per layer instead of an advanced-indexing assignment.
+        self._write_index = (
+            (rows[:, None] * kv_heads + heads[None, :]) * max_len + positions[:, None]
+        ).flatten()
         self.decode_len = decode_len
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``k, v`` ``[B, kv_heads, 1, D]`` -> keys/values ``[B, kv_heads, decode_len, D]``."""
         k_all, v_all = self._k_layers[layer], self._v_layers[layer]
-        k_all[self._rows, :, self._positions] = k[:, :, 0].to(k_all.dtype)
-        v_all[self._rows, :, self._positions] = v[:, :, 0].to(v_all.dtype)
+        dim = k.shape[-1]
+        k_all.view(-1, dim).index_copy_(0, self._write_index, k.reshape(-1, dim))
+        v_all.view(-1, dim).index_copy_(0, self._write_index, v.reshape(-1, dim))
         rows = k.shape[0]
         return k_all[:rows, :, : self.decode_len], v_all[:rows, :, : self.decode_len]
 

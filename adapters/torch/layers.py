@@ -116,9 +116,11 @@ class Attention(nn.Module):
         )
         scalar = config.query_pre_attn_scalar
         self.scale = scalar**-0.5 if scalar else config.head_dim**-0.5
-        # A faster single-query path, injected by CPU inference optimizations:
-        # (q [1, H, 1, D], k, v [1, Hkv, L, D] float32, scale) -> [1, H, 1, D].
-        self.decode_kernel: Callable[[Tensor, Tensor, Tensor, float], Tensor] | None = None
+        # A faster one-query-per-row path, injected by CPU inference optimizations:
+        # (q [B, H, 1, D], k, v [B, Hkv, L, D], lengths [B] int64 or empty, window (0 = none),
+        # scale) -> [B, H, 1, D].
+        self.decode_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
+        self.decode_kernel = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: KVStore | None
@@ -141,21 +143,27 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
-        """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``, computed in
-        the keys' dtype (a CPU cache keeps float32: see :func:`cache_dtype`)."""
-        one_query = q.shape[:3] == (1, self.n_heads, 1) and mask.mask is None
-        if self.decode_kernel is not None and one_query and k.dtype == torch.float32:
-            return self.decode_kernel(q, k, v, self.scale)
+        """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``."""
+        if self.decode_kernel is not None and q.shape[2] == 1 and q.dtype == k.dtype:
+            if mask.mask is None:
+                return self.decode_kernel(q, k, v, _NO_LENGTHS, 0, self.scale)
+            if mask.lengths is not None:
+                return self.decode_kernel(q, k, v, mask.lengths, mask.window, self.scale)
+        # SDPA's CPU kernels are much slower in bf16 than in float32: compute in float32 there.
+        dtype = torch.float32 if k.device.type == "cpu" else k.dtype
         y = F.scaled_dot_product_attention(
-            q.to(k.dtype),
-            k,
-            v,
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
             attn_mask=mask.mask,
             is_causal=mask.is_causal,
             scale=self.scale,
             enable_gqa=self.n_kv != self.n_heads,
         )
         return y.to(q.dtype)
+
+
+_NO_LENGTHS = torch.empty(0, dtype=torch.long)
 
 
 class GatedMLP(nn.Module):
@@ -180,13 +188,24 @@ class AttnMask:
     """What SDPA needs for one forward and one kind of layer (global or sliding).
 
     ``mask`` is boolean ``[batch | 1, 1, T, kv_len - kv_start]`` (True = attend) or None;
-    ``kv_start`` drops keys before a sliding window instead of masking them.
+    ``kv_start`` drops keys before a sliding window instead of masking them. A one-query
+    decode mask also says the same as ``lengths`` (row ``b`` sees keys ``< lengths[b]``) and
+    ``window`` (and only its last ``window`` of them; 0 = all), which a kernel can use.
     """
 
-    __slots__ = ("is_causal", "kv_start", "mask")
+    __slots__ = ("is_causal", "kv_start", "lengths", "mask", "window")
 
-    def __init__(self, mask: Tensor | None, is_causal: bool, kv_start: int = 0) -> None:
+    def __init__(
+        self,
+        mask: Tensor | None,
+        is_causal: bool,
+        kv_start: int = 0,
+        *,
+        lengths: Tensor | None = None,
+        window: int = 0,
+    ) -> None:
         self.mask, self.is_causal, self.kv_start = mask, is_causal, kv_start
+        self.lengths, self.window = lengths, window
 
 
 def position_mask(positions: Tensor, kv_len: int, window: int | None) -> AttnMask:
@@ -197,7 +216,7 @@ def position_mask(positions: Tensor, kv_len: int, window: int | None) -> AttnMas
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= q_pos - k_pos < window
-    return AttnMask(allowed[:, None, None, :], False, 0)
+    return AttnMask(allowed[:, None, None, :], False, 0, lengths=positions + 1, window=window or 0)
 
 
 def build_mask(

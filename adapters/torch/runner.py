@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from adapters.torch.kv_cache import SlotKVCache, cache_dtype
+from adapters.torch.kv_cache import SlotKVCache
 from adapters.torch.sampler import Sampler, make_generator
 from adapters.torch.transformer import Transformer
 from domain.config import EngineConfig
@@ -29,7 +29,7 @@ class TorchModelRunner:
             model.config,
             config.max_batch_size,
             config.max_seq_len,
-            dtype=cache_dtype(weight.dtype, weight.device),
+            dtype=weight.dtype,
             device=weight.device,
         )
         self.slots: list[str] = []  # slot index -> request id
@@ -40,14 +40,19 @@ class TorchModelRunner:
         for chunk in batch.chunks:
             self._ensure_slot(chunk)
         logits: dict[str, Tensor] = {}
+        decoded: Tensor | None = None
         with torch.inference_mode():
             for chunk in batch.chunks:
                 if chunk.num_tokens > 1:
                     logits.update(self._prefill(chunk))
             singles = [c for c in batch.chunks if c.num_tokens == 1]
             if singles:
-                logits.update(self._decode(singles))
-            return self._sample([c for c in batch.chunks if c.samples], logits)
+                decoded = self._decode(singles)
+                logits.update({c.request.request_id: decoded[i] for i, c in enumerate(singles)})
+            sampled = [c for c in batch.chunks if c.samples]
+            if decoded is not None and _same(sampled, singles):  # the usual decode step: no copy
+                return self._sample(sampled, decoded)
+            return self._sample(sampled, logits)
 
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -81,9 +86,12 @@ class TorchModelRunner:
         self.lengths[slot] = chunk.start + chunk.num_tokens
         return {chunk.request.request_id: out[0, -1]}
 
-    def _decode(self, chunks: list[ScheduledChunk]) -> dict[str, Tensor]:
-        """Every occupied slot is a row; slots without a token this step (mid-prefill) get
-        a placeholder at their next free position, which a later write overwrites."""
+    def _decode(self, chunks: list[ScheduledChunk]) -> Tensor:
+        """Logits ``[len(chunks), vocab]`` in ``chunks`` order.
+
+        Every occupied slot is a row; slots without a token this step (mid-prefill) get a
+        placeholder at their next free position, which a later write overwrites.
+        """
         by_slot = {self.slots.index(c.request.request_id): c for c in chunks}
         rows = len(self.slots)
         last = self.cache.max_seq_len - 1
@@ -93,17 +101,23 @@ class TorchModelRunner:
         ]
         out = self.model.decode(
             torch.tensor(tokens, device=self.device)[:, None], self.cache, positions
-        )
+        )[:, 0]
         for slot, chunk in by_slot.items():
             self.lengths[slot] = chunk.start + 1
-        return {c.request.request_id: out[s, 0] for s, c in by_slot.items()}
+        order = list(by_slot)
+        return out if order == list(range(rows)) else out[torch.tensor(order, device=self.device)]
 
-    def _sample(self, chunks: list[ScheduledChunk], logits: dict[str, Tensor]) -> RunnerOutput:
+    def _sample(
+        self, chunks: list[ScheduledChunk], logits: dict[str, Tensor] | Tensor
+    ) -> RunnerOutput:
+        """``logits``: per request, or one ``[len(chunks), vocab]`` tensor in ``chunks`` order."""
         if not chunks:
             return RunnerOutput()
         requests = [c.request for c in chunks]
+        if isinstance(logits, dict):
+            logits = torch.stack([logits[r.request_id] for r in requests])
         result = self.sampler.sample(
-            torch.stack([logits[r.request_id] for r in requests]),
+            logits,
             [r.sampling_params for r in requests],
             prompt_ids=[r.prompt_token_ids for r in requests],
             output_ids=[r.generated_token_ids for r in requests],
@@ -114,3 +128,7 @@ class TorchModelRunner:
             sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
             logprobs=dict(zip(ids, result.logprobs, strict=True)) if result.logprobs else {},
         )
+
+
+def _same(a: list[ScheduledChunk], b: list[ScheduledChunk]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

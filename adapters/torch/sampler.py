@@ -61,6 +61,9 @@ class Sampler:
         """
         assert logits.shape[0] == len(params) == len(prompt_ids) == len(output_ids)
         assert len(generators) == len(params)
+        if all(p.greedy and not p.has_penalties for p in params):
+            # argmax of the logits as they are: float32 holds every bf16 value exactly.
+            return _collect(logits.argmax(dim=-1), logits, params)
         raw = logits.float()
         penalized = _penalize_rows(raw, params, prompt_ids, output_ids)
         if all(p.greedy for p in params):
@@ -249,11 +252,12 @@ def _row_values(values: Sequence[float], like: Tensor) -> Tensor:
 
 
 def _collect(token_ids: Tensor, raw: Tensor, params: Sequence[SamplingParams]) -> SampleResult:
-    """Bring ids ``[B]`` (and, if asked, logprobs of ``raw`` ``[B, V]``) to the host at once."""
+    """Bring ids ``[B]`` (and, if asked, logprobs of the logits ``raw`` ``[B, V]``, computed
+    in float32) to the host at once."""
     wanted = [p.logprobs for p in params]
     if all(n is None for n in wanted):
         return SampleResult(token_ids.tolist(), None, None)
-    logprobs = torch.log_softmax(raw, dim=-1)
+    logprobs = torch.log_softmax(raw.float(), dim=-1)
     n_max = max(n or 0 for n in wanted)
     top = logprobs.topk(n_max, dim=-1)
     chosen = logprobs.gather(1, token_ids[:, None])

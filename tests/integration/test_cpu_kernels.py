@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.testing import assert_close
 
 from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear, cpu_kernels
-from adapters.torch.kv_cache import KVCache
-from adapters.torch.layers import RMSNorm
+from adapters.torch.kv_cache import KVCache, SlotKVCache
+from adapters.torch.layers import Attention, RMSNorm
 from adapters.torch.loader import load_model
 from tests.integration.tiny_models import save_tiny_model
 
@@ -44,14 +45,60 @@ def test_silu_mul_matches_the_pytorch_ops() -> None:
     assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim", "length"), [(9, 3, 64, 37), (4, 1, 256, 5)])
-def test_decode_attention_matches_sdpa(heads: int, kv_heads: int, dim: int, length: int) -> None:
+def _reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, lengths: list[int], window: int
+) -> Tensor:
+    """SDPA in float32, one row at a time over its own keys."""
+    rows = []
+    for b, length in enumerate(lengths):
+        start = max(0, length - window) if window else 0
+        kb, vb = k[b : b + 1, :, start:length].float(), v[b : b + 1, :, start:length].float()
+        rows.append(
+            F.scaled_dot_product_attention(q[b : b + 1].float(), kb, vb, scale=0.1, enable_gqa=True)
+        )
+    return torch.cat(rows).to(BF16)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "lengths", "window"),
+    [
+        (9, 3, 64, [37], 0),  # one row, no lengths: every key
+        (9, 3, 64, [37, 1, 20, 64], 0),
+        (4, 1, 256, [5, 3], 0),
+        (8, 8, 32, [40, 2, 9], 6),  # sliding window
+    ],
+)
+def test_decode_attention_matches_sdpa(
+    heads: int, kv_heads: int, dim: int, lengths: list[int], window: int
+) -> None:
     torch.manual_seed(3)
-    q = torch.randn(1, 1, heads, dim, dtype=BF16).transpose(1, 2)  # a strided view, as in Attention
-    cache = torch.randn(2, 1, kv_heads, length + 8, dim)
-    k, v = cache[0, :, :, :length], cache[1, :, :, :length]
-    expected = F.scaled_dot_product_attention(q.float(), k, v, scale=0.1, enable_gqa=True)
-    assert_close(kernels.decode_attention(q, k, v, 0.1), expected.to(BF16))
+    batch, longest = len(lengths), max(lengths)
+    q = torch.randn(batch, 1, heads, dim, dtype=BF16).transpose(1, 2)  # strided, as in Attention
+    cache = torch.randn(2, batch + 1, kv_heads, longest + 8, dim, dtype=BF16)  # views, as a cache
+    k, v = cache[0, :batch, :, :longest], cache[1, :batch, :, :longest]
+    given = torch.tensor(lengths) if batch > 1 else torch.empty(0, dtype=torch.long)
+    got = kernels.decode_attention(q, k, v, given, window, 0.1)
+    assert_close(got, _reference_attention(q, k, v, lengths, window), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_batched_decode_with_the_kernel_matches_sdpa(arch: str, tmp_path: Path) -> None:
+    """Rows at different positions (beyond Gemma's sliding window too) through the model."""
+    save_tiny_model(arch, tmp_path)
+    model = load_model(tmp_path, dtype=BF16)
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    assert all(a.decode_kernel is not None for a in attention)
+    cache = SlotKVCache(model.config, 3, 32, dtype=BF16, device="cpu")
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3], [40, 41, 42, 43]]
+    with torch.inference_mode():
+        for slot, prompt in enumerate(prompts):
+            model(torch.tensor([prompt]), kv_cache=cache.slot(slot, 0))
+        ids, positions = torch.tensor([[1], [2], [3]]), [len(p) for p in prompts]
+        fast = model.decode(ids, cache, positions)
+        for a in attention:
+            a.decode_kernel = None
+        slow = model.decode(ids, cache, positions)
+    assert_close(fast, slow, atol=0.05, rtol=0.02)
 
 
 def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) -> None:
@@ -61,7 +108,7 @@ def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) ->
     kinds = {type(m) for m in fast.modules()}
     assert {PackedLinear, KernelRMSNorm, KernelSiluMLP} <= kinds
     ids = torch.tensor([[3, 14, 15, 92, 65]])
-    caches = [KVCache.from_model_config(fast.config, 8, dtype=torch.float32) for _ in range(2)]
+    caches = [KVCache.from_model_config(fast.config, 8, dtype=BF16) for _ in range(2)]
     with torch.inference_mode():
         assert_close(
             fast(ids, kv_cache=caches[0]), plain(ids, kv_cache=caches[1]), atol=0.05, rtol=0.02

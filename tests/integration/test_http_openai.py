@@ -113,3 +113,17 @@ def test_bad_chat_requests_get_openai_errors(client: openai.OpenAI, kwargs, stat
         client.chat.completions.create(**request)
     assert error.value.status_code == status
     assert error.value.body["param"] == param  # type: ignore[index]
+
+
+def test_completion_honours_vllm_extensions(client: openai.OpenAI) -> None:
+    """ignore_eos and stop_token_ids, sent as extra body fields as vLLM's clients do."""
+    long = client.completions.create(
+        model=MODEL, prompt="Q:", max_tokens=40, extra_body={"ignore_eos": True}
+    )
+    assert long.choices[0].finish_reason == "length"
+    assert long.usage is not None and long.usage.completion_tokens == 40
+    (space,) = TOKENIZER.encode(" ", add_special_tokens=False)
+    cut = client.completions.create(
+        model=MODEL, prompt="Q:", max_tokens=40, extra_body={"stop_token_ids": [space]}
+    )
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == ("Paris", "stop")

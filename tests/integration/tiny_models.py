@@ -39,7 +39,7 @@ def tiny_config(arch: str) -> PretrainedConfig:
     if arch == "gemma3":
         return Gemma3TextConfig(
             **{**common, "num_hidden_layers": 4},
-            head_dim=16,
+            head_dim=32,  # a multiple of 32: the CPU decode-attention kernel applies
             sliding_window=6,
             layer_types=[
                 "sliding_attention",

@@ -32,6 +32,13 @@ void check_bf16(const torch::Tensor& t, const char* name) {
               name, " must be a contiguous bf16 CPU tensor");
 }
 
+// bf16 CPU tensor whose last dimension is contiguous (other dimensions may be strided).
+void check_bf16_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kBFloat16 && t.dim() == 4 &&
+                  t.stride(3) == 1,
+              name, " must be a 4-d bf16 CPU tensor with a contiguous last dimension");
+}
+
 constexpr int64_t kRows = 16;  // output rows per block: 16 independent accumulators
 
 }  // namespace
@@ -93,7 +100,37 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
   return y;
 }
 
-// silu(gate) * up for gate_up [..., 2I] laid out as [gate | up].
+// exp(x) for 16 floats: 2^(x log2 e) split into 2^n * 2^f, f in [-0.5, 0.5], with a degree-6
+// polynomial for 2^f (relative error ~1e-7); inputs below -87 flush to 0.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 16 bf16 values -> 16 floats.
+inline __m512 load_bf16x16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// 16 floats rounded to the nearest bf16 (ties to even), as floats.
+inline __m512 round_bf16x16(__m512 x) {
+  const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// silu(gate) * up for gate_up [..., 2I] laid out as [gate | up]; silu rounds to bf16 before the
+// product, as PyTorch's two bf16 ops do.
 torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   check_bf16(gate_up, "gate_up");
   const int64_t inter = gate_up.size(-1) / 2, n = gate_up.numel() / (2 * inter);
@@ -102,65 +139,151 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   auto y = torch::empty(sizes, gate_up.options());
   const uint16_t* G = bits(gate_up);
   uint16_t* Y = bits_mut(y);
-#pragma omp parallel for schedule(static) if (n > 16)
+  const int64_t vec_end = inter / 16 * 16;
+#pragma omp parallel for schedule(static) if (n > 4)
   for (int64_t row = 0; row < n; ++row) {
-    for (int64_t i = 0; i < inter; ++i) {
-      const float g = bf16_to_float(G[row * 2 * inter + i]);
-      const float u = bf16_to_float(G[row * 2 * inter + inter + i]);
-      Y[row * inter + i] = float_to_bf16(round_bf16(g / (1.f + std::exp(-g))) * u);
+    const uint16_t* g_row = G + row * 2 * inter;
+    const uint16_t* u_row = g_row + inter;
+    uint16_t* y_row = Y + row * inter;
+    for (int64_t i = 0; i < vec_end; i += 16) {
+      const __m512 g = load_bf16x16(g_row + i);
+      const __m512 one = _mm512_set1_ps(1.f);
+      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+      const __m512 prod = _mm512_mul_ps(round_bf16x16(silu), load_bf16x16(u_row + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y_row + i),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(prod)));
+    }
+    for (int64_t i = vec_end; i < inter; ++i) {
+      const float g = bf16_to_float(g_row[i]);
+      y_row[i] = float_to_bf16(round_bf16(g / (1.f + std::exp(-g))) * bf16_to_float(u_row[i]));
     }
   }
   return y;
 }
 
-// Attention of one query per head over a float32 cache, heads grouped per KV head (GQA):
-// q [1, H, 1, D] bf16, k and v [1, Hkv, L, D] float32 with contiguous rows -> [1, H, 1, D] bf16.
-// One call instead of SDPA plus two dtype conversions.
+// In place: s[0..n) -> softmax(s), vectorized (the tail is padded with -inf by a mask).
+void softmax_inplace(float* s, int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  for (int64_t l = 0; l < n; l += 16) {
+    const __mmask16 m = n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - l)) - 1);
+    best = _mm512_max_ps(best, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, s + l));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t l = 0; l < n; l += 16) {
+    const __mmask16 m = n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - l)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + l), top)));
+    _mm512_mask_storeu_ps(s + l, m, e);
+    total = _mm512_add_ps(total, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+  for (int64_t l = 0; l < n; l += 16) {
+    const __mmask16 m = n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - l)) - 1);
+    _mm512_mask_storeu_ps(s + l, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + l), inv));
+  }
+}
+
+// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing values v [n, dim] (bf16 rows), with the
+// G accumulators of one 16-wide column block in registers.
+template <int G>
+void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_t n, int64_t dim,
+                     uint16_t* out, int64_t out_stride) {
+  for (int64_t d = 0; d < dim; d += 16) {
+    __m512 acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < n; ++l) {
+      const __m512 vv = load_bf16x16(v + l * dim + d);
+      for (int h = 0; h < G; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[h * p_stride + l]), vv, acc[h]);
+    }
+    for (int h = 0; h < G; ++h)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h * out_stride + d),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[h])));
+  }
+}
+
+void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const uint16_t* v,
+                         int64_t n, int64_t dim, uint16_t* out, int64_t out_stride) {
+  for (int64_t h0 = 0; h0 < group; h0 += 4) {
+    const float* ph = p + h0 * p_stride;
+    uint16_t* oh = out + h0 * out_stride;
+    switch (std::min<int64_t>(4, group - h0)) {
+      case 1: weighted_values<1>(ph, p_stride, v, n, dim, oh, out_stride); break;
+      case 2: weighted_values<2>(ph, p_stride, v, n, dim, oh, out_stride); break;
+      case 3: weighted_values<3>(ph, p_stride, v, n, dim, oh, out_stride); break;
+      default: weighted_values<4>(ph, p_stride, v, n, dim, oh, out_stride); break;
+    }
+  }
+}
+
+// Attention of one query per head for every row of a batch, over a bf16 cache, heads grouped
+// per KV head (GQA): q [B, H, 1, D] bf16; k, v [B, Hkv, L, D] bf16 with contiguous rows (views
+// of the cache); row b attends keys [start_b, len_b) where len_b = lengths[b] (L when lengths
+// is empty) and start_b = max(0, len_b - window) for a sliding window (window > 0).
+// Returns [B, H, 1, D] bf16. Scores and softmax in float32; each KV row is read once per group.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               double scale) {
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kFloat &&
-                  v.scalar_type() == at::kFloat && q.size(0) == 1 && q.size(2) == 1,
-              "decode_attention: one bf16 query row over a float32 cache");
-  const int64_t heads = q.size(1), kv_heads = k.size(1), len = k.size(2), dim = q.size(3);
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == dim && v.stride(2) == dim &&
-                  q.stride(3) == 1 && dim % 16 == 0,
-              "decode_attention: rows must be contiguous and head_dim a multiple of 16");
-  auto out = torch::empty({1, heads, 1, dim}, q.options());
+                               const torch::Tensor& lengths, int64_t window, double scale) {
+  check_bf16_rows(q, "q");
+  check_bf16_rows(k, "k");
+  check_bf16_rows(v, "v");
+  const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1), max_len = k.size(2);
+  const int64_t dim = q.size(3);
+  TORCH_CHECK(q.size(2) == 1 && k.size(0) == batch && v.sizes() == k.sizes() && k.size(3) == dim &&
+                  heads % kv_heads == 0 && dim % 32 == 0,
+              "decode_attention: q [B, H, 1, D], k/v [B, Hkv, L, D], D % 32 == 0");
+  TORCH_CHECK(k.stride(2) == dim && v.stride(2) == dim, "decode_attention: k/v rows must be contiguous");
+  const bool per_row = lengths.numel() > 0;
+  TORCH_CHECK(!per_row || (lengths.numel() == batch && lengths.scalar_type() == at::kLong &&
+                           lengths.is_contiguous()),
+              "decode_attention: lengths must be int64 [B]");
+  const int64_t* lens = per_row ? lengths.data_ptr<int64_t>() : nullptr;
+  auto out = torch::empty({batch, heads, 1, dim}, q.options());
   const uint16_t* Q = bits(q);
-  const float* K = k.data_ptr<float>();
-  const float* V = v.data_ptr<float>();
+  const uint16_t* K = bits(k);
+  const uint16_t* V = bits(v);
   uint16_t* O = bits_mut(out);
-  const int64_t group = heads / kv_heads, q_stride = q.stride(1);
-  const int64_t k_stride = k.stride(1), v_stride = v.stride(1);
-#pragma omp parallel for schedule(static)
-  for (int64_t h = 0; h < heads; ++h) {
-    std::vector<float> qf(dim), scores(len), acc(dim, 0.f);
-    for (int64_t d = 0; d < dim; ++d) qf[d] = bf16_to_float(Q[h * q_stride + d]);
-    const float* kh = K + (h / group) * k_stride;
-    const float* vh = V + (h / group) * v_stride;
-    float best = -INFINITY;
-    for (int64_t l = 0; l < len; ++l) {
-      __m512 dot = _mm512_setzero_ps();
-      for (int64_t d = 0; d < dim; d += 16)
-        dot = _mm512_fmadd_ps(_mm512_loadu_ps(qf.data() + d), _mm512_loadu_ps(kh + l * dim + d), dot);
-      scores[l] = _mm512_reduce_add_ps(dot) * static_cast<float>(scale);
-      best = std::max(best, scores[l]);
+  const int64_t group = heads / kv_heads, chunks = dim / 32;
+  const int64_t s_stride = (max_len + 15) / 16 * 16;
+  const float fscale = static_cast<float>(scale);
+#pragma omp parallel
+  {
+    std::vector<float> scores(group * s_stride);
+#pragma omp for schedule(dynamic) collapse(2)
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t len = per_row ? std::min(lens[b], max_len) : max_len;
+        const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+        const int64_t n = len - start;
+        const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + start * dim;
+        const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + start * dim;
+        const uint16_t* qb = Q + b * q.stride(0) + g * group * q.stride(1);
+        for (int64_t h = 0; h < group; ++h) {
+          const uint16_t* qh = qb + h * q.stride(1);
+          float* s = scores.data() + h * s_stride;
+          for (int64_t l = 0; l < n; ++l) {
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; ++c) {
+              const __m512bh qv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qh + c * 32));
+              const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kh + l * dim + c * 32));
+              dot = _mm512_dpbf16_ps(dot, qv, kv);
+            }
+            s[l] = _mm512_reduce_add_ps(dot) * fscale;
+          }
+          if (n > 0) softmax_inplace(s, n);
+        }
+        uint16_t* o = O + (b * heads + g * group) * dim;
+        if (n == 0) {
+          std::fill(o, o + group * dim, 0);
+          continue;
+        }
+        weighted_values_any(group, scores.data(), s_stride, vh, n, dim, o, dim);
+      }
     }
-    float total = 0.f;
-    for (int64_t l = 0; l < len; ++l) total += (scores[l] = std::exp(scores[l] - best));
-    for (int64_t l = 0; l < len; ++l) {
-      const __m512 p = _mm512_set1_ps(scores[l] / total);
-      for (int64_t d = 0; d < dim; d += 16)
-        _mm512_storeu_ps(acc.data() + d, _mm512_fmadd_ps(p, _mm512_loadu_ps(vh + l * dim + d),
-                                                          _mm512_loadu_ps(acc.data() + d)));
-    }
-    for (int64_t d = 0; d < dim; ++d) O[h * dim + d] = float_to_bf16(acc[d]);
   }
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "one-query GQA attention over a float32 cache");
+  m.def("decode_attention", &decode_attention, "batched one-query GQA attention over a bf16 cache");
   m.def("gemv", &gemv, "bf16 matrix-vector product (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
