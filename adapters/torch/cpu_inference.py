@@ -12,51 +12,15 @@ Packed weights are opaque (no autograd, no state_dict), so only inference models
 optimized. ``INFER_CPU_KERNELS=0`` turns the compiled kernels off.
 """
 
-import functools
-import hashlib
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from adapters.torch.kernels import cpu_kernels
 from adapters.torch.layers import Attention, GatedMLP, RMSNorm
-
-log = structlog.get_logger(__name__)
-_SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
-
-
-@functools.cache
-def cpu_kernels() -> Any | None:
-    """The compiled kernels module, or None where they cannot be built or run."""
-    if os.environ.get("INFER_CPU_KERNELS", "1") == "0" or not _has_avx512_bf16():
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        # The source hash in the name lets checkouts with different kernels coexist in
-        # torch's extension cache instead of rebuilding over each other.
-        digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-        return load(
-            name=f"infer_cpu_decode_{digest}",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bf16", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-        )
-    except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
-        log.warning("cpu kernels unavailable, using PyTorch ops", error=str(e))
-        return None
-
-
-def _has_avx512_bf16() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
 
 
 class PackedLinear(nn.Module):

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
+from adapters.torch.kernels import for_bf16_cpu
 
 
 class KVStore(Protocol):
@@ -92,6 +93,9 @@ class SlotKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
         self._write_index = torch.empty(0, dtype=torch.long, device=device)
+        self._positions = self._write_index
+        kernels = for_bf16_cpu(self.k)
+        self._write_rows = kernels.write_rows if kernels is not None else None
         self.decode_len = 0
 
     @property
@@ -112,14 +116,19 @@ class SlotKVCache:
         self._write_index = (
             (rows[:, None] * kv_heads + heads[None, :]) * max_len + positions[:, None]
         ).flatten()
+        self._positions = positions
         self.decode_len = decode_len
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``k, v`` ``[B, kv_heads, 1, D]`` -> keys/values ``[B, kv_heads, decode_len, D]``."""
         k_all, v_all = self._k_layers[layer], self._v_layers[layer]
-        dim = k.shape[-1]
-        k_all.view(-1, dim).index_copy_(0, self._write_index, k.reshape(-1, dim))
-        v_all.view(-1, dim).index_copy_(0, self._write_index, v.reshape(-1, dim))
+        if self._write_rows is not None and k.dtype == k_all.dtype:
+            self._write_rows(k_all, k, self._positions)
+            self._write_rows(v_all, v, self._positions)
+        else:
+            dim = k.shape[-1]
+            k_all.view(-1, dim).index_copy_(0, self._write_index, k.reshape(-1, dim))
+            v_all.view(-1, dim).index_copy_(0, self._write_index, v.reshape(-1, dim))
         rows = k.shape[0]
         return k_all[:rows, :, : self.decode_len], v_all[:rows, :, : self.decode_len]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from adapters.torch.kernels import for_bf16_cpu
 from domain.sampling import SamplingParams
 
 # Probabilities as integers (units of 2**-40): exact, order-independent sums, so the nucleus and
@@ -62,8 +63,7 @@ class Sampler:
         assert logits.shape[0] == len(params) == len(prompt_ids) == len(output_ids)
         assert len(generators) == len(params)
         if all(p.greedy and not p.has_penalties for p in params):
-            # argmax of the logits as they are: float32 holds every bf16 value exactly.
-            return _collect(logits.argmax(dim=-1), logits, params)
+            return _collect(_argmax(logits), logits, params)
         raw = logits.float()
         penalized = _penalize_rows(raw, params, prompt_ids, output_ids)
         if all(p.greedy for p in params):
@@ -244,6 +244,15 @@ def _uniforms(
         )
     sampled = torch.tensor([not p.greedy for p in params], device=device)
     return draws * sampled
+
+
+def _argmax(logits: Tensor) -> Tensor:
+    """``[B]`` argmax of ``[B, V]`` logits as they are (no float32 copy: it would order bf16
+    values the same), by the CPU kernel for bf16 where it exists (PyTorch's is scalar)."""
+    kernels = for_bf16_cpu(logits)
+    if kernels is not None and logits.stride(-1) == 1:
+        return kernels.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 def _row_values(values: Sequence[float], like: Tensor) -> Tensor:

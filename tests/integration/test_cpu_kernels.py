@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.testing import assert_close
 
-from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear, cpu_kernels
+from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear
+from adapters.torch.kernels import cpu_kernels
 from adapters.torch.kv_cache import KVCache, SlotKVCache
 from adapters.torch.layers import Attention, RMSNorm
 from adapters.torch.loader import load_model
@@ -99,6 +100,28 @@ def test_batched_decode_with_the_kernel_matches_sdpa(arch: str, tmp_path: Path) 
             a.decode_kernel = None
         slow = model.decode(ids, cache, positions)
     assert_close(fast, slow, atol=0.05, rtol=0.02)
+
+
+def test_argmax_rows_matches_torch_including_ties() -> None:
+    torch.manual_seed(4)
+    logits = torch.randn(5, 49157, dtype=BF16)  # a vocabulary that is not a multiple of 16
+    logits[1, 100] = logits[1, 40000] = 50.0  # a tie: the first index wins
+    logits[2, -1] = 60.0  # the maximum in the scalar tail
+    logits[3] = -float("inf")
+    got = kernels.argmax_rows(logits)
+    assert got.tolist() == logits.float().argmax(dim=-1).tolist()
+    assert got[1] == 100 and got[2] == 49156
+
+
+def test_write_rows_puts_each_row_at_its_own_position() -> None:
+    cache = torch.zeros(4, 3, 10, 32, dtype=BF16)
+    new = torch.randn(2, 1, 3, 32, dtype=BF16).transpose(1, 2)  # [B, Hkv, 1, D], strided
+    kernels.write_rows(cache, new, torch.tensor([7, 0]))
+    expected = torch.zeros_like(cache)
+    expected[0, :, 7], expected[1, :, 0] = new[0, :, 0], new[1, :, 0]
+    assert torch.equal(cache, expected)
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernels.write_rows(cache, new, torch.tensor([10, 0]))
 
 
 def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) -> None:

@@ -27,11 +27,23 @@ class ListSink:
         self.outputs.append(output)
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3", "qwen3"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("llama", torch.float32),
+        ("gemma3", torch.float32),
+        ("qwen3", torch.float32),
+        # bf16 on a CPU: the compiled kernels (batched attention, cache writes, argmax)
+        ("gemma3", torch.bfloat16),
+        ("qwen3", torch.bfloat16),
+    ],
+    ids=lambda p: f"{p[0]}-{str(p[1]).removeprefix('torch.')}",
+)
 def model(request, tmp_path_factory):
-    folder: Path = tmp_path_factory.mktemp(request.param)
-    save_tiny_model(request.param, folder)
-    return load_model(folder, dtype=torch.float32)
+    arch, dtype = request.param
+    folder: Path = tmp_path_factory.mktemp(arch)
+    save_tiny_model(arch, folder)
+    return load_model(folder, dtype=dtype)
 
 
 def alone(model, prompt: str, params: SamplingParams) -> list[int]:

@@ -182,6 +182,36 @@ async def test_async_engine_streams_and_idles_without_polling() -> None:
     assert not engine.healthy
 
 
+async def test_each_steps_output_reaches_a_relayed_consumer_before_the_next_step() -> None:
+    """Tokens pass through coroutine hand-offs on their way out (as SSE does) and still
+    arrive before the next step runs: streams never receive them in bursts."""
+    seen: list[StepOutput] = []
+    seen_at_step: list[int] = []
+
+    class Recording(FakeModelRunner):
+        def execute(self, batch):
+            seen_at_step.append(len(seen))
+            return super().execute(batch)
+
+    async def relay(outputs):
+        async for output in outputs:
+            await asyncio.sleep(0)
+            yield output
+
+    runner = Recording(script=scripted("Hello!"))
+    sink = QueueOutputSink()
+    engine = AsyncEngine(Engine(EngineConfig(), runner, TOKENIZER, sink), sink)
+    engine.start()
+    try:
+        stream = await engine.stream("a", "x", params())
+        async for output in relay(relay(stream)):
+            seen.append(output)
+    finally:
+        await engine.stop()
+    assert "".join(o.text_delta for o in seen) == "Hello!"
+    assert seen_at_step == list(range(len(seen)))
+
+
 async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> None:
     runner = FakeModelRunner(script=scripted("x" * 50), step_latency_s=0.001)
     sink = QueueOutputSink()

@@ -282,9 +282,79 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return out;
 }
 
+// Per-row argmax of bf16 logits x [B, V] (contiguous rows): the first index of the maximum,
+// as torch.argmax. PyTorch's bf16 argmax is scalar; this compares 16 lanes at a time.
+torch::Tensor argmax_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 &&
+                  x.stride(1) == 1,
+              "argmax_rows: x must be a 2-d bf16 CPU tensor with contiguous rows");
+  const int64_t rows = x.size(0), vocab = x.size(1), stride = x.stride(0);
+  auto out = torch::empty({rows}, x.options().dtype(at::kLong));
+  const uint16_t* X = bits(x);
+  int64_t* O = out.data_ptr<int64_t>();
+  const int64_t vec_end = vocab / 16 * 16;
+#pragma omp parallel for schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = X + r * stride;
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    __m512i best_at = _mm512_setzero_si512();
+    __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    for (int64_t i = 0; i < vec_end; i += 16) {
+      const __m512 v = load_bf16x16(row + i);
+      const __mmask16 better = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // strictly: first wins
+      best = _mm512_mask_mov_ps(best, better, v);
+      best_at = _mm512_mask_mov_epi32(best_at, better, at);
+      at = _mm512_add_epi32(at, step);
+    }
+    alignas(64) float values[16];
+    alignas(64) int32_t indices[16];
+    _mm512_store_ps(values, best);
+    _mm512_store_si512(indices, best_at);
+    float top = -INFINITY;
+    int64_t top_at = 0;
+    for (int lane = 0; lane < 16; ++lane) {
+      if (values[lane] > top || (values[lane] == top && indices[lane] < top_at)) {
+        top = values[lane];
+        top_at = indices[lane];
+      }
+    }
+    for (int64_t i = vec_end; i < vocab; ++i) {
+      const float v = bf16_to_float(row[i]);
+      if (v > top) {
+        top = v;
+        top_at = i;
+      }
+    }
+    O[r] = top_at;
+  }
+  return out;
+}
+
+// A decode step's cache write: dst [S, Hkv, L, D] (one layer of a slot cache, contiguous),
+// src [B, Hkv, 1, D] (any strides, contiguous D): row b's keys go to slot b at positions[b].
+void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tensor& positions) {
+  TORCH_CHECK(dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.stride(3) == 1 &&
+                  dst.element_size() == 2 && positions.scalar_type() == at::kLong &&
+                  positions.is_contiguous() && positions.numel() == src.size(0) &&
+                  src.size(0) <= dst.size(0) && src.size(1) == dst.size(1) && src.size(3) == dst.size(3),
+              "write_rows: 2-byte dst [S, Hkv, L, D] contiguous, src [B, Hkv, 1, D], positions [B]");
+  const int64_t batch = src.size(0), heads = src.size(1), len = dst.size(2), dim = dst.size(3);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) TORCH_CHECK(pos[b] >= 0 && pos[b] < len, "write_rows: position out of range");
+  auto* D = reinterpret_cast<uint16_t*>(dst.data_ptr());
+  const auto* S = reinterpret_cast<const uint16_t*>(src.data_ptr());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      std::memcpy(D + ((b * heads + h) * len + pos[b]) * dim, S + b * src.stride(0) + h * src.stride(1),
+                  dim * sizeof(uint16_t));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "batched one-query GQA attention over a bf16 cache");
   m.def("gemv", &gemv, "bf16 matrix-vector product (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
+  m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
+  m.def("write_rows", &write_rows, "one decode step's writes into a slot KV cache layer");
 }
