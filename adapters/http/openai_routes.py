@@ -287,8 +287,10 @@ async def _merge(streams: list[AsyncIterator[StepOutput]]) -> AsyncIterator[tupl
             else:
                 yield item
     finally:
+        # Stop the pumps first: a stream cannot be closed while a pump is iterating it.
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()  # type: ignore[attr-defined]
 

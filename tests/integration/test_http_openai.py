@@ -1,5 +1,6 @@
 """The OpenAI endpoints, driven by the official openai SDK over Litestar's test client."""
 
+import asyncio
 from collections.abc import Iterator
 
 import openai
@@ -127,3 +128,23 @@ def test_completion_honours_vllm_extensions(client: openai.OpenAI) -> None:
         model=MODEL, prompt="Q:", max_tokens=40, extra_body={"stop_token_ids": [space]}
     )
     assert (cut.choices[0].text, cut.choices[0].finish_reason) == ("Paris", "stop")
+
+
+async def test_leaving_a_merged_stream_early_closes_every_stream() -> None:
+    """A client leaving a multi-prompt stream closes all its engine streams, none running."""
+    from adapters.http.openai_routes import _merge
+
+    closed: list[int] = []
+
+    async def endless(index: int):
+        try:
+            while True:
+                await asyncio.sleep(0)
+                yield index
+        finally:
+            closed.append(index)
+
+    merged = _merge([endless(0), endless(1)])
+    assert (await anext(merged))[1] in (0, 1)
+    await merged.aclose()  # raised "aclose(): asynchronous generator is already running"
+    assert sorted(closed) == [0, 1]
