@@ -9,7 +9,8 @@ output tokens from the final usage chunk. Throughput = tokens / (first send -> l
 Workloads (prompts: random token ids in [100, vocab_size - 1000), seeded per workload):
   w1     1 request, prompt 256 tokens, 256 output tokens
   w2     16 requests sent at once, prompt lengths in [32, 1024], outputs in [64, 256]
-  sweep  per concurrency c: 2*c requests, at most c in flight, prompts in [64, 256], 128 out
+  sweep  per concurrency c: 2*c requests, at most c in flight, prompts in [96, 128], 128 out
+         (the shape of the reference transformers measurement: 108-token prompt, 128 new)
 
 By default each batching mode gets its own freshly launched server (``infer serve`` on a
 free port, one warm-up request, all workloads, then stopped). The baseline runs the W1 and
@@ -700,7 +701,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--w2-output-len", type=_range, default="64,256", help="LOW,HIGH")
     p.add_argument("--concurrency", type=_ints, default="1,4,16,64", help="sweep levels")
     p.add_argument("--sweep-requests-per-concurrency", type=int, default=2)
-    p.add_argument("--sweep-input-len", type=_range, default="64,256", help="LOW,HIGH")
+    p.add_argument("--sweep-input-len", type=_range, default="96,128", help="LOW,HIGH")
     p.add_argument("--sweep-output-len", type=int, default=128)
     p.add_argument("--no-baseline", action="store_true", help="skip sequential generate()")
     p.add_argument("--result-json", default=None, help="write all aggregates here")

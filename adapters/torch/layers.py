@@ -116,9 +116,9 @@ class Attention(nn.Module):
         )
         scalar = config.query_pre_attn_scalar
         self.scale = scalar**-0.5 if scalar else config.head_dim**-0.5
-        # A faster one-query-per-row path, injected by CPU inference optimizations:
-        # (q [B, H, 1, D], k, v [B, Hkv, L, D], lengths [B] int64 or empty, window (0 = none),
-        # scale) -> [B, H, 1, D].
+        # A faster causal-attention path over a cache, injected by CPU inference
+        # optimizations: (q [B, H, T, D], k, v [B, Hkv, L, D], lengths [B] or [1] int64 (keys
+        # seen by each row's last query), window (0 = none), scale) -> [B, H, T, D].
         self.decode_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
         self.decode_kernel = None
 
@@ -137,18 +137,21 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        if mask.kv_start:
-            k, v = k[:, :, mask.kv_start :], v[:, :, mask.kv_start :]
         y = self._attend(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
         """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``."""
-        if self.decode_kernel is not None and q.shape[2] == 1 and q.dtype == k.dtype:
-            if mask.mask is None:
-                return self.decode_kernel(q, k, v, _NO_LENGTHS, 0, self.scale)
-            if mask.lengths is not None:
-                return self.decode_kernel(q, k, v, mask.lengths, mask.window, self.scale)
+        kernel = self.decode_kernel
+        if (
+            kernel is not None
+            and mask.lengths is not None
+            and q.dtype == k.dtype
+            and k.stride(2) == v.stride(2) == self.head_dim  # rows of a cache
+        ):
+            return kernel(q, k, v, mask.lengths, mask.window, self.scale)
+        if mask.kv_start:
+            k, v = k[:, :, mask.kv_start :], v[:, :, mask.kv_start :]
         # SDPA's CPU kernels are much slower in bf16 than in float32: compute in float32 there.
         dtype = torch.float32 if k.device.type == "cpu" else k.dtype
         y = F.scaled_dot_product_attention(
@@ -161,9 +164,6 @@ class Attention(nn.Module):
             enable_gqa=self.n_kv != self.n_heads,
         )
         return y.to(q.dtype)
-
-
-_NO_LENGTHS = torch.empty(0, dtype=torch.long)
 
 
 class GatedMLP(nn.Module):
@@ -188,9 +188,10 @@ class AttnMask:
     """What SDPA needs for one forward and one kind of layer (global or sliding).
 
     ``mask`` is boolean ``[batch | 1, 1, T, kv_len - kv_start]`` (True = attend) or None;
-    ``kv_start`` drops keys before a sliding window instead of masking them. A one-query
-    decode mask also says the same as ``lengths`` (row ``b`` sees keys ``< lengths[b]``) and
-    ``window`` (and only its last ``window`` of them; 0 = all), which a kernel can use.
+    ``kv_start`` drops keys before a sliding window instead of masking them. Without padding
+    the same mask is also given as ``lengths`` (``[B]`` or ``[1]``: row ``b``'s last query
+    sees keys ``< lengths[b]``, earlier queries one fewer each, causally) and ``window``
+    (only the last ``window`` keys up to a query's position; 0 = all), for a kernel.
     """
 
     __slots__ = ("is_causal", "kv_start", "lengths", "mask", "window")
@@ -230,11 +231,12 @@ def build_mask(
     kv_len = start + seqlen
     kv_start = max(0, kv_len - seqlen - window + 1) if window else 0
     windowed = window is not None and kv_len - kv_start > window
+    lengths = None if padding_mask is not None else torch.tensor([kv_len], device=device)
     if padding_mask is None and not windowed:
         if seqlen == 1:
-            return AttnMask(None, False, kv_start)
+            return AttnMask(None, False, kv_start, lengths=lengths, window=window or 0)
         if start == 0:
-            return AttnMask(None, True, 0)
+            return AttnMask(None, True, 0, lengths=lengths, window=window or 0)
     q_pos = torch.arange(start, kv_len, device=device)[:, None]
     k_pos = torch.arange(kv_start, kv_len, device=device)[None, :]
     allowed = k_pos <= q_pos
@@ -243,4 +245,4 @@ def build_mask(
     mask = allowed[None, None]
     if padding_mask is not None:
         mask = mask & padding_mask[:, None, None, kv_start:kv_len]
-    return AttnMask(mask, False, kv_start)
+    return AttnMask(mask, False, kv_start, lengths=lengths, window=window or 0)

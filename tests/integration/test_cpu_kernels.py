@@ -49,42 +49,55 @@ def test_silu_mul_matches_the_pytorch_ops() -> None:
 def _reference_attention(
     q: Tensor, k: Tensor, v: Tensor, lengths: list[int], window: int
 ) -> Tensor:
-    """SDPA in float32, one row at a time over its own keys."""
-    rows = []
-    for b, length in enumerate(lengths):
-        start = max(0, length - window) if window else 0
-        kb, vb = k[b : b + 1, :, start:length].float(), v[b : b + 1, :, start:length].float()
-        rows.append(
-            F.scaled_dot_product_attention(q[b : b + 1].float(), kb, vb, scale=0.1, enable_gqa=True)
-        )
-    return torch.cat(rows).to(BF16)
+    """SDPA in float32, one query at a time over its own keys (causal, sliding window)."""
+    batch, _, queries, _ = q.shape
+    out = torch.empty(q.shape, dtype=torch.float32)
+    for b in range(batch):
+        length = lengths[b if len(lengths) > 1 else 0]
+        for t in range(queries):
+            end = length - queries + t + 1
+            start = max(0, end - window) if window else 0
+            kb, vb = k[b : b + 1, :, start:end].float(), v[b : b + 1, :, start:end].float()
+            qt = q[b : b + 1, :, t : t + 1].float()
+            out[b : b + 1, :, t : t + 1] = F.scaled_dot_product_attention(
+                qt, kb, vb, scale=0.1, enable_gqa=True
+            )
+    return out.to(BF16)
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim", "lengths", "window"),
+    ("heads", "kv_heads", "dim", "batch", "queries", "lengths", "window"),
     [
-        (9, 3, 64, [37], 0),  # one row, no lengths: every key
-        (9, 3, 64, [37, 1, 20, 64], 0),
-        (4, 1, 256, [5, 3], 0),
-        (8, 8, 32, [40, 2, 9], 6),  # sliding window
+        (9, 3, 64, 1, 1, [37], 0),  # one decode row
+        (9, 3, 64, 4, 1, [37, 1, 20, 64], 0),  # a batch at different positions
+        (4, 1, 256, 2, 1, [5, 3], 0),
+        (8, 8, 32, 3, 1, [40, 2, 9], 6),  # sliding window
+        (9, 3, 64, 1, 20, [20], 0),  # a prompt
+        (9, 3, 64, 1, 7, [30], 0),  # a prompt chunk after 23 cached positions
+        (4, 2, 32, 1, 12, [25], 5),  # a prompt chunk under a sliding window
+        (4, 4, 32, 2, 3, [9], 0),  # two rows of one length, given once
     ],
 )
-def test_decode_attention_matches_sdpa(
-    heads: int, kv_heads: int, dim: int, lengths: list[int], window: int
+def test_attention_kernel_matches_sdpa(
+    heads: int, kv_heads: int, dim: int, batch: int, queries: int, lengths: list[int], window: int
 ) -> None:
     torch.manual_seed(3)
-    batch, longest = len(lengths), max(lengths)
-    q = torch.randn(batch, 1, heads, dim, dtype=BF16).transpose(1, 2)  # strided, as in Attention
+    longest = max(lengths)
+    q = torch.randn(batch, queries, heads, dim, dtype=BF16).transpose(1, 2)  # as in Attention
     cache = torch.randn(2, batch + 1, kv_heads, longest + 8, dim, dtype=BF16)  # views, as a cache
     k, v = cache[0, :batch, :, :longest], cache[1, :batch, :, :longest]
-    given = torch.tensor(lengths) if batch > 1 else torch.empty(0, dtype=torch.long)
-    got = kernels.decode_attention(q, k, v, given, window, 0.1)
+    got = kernels.decode_attention(q, k, v, torch.tensor(lengths), window, 0.1)
+    assert got.shape == q.shape
     assert_close(got, _reference_attention(q, k, v, lengths, window), atol=2e-2, rtol=2e-2)
+    if len(lengths) == 1 and batch == 1:  # no lengths: every key
+        every = kernels.decode_attention(q, k, v, torch.empty(0, dtype=torch.long), window, 0.1)
+        assert torch.equal(every, got)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
-def test_batched_decode_with_the_kernel_matches_sdpa(arch: str, tmp_path: Path) -> None:
-    """Rows at different positions (beyond Gemma's sliding window too) through the model."""
+def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path: Path) -> None:
+    """Decode rows at different positions and a prompt chunk after cached positions (beyond
+    Gemma's sliding window too), through the model."""
     save_tiny_model(arch, tmp_path)
     model = load_model(tmp_path, dtype=BF16)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
@@ -96,10 +109,14 @@ def test_batched_decode_with_the_kernel_matches_sdpa(arch: str, tmp_path: Path) 
             model(torch.tensor([prompt]), kv_cache=cache.slot(slot, 0))
         ids, positions = torch.tensor([[1], [2], [3]]), [len(p) for p in prompts]
         fast = model.decode(ids, cache, positions)
+        chunk = torch.tensor([[20, 21, 22, 23, 24, 25, 26]])  # a prompt chunk after 10 positions
+        fast_chunk = model(chunk, kv_cache=cache.slot(0, len(prompts[0])))
         for a in attention:
             a.decode_kernel = None
         slow = model.decode(ids, cache, positions)
+        slow_chunk = model(chunk, kv_cache=cache.slot(0, len(prompts[0])))
     assert_close(fast, slow, atol=0.05, rtol=0.02)
+    assert_close(fast_chunk, slow_chunk, atol=0.05, rtol=0.02)
 
 
 def test_argmax_rows_matches_torch_including_ties() -> None:
