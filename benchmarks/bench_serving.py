@@ -34,6 +34,7 @@ import gc
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -120,6 +121,19 @@ class SSEEvent:
 
 
 # ---------------------------------------------------------------------------- pure parts
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """Lines of an SSE body, split only at CR/LF as the SSE format says (httpx's
+    ``aiter_lines`` also splits inside JSON at U+2028 and friends, which generated text holds)."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = re.split(rb"\r\n|\r|\n", buffer)
+        for line in lines:
+            yield line.decode()
+    if buffer:
+        yield buffer.decode()
 
 
 def parse_sse_line(line: str) -> SSEEvent | None:
@@ -287,7 +301,7 @@ async def send_request(
                 text = (await response.aread()).decode(errors="replace")
                 result.error = f"HTTP {response.status_code}: {text[:200]}"
             else:
-                async for line in response.aiter_lines():
+                async for line in sse_lines(response.aiter_bytes()):
                     if done := record_line(result, line, time.perf_counter()):
                         break
     except httpx.HTTPError as e:

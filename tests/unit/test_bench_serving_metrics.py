@@ -195,3 +195,12 @@ def test_workloads_are_seeded_and_in_range() -> None:
     again = bench.build_workloads(_args(workloads=["w2"]), vocab_size=49152)
     assert again[0].specs == w2
     assert bench.build_workloads(_args(seed=1), vocab_size=49152)[1].specs != w2
+
+
+async def test_sse_lines_split_only_at_cr_lf() -> None:
+    async def chunks():
+        yield b'data: {"text": "a\xe2\x80\xa8b"}\r\n\r\nda'  # U+2028 inside the JSON
+        yield b"ta: [DONE]\n\n"
+
+    lines = [line async for line in bench.sse_lines(chunks())]
+    assert lines == ['data: {"text": "a\u2028b"}', "", "data: [DONE]", ""]
