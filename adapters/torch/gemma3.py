@@ -6,8 +6,7 @@ import torch
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import KVStore
-from adapters.torch.layers import Attention, AttnMask, GatedMLP, RMSNorm, gelu_tanh
+from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, gelu_tanh
 from adapters.torch.transformer import Block, Transformer
 
 
@@ -24,7 +23,7 @@ class Gemma3Block(Block):
         self.post_feedforward_layernorm = RMSNorm(dim, eps, unit_offset=True)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: KVStore | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
         h = x + self.post_attention_layernorm(self.attn(self.input_layernorm(x), rope, mask, cache))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))

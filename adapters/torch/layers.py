@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.torch.config import ModelConfig, RopeConfig
-from adapters.torch.kv_cache import KVStore
+from adapters.torch.kv_cache import KVStore, SlotKVCache
 
 
 class RMSNorm(nn.Module):
@@ -72,6 +72,10 @@ class RotaryTable:
         self.cos = emb.cos().to(dtype)
         self.sin = sin.to(dtype)
 
+    def gather_tokens(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin for a flat run of tokens, ``positions`` ``[N]`` -> ``[1, N, 1, head_dim]``."""
+        return self.cos[positions][None, :, None], self.sin[positions][None, :, None]
+
     def gather(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin at one position per row, ``positions`` ``[B]`` -> ``[B, 1, 1, head_dim]``."""
         return self.cos[positions][:, None, None], self.sin[positions][:, None, None]
@@ -123,7 +127,7 @@ class Attention(nn.Module):
         self.decode_kernel = None
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: KVStore | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: "Cache | None"
     ) -> Tensor:
         bsz, seqlen, _ = x.shape
         n_qk = self.n_heads + self.n_kv
@@ -135,9 +139,12 @@ class Attention(nn.Module):
         # One rotation for queries and keys together: half the small ops of a decode step.
         q, k = apply_rope(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
         v = v.transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(self.layer, k, v)
-        y = self._attend(q, k, v, mask)
+        if isinstance(cache, MixedView):
+            y = cache.attend(self.layer, q, k, v, self._attend)
+        else:
+            if cache is not None:
+                k, v = cache.update(self.layer, k, v)
+            y = self._attend(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
@@ -246,3 +253,78 @@ def build_mask(
     if padding_mask is not None:
         mask = mask & padding_mask[:, None, None, kv_start:kv_len]
     return AttnMask(mask, False, kv_start, lengths=lengths, window=window or 0)
+
+
+class MixedBatch:
+    """One continuous-batching step as one forward over ``N`` flat tokens: first ``R`` decode
+    rows (row ``r`` = cache slot ``r``, one token at ``positions[r]``), then prompt chunks
+    ``(slot, start, length)`` in order. Projections and MLPs run on all ``N`` tokens at once;
+    attention runs per part (one batched call for the decode rows, one per chunk), each
+    writing its keys and values into its slots first.
+    """
+
+    def __init__(
+        self,
+        cache: SlotKVCache,
+        positions: list[int],
+        chunks: list[tuple[int, int, int]],
+        windows: dict[bool, int | None],
+        device: torch.device,
+    ) -> None:
+        self.cache, self.rows = cache, len(positions)
+        self.decode_masks: dict[bool, AttnMask] = {}
+        if positions:
+            at = torch.tensor(positions, device=device)
+            cache.begin_decode(at, max(positions) + 1)
+            self.decode_masks = {
+                s: position_mask(at, max(positions) + 1, w) for s, w in windows.items()
+            }
+        token_positions = list(positions)
+        self.chunks: list[tuple[int, int, int, int]] = []  # slot, start, length, token offset
+        self.chunk_masks: list[dict[bool, AttnMask]] = []
+        for slot, start, length in chunks:
+            self.chunks.append((slot, start, length, len(token_positions)))
+            self.chunk_masks.append(
+                {s: build_mask(start, length, None, w, device) for s, w in windows.items()}
+            )
+            token_positions.extend(range(start, start + length))
+        self.positions = torch.tensor(token_positions, device=device)
+
+    def view(self, sliding: bool) -> "MixedView":
+        return MixedView(self, sliding)
+
+
+class MixedView:
+    """A :class:`MixedBatch` as seen by one kind of layer (global or sliding-window)."""
+
+    def __init__(self, batch: MixedBatch, sliding: bool) -> None:
+        self.batch, self.sliding = batch, sliding
+
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attend: Callable[[Tensor, Tensor, Tensor, AttnMask], Tensor],
+    ) -> Tensor:
+        """``q`` ``[1, H, N, D]``, ``k, v`` ``[1, Hkv, N, D]`` -> ``[1, H, N, D]``."""
+        batch, rows, outs = self.batch, self.batch.rows, []
+        if rows:
+
+            def per_row(t: Tensor) -> Tensor:  # [1, heads, R, D] -> [R, heads, 1, D]
+                return t[0, :, :rows].transpose(0, 1).unsqueeze(2)
+
+            k_all, v_all = batch.cache.update(layer, per_row(k), per_row(v))
+            y = attend(per_row(q), k_all, v_all, batch.decode_masks[self.sliding])
+            outs.append(y[:, :, 0].transpose(0, 1).unsqueeze(0))
+        for (slot, start, length, offset), masks in zip(
+            batch.chunks, batch.chunk_masks, strict=True
+        ):
+            part = slice(offset, offset + length)
+            k_all, v_all = batch.cache.slot(slot, start).update(layer, k[:, :, part], v[:, :, part])
+            outs.append(attend(q[:, :, part], k_all, v_all, masks[self.sliding]))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+Cache = KVStore | MixedView

@@ -4,8 +4,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import KVStore
-from adapters.torch.layers import Attention, AttnMask, GatedMLP, RMSNorm
+from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm
 from adapters.torch.transformer import Block, Transformer
 
 
@@ -22,7 +21,7 @@ class LlamaBlock(Block):
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, F.silu)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: KVStore | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
         h = x + self.attn(self.input_layernorm(x), rope, mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -1,10 +1,11 @@
 """TorchModelRunner: the ModelRunner port over our models, for static and continuous batching.
 
 Each running request owns a slot of a preallocated :class:`SlotKVCache` (occupied slots are
-kept compacted: a freed slot takes the last one's contents). A step runs every multi-token
-chunk (a prompt, or a prompt chunk) as a batch-1 forward on its slot, then every one-token
-chunk in one batched decode forward where each row sits at its own position, then samples
-all rows that need a token in one sampler call.
+kept compacted: a freed slot takes the last one's contents). A step with prompt chunks runs
+them and the decoding requests' tokens as one flat forward (:class:`MixedBatch`: one matmul
+per projection for every token of the step); a decode-only step runs one batched decode
+forward where each row sits at its own position. Then one sampler call samples every row
+that needs a token.
 """
 
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor
 
 from adapters.torch.kv_cache import SlotKVCache
+from adapters.torch.layers import MixedBatch
 from adapters.torch.sampler import Sampler, make_generator
 from adapters.torch.transformer import Transformer
 from domain.config import EngineConfig
@@ -39,19 +41,18 @@ class TorchModelRunner:
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         for chunk in batch.chunks:
             self._ensure_slot(chunk)
-        logits: dict[str, Tensor] = {}
-        decoded: Tensor | None = None
+        singles = [c for c in batch.chunks if c.num_tokens == 1]
+        prompts = [c for c in batch.chunks if c.num_tokens > 1]
+        sampled = [c for c in batch.chunks if c.samples]
         with torch.inference_mode():
-            for chunk in batch.chunks:
-                if chunk.num_tokens > 1:
-                    logits.update(self._prefill(chunk))
-            singles = [c for c in batch.chunks if c.num_tokens == 1]
-            if singles:
-                decoded = self._decode(singles)
-                logits.update({c.request.request_id: decoded[i] for i, c in enumerate(singles)})
-            sampled = [c for c in batch.chunks if c.samples]
-            if decoded is not None and _same(sampled, singles):  # the usual decode step: no copy
-                return self._sample(sampled, decoded)
+            if prompts:  # prompt chunks and decode rows in one forward
+                return self._sample(sampled, self._mixed(singles, prompts, sampled))
+            if not singles:
+                return RunnerOutput()
+            logits = self._decode(singles)
+            if not _same(sampled, singles):  # a one-token prompt chunk that does not sample
+                rows = {id(c): i for i, c in enumerate(singles)}
+                logits = logits[torch.tensor([rows[id(c)] for c in sampled], device=self.device)]
             return self._sample(sampled, logits)
 
     def release(self, request_ids: Sequence[str]) -> None:
@@ -79,43 +80,62 @@ class TorchModelRunner:
             make_generator(seed, self.device) if seed is not None else None
         )
 
-    def _prefill(self, chunk: ScheduledChunk) -> dict[str, Tensor]:
-        slot = self.slots.index(chunk.request.request_id)
-        ids = torch.tensor([chunk.token_ids], device=self.device)
-        out = self.model(ids, kv_cache=self.cache.slot(slot, chunk.start))
-        self.lengths[slot] = chunk.start + chunk.num_tokens
-        return {chunk.request.request_id: out[0, -1]}
+    def _mixed(
+        self,
+        singles: list[ScheduledChunk],
+        prompts: list[ScheduledChunk],
+        sampled: list[ScheduledChunk],
+    ) -> Tensor:
+        """Logits ``[len(sampled), vocab]`` of a step with prompt chunks: the decode rows (if
+        any) and every chunk's tokens run as one flat forward (see :class:`MixedBatch`)."""
+        tokens, positions = self._decode_rows(singles) if singles else ([], [])
+        row_of = {id(c): self.slots.index(c.request.request_id) for c in singles}
+        chunks = []
+        for chunk in prompts:
+            row_of[id(chunk)] = len(tokens) + chunk.num_tokens - 1
+            slot = self.slots.index(chunk.request.request_id)
+            chunks.append((slot, chunk.start, chunk.num_tokens))
+            tokens.extend(chunk.token_ids)
+        batch = MixedBatch(self.cache, positions, chunks, self.model.windows(), self.device)
+        logits = self.model.forward_mixed(
+            torch.tensor(tokens, device=self.device),
+            batch,
+            torch.tensor([row_of[id(c)] for c in sampled], dtype=torch.long, device=self.device),
+        )
+        for chunk in singles + prompts:
+            slot = self.slots.index(chunk.request.request_id)
+            self.lengths[slot] = chunk.start + chunk.num_tokens
+        return logits
+
+    def _decode_rows(self, singles: list[ScheduledChunk]) -> tuple[list[int], list[int]]:
+        """Token and position of every occupied slot's row: a decoding request's token, or
+        for a slot without one this step (mid-prefill) a placeholder at its next free
+        position, which a later write overwrites."""
+        by_slot = {self.slots.index(c.request.request_id): c for c in singles}
+        last = self.cache.max_seq_len - 1
+        rows = range(len(self.slots))
+        tokens = [by_slot[s].token_ids[0] if s in by_slot else 0 for s in rows]
+        positions = [by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in rows]
+        return tokens, positions
 
     def _decode(self, chunks: list[ScheduledChunk]) -> Tensor:
-        """Logits ``[len(chunks), vocab]`` in ``chunks`` order.
-
-        Every occupied slot is a row; slots without a token this step (mid-prefill) get a
-        placeholder at their next free position, which a later write overwrites.
-        """
-        by_slot = {self.slots.index(c.request.request_id): c for c in chunks}
-        rows = len(self.slots)
-        last = self.cache.max_seq_len - 1
-        tokens = [by_slot[s].token_ids[0] if s in by_slot else 0 for s in range(rows)]
-        positions = [
-            by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in range(rows)
-        ]
+        """Logits ``[len(chunks), vocab]`` in ``chunks`` order, one batched decode forward."""
+        tokens, positions = self._decode_rows(chunks)
         out = self.model.decode(
             torch.tensor(tokens, device=self.device)[:, None], self.cache, positions
         )[:, 0]
-        for slot, chunk in by_slot.items():
+        order = [self.slots.index(c.request.request_id) for c in chunks]
+        for slot, chunk in zip(order, chunks, strict=True):
             self.lengths[slot] = chunk.start + 1
-        order = list(by_slot)
-        return out if order == list(range(rows)) else out[torch.tensor(order, device=self.device)]
+        if order == list(range(len(self.slots))):
+            return out
+        return out[torch.tensor(order, device=self.device)]
 
-    def _sample(
-        self, chunks: list[ScheduledChunk], logits: dict[str, Tensor] | Tensor
-    ) -> RunnerOutput:
-        """``logits``: per request, or one ``[len(chunks), vocab]`` tensor in ``chunks`` order."""
+    def _sample(self, chunks: list[ScheduledChunk], logits: Tensor) -> RunnerOutput:
+        """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order."""
         if not chunks:
             return RunnerOutput()
         requests = [c.request for c in chunks]
-        if isinstance(logits, dict):
-            logits = torch.stack([logits[r.request_id] for r in requests])
         result = self.sampler.sample(
             logits,
             [r.sampling_params for r in requests],

@@ -8,8 +8,18 @@ import torch
 from torch import Tensor, nn
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import KVCache, KVStore, SlotKVCache
-from adapters.torch.layers import AttnMask, RMSNorm, RotaryTable, build_mask, position_mask
+from adapters.torch.kv_cache import KVCache, SlotKVCache
+from adapters.torch.layers import (
+    AttnMask,
+    Cache,
+    MixedBatch,
+    RMSNorm,
+    RotaryTable,
+    build_mask,
+    position_mask,
+)
+
+_NO_MASK = AttnMask(None, False)  # a MixedBatch carries its own masks
 
 
 class Block(nn.Module):
@@ -18,7 +28,7 @@ class Block(nn.Module):
     sliding: bool = False
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: KVStore | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
         raise NotImplementedError
 
@@ -91,6 +101,20 @@ class Transformer(nn.Module):
         for layer, sliding in zip(self.layers, self.sliding, strict=True):
             x = layer(x, ropes[sliding], masks[sliding], cache)
         return self.logits(self.norm(x))
+
+    def forward_mixed(self, input_ids: Tensor, batch: MixedBatch, sample_rows: Tensor) -> Tensor:
+        """One continuous-batching step: ``input_ids`` ``[N]`` laid out as ``batch`` says;
+        returns logits ``[S, vocab]`` of the tokens at ``sample_rows`` ``[S]``."""
+        ropes = {s: table.gather_tokens(batch.positions) for s, table in self.rope.items()}
+        views = {s: batch.view(s) for s in self.rope}
+        x = self.embed(input_ids[None])
+        for layer, sliding in zip(self.layers, self.sliding, strict=True):
+            x = layer(x, ropes[sliding], _NO_MASK, views[sliding])
+        return self.logits(self.norm(x[0, sample_rows]))
+
+    def windows(self) -> dict[bool, int | None]:
+        """The sliding window of each kind of layer this model has (None: global)."""
+        return {s: self._window(s) for s in self.rope}
 
     def logits(self, x: Tensor) -> Tensor:
         return self.lm_head(x)
