@@ -183,21 +183,45 @@ void softmax_inplace(float* s, int64_t n) {
   }
 }
 
-// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing values v [n, dim] (bf16 rows), with the
-// G accumulators of one 16-wide column block in registers.
+// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing values v [n, dim] (bf16 rows): per
+// block of 64 columns, each value row is loaded once for all G heads, with the G x 4
+// accumulators in registers.
 template <int G>
 void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_t n, int64_t dim,
                      uint16_t* out, int64_t out_stride) {
-  for (int64_t d = 0; d < dim; d += 16) {
-    __m512 acc[G];
-    for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < n; ++l) {
-      const __m512 vv = load_bf16x16(v + l * dim + d);
-      for (int h = 0; h < G; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[h * p_stride + l]), vv, acc[h]);
+  for (int64_t d0 = 0; d0 < dim; d0 += 64) {
+    const int chunks = static_cast<int>(std::min<int64_t>(4, (dim - d0) / 16));
+    __m512 acc[G][4];
+    for (int h = 0; h < G; ++h)
+      for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
+    if (chunks == 4) {
+      for (int64_t l = 0; l < n; ++l) {
+        const uint16_t* row = v + l * dim + d0;
+        const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
+        const __m512 v2 = load_bf16x16(row + 32), v3 = load_bf16x16(row + 48);
+        for (int h = 0; h < G; ++h) {
+          const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
+          acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+          acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+          acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
+          acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+        }
+      }
+    } else {  // a 32-column tail (head_dim % 64 == 32)
+      for (int64_t l = 0; l < n; ++l) {
+        const uint16_t* row = v + l * dim + d0;
+        const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
+        for (int h = 0; h < G; ++h) {
+          const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
+          acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+          acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+        }
+      }
     }
     for (int h = 0; h < G; ++h)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h * out_stride + d),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[h])));
+      for (int c = 0; c < chunks; ++c)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h * out_stride + d0 + c * 16),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[h][c])));
   }
 }
 
@@ -233,10 +257,17 @@ inline __m512 sum16(const __m512* v) {
 }
 
 // s[l] = scale * q . k[l] for l in [0, n): q [dim] bf16, k [n, dim] bf16 rows, 16 keys at a time.
-void dot_scores(const uint16_t* q, const uint16_t* k, int64_t n, int64_t dim, float scale, float* s) {
+// When given, the rows of `ahead` [n, dim] (the values, read next) are prefetched alongside:
+// a second memory stream in flight while the keys are scored.
+void dot_scores(const uint16_t* q, const uint16_t* k, int64_t n, int64_t dim, float scale, float* s,
+                const uint16_t* ahead) {
   const int64_t chunks = dim / 32;
   for (int64_t l0 = 0; l0 < n; l0 += 16) {
     const int64_t keys = std::min<int64_t>(16, n - l0);
+    if (ahead != nullptr) {
+      const char* first = reinterpret_cast<const char*>(ahead + l0 * dim);
+      for (int64_t byte = 0; byte < keys * dim * 2; byte += 64) _mm_prefetch(first + byte, _MM_HINT_T0);
+    }
     __m512 acc[16];
     for (int64_t j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
@@ -304,7 +335,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
           for (int64_t h = 0; h < group; ++h) {
             const uint16_t* qh = Q + b * q.stride(0) + (g * group + h) * q.stride(1) + t * q.stride(2);
             float* s = scores.data() + h * s_stride;
-            dot_scores(qh, kh, n, dim, fscale, s);
+            dot_scores(qh, kh, n, dim, fscale, s, h == 0 ? vh : nullptr);
             softmax_inplace(s, n);
           }
           weighted_values_any(group, scores.data(), s_stride, vh, n, dim, o, dim);
