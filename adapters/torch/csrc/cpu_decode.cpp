@@ -4,6 +4,7 @@
 // which PyTorch runs as ~9 and ~4 small ops. Results round like the PyTorch path.
 #include <torch/extension.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -267,6 +268,10 @@ void dot_scores(const uint16_t* q, const uint16_t* k, int64_t n, int64_t dim, fl
     if (ahead != nullptr) {
       const char* first = reinterpret_cast<const char*>(ahead + l0 * dim);
       for (int64_t byte = 0; byte < keys * dim * 2; byte += 64) _mm_prefetch(first + byte, _MM_HINT_T0);
+      // and the keys two blocks ahead
+      const int64_t next = std::min<int64_t>(16, std::max<int64_t>(0, n - l0 - 32));
+      const char* later = reinterpret_cast<const char*>(k + (l0 + 32) * dim);
+      for (int64_t byte = 0; byte < next * dim * 2; byte += 64) _mm_prefetch(later + byte, _MM_HINT_T0);
     }
     __m512 acc[16];
     for (int64_t j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
@@ -314,10 +319,13 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const int64_t group = heads / kv_heads;
   const int64_t s_stride = (max_len + 15) / 16 * 16;
   const float fscale = static_cast<float>(scale);
+  // Decode rows cost about the same: contiguous static shares (each thread prefetches its
+  // next row). Prompt queries grow in cost with their position: dynamic.
+  omp_set_schedule(queries == 1 ? omp_sched_static : omp_sched_dynamic, 0);
 #pragma omp parallel
   {
     std::vector<float> scores(group * s_stride);
-#pragma omp for schedule(dynamic) collapse(3)
+#pragma omp for schedule(runtime) collapse(3)
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t g = 0; g < kv_heads; ++g) {
         for (int64_t t = 0; t < queries; ++t) {
@@ -326,6 +334,13 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
           const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
           const int64_t n = std::max<int64_t>(0, end - start);
           const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + start * dim;
+          if (t == 0 && queries == 1) {  // decode: the next row's keys start streaming now
+            const int64_t nb = g + 1 < kv_heads ? b : b + 1, ng = g + 1 < kv_heads ? g + 1 : 0;
+            if (nb < batch) {
+              const char* next = reinterpret_cast<const char*>(K + nb * k.stride(0) + ng * k.stride(1));
+              for (int64_t byte = 0; byte < 32 * dim * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
+            }
+          }
           const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + start * dim;
           uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
           if (n == 0) {
