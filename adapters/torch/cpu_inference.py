@@ -12,6 +12,7 @@ Packed weights are opaque (no autograd, no state_dict), so only inference models
 optimized. ``INFER_CPU_KERNELS=0`` turns the compiled kernels off.
 """
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +23,15 @@ from torch import Tensor, nn
 from adapters.torch.kernels import cpu_kernels
 from adapters.torch.layers import Attention, GatedMLP, RMSNorm
 
+# Up to this many rows a linear streams its weights once through the small-batch kernel;
+# beyond, oneDNN's blocked matmul is faster (compute-bound).
+SMALL_BATCH_ROWS = int(os.environ.get("INFER_SMALL_BATCH_ROWS", "16"))
+
 
 class PackedLinear(nn.Module):
-    """``y = x @ W.T (+ b)`` on oneDNN-prepacked weights; one-row inputs go to the GEMV
-    kernel when it is available (it needs the plain weight too)."""
+    """``y = x @ W.T (+ b)`` on oneDNN-prepacked weights; inputs of one row, or of a few
+    rows, go to the GEMV / small-batch kernels when they are available (those need the plain
+    weight too)."""
 
     def __init__(self, linear: nn.Linear, kernels: Any | None) -> None:
         super().__init__()
@@ -34,12 +40,16 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         self.bias = None if linear.bias is None else linear.bias.detach()
         gemv_fits = self.bias is None and self.in_features % 32 == 0
-        self.gemv = kernels.gemv if kernels is not None and gemv_fits else None
-        self.weight = weight.contiguous() if self.gemv is not None else None
+        self.kernels = kernels if kernels is not None and gemv_fits else None
+        self.weight = weight.contiguous() if self.kernels is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gemv is not None and x.numel() == self.in_features and x.is_contiguous():
-            return self.gemv(x, self.weight)
+        if self.kernels is not None and x.is_contiguous():
+            rows = x.numel() // self.in_features
+            if rows == 1:
+                return self.kernels.gemv(x, self.weight)
+            if rows <= SMALL_BATCH_ROWS:
+                return self.kernels.gemm_small(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

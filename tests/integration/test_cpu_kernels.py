@@ -29,6 +29,16 @@ def test_gemv_matches_a_float32_matmul_within_bf16_rounding() -> None:
     assert_close(y.float(), x.float() @ w.float().T, atol=0.1, rtol=1e-2)
 
 
+@pytest.mark.parametrize("rows", [2, 3, 5, 17])
+def test_gemm_small_matches_a_float32_matmul_within_bf16_rounding(rows: int) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(1001, 576, dtype=BF16)  # output rows not a multiple of the 4-row tile
+    x = torch.randn(rows, 1, 576, dtype=BF16)
+    y = kernels.gemm_small(x, w)
+    assert y.shape == (rows, 1, 1001) and y.dtype == BF16
+    assert_close(y.float(), x.float() @ w.float().T, atol=0.1, rtol=1e-2)
+
+
 @pytest.mark.parametrize("unit_offset", [False, True])
 def test_rms_norm_matches_the_module(unit_offset: bool) -> None:
     torch.manual_seed(1)

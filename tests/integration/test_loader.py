@@ -36,7 +36,9 @@ def test_bf16_cpu_inference_models_use_prepacked_linears(llama_folder: Path) -> 
     plain = load_model(llama_folder, dtype=torch.bfloat16, prepack=False)
     if not any(isinstance(m, PackedLinear) for m in packed.modules()):
         pytest.skip("this CPU has no oneDNN bf16 support")
-    assert_close(packed(IDS), plain(IDS))
+    # Within bf16 rounding: a short input may take the small-batch kernel, which sums in
+    # another order than F.linear.
+    assert_close(packed(IDS), plain(IDS), atol=0.05, rtol=0.02)
 
 
 @pytest.mark.parametrize("name", ["SmolLM2-135M", "Qwen3-0.6B"])

@@ -361,6 +361,83 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return out.transpose(1, 2);
 }
 
+// 16 dot products of 4 input rows x 4 weight rows (K each), lane i * 4 + j of `out`.
+inline void tile_4x4(const uint16_t* x, const uint16_t* w, int64_t k_in, bool prefetch, float* out) {
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
+         a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00,
+         a31 = a00, a32 = a00, a33 = a00;
+  for (int64_t k = 0; k < k_in; k += 32) {
+    if (prefetch)
+      for (int j = 0; j < 4; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (j + 8) * k_in + k), _MM_HINT_T0);
+    const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + k));
+    const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + k_in + k));
+    const __m512bh w2 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + 2 * k_in + k));
+    const __m512bh w3 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + 3 * k_in + k));
+#define INFER_ROW(i, c0, c1, c2, c3)                                                        \
+  {                                                                                         \
+    const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + (i) * k_in + k)); \
+    c0 = _mm512_dpbf16_ps(c0, xv, w0);                                                      \
+    c1 = _mm512_dpbf16_ps(c1, xv, w1);                                                      \
+    c2 = _mm512_dpbf16_ps(c2, xv, w2);                                                      \
+    c3 = _mm512_dpbf16_ps(c3, xv, w3);                                                      \
+  }
+    INFER_ROW(0, a00, a01, a02, a03)
+    INFER_ROW(1, a10, a11, a12, a13)
+    INFER_ROW(2, a20, a21, a22, a23)
+    INFER_ROW(3, a30, a31, a32, a33)
+#undef INFER_ROW
+  }
+  const __m512 acc[16] = {a00, a01, a02, a03, a10, a11, a12, a13,
+                          a20, a21, a22, a23, a30, a31, a32, a33};
+  _mm512_store_ps(out, sum16(acc));
+}
+
+// The same for a partial tile (tile_m input rows x tile_n weight rows, at most 4 each).
+void tile_any(const uint16_t* x, const uint16_t* w, int64_t k_in, int64_t tile_m, int64_t tile_n,
+              float* out) {
+  for (int64_t i = 0; i < tile_m; ++i)
+    for (int64_t j = 0; j < tile_n; ++j) {
+      __m512 dot = _mm512_setzero_ps();
+      for (int64_t k = 0; k < k_in; k += 32)
+        dot = _mm512_dpbf16_ps(dot, reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * k_in + k)),
+                               reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + j * k_in + k)));
+      out[i * 4 + j] = _mm512_reduce_add_ps(dot);
+    }
+}
+
+// y = x @ w.T for a few rows: x [..., K] (M rows, contiguous), w [N, K], K % 32 == 0. Tiles of
+// 4 weight rows x 4 input rows: a tile's 16 dot products stay in registers and are reduced
+// together (sum16); each weight tile is read from memory once for all M rows, so a small
+// batch costs about one matrix-vector product's weight traffic.
+torch::Tensor gemm_small(const torch::Tensor& x, const torch::Tensor& w) {
+  check_bf16(x, "x");
+  check_bf16(w, "w");
+  const int64_t n_out = w.size(0), k_in = w.size(1), m_rows = x.numel() / k_in;
+  TORCH_CHECK(x.size(-1) == k_in && k_in % 32 == 0, "gemm_small: x [..., K], w [N, K], K % 32 == 0");
+  auto sizes = x.sizes().vec();
+  sizes.back() = n_out;
+  auto y = torch::empty(sizes, x.options());
+  const uint16_t* W = bits(w);
+  const uint16_t* X = bits(x);
+  uint16_t* Y = bits_mut(y);
+#pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < n_out; n0 += 4) {
+    const int64_t tile_n = std::min<int64_t>(4, n_out - n0);
+    for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
+      const int64_t tile_m = std::min<int64_t>(4, m_rows - m0);
+      alignas(64) float sums[16];
+      if (tile_n == 4 && tile_m == 4)
+        tile_4x4(X + m0 * k_in, W + n0 * k_in, k_in, m0 == 0, sums);
+      else
+        tile_any(X + m0 * k_in, W + n0 * k_in, k_in, tile_m, tile_n, sums);
+      for (int64_t i = 0; i < tile_m; ++i)
+        for (int64_t j = 0; j < tile_n; ++j) Y[(m0 + i) * n_out + n0 + j] = float_to_bf16(sums[i * 4 + j]);
+    }
+  }
+  return y;
+}
+
 // Per-row argmax of bf16 logits x [B, V] (contiguous rows): the first index of the maximum,
 // as torch.argmax. PyTorch's bf16 argmax is scalar; this compares 16 lanes at a time.
 torch::Tensor argmax_rows(const torch::Tensor& x) {
@@ -432,6 +509,7 @@ void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tenso
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "batched one-query GQA attention over a bf16 cache");
   m.def("gemv", &gemv, "bf16 matrix-vector product (AVX512-BF16)");
+  m.def("gemm_small", &gemm_small, "bf16 matrix product for a few rows (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
