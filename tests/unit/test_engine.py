@@ -52,6 +52,11 @@ def run(engine: Engine, max_steps: int = 100) -> None:
     raise AssertionError("engine did not finish")
 
 
+def make_async(runner: FakeModelRunner) -> tuple[AsyncEngine, QueueOutputSink]:
+    sink = QueueOutputSink()
+    return AsyncEngine(Engine(EngineConfig(), runner, TOKENIZER, sink), sink), sink
+
+
 def params(**kwargs) -> SamplingParams:
     return SamplingParams(temperature=0.0, **kwargs)
 
@@ -166,8 +171,7 @@ def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
 
 async def test_async_engine_streams_and_idles_without_polling() -> None:
     runner = FakeModelRunner(script=scripted("Hi!"))
-    sink = QueueOutputSink()
-    engine = AsyncEngine(Engine(EngineConfig(), runner, TOKENIZER, sink), sink)
+    engine, sink = make_async(runner)
     engine.start()
     try:
         stream = await engine.stream("a", "x", params())
@@ -199,8 +203,7 @@ async def test_each_steps_output_reaches_a_relayed_consumer_before_the_next_step
             yield output
 
     runner = Recording(script=scripted("Hello!"))
-    sink = QueueOutputSink()
-    engine = AsyncEngine(Engine(EngineConfig(), runner, TOKENIZER, sink), sink)
+    engine, _ = make_async(runner)
     engine.start()
     try:
         stream = await engine.stream("a", "x", params())

@@ -40,6 +40,13 @@ void check_bf16_rows(const torch::Tensor& t, const char* name) {
               name, " must be a 4-d bf16 CPU tensor with a contiguous last dimension");
 }
 
+// The output of a linear on x [..., in]: [..., out], x's dtype and device.
+torch::Tensor linear_output(const torch::Tensor& x, int64_t out) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  return torch::empty(sizes, x.options());
+}
+
 constexpr int64_t kRows = 16;  // output rows per block: 16 independent accumulators
 
 }  // namespace
@@ -50,9 +57,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
   check_bf16(w, "w");
   const int64_t out = w.size(0), in = w.size(1);
   TORCH_CHECK(x.numel() == in && in % 32 == 0, "gemv: x must have in = w.size(1) % 32 == 0");
-  auto sizes = x.sizes().vec();
-  sizes.back() = out;
-  auto y = torch::empty(sizes, x.options());
+  auto y = linear_output(x, out);
   const uint16_t* W = bits(w);
   const uint16_t* X = bits(x);
   uint16_t* Y = bits_mut(y);
@@ -415,9 +420,7 @@ torch::Tensor gemm_small(const torch::Tensor& x, const torch::Tensor& w) {
   check_bf16(w, "w");
   const int64_t n_out = w.size(0), k_in = w.size(1), m_rows = x.numel() / k_in;
   TORCH_CHECK(x.size(-1) == k_in && k_in % 32 == 0, "gemm_small: x [..., K], w [N, K], K % 32 == 0");
-  auto sizes = x.sizes().vec();
-  sizes.back() = n_out;
-  auto y = torch::empty(sizes, x.options());
+  auto y = linear_output(x, n_out);
   const uint16_t* W = bits(w);
   const uint16_t* X = bits(x);
   uint16_t* Y = bits_mut(y);
