@@ -19,7 +19,7 @@ while no server is running. Usage:
 
     .venv/bin/python benchmarks/bench_serving.py                    # everything (long)
         [--model SPEC] [--dtype bfloat16] [--modes static,continuous]
-        [--workloads w1,w2,sweep] [--concurrency 1,4,16,64] [--no-baseline]
+        [--workloads w1,w2,sweep] [--concurrency 1,4,16,64] [--no-baseline] [--rounds 3]
         [--result-json PATH]
     .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:8000 \\
         --label mine --no-baseline                                  # a running server
@@ -623,16 +623,45 @@ def main() -> None:
     del container  # free the baseline model before any server starts
     gc.collect()
     servers = {}
+    rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
     if args.base_url:
         servers[args.label] = _bench(args.base_url.rstrip("/"), args, workloads, args.label)
-    for mode in [] if args.base_url else args.modes:
-        with launched_server(args, mode) as base_url:
-            servers[mode] = _bench(base_url, args, workloads, mode)
+    for r in [] if args.base_url else range(args.rounds):
+        # Alternate the order: the machine drifts between server launches.
+        results = {}
+        for mode in args.modes if r % 2 == 0 else args.modes[::-1]:
+            with launched_server(args, mode) as base_url:
+                results[mode] = _bench(base_url, args, workloads, mode)
+        rounds.append(results)
+        for mode, result in results.items():
+            servers[mode if args.rounds == 1 else f"{mode} #{r + 1}"] = result
     ratios = report(args, workloads, servers, baseline, vocab_size)
+    if len(rounds) > 1:
+        ratios |= round_ratios(rounds, [w.name for w in workloads])
+        print("per round: " + "; ".join(f"{k} {v}" for k, v in ratios.items() if "round" in k))
     if args.result_json:
         raw = {"machine": machine_line(), "args": vars(args), "vocab_size": vocab_size}
         raw |= {"servers": servers, "sequential": baseline, "summary": ratios}
         Path(args.result_json).write_text(json.dumps(raw, indent=2, default=str) + "\n")
+
+
+def round_ratios(
+    rounds: list[dict[str, dict[str, dict[str, Any]]]], workloads: list[str]
+) -> dict[str, str]:
+    """continuous / static output tok/s per round and their median, per workload."""
+    out = {}
+    for w in workloads:
+        values = [
+            r["continuous"][w]["output_throughput"] / r["static"][w]["output_throughput"]
+            for r in rounds
+            if "continuous" in r and "static" in r and r["static"][w]["output_throughput"]
+        ]
+        if values:
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            out[f"{w} continuous/static by round"] = (
+                f"{listed} (median {float(np.median(values)):.2f}×)"
+            )
+    return out
 
 
 def _tokenizer_vocab(container: Any) -> int:
@@ -686,6 +715,13 @@ def _args() -> argparse.Namespace:
         type=_choices({"static", "continuous"}),
         default="static,continuous",
         help="batching modes to launch servers for, in order (default: static,continuous)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="launch every mode this many times, alternating the order; report each round's "
+        "continuous/static ratio and their median (default: 1)",
     )
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument(

@@ -204,3 +204,16 @@ async def test_sse_lines_split_only_at_cr_lf() -> None:
 
     lines = [line async for line in bench.sse_lines(chunks())]
     assert lines == ['data: {"text": "a\u2028b"}', "", "data: [DONE]", ""]
+
+
+def test_round_ratios_lists_each_round_and_the_median() -> None:
+    def result(tps: float) -> dict:
+        return {"W2": {"output_throughput": tps}}
+
+    rounds = [
+        {"static": result(100.0), "continuous": result(120.0)},
+        {"continuous": result(150.0), "static": result(100.0)},
+        {"static": result(200.0), "continuous": result(260.0)},
+    ]
+    ratios = bench.round_ratios(rounds, ["W2"])
+    assert ratios == {"W2 continuous/static by round": "1.20, 1.50, 1.30 (median 1.30×)"}
