@@ -1,4 +1,5 @@
-"""A real `infer serve` process on the default model, driven by the openai SDK and plain SSE."""
+"""A real `infer serve` process on the default model (continuous and static batching), driven by
+the openai SDK and plain SSE."""
 
 import asyncio
 import json
@@ -24,11 +25,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
+@pytest.fixture(scope="module", params=["continuous", "static"])
+def base_url(request) -> Iterator[str]:
     port = free_port()
+    mode = ["--batching-mode", str(request.param)]
     process = subprocess.Popen(
-        [str(INFER), "serve", "--port", str(port), "--max-batch-size", "4"],
+        [str(INFER), "serve", "--port", str(port), "--max-batch-size", "4", *mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
