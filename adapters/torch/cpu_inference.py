@@ -4,9 +4,11 @@
   does): a bf16 matmul ~1.5x faster than ``F.linear``, identical results.
 - When this CPU has AVX512-BF16 and a C++ compiler, small kernels from
   ``csrc/cpu_decode.cpp`` (built once on first use, cached by torch): a matrix-vector
-  product for single-row inputs that streams weights faster than oneDNN, and one call each
-  for RMSNorm and SiLU gating, which PyTorch runs as ~9 and ~4 small ops. A decode step of
-  a small model is bound by weight reads and per-op dispatch, so both matter.
+  product for single-row inputs and a small-batch product for 2-16 rows that stream the
+  weights once, one call each for RMSNorm and SiLU gating (PyTorch runs ~9 and ~4 small
+  ops), and causal GQA attention over the bf16 KV cache for decode rows and prompt chunks.
+  A decode step of a small model is bound by weight and KV reads and per-op dispatch.
+  (The cache's writes and the sampler's argmax use the same module, see ``kernels.py``.)
 
 Packed weights are opaque (no autograd, no state_dict), so only inference models are
 optimized. ``INFER_CPU_KERNELS=0`` turns the compiled kernels off.

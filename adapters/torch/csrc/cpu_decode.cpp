@@ -1,7 +1,9 @@
-// CPU kernels for the bf16 decode step (AVX512-BF16). A decode step of a small model is
-// bound by reading its weights once and by per-op dispatch: a matrix-vector product that
-// streams the weights faster than oneDNN's, and single calls for RMSNorm and SiLU-gating,
-// which PyTorch runs as ~9 and ~4 small ops. Results round like the PyTorch path.
+// CPU kernels for bf16 inference (AVX512-BF16). A decode step of a small model is bound by
+// reading its weights and KV cache and by per-op dispatch: matrix-vector and small-batch
+// products that stream the weights once, single calls for RMSNorm and SiLU gating (which
+// PyTorch runs as ~9 and ~4 small ops), causal GQA attention over the bf16 cache for decode
+// rows and prompt chunks, the decode step's cache writes, and a vectorized argmax. Results
+// round like the PyTorch path.
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <omp.h>
