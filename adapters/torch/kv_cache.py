@@ -108,21 +108,22 @@ class SlotKVCache:
 
     def begin_decode(self, positions: Tensor, decode_len: int) -> None:
         """Row ``b`` writes its key/value at ``positions[b]`` ``[B]``; keys ``< decode_len``."""
-        _, _, kv_heads, max_len, _ = self.k.shape
-        rows = torch.arange(positions.shape[0], device=positions.device)
-        heads = torch.arange(kv_heads, device=positions.device)
-        # Where row b, head h writes, as a row of a layer seen as [slots * kv_heads * max_len, D]:
-        # one index_copy_ per layer instead of an advanced-indexing assignment.
-        self._write_index = (
-            (rows[:, None] * kv_heads + heads[None, :]) * max_len + positions[:, None]
-        ).flatten()
         self._positions = positions
+        if self._write_rows is None:
+            _, _, kv_heads, max_len, _ = self.k.shape
+            rows = torch.arange(positions.shape[0], device=positions.device)
+            heads = torch.arange(kv_heads, device=positions.device)
+            # Where row b, head h writes, as a row of a layer seen as
+            # [slots * kv_heads * max_len, D]: one index_copy_ per layer.
+            self._write_index = (
+                (rows[:, None] * kv_heads + heads[None, :]) * max_len + positions[:, None]
+            ).flatten()
         self.decode_len = decode_len
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``k, v`` ``[B, kv_heads, 1, D]`` -> keys/values ``[B, kv_heads, decode_len, D]``."""
         k_all, v_all = self._k_layers[layer], self._v_layers[layer]
-        if self._write_rows is not None and k.dtype == k_all.dtype:
+        if self._write_rows is not None:
             self._write_rows(k_all, k, self._positions)
             self._write_rows(v_all, v, self._positions)
         else:

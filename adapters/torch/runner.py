@@ -37,10 +37,13 @@ class TorchModelRunner:
         self.slots: list[str] = []  # slot index -> request id
         self.lengths: list[int] = []  # positions written per slot
         self.generators: dict[str, torch.Generator | None] = {}
+        self._slots: dict[int, int] = {}  # this step: id(chunk) -> its slot
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         for chunk in batch.chunks:
             self._ensure_slot(chunk)
+        slot_of = {request_id: slot for slot, request_id in enumerate(self.slots)}
+        self._slots = {id(c): slot_of[c.request.request_id] for c in batch.chunks}
         singles = [c for c in batch.chunks if c.num_tokens == 1]
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
         sampled = [c for c in batch.chunks if c.samples]
@@ -89,12 +92,11 @@ class TorchModelRunner:
         """Logits ``[len(sampled), vocab]`` of a step with prompt chunks: the decode rows (if
         any) and every chunk's tokens run as one flat forward (see :class:`MixedBatch`)."""
         tokens, positions = self._decode_rows(singles) if singles else ([], [])
-        row_of = {id(c): self.slots.index(c.request.request_id) for c in singles}
+        row_of = {id(c): self._slots[id(c)] for c in singles}
         chunks = []
         for chunk in prompts:
             row_of[id(chunk)] = len(tokens) + chunk.num_tokens - 1
-            slot = self.slots.index(chunk.request.request_id)
-            chunks.append((slot, chunk.start, chunk.num_tokens))
+            chunks.append((self._slots[id(chunk)], chunk.start, chunk.num_tokens))
             tokens.extend(chunk.token_ids)
         batch = MixedBatch(self.cache, positions, chunks, self.model.windows(), self.device)
         logits = self.model.forward_mixed(
@@ -102,16 +104,14 @@ class TorchModelRunner:
             batch,
             torch.tensor([row_of[id(c)] for c in sampled], dtype=torch.long, device=self.device),
         )
-        for chunk in singles + prompts:
-            slot = self.slots.index(chunk.request.request_id)
-            self.lengths[slot] = chunk.start + chunk.num_tokens
+        self._advance(singles + prompts)
         return logits
 
     def _decode_rows(self, singles: list[ScheduledChunk]) -> tuple[list[int], list[int]]:
         """Token and position of every occupied slot's row: a decoding request's token, or
         for a slot without one this step (mid-prefill) a placeholder at its next free
         position, which a later write overwrites."""
-        by_slot = {self.slots.index(c.request.request_id): c for c in singles}
+        by_slot = {self._slots[id(c)]: c for c in singles}
         last = self.cache.max_seq_len - 1
         rows = range(len(self.slots))
         tokens = [by_slot[s].token_ids[0] if s in by_slot else 0 for s in rows]
@@ -124,12 +124,16 @@ class TorchModelRunner:
         out = self.model.decode(
             torch.tensor(tokens, device=self.device)[:, None], self.cache, positions
         )[:, 0]
-        order = [self.slots.index(c.request.request_id) for c in chunks]
-        for slot, chunk in zip(order, chunks, strict=True):
-            self.lengths[slot] = chunk.start + 1
+        self._advance(chunks)
+        order = [self._slots[id(c)] for c in chunks]
         if order == list(range(len(self.slots))):
             return out
         return out[torch.tensor(order, device=self.device)]
+
+    def _advance(self, chunks: list[ScheduledChunk]) -> None:
+        """Record the positions this step wrote."""
+        for chunk in chunks:
+            self.lengths[self._slots[id(chunk)]] = chunk.start + chunk.num_tokens
 
     def _sample(self, chunks: list[ScheduledChunk], logits: Tensor) -> RunnerOutput:
         """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order."""
