@@ -101,7 +101,7 @@ def optimize_for_cpu(model: nn.Module) -> None:
     _swap(model, GatedMLP, lambda m: KernelSiluMLP(m, kernels) if m.act is F.silu else m)
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
-            module.decode_kernel = kernels.decode_attention
+            module.attention_kernel = kernels.attention
 
 
 def _swap(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> None:

@@ -123,8 +123,8 @@ class Attention(nn.Module):
         # A faster causal-attention path over a cache, injected by CPU inference
         # optimizations: (q [B, H, T, D], k, v [B, Hkv, L, D], lengths [B] or [1] int64 (keys
         # seen by each row's last query), window (0 = none), scale) -> [B, H, T, D].
-        self.decode_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
-        self.decode_kernel = None
+        self.attention_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
+        self.attention_kernel = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: "Cache | None"
@@ -149,7 +149,7 @@ class Attention(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
         """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``."""
-        kernel = self.decode_kernel
+        kernel = self.attention_kernel
         if (
             kernel is not None
             and mask.lengths is not None

@@ -96,11 +96,11 @@ def test_attention_kernel_matches_sdpa(
     q = torch.randn(batch, queries, heads, dim, dtype=BF16).transpose(1, 2)  # as in Attention
     cache = torch.randn(2, batch + 1, kv_heads, longest + 8, dim, dtype=BF16)  # views, as a cache
     k, v = cache[0, :batch, :, :longest], cache[1, :batch, :, :longest]
-    got = kernels.decode_attention(q, k, v, torch.tensor(lengths), window, 0.1)
+    got = kernels.attention(q, k, v, torch.tensor(lengths), window, 0.1)
     assert got.shape == q.shape
     assert_close(got, _reference_attention(q, k, v, lengths, window), atol=2e-2, rtol=2e-2)
     if len(lengths) == 1 and batch == 1:  # no lengths: every key
-        every = kernels.decode_attention(q, k, v, torch.empty(0, dtype=torch.long), window, 0.1)
+        every = kernels.attention(q, k, v, torch.empty(0, dtype=torch.long), window, 0.1)
         assert torch.equal(every, got)
 
 
@@ -111,7 +111,7 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
     save_tiny_model(arch, tmp_path)
     model = load_model(tmp_path, dtype=BF16)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
-    assert all(a.decode_kernel is not None for a in attention)
+    assert all(a.attention_kernel is not None for a in attention)
     cache = SlotKVCache(model.config, 3, 32, dtype=BF16, device="cpu")
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3], [40, 41, 42, 43]]
     with torch.inference_mode():
@@ -122,7 +122,7 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
         chunk = torch.tensor([[20, 21, 22, 23, 24, 25, 26]])  # a prompt chunk after 10 positions
         fast_chunk = model(chunk, kv_cache=cache.slot(0, len(prompts[0])))
         for a in attention:
-            a.decode_kernel = None
+            a.attention_kernel = None
         slow = model.decode(ids, cache, positions)
         slow_chunk = model(chunk, kv_cache=cache.slot(0, len(prompts[0])))
     assert_close(fast, slow, atol=0.05, rtol=0.02)

@@ -302,7 +302,7 @@ void dot_scores(const uint16_t* q, const uint16_t* k, int64_t n, int64_t dim, fl
 // [start, position] with start = max(0, position - window + 1) for a sliding window
 // (window > 0), else 0. Returns [B, H, T, D] bf16, a transposed view of a contiguous
 // [B, T, H, D] (what the output projection reads); scores and softmax in float32.
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& lengths, int64_t window, double scale) {
   check_bf16_rows(q, "q");
   check_bf16_rows(k, "k");
@@ -311,12 +311,12 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const int64_t kv_heads = k.size(1), max_len = k.size(2);
   TORCH_CHECK(k.size(0) == batch && v.sizes() == k.sizes() && k.size(3) == dim &&
                   heads % kv_heads == 0 && dim % 32 == 0,
-              "decode_attention: q [B, H, T, D], k/v [B, Hkv, L, D], D % 32 == 0");
-  TORCH_CHECK(k.stride(2) == dim && v.stride(2) == dim, "decode_attention: k/v rows must be contiguous");
+              "attention: q [B, H, T, D], k/v [B, Hkv, L, D], D % 32 == 0");
+  TORCH_CHECK(k.stride(2) == dim && v.stride(2) == dim, "attention: k/v rows must be contiguous");
   const int64_t given = lengths.numel();
   TORCH_CHECK(given == 0 || ((given == batch || given == 1) && lengths.scalar_type() == at::kLong &&
                              lengths.is_contiguous()),
-              "decode_attention: lengths must be int64 [B] or [1]");
+              "attention: lengths must be int64 [B] or [1]");
   const int64_t* lens = given ? lengths.data_ptr<int64_t>() : nullptr;
   auto out = torch::empty({batch, queries, heads, dim}, q.options());
   const uint16_t* Q = bits(q);
@@ -512,7 +512,7 @@ void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tenso
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "batched one-query GQA attention over a bf16 cache");
+  m.def("attention", &attention, "causal GQA attention over a bf16 cache (decode rows, prompt chunks)");
   m.def("gemv", &gemv, "bf16 matrix-vector product (AVX512-BF16)");
   m.def("gemm_small", &gemm_small, "bf16 matrix product for a few rows (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
