@@ -1,11 +1,10 @@
 """TorchModelRunner: the ModelRunner port over our models, for static and continuous batching.
 
 Each running request owns a slot of a preallocated :class:`SlotKVCache` (occupied slots are
-kept compacted: a freed slot takes the last one's contents). A step with prompt chunks runs
-them and the decoding requests' tokens as one flat forward (:class:`MixedBatch`: one matmul
-per projection for every token of the step); a decode-only step runs one batched decode
-forward where each row sits at its own position. Then one sampler call samples every row
-that needs a token.
+kept compacted: a freed slot takes the last one's contents). A step runs the decoding
+requests' tokens (each row at its own position) and the prompt chunks as one flat forward
+(:class:`MixedBatch`: one matmul per projection for every token of the step), then one
+sampler call samples every row that needs a token.
 """
 
 from collections.abc import Sequence
@@ -46,17 +45,11 @@ class TorchModelRunner:
         self._slots = {id(c): slot_of[c.request.request_id] for c in batch.chunks}
         singles = [c for c in batch.chunks if c.num_tokens == 1]
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
+        if not batch.chunks:
+            return RunnerOutput()
         sampled = [c for c in batch.chunks if c.samples]
         with torch.inference_mode():
-            if prompts:  # prompt chunks and decode rows in one forward
-                return self._sample(sampled, self._mixed(singles, prompts, sampled))
-            if not singles:
-                return RunnerOutput()
-            logits = self._decode(singles)
-            if not _same(sampled, singles):  # a one-token prompt chunk that does not sample
-                rows = {id(c): i for i, c in enumerate(singles)}
-                logits = logits[torch.tensor([rows[id(c)] for c in sampled], device=self.device)]
-            return self._sample(sampled, logits)
+            return self._sample(sampled, self._forward(singles, prompts, sampled))
 
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -83,14 +76,14 @@ class TorchModelRunner:
             make_generator(seed, self.device) if seed is not None else None
         )
 
-    def _mixed(
+    def _forward(
         self,
         singles: list[ScheduledChunk],
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
     ) -> Tensor:
-        """Logits ``[len(sampled), vocab]`` of a step with prompt chunks: the decode rows (if
-        any) and every chunk's tokens run as one flat forward (see :class:`MixedBatch`)."""
+        """Logits ``[len(sampled), vocab]`` of one step: the decode rows (if any) and every
+        prompt chunk's tokens run as one flat forward (see :class:`MixedBatch`)."""
         tokens, positions = self._decode_rows(singles) if singles else ([], [])
         row_of = {id(c): self._slots[id(c)] for c in singles}
         chunks = []
@@ -118,18 +111,6 @@ class TorchModelRunner:
         positions = [by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in rows]
         return tokens, positions
 
-    def _decode(self, chunks: list[ScheduledChunk]) -> Tensor:
-        """Logits ``[len(chunks), vocab]`` in ``chunks`` order, one batched decode forward."""
-        tokens, positions = self._decode_rows(chunks)
-        out = self.model.decode(
-            torch.tensor(tokens, device=self.device)[:, None], self.cache, positions
-        )[:, 0]
-        self._advance(chunks)
-        order = [self._slots[id(c)] for c in chunks]
-        if order == list(range(len(self.slots))):
-            return out
-        return out[torch.tensor(order, device=self.device)]
-
     def _advance(self, chunks: list[ScheduledChunk]) -> None:
         """Record the positions this step wrote."""
         for chunk in chunks:
@@ -152,7 +133,3 @@ class TorchModelRunner:
             sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
             logprobs=dict(zip(ids, result.logprobs, strict=True)) if result.logprobs else {},
         )
-
-
-def _same(a: list[ScheduledChunk], b: list[ScheduledChunk]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import KVCache, SlotKVCache
+from adapters.torch.kv_cache import KVCache
 from adapters.torch.layers import (
     AttnMask,
     Cache,
@@ -16,7 +16,6 @@ from adapters.torch.layers import (
     RMSNorm,
     RotaryTable,
     build_mask,
-    position_mask,
 )
 
 _NO_MASK = AttnMask(None, False)  # a MixedBatch carries its own masks
@@ -83,23 +82,6 @@ class Transformer(nn.Module):
             kv_cache.advance(seqlen)
             if padding_mask is None:
                 x = x[:, -1:]
-        return self.logits(self.norm(x))
-
-    def decode(self, input_ids: Tensor, cache: SlotKVCache, positions: list[int]) -> Tensor:
-        """One new token per row, each at its own position (continuous batching).
-
-        ``input_ids`` ``[B, 1]``; row ``b`` lives in cache slot ``b`` and its token sits at
-        ``positions[b]``. Returns logits ``[B, 1, vocab]``.
-        """
-        device = input_ids.device
-        at = torch.tensor(positions, device=device)
-        kv_len = max(positions) + 1
-        cache.begin_decode(at, kv_len)
-        ropes = {s: table.gather(at) for s, table in self.rope.items()}
-        masks = {s: position_mask(at, kv_len, self._window(s)) for s in self.rope}
-        x = self.embed(input_ids)
-        for layer, sliding in zip(self.layers, self.sliding, strict=True):
-            x = layer(x, ropes[sliding], masks[sliding], cache)
         return self.logits(self.norm(x))
 
     def forward_mixed(self, input_ids: Tensor, batch: MixedBatch, sample_rows: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ from torch.testing import assert_close
 from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear
 from adapters.torch.kernels import cpu_kernels
 from adapters.torch.kv_cache import KVCache, SlotKVCache
-from adapters.torch.layers import Attention, RMSNorm
+from adapters.torch.layers import Attention, MixedBatch, RMSNorm
 from adapters.torch.loader import load_model
 from tests.integration.tiny_models import save_tiny_model
 
@@ -117,16 +117,21 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
     with torch.inference_mode():
         for slot, prompt in enumerate(prompts):
             model(torch.tensor([prompt]), kv_cache=cache.slot(slot, 0))
-        ids, positions = torch.tensor([[1], [2], [3]]), [len(p) for p in prompts]
-        fast = model.decode(ids, cache, positions)
-        chunk = torch.tensor([[20, 21, 22, 23, 24, 25, 26]])  # a prompt chunk after 10 positions
-        fast_chunk = model(chunk, kv_cache=cache.slot(0, len(prompts[0])))
+        # One step: decode rows for slots 1 and 2, slot 0's row a placeholder, and a prompt
+        # chunk of 7 tokens for slot 0 after its 10 positions (beyond the sliding window).
+        tokens = torch.tensor([0, 2, 3, 20, 21, 22, 23, 24, 25, 26])
+        sample_rows = torch.tensor([1, 2, 9])
+
+        def step() -> Tensor:
+            batch = MixedBatch(cache, [10, 1, 4], [(0, 10, 7)], model.windows(), tokens.device)
+            return model.forward_mixed(tokens, batch, sample_rows)
+
+        fast = step()
         for a in attention:
             a.attention_kernel = None
-        slow = model.decode(ids, cache, positions)
-        slow_chunk = model(chunk, kv_cache=cache.slot(0, len(prompts[0])))
+        slow = step()
+    assert fast.shape == (3, model.config.vocab_size)
     assert_close(fast, slow, atol=0.05, rtol=0.02)
-    assert_close(fast_chunk, slow_chunk, atol=0.05, rtol=0.02)
 
 
 def test_argmax_rows_matches_torch_including_ties() -> None:
