@@ -4,10 +4,12 @@ The loop runs ``Engine.step()`` (synchronous) and then yields to the event loop 
 times, so each step's tokens travel through the HTTP layer's coroutines to the sockets
 before the next step starts; it sleeps on an event (no polling) when there is no work.
 
-The step runs on the event loop's own thread on purpose: on a CPU, a worker thread made the
-model ~20% slower (measured in and out of the server; the forward's Python shares the GIL
-with the streams' Python, and the model itself runs slower off the main thread), which
-costs more than the streams' work it would overlap.
+The step runs on the event loop's own thread on purpose: the model was loaded (and ran its
+first OpenMP parallel regions) on this thread, and when a second thread also runs OpenMP
+regions, libgomp sees more threads than cores and stops spinning between regions, so every
+parallel op pays a thread wake-up (measured: a small add 4.5 -> 17.5 us; the model ~20%
+slower, 622 vs 730-775 tok/s at 64 streams), which costs more than the streams' Python work
+a worker thread would overlap.
 """
 
 import asyncio
