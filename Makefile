@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
 TORCH_VERSION := 2.13.0
 
-.PHONY: setup generate serve test bench clean
+.PHONY: setup generate serve test bench bench-serving clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,9 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_generate.py
+
+bench-serving: setup
+	$(BIN)/python benchmarks/bench_serving.py
 
 clean:
 	rm -rf $(VENV)
