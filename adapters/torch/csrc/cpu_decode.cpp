@@ -432,10 +432,16 @@ torch::Tensor gemm_small(const torch::Tensor& x, const torch::Tensor& w) {
     for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
       const int64_t tile_m = std::min<int64_t>(4, m_rows - m0);
       alignas(64) float sums[16];
-      if (tile_n == 4 && tile_m == 4)
+      if (tile_n == 4 && tile_m == 4) {
         tile_4x4(X + m0 * k_in, W + n0 * k_in, k_in, m0 == 0, sums);
-      else
-        tile_any(X + m0 * k_in, W + n0 * k_in, k_in, tile_m, tile_n, sums);
+        // 16 results rounded at once; each input row's 4 outputs are 8 contiguous bytes.
+        alignas(32) uint16_t rounded[16];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(rounded),
+                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(sums))));
+        for (int64_t i = 0; i < 4; ++i) std::memcpy(Y + (m0 + i) * n_out + n0, rounded + i * 4, 8);
+        continue;
+      }
+      tile_any(X + m0 * k_in, W + n0 * k_in, k_in, tile_m, tile_n, sums);
       for (int64_t i = 0; i < tile_m; ++i)
         for (int64_t j = 0; j < tile_n; ++j) Y[(m0 + i) * n_out + n0 + j] = float_to_bf16(sums[i * 4 + j]);
     }
