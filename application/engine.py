@@ -17,7 +17,7 @@ from domain.errors import EmptyPromptError, PromptTooLongError, QueueFullError
 from domain.ports import ModelRunner, OutputSink, Tokenizer
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
-from domain.scheduler import RunnerOutput, Scheduler, SchedulerOutput, make_scheduler
+from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
 from domain.stop import StopStringMatcher
 
 log = structlog.get_logger(__name__)
@@ -78,35 +78,19 @@ class Engine:
     def step(self) -> bool:
         """One scheduler iteration; False when there was nothing to run (idle, or a static
         batch still waiting to fill)."""
-        batch = self.begin_step()
-        if batch is None:
+        batch = self.scheduler.schedule()
+        if batch.released:
+            self.runner.release(batch.released)
+        if batch.is_empty:
             return False
         try:
             result = self.runner.execute(batch)
         except Exception as e:  # a failed forward fails its batch, never the engine
-            self.fail_step(batch, e)
-        else:
-            self.complete_step(batch, result)
-        return True
-
-    def begin_step(self) -> SchedulerOutput | None:
-        """Schedule the next step (and free finished requests' runner state); None when there
-        is nothing to run. The caller runs ``runner.execute`` on the result — possibly in
-        another thread: execute reads the scheduled requests but changes none of them — and
-        then calls :meth:`complete_step` or :meth:`fail_step`."""
-        batch = self.scheduler.schedule()
-        if batch.released:
-            self.runner.release(batch.released)
-        return None if batch.is_empty else batch
-
-    def complete_step(self, batch: SchedulerOutput, result: RunnerOutput) -> None:
-        """Apply the runner's tokens and publish them (requests aborted meanwhile are skipped)."""
+            self._fail(batch, f"{type(e).__name__}: {e}")
+            return True
         for request in self.scheduler.update_from_output(batch, result):
             self.sink.publish(self._output(request))
-
-    def fail_step(self, batch: SchedulerOutput, error: Exception) -> None:
-        """The forward failed: fail the batch's requests and release their state."""
-        self._fail(batch, f"{type(error).__name__}: {error}")
+        return True
 
     def _output(self, request: Request) -> StepOutput:
         token = request.generated_token_ids[-1]

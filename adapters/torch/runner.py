@@ -36,20 +36,19 @@ class TorchModelRunner:
         self.slots: list[str] = []  # slot index -> request id
         self.lengths: list[int] = []  # positions written per slot
         self.generators: dict[str, torch.Generator | None] = {}
-        self._slots: dict[int, int] = {}  # this step: id(chunk) -> its slot
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        if not batch.chunks:
+            return RunnerOutput()
         for chunk in batch.chunks:
             self._ensure_slot(chunk)
         slot_of = {request_id: slot for slot, request_id in enumerate(self.slots)}
-        self._slots = {id(c): slot_of[c.request.request_id] for c in batch.chunks}
+        slots = {id(c): slot_of[c.request.request_id] for c in batch.chunks}  # id(chunk) -> slot
         singles = [c for c in batch.chunks if c.num_tokens == 1]
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
-        if not batch.chunks:
-            return RunnerOutput()
         sampled = [c for c in batch.chunks if c.samples]
         with torch.inference_mode():
-            return self._sample(sampled, self._forward(singles, prompts, sampled))
+            return self._sample(sampled, self._forward(singles, prompts, sampled, slots))
 
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -81,15 +80,16 @@ class TorchModelRunner:
         singles: list[ScheduledChunk],
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
+        slots: dict[int, int],
     ) -> Tensor:
         """Logits ``[len(sampled), vocab]`` of one step: the decode rows (if any) and every
         prompt chunk's tokens run as one flat forward (see :class:`MixedBatch`)."""
-        tokens, positions = self._decode_rows(singles) if singles else ([], [])
-        row_of = {id(c): self._slots[id(c)] for c in singles}
+        tokens, positions = self._decode_rows(singles, slots) if singles else ([], [])
+        row_of = {id(c): slots[id(c)] for c in singles}
         chunks = []
         for chunk in prompts:
             row_of[id(chunk)] = len(tokens) + chunk.num_tokens - 1
-            chunks.append((self._slots[id(chunk)], chunk.start, chunk.num_tokens))
+            chunks.append((slots[id(chunk)], chunk.start, chunk.num_tokens))
             tokens.extend(chunk.token_ids)
         batch = MixedBatch(self.cache, positions, chunks, self.model.windows(), self.device)
         logits = self.model.forward_mixed(
@@ -97,24 +97,22 @@ class TorchModelRunner:
             batch,
             torch.tensor([row_of[id(c)] for c in sampled], dtype=torch.long, device=self.device),
         )
-        self._advance(singles + prompts)
+        for chunk in singles + prompts:  # the positions this step wrote
+            self.lengths[slots[id(chunk)]] = chunk.start + chunk.num_tokens
         return logits
 
-    def _decode_rows(self, singles: list[ScheduledChunk]) -> tuple[list[int], list[int]]:
+    def _decode_rows(
+        self, singles: list[ScheduledChunk], slots: dict[int, int]
+    ) -> tuple[list[int], list[int]]:
         """Token and position of every occupied slot's row: a decoding request's token, or
         for a slot without one this step (mid-prefill) a placeholder at its next free
         position, which a later write overwrites."""
-        by_slot = {self._slots[id(c)]: c for c in singles}
+        by_slot = {slots[id(c)]: c for c in singles}
         last = self.cache.max_seq_len - 1
         rows = range(len(self.slots))
         tokens = [by_slot[s].token_ids[0] if s in by_slot else 0 for s in rows]
         positions = [by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in rows]
         return tokens, positions
-
-    def _advance(self, chunks: list[ScheduledChunk]) -> None:
-        """Record the positions this step wrote."""
-        for chunk in chunks:
-            self.lengths[self._slots[id(chunk)]] = chunk.start + chunk.num_tokens
 
     def _sample(self, chunks: list[ScheduledChunk], logits: Tensor) -> RunnerOutput:
         """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order."""

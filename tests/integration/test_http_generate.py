@@ -121,12 +121,12 @@ async def test_a_full_queue_answers_503_and_queues_nothing() -> None:
 async def test_a_dead_engine_loop_ends_streams_with_an_error_and_fails_health() -> None:
     engine, _ = build()
 
-    def broken_step() -> None:
+    def broken_step() -> bool:
         raise RuntimeError("bug")
 
     async with AsyncTestClient(app=create_app(engine, MODEL)) as client:
         assert (await client.get("/health")).status_code == 200
-        engine.engine.begin_step = broken_step  # type: ignore[method-assign,assignment]
+        engine.engine.step = broken_step  # type: ignore[method-assign]
         response = await client.post("/v1/generate", json=body())
         assert events(response.text) == [
             ("error", {"error": "engine loop crashed: RuntimeError: bug"})
