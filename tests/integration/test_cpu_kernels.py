@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.testing import assert_close
 
 from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear
@@ -20,23 +20,31 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="no AVX512-BF16 or no C+
 BF16 = torch.bfloat16
 
 
-def test_gemv_matches_a_float32_matmul_within_bf16_rounding() -> None:
-    torch.manual_seed(0)
-    w = torch.randn(1000, 576, dtype=BF16)
-    x = torch.randn(1, 1, 576, dtype=BF16)
-    y = kernels.gemv(x, w)
-    assert y.shape == (1, 1, 1000) and y.dtype == BF16
-    assert_close(y.float(), x.float() @ w.float().T, atol=0.1, rtol=1e-2)
+@pytest.mark.parametrize(
+    ("rows", "n_out", "k_in"),
+    [(1, 1001, 576), (5, 960, 576), (6, 64, 32), (7, 1001, 576), (64, 130, 1536), (700, 96, 576)],
+)
+def test_gemm_packed_matches_a_float32_matmul_within_bf16_rounding(
+    rows: int, n_out: int, k_in: int
+) -> None:
+    # Row counts around the 6-row tile, output widths off the 64-column panel, and an input
+    # split into row blocks (700 x 576 bf16 > 256 KiB): each output is a float32 dot
+    # product rounded once to bf16.
+    torch.manual_seed(rows)
+    w = torch.randn(n_out, k_in, dtype=BF16)
+    x = torch.randn(rows, 1, k_in, dtype=BF16)
+    panels = kernels.pack_panels(w)
+    assert panels.shape == ((n_out + 63) // 64, k_in // 2, 64, 2)
+    y = kernels.gemm_packed(x, panels, n_out)
+    assert y.shape == (rows, 1, n_out) and y.dtype == BF16
+    assert_close(y, (x.float() @ w.float().T).to(BF16), atol=0.05, rtol=1e-2)
 
 
-@pytest.mark.parametrize("rows", [2, 3, 5, 17])
-def test_gemm_small_matches_a_float32_matmul_within_bf16_rounding(rows: int) -> None:
-    torch.manual_seed(0)
-    w = torch.randn(1001, 576, dtype=BF16)  # output rows not a multiple of the 4-row tile
-    x = torch.randn(rows, 1, 576, dtype=BF16)
-    y = kernels.gemm_small(x, w)
-    assert y.shape == (rows, 1, 1001) and y.dtype == BF16
-    assert_close(y.float(), x.float() @ w.float().T, atol=0.1, rtol=1e-2)
+def test_packed_linear_takes_strided_inputs_and_adds_its_bias() -> None:
+    torch.manual_seed(3)
+    linear = nn.Linear(576, 200, bias=True).to(BF16)
+    x = torch.randn(576, 4, dtype=BF16).T  # not contiguous
+    assert_close(PackedLinear(linear, kernels)(x), linear(x), atol=0.05, rtol=1e-2)
 
 
 @pytest.mark.parametrize("unit_offset", [False, True])

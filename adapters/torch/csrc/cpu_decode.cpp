@@ -1,12 +1,13 @@
 // CPU kernels for bf16 inference (AVX512-BF16). A decode step of a small model is bound by
-// reading its weights and KV cache and by per-op dispatch: matrix-vector and small-batch
-// products that stream the weights once, single calls for RMSNorm and SiLU gating (which
+// reading its weights and KV cache and by per-op dispatch: a matrix product on panel-packed
+// weights that streams them once per call, single calls for RMSNorm and SiLU gating (which
 // PyTorch runs as ~9 and ~4 small ops), causal GQA attention over the bf16 cache for decode
 // rows and prompt chunks, the decode step's cache writes, and a vectorized argmax. Results
 // round like the PyTorch path.
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -49,38 +50,10 @@ torch::Tensor linear_output(const torch::Tensor& x, int64_t out) {
   return torch::empty(sizes, x.options());
 }
 
-constexpr int64_t kRows = 16;  // output rows per block: 16 independent accumulators
+constexpr int64_t kPanel = 64;  // output columns per gemm_packed panel: 4 vectors of 16
+constexpr int64_t kRowBlockBytes = 256 * 1024;  // gemm_packed's inputs per row block
 
 }  // namespace
-
-// y = x @ w.T for one row: x [in] (any leading dims of size 1), w [out, in], in % 32 == 0.
-torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
-  check_bf16(x, "x");
-  check_bf16(w, "w");
-  const int64_t out = w.size(0), in = w.size(1);
-  TORCH_CHECK(x.numel() == in && in % 32 == 0, "gemv: x must have in = w.size(1) % 32 == 0");
-  auto y = linear_output(x, out);
-  const uint16_t* W = bits(w);
-  const uint16_t* X = bits(x);
-  uint16_t* Y = bits_mut(y);
-#pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < out; o0 += kRows) {
-    const int64_t rows = std::min(kRows, out - o0);
-    __m512 acc[kRows];
-    for (int64_t r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < in; i += 32) {
-      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(X + i));
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint16_t* row = W + (o0 + r) * in + i;
-        _mm_prefetch(reinterpret_cast<const char*>(row + kRows * in), _MM_HINT_T0);
-        const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(row));
-        acc[r] = _mm512_dpbf16_ps(acc[r], wv, xv);
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) Y[o0 + r] = float_to_bf16(_mm512_reduce_add_ps(acc[r]));
-  }
-  return y;
-}
 
 // RMSNorm of each row of x [..., D] in float32; Gemma's unit_offset multiplies by (1 + w) in
 // float32 before rounding, Llama's rounds first and multiplies by w in bf16 (as HF does).
@@ -368,82 +341,103 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   return out.transpose(1, 2);
 }
 
-// 16 dot products of 4 input rows x 4 weight rows (K each), lane i * 4 + j of `out`.
-inline void tile_4x4(const uint16_t* x, const uint16_t* w, int64_t k_in, bool prefetch, float* out) {
-  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-         a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00,
-         a31 = a00, a32 = a00, a33 = a00;
-  for (int64_t k = 0; k < k_in; k += 32) {
-    if (prefetch)
-      for (int j = 0; j < 4; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (j + 8) * k_in + k), _MM_HINT_T0);
-    const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + k));
-    const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + k_in + k));
-    const __m512bh w2 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + 2 * k_in + k));
-    const __m512bh w3 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + 3 * k_in + k));
-#define INFER_ROW(i, c0, c1, c2, c3)                                                        \
-  {                                                                                         \
-    const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + (i) * k_in + k)); \
-    c0 = _mm512_dpbf16_ps(c0, xv, w0);                                                      \
-    c1 = _mm512_dpbf16_ps(c1, xv, w1);                                                      \
-    c2 = _mm512_dpbf16_ps(c2, xv, w2);                                                      \
-    c3 = _mm512_dpbf16_ps(c3, xv, w3);                                                      \
-  }
-    INFER_ROW(0, a00, a01, a02, a03)
-    INFER_ROW(1, a10, a11, a12, a13)
-    INFER_ROW(2, a20, a21, a22, a23)
-    INFER_ROW(3, a30, a31, a32, a33)
-#undef INFER_ROW
-  }
-  const __m512 acc[16] = {a00, a01, a02, a03, a10, a11, a12, a13,
-                          a20, a21, a22, a23, a30, a31, a32, a33};
-  _mm512_store_ps(out, sum16(acc));
+// Weights for gemm_packed: w [N, K] -> [ceil(N / 64) panels, K / 2, 64, 2]: a panel holds 64
+// output columns, each k-pair of a column adjacent (the operand layout of vdpbf16ps), zero
+// columns past N. A panel is one contiguous stream.
+torch::Tensor pack_panels(const torch::Tensor& w) {
+  check_bf16(w, "w");
+  const int64_t n_out = w.size(0), k_in = w.size(1);
+  TORCH_CHECK(w.dim() == 2 && k_in % 2 == 0, "pack_panels: w [N, K] with an even K");
+  const int64_t panels = (n_out + kPanel - 1) / kPanel;
+  auto out = torch::zeros({panels, k_in / 2, kPanel, 2}, w.options());
+  const uint32_t* W = reinterpret_cast<const uint32_t*>(bits(w));  // k-pairs
+  uint32_t* O = reinterpret_cast<uint32_t*>(bits_mut(out));
+  for (int64_t n = 0; n < n_out; ++n)
+    for (int64_t k2 = 0; k2 < k_in / 2; ++k2)
+      O[((n / kPanel) * (k_in / 2) + k2) * kPanel + n % kPanel] = W[n * (k_in / 2) + k2];
+  return out;
 }
 
-// The same for a partial tile (tile_m input rows x tile_n weight rows, at most 4 each).
-void tile_any(const uint16_t* x, const uint16_t* w, int64_t k_in, int64_t tile_m, int64_t tile_n,
-              float* out) {
-  for (int64_t i = 0; i < tile_m; ++i)
-    for (int64_t j = 0; j < tile_n; ++j) {
-      __m512 dot = _mm512_setzero_ps();
-      for (int64_t k = 0; k < k_in; k += 32)
-        dot = _mm512_dpbf16_ps(dot, reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * k_in + k)),
-                               reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + j * k_in + k)));
-      out[i * 4 + j] = _mm512_reduce_add_ps(dot);
+// R input rows x one 64-column panel, over all of K: 4R accumulators stay in registers; per
+// k-pair, 4 weight vectors are loaded once and each row's pair is broadcast.
+template <int R>
+inline void panel_tile(const uint16_t* x, int64_t k_in, const uint16_t* panel, uint16_t* y,
+                       int64_t n_out, int64_t valid) {
+  __m512 acc[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const int32_t* xp = reinterpret_cast<const int32_t*>(x);
+  const int64_t pairs = k_in / 2;
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    const uint16_t* b = panel + k2 * 2 * kPanel;
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
+    const __m512bh b2 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 64));
+    const __m512bh b3 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 96));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(xp[r * pairs + k2]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, b2);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, b3);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[r][j]));
+      if (valid >= (j + 1) * 16) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * n_out + j * 16), rounded);
+      } else if (valid > j * 16) {  // the last panel of an N that is not a multiple of 64
+        alignas(32) uint16_t tmp[16];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), rounded);
+        std::memcpy(y + r * n_out + j * 16, tmp, (valid - j * 16) * sizeof(uint16_t));
+      }
     }
 }
 
-// y = x @ w.T for a few rows: x [..., K] (M rows, contiguous), w [N, K], K % 32 == 0. Tiles of
-// 4 weight rows x 4 input rows: a tile's 16 dot products stay in registers and are reduced
-// together (sum16); each weight tile is read from memory once for all M rows, so a small
-// batch costs about one matrix-vector product's weight traffic.
-torch::Tensor gemm_small(const torch::Tensor& x, const torch::Tensor& w) {
+// y = x @ w.T with w packed by pack_panels: x [..., K] (M rows, contiguous), K even. Each
+// thread streams its share of the panels from memory once; a panel (64 columns x K) stays in
+// the core's L2 while every group of 6 input rows runs over it. For the 16-64-row products of
+// batched decoding, where oneDNN's blocking loses ~30% of the machine's bf16 rate.
+torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, int64_t n_out) {
   check_bf16(x, "x");
-  check_bf16(w, "w");
-  const int64_t n_out = w.size(0), k_in = w.size(1), m_rows = x.numel() / k_in;
-  TORCH_CHECK(x.size(-1) == k_in && k_in % 32 == 0, "gemm_small: x [..., K], w [N, K], K % 32 == 0");
+  check_bf16(panels, "panels");
+  const int64_t k_in = panels.size(1) * 2, m_rows = x.numel() / k_in;
+  TORCH_CHECK(panels.dim() == 4 && panels.size(2) == kPanel && x.size(-1) == k_in &&
+                  n_out <= panels.size(0) * kPanel && n_out > (panels.size(0) - 1) * kPanel,
+              "gemm_packed: x [..., K], panels from pack_panels(w [N, K]), n_out = N");
   auto y = linear_output(x, n_out);
-  const uint16_t* W = bits(w);
+  const uint16_t* P = bits(panels);
   const uint16_t* X = bits(x);
   uint16_t* Y = bits_mut(y);
-#pragma omp parallel for schedule(static)
-  for (int64_t n0 = 0; n0 < n_out; n0 += 4) {
-    const int64_t tile_n = std::min<int64_t>(4, n_out - n0);
-    for (int64_t m0 = 0; m0 < m_rows; m0 += 4) {
-      const int64_t tile_m = std::min<int64_t>(4, m_rows - m0);
-      alignas(64) float sums[16];
-      if (tile_n == 4 && tile_m == 4) {
-        tile_4x4(X + m0 * k_in, W + n0 * k_in, k_in, m0 == 0, sums);
-        // 16 results rounded at once; each input row's 4 outputs are 8 contiguous bytes.
-        alignas(32) uint16_t rounded[16];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(rounded),
-                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(sums))));
-        for (int64_t i = 0; i < 4; ++i) std::memcpy(Y + (m0 + i) * n_out + n0, rounded + i * 4, 8);
-        continue;
+  const int64_t count = panels.size(0), panel_size = k_in * kPanel;
+  // Row blocks whose inputs fit in L2 beside a panel (one block for decode-sized inputs;
+  // each further block streams the weights again, which a long prompt's arithmetic hides).
+  const int64_t blocks = std::max<int64_t>(1, (m_rows * k_in * 2 + kRowBlockBytes - 1) / kRowBlockBytes);
+  const int64_t block_rows = ((m_rows + blocks - 1) / blocks + 5) / 6 * 6;
+#pragma omp parallel
+  for (int64_t b0 = 0; b0 < m_rows; b0 += block_rows) {
+    const int64_t b1 = std::min(m_rows, b0 + block_rows);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < count; ++p) {
+      const int64_t valid = std::min<int64_t>(kPanel, n_out - p * kPanel);
+      const uint16_t* panel = P + p * panel_size;
+      uint16_t* yp = Y + p * kPanel;
+      int64_t m0 = b0;
+      for (; m0 + 6 <= b1; m0 += 6) panel_tile<6>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid);
+      switch (b1 - m0) {
+        case 5: panel_tile<5>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
+        case 4: panel_tile<4>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
+        case 3: panel_tile<3>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
+        case 2: panel_tile<2>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
+        case 1: panel_tile<1>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
+        default: break;
       }
-      tile_any(X + m0 * k_in, W + n0 * k_in, k_in, tile_m, tile_n, sums);
-      for (int64_t i = 0; i < tile_m; ++i)
-        for (int64_t j = 0; j < tile_n; ++j) Y[(m0 + i) * n_out + n0 + j] = float_to_bf16(sums[i * 4 + j]);
     }
   }
   return y;
@@ -519,8 +513,8 @@ void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tenso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "causal GQA attention over a bf16 cache (decode rows, prompt chunks)");
-  m.def("gemv", &gemv, "bf16 matrix-vector product (AVX512-BF16)");
-  m.def("gemm_small", &gemm_small, "bf16 matrix product for a few rows (AVX512-BF16)");
+  m.def("pack_panels", &pack_panels, "weights [N, K] in gemm_packed's panel layout");
+  m.def("gemm_packed", &gemm_packed, "bf16 matrix product on panel-packed weights (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
