@@ -94,6 +94,9 @@ def _reference_attention(
         (9, 3, 64, 1, 7, [30], 0),  # a prompt chunk after 23 cached positions
         (4, 2, 32, 1, 12, [25], 5),  # a prompt chunk under a sliding window
         (4, 4, 32, 2, 3, [9], 0),  # two rows of one length, given once
+        (12, 2, 64, 1, 40, [77], 0),  # a prompt chunk, groups of 6 heads, several key blocks
+        (4, 1, 256, 1, 33, [50], 0),
+        (9, 3, 64, 2, 19, [45, 19], 13),  # two rows' chunks, a window off the key blocks
     ],
 )
 def test_attention_kernel_matches_sdpa(
@@ -110,6 +113,19 @@ def test_attention_kernel_matches_sdpa(
     if len(lengths) == 1 and batch == 1:  # no lengths: every key
         every = kernels.attention(q, k, v, torch.empty(0, dtype=torch.long), window, 0.1)
         assert torch.equal(every, got)
+
+
+@pytest.mark.parametrize("queries", [1, 21])
+def test_attention_never_reads_the_cache_past_a_rows_length(queries: int) -> None:
+    # Positions past a row's length hold anything (an uninitialized cache): NaN must not leak
+    # through a key block or a pair of value rows that straddles the end.
+    torch.manual_seed(4)
+    q = torch.randn(1, queries, 9, 64, dtype=BF16).transpose(1, 2)
+    k, v = torch.randn(2, 1, 3, 64, 64, dtype=BF16)
+    k[:, :, 37:], v[:, :, 37:] = float("nan"), float("nan")
+    got = kernels.attention(q, k, v, torch.tensor([37]), 0, 0.1)
+    assert not got.isnan().any()
+    assert_close(got, _reference_attention(q, k, v, [37], 0), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])

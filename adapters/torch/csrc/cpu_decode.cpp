@@ -50,6 +50,7 @@ torch::Tensor linear_output(const torch::Tensor& x, int64_t out) {
   return torch::empty(sizes, x.options());
 }
 
+constexpr int64_t kKeyBlock = 16;  // keys per rearranged block of the prompt path
 constexpr int64_t kPanel = 64;  // output columns per gemm_packed panel: 4 vectors of 16
 constexpr int64_t kRowBlockBytes = 256 * 1024;  // gemm_packed's inputs per row block
 
@@ -268,13 +269,136 @@ void dot_scores(const uint16_t* q, const uint16_t* k, int64_t n, int64_t dim, fl
   }
 }
 
+// Prompt chunks (T > 1) as flash attention does them, two passes per query over keys
+// rearranged once per call (each key block serves every query of the chunk):
+//  kt: per block of 16 keys, [dim / 2][16] words: word (d2, j) = key j's dims (2 d2, 2 d2 + 1),
+//      so a query's 16 scores are dim / 2 vdpbf16ps with its dim pair broadcast (no reduction);
+//  vp: per pair of keys, [dim / 16][16] words: word (c, i) = dim 16 c + i of both keys, so
+//      P @ V takes one vdpbf16ps per 16 dims per two keys, P rounded to bf16 for it (as flash
+//      attention feeds its P @ V matmul).
+void rearrange_block(const uint16_t* k, const uint16_t* v, int64_t row, int64_t keys, int64_t dim,
+                     uint32_t* kt, uint32_t* vp) {
+  const int64_t pairs = dim / 2, chunks = dim / 16;
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    const uint32_t* kr = reinterpret_cast<const uint32_t*>(k + j * row);
+    for (int64_t d2 = 0; d2 < pairs; ++d2) kt[d2 * kKeyBlock + j] = j < keys ? kr[d2] : 0;
+  }
+  for (int64_t p = 0; p < kKeyBlock / 2; ++p) {
+    const int64_t l0 = 2 * p, l1 = l0 + 1;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512i a = l0 < keys ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + l0 * row + c * 16)))
+                                  : _mm512_setzero_si512();
+      const __m512i b = l1 < keys ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + l1 * row + c * 16))), 16)
+                                  : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + (p * chunks + c) * 16, _mm512_or_si512(a, b));
+    }
+  }
+}
+
+// Scores of G heads' queries (q[g]: dim / 2 words) against one rearranged key block: lanes
+// outside `valid` get -inf. Four accumulators per head keep the vdpbf16ps chains independent.
+template <int G>
+inline void qk_block(const uint32_t* const* q, const uint32_t* kt, int64_t pairs, float scale, __mmask16 valid,
+                     float* const* s, int64_t at) {
+  __m512 acc[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int u = 0; u < 4; ++u) acc[g][u] = _mm512_setzero_ps();
+  for (int64_t d2 = 0; d2 < pairs; d2 += 4) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kt + (d2 + u) * kKeyBlock));
+      for (int g = 0; g < G; ++g)
+        acc[g][u] = _mm512_dpbf16_ps(acc[g][u], reinterpret_cast<__m512bh>(_mm512_set1_epi32(q[g][d2 + u])), kv);
+    }
+  }
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+  for (int g = 0; g < G; ++g) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_add_ps(acc[g][2], acc[g][3]));
+    _mm512_storeu_ps(s[g] + at, _mm512_mask_mul_ps(minus_inf, valid, sum, sc));
+  }
+}
+
+// out[g] = p[g] @ V over `blocks` rearranged key blocks, for G heads (p[g]: 16 probabilities
+// per block, zero outside the query's keys).
+template <int G>
+void pv_blocks(const float* const* p, const uint32_t* vp, int64_t blocks, int64_t dim, uint16_t* const* out) {
+  const int64_t chunks = dim / 16;
+  for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
+    const int64_t width = std::min<int64_t>(4, chunks - c0);  // 4, or 2 for a 32-column tail
+    __m512 acc[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      alignas(32) uint32_t pp[G][8];
+      for (int g = 0; g < G; ++g)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pp[g]),
+                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(p[g] + blk * kKeyBlock))));
+      const uint32_t* vb = vp + blk * (kKeyBlock / 2) * chunks * 16;
+      for (int64_t j = 0; j < kKeyBlock / 2; ++j) {
+        const uint32_t* vr = vb + (j * chunks + c0) * 16;
+        if (width == 4) {
+          const __m512bh v0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vr));
+          const __m512bh v1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vr + 16));
+          const __m512bh v2 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vr + 32));
+          const __m512bh v3 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vr + 48));
+          for (int g = 0; g < G; ++g) {
+            const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pp[g][j]));
+            acc[g][0] = _mm512_dpbf16_ps(acc[g][0], w, v0);
+            acc[g][1] = _mm512_dpbf16_ps(acc[g][1], w, v1);
+            acc[g][2] = _mm512_dpbf16_ps(acc[g][2], w, v2);
+            acc[g][3] = _mm512_dpbf16_ps(acc[g][3], w, v3);
+          }
+        } else {
+          const __m512bh v0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vr));
+          const __m512bh v1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vr + 16));
+          for (int g = 0; g < G; ++g) {
+            const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pp[g][j]));
+            acc[g][0] = _mm512_dpbf16_ps(acc[g][0], w, v0);
+            acc[g][1] = _mm512_dpbf16_ps(acc[g][1], w, v1);
+          }
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int64_t c = 0; c < width; ++c)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[g] + (c0 + c) * 16),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[g][c])));
+  }
+}
+
+// One query's G heads (of one KV head's group): scores over key blocks [lo, hi) of the
+// rearranged keys (block 0 at position `base`), softmax over keys [start, end), P @ V.
+template <int G>
+void prompt_query(const uint32_t* const* q, const uint32_t* kt, const uint32_t* vp, int64_t base, int64_t start,
+                  int64_t end, int64_t dim, float scale, float* scores, int64_t s_stride, uint16_t* const* out) {
+  const int64_t lo = (start - base) / kKeyBlock, hi = (end - base + kKeyBlock - 1) / kKeyBlock;
+  float* s[G];
+  const float* p[G];
+  for (int g = 0; g < G; ++g) {
+    s[g] = scores + g * s_stride;
+    p[g] = s[g];
+  }
+  for (int64_t blk = lo; blk < hi; ++blk) {
+    const int64_t first = base + blk * kKeyBlock;
+    const int64_t from = std::max<int64_t>(0, start - first), to = std::min<int64_t>(kKeyBlock, end - first);
+    const __mmask16 valid = static_cast<__mmask16>(((1u << to) - 1) & ~((1u << from) - 1));
+    qk_block<G>(q, kt + blk * kKeyBlock * dim / 2, dim / 2, scale, valid, s, blk * kKeyBlock);
+  }
+  for (int g = 0; g < G; ++g) softmax_inplace(s[g] + lo * kKeyBlock, (hi - lo) * kKeyBlock);
+  for (int g = 0; g < G; ++g) p[g] += lo * kKeyBlock;
+  pv_blocks<G>(p, vp + lo * kKeyBlock * dim / 2, hi - lo, dim, out);
+}
+
 // Causal attention over a bf16 cache, heads grouped per KV head (GQA), for decode (T = 1) and
 // prefill (T > 1) alike: q [B, H, T, D] bf16; k, v [B, Hkv, L, D] bf16 with contiguous rows
 // (views of the cache). Query t of row b sits at position len_b - T + t, where len_b =
 // lengths[b] (lengths holds B values, or one for every row; L when empty), and attends keys
 // [start, position] with start = max(0, position - window + 1) for a sliding window
 // (window > 0), else 0. Returns [B, H, T, D] bf16, a transposed view of a contiguous
-// [B, T, H, D] (what the output projection reads); scores and softmax in float32.
+// [B, T, H, D] (what the output projection reads); scores and softmax in float32. Prompt
+// chunks rearrange their keys and values once and take P @ V with P in bf16 (rearrange_block);
+// decode rows (each row's cache read once, no rearranging to amortize) score 16 keys at a
+// time with a transpose-and-add reduction and take P @ V in float32.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& lengths, int64_t window, double scale) {
   check_bf16_rows(q, "q");
@@ -299,42 +423,97 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   const int64_t group = heads / kv_heads;
   const int64_t s_stride = (max_len + 15) / 16 * 16;
   const float fscale = static_cast<float>(scale);
-  // Decode rows cost about the same: contiguous static shares (each thread prefetches its
-  // next row). Prompt queries grow in cost with their position: dynamic.
-  omp_set_schedule(queries == 1 ? omp_sched_static : omp_sched_dynamic, 0);
+  if (queries > 1) {
+    // Row b's keys from `base` (the first query's first key, block-aligned) rearranged once.
+    const int64_t block_words = kKeyBlock * dim / 2;  // a rearranged block, in kt or vp
+    std::vector<int64_t> len(batch), base(batch), blocks(batch), offset(batch + 1, 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      len[b] = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
+      const int64_t first_end = len[b] - queries + 1;
+      base[b] = (window > 0 ? std::max<int64_t>(0, first_end - window) : 0) / kKeyBlock * kKeyBlock;
+      blocks[b] = std::max<int64_t>(0, (len[b] - base[b] + kKeyBlock - 1) / kKeyBlock);
+      offset[b + 1] = offset[b] + kv_heads * blocks[b] * block_words;  // of kt (and of vp)
+    }
+    std::vector<uint32_t> kt(offset[batch]), vp(offset[batch]);
+#pragma omp parallel
+    {
+      for (int64_t b = 0; b < batch; ++b) {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < kv_heads * blocks[b]; ++i) {
+          const int64_t g = i / blocks[b], blk = i % blocks[b], first = base[b] + blk * kKeyBlock;
+          const int64_t at = offset[b] + i * block_words;
+          rearrange_block(K + b * k.stride(0) + g * k.stride(1) + first * dim,
+                          V + b * v.stride(0) + g * v.stride(1) + first * dim, dim,
+                          std::min<int64_t>(kKeyBlock, len[b] - first), dim, kt.data() + at, vp.data() + at);
+        }
+      }
+      std::vector<float> scores(std::min<int64_t>(4, group) * s_stride);
+#pragma omp for schedule(dynamic) collapse(3)
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          for (int64_t t = 0; t < queries; ++t) {
+            const int64_t end = len[b] - queries + t + 1;
+            const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+            uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
+            if (end <= start) {
+              std::fill(o, o + group * dim, 0);
+              continue;
+            }
+            const int64_t at = offset[b] + g * blocks[b] * block_words;
+            for (int64_t h0 = 0; h0 < group; h0 += 4) {
+              const uint32_t* qs[4];
+              uint16_t* os[4];
+              const int64_t count = std::min<int64_t>(4, group - h0);
+              for (int64_t h = 0; h < count; ++h) {
+                qs[h] = reinterpret_cast<const uint32_t*>(Q + b * q.stride(0) + (g * group + h0 + h) * q.stride(1) + t * q.stride(2));
+                os[h] = o + (h0 + h) * dim;
+              }
+              const uint32_t* ktb = kt.data() + at;
+              const uint32_t* vpb = vp.data() + at;
+              switch (count) {
+                case 1: prompt_query<1>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
+                case 2: prompt_query<2>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
+                case 3: prompt_query<3>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
+                default: prompt_query<4>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
+              }
+            }
+          }
+        }
+      }
+    }
+    return out.transpose(1, 2);
+  }
+  // Decode: one query per row. Rows cost about the same: contiguous static shares (each
+  // thread prefetches its next row).
 #pragma omp parallel
   {
     std::vector<float> scores(group * s_stride);
-#pragma omp for schedule(runtime) collapse(3)
+#pragma omp for schedule(static) collapse(2)
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t g = 0; g < kv_heads; ++g) {
-        for (int64_t t = 0; t < queries; ++t) {
-          const int64_t len_b = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
-          const int64_t end = len_b - queries + t + 1;  // keys [start, end)
-          const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
-          const int64_t n = std::max<int64_t>(0, end - start);
-          const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + start * dim;
-          if (t == 0 && queries == 1) {  // decode: the next row's keys start streaming now
-            const int64_t nb = g + 1 < kv_heads ? b : b + 1, ng = g + 1 < kv_heads ? g + 1 : 0;
-            if (nb < batch) {
-              const char* next = reinterpret_cast<const char*>(K + nb * k.stride(0) + ng * k.stride(1));
-              for (int64_t byte = 0; byte < 32 * dim * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
-            }
-          }
-          const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + start * dim;
-          uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
-          if (n == 0) {
-            std::fill(o, o + group * dim, 0);
-            continue;
-          }
-          for (int64_t h = 0; h < group; ++h) {
-            const uint16_t* qh = Q + b * q.stride(0) + (g * group + h) * q.stride(1) + t * q.stride(2);
-            float* s = scores.data() + h * s_stride;
-            dot_scores(qh, kh, n, dim, fscale, s, h == 0 ? vh : nullptr);
-            softmax_inplace(s, n);
-          }
-          weighted_values_any(group, scores.data(), s_stride, vh, n, dim, o, dim);
+        const int64_t end = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;  // keys [start, end)
+        const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+        const int64_t n = std::max<int64_t>(0, end - start);
+        const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + start * dim;
+        // the next row's keys start streaming now
+        const int64_t nb = g + 1 < kv_heads ? b : b + 1, ng = g + 1 < kv_heads ? g + 1 : 0;
+        if (nb < batch) {
+          const char* next = reinterpret_cast<const char*>(K + nb * k.stride(0) + ng * k.stride(1));
+          for (int64_t byte = 0; byte < 32 * dim * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
         }
+        const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + start * dim;
+        uint16_t* o = O + (b * heads + g * group) * dim;
+        if (n == 0) {
+          std::fill(o, o + group * dim, 0);
+          continue;
+        }
+        for (int64_t h = 0; h < group; ++h) {
+          const uint16_t* qh = Q + b * q.stride(0) + (g * group + h) * q.stride(1);
+          float* s = scores.data() + h * s_stride;
+          dot_scores(qh, kh, n, dim, fscale, s, h == 0 ? vh : nullptr);
+          softmax_inplace(s, n);
+        }
+        weighted_values_any(group, scores.data(), s_stride, vh, n, dim, o, dim);
       }
     }
   }
