@@ -541,16 +541,17 @@ torch::Tensor pack_panels(const torch::Tensor& w) {
 // k-pair, 4 weight vectors are loaded once and each row's pair is broadcast.
 template <int R>
 inline void panel_tile(const uint16_t* x, int64_t k_in, const uint16_t* panel, uint16_t* y,
-                       int64_t n_out, int64_t valid) {
+                       int64_t n_out, int64_t valid, const char* ahead, int64_t ahead_lines) {
   __m512 acc[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
   const int32_t* xp = reinterpret_cast<const int32_t*>(x);
-  const int64_t pairs = k_in / 2;
+  const int64_t pairs = k_in / 2, per = (ahead_lines + pairs - 1) / pairs;
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
     const uint16_t* b = panel + k2 * 2 * kPanel;
+    for (int64_t j = k2 * per, e = std::min(ahead_lines, j + per); j < e; ++j) _mm_prefetch(ahead + j * 64, _MM_HINT_T0);
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
     const __m512bh b2 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 64));
@@ -609,15 +610,28 @@ torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, i
       const int64_t valid = std::min<int64_t>(kPanel, n_out - p * kPanel);
       const uint16_t* panel = P + p * panel_size;
       uint16_t* yp = Y + p * kPanel;
+      // The first row group waits on this panel's stream from memory; the later ones run from
+      // L2, so they prefetch the next panel meanwhile, a share each (memory and arithmetic
+      // overlap: 64 rows 17.6 -> 15.6 ms for all of SmolLM2's linears). Only from two full
+      // helper groups on: one group prefetching a whole panel stalls on it (12-16 rows: 7% slower).
+      const int64_t helpers = (b1 - b0) / 6 - 1, lines = panel_size * 2 / 64;
+      const int64_t share = helpers >= 2 && p + 1 < count ? (lines + helpers - 1) / helpers : 0;
+      const char* next = reinterpret_cast<const char*>(panel + panel_size);
       int64_t m0 = b0;
-      for (; m0 + 6 <= b1; m0 += 6) panel_tile<6>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid);
-      switch (b1 - m0) {
-        case 5: panel_tile<5>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
-        case 4: panel_tile<4>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
-        case 3: panel_tile<3>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
-        case 2: panel_tile<2>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
-        case 1: panel_tile<1>(X + m0 * k_in, k_in, panel, yp + m0 * n_out, n_out, valid); break;
-        default: break;
+      for (int64_t i = 0; m0 < b1; m0 += 6, ++i) {
+        const char* ahead = next + (i - 1) * share * 64;
+        const int64_t count_lines =
+            i == 0 || i > helpers ? 0 : std::clamp<int64_t>(lines - (i - 1) * share, 0, share);
+        uint16_t* yr = yp + m0 * n_out;
+        const uint16_t* xr = X + m0 * k_in;
+        switch (std::min<int64_t>(6, b1 - m0)) {
+          case 6: panel_tile<6>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+          case 5: panel_tile<5>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+          case 4: panel_tile<4>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+          case 3: panel_tile<3>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+          case 2: panel_tile<2>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+          default: panel_tile<1>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+        }
       }
     }
   }
