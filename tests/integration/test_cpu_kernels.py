@@ -97,6 +97,11 @@ def _reference_attention(
         (12, 2, 64, 1, 40, [77], 0),  # a prompt chunk, groups of 6 heads, several key blocks
         (4, 1, 256, 1, 33, [50], 0),
         (9, 3, 64, 2, 19, [45, 19], 13),  # two rows' chunks, a window off the key blocks
+        # Decode with fewer (row, KV head) pairs than twice the threads: keys split in pieces
+        (4, 1, 256, 1, 1, [700], 0),  # Gemma's single KV head
+        (9, 3, 64, 1, 1, [300], 0),
+        (8, 1, 64, 1, 1, [600], 300),  # the pieces cover the window only
+        (4, 1, 64, 2, 1, [500, 1], 0),  # a row too short for every piece to get a key
     ],
 )
 def test_attention_kernel_matches_sdpa(

@@ -50,6 +50,7 @@ torch::Tensor linear_output(const torch::Tensor& x, int64_t out) {
   return torch::empty(sizes, x.options());
 }
 
+constexpr int64_t kMinSplitKeys = 128;  // keys per piece, at least, when decode splits a row's keys
 constexpr int64_t kKeyBlock = 16;  // keys per rearranged block of the prompt path
 constexpr int64_t kPanel = 64;  // output columns per gemm_packed panel: 4 vectors of 16
 constexpr int64_t kRowBlockBytes = 256 * 1024;  // gemm_packed's inputs per row block
@@ -143,14 +144,16 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return y;
 }
 
-// In place: s[0..n) -> softmax(s), vectorized (the tail is padded with -inf by a mask).
-void softmax_inplace(float* s, int64_t n) {
+// In place: s[0..n) -> exp(s - max), vectorized (the tail is padded with -inf by a mask);
+// returns the sum, and the max in *top_out.
+float exp_inplace(float* s, int64_t n, float* top_out) {
   __m512 best = _mm512_set1_ps(-INFINITY);
   for (int64_t l = 0; l < n; l += 16) {
     const __mmask16 m = n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - l)) - 1);
     best = _mm512_max_ps(best, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, s + l));
   }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  *top_out = _mm512_reduce_max_ps(best);
+  const __m512 top = _mm512_set1_ps(*top_out);
   __m512 total = _mm512_setzero_ps();
   for (int64_t l = 0; l < n; l += 16) {
     const __mmask16 m = n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - l)) - 1);
@@ -158,7 +161,13 @@ void softmax_inplace(float* s, int64_t n) {
     _mm512_mask_storeu_ps(s + l, m, e);
     total = _mm512_add_ps(total, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+  return _mm512_reduce_add_ps(total);
+}
+
+// In place: s[0..n) -> softmax(s).
+void softmax_inplace(float* s, int64_t n) {
+  float top;
+  const __m512 inv = _mm512_set1_ps(1.f / exp_inplace(s, n, &top));
   for (int64_t l = 0; l < n; l += 16) {
     const __mmask16 m = n - l >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - l)) - 1);
     _mm512_mask_storeu_ps(s + l, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + l), inv));
@@ -170,7 +179,7 @@ void softmax_inplace(float* s, int64_t n) {
 // accumulators in registers.
 template <int G>
 void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_t n, int64_t dim,
-                     uint16_t* out, int64_t out_stride) {
+                     uint16_t* out, int64_t out_stride, float* out_f32) {
   for (int64_t d0 = 0; d0 < dim; d0 += 64) {
     const int chunks = static_cast<int>(std::min<int64_t>(4, (dim - d0) / 16));
     __m512 acc[G][4];
@@ -201,22 +210,28 @@ void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_
       }
     }
     for (int h = 0; h < G; ++h)
-      for (int c = 0; c < chunks; ++c)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h * out_stride + d0 + c * 16),
-                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[h][c])));
+      for (int c = 0; c < chunks; ++c) {
+        if (out_f32 != nullptr)
+          _mm512_storeu_ps(out_f32 + h * out_stride + d0 + c * 16, acc[h][c]);
+        else
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h * out_stride + d0 + c * 16),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc[h][c])));
+      }
   }
 }
 
+// For any group size; rows of `out` (bf16), or of `out_f32` (float32, unrounded) when given.
 void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const uint16_t* v,
-                         int64_t n, int64_t dim, uint16_t* out, int64_t out_stride) {
+                         int64_t n, int64_t dim, uint16_t* out, int64_t out_stride, float* out_f32 = nullptr) {
   for (int64_t h0 = 0; h0 < group; h0 += 4) {
     const float* ph = p + h0 * p_stride;
-    uint16_t* oh = out + h0 * out_stride;
+    uint16_t* oh = out == nullptr ? nullptr : out + h0 * out_stride;
+    float* fh = out_f32 == nullptr ? nullptr : out_f32 + h0 * out_stride;
     switch (std::min<int64_t>(4, group - h0)) {
-      case 1: weighted_values<1>(ph, p_stride, v, n, dim, oh, out_stride); break;
-      case 2: weighted_values<2>(ph, p_stride, v, n, dim, oh, out_stride); break;
-      case 3: weighted_values<3>(ph, p_stride, v, n, dim, oh, out_stride); break;
-      default: weighted_values<4>(ph, p_stride, v, n, dim, oh, out_stride); break;
+      case 1: weighted_values<1>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
+      case 2: weighted_values<2>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
+      case 3: weighted_values<3>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
+      default: weighted_values<4>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
     }
   }
 }
@@ -483,8 +498,84 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     }
     return out.transpose(1, 2);
   }
-  // Decode: one query per row. Rows cost about the same: contiguous static shares (each
-  // thread prefetches its next row).
+  // Decode: one query per row.
+  const int64_t pairs = batch * kv_heads, threads = omp_get_max_threads();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t end = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
+    longest = std::max(longest, window > 0 ? std::min(end, window) : end);
+  }
+  const int64_t splits = pairs >= 2 * threads ? 1 : std::min((2 * threads + pairs - 1) / pairs, longest / kMinSplitKeys);
+  if (splits > 1) {
+    // Fewer (row, KV head) pairs than twice the threads (one long conversation; Gemma's
+    // single KV head): each pair's keys in `splits` pieces, merged as flash decoding does.
+    // Per piece and head: [max score, sum of exp(score - max), unnormalized P @ V (float32)].
+    const int64_t record = dim + 2;
+    std::vector<float> part(pairs * splits * group * record);
+#pragma omp parallel
+    {
+      std::vector<float> scores(group * s_stride);
+#pragma omp for schedule(static) collapse(3)
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          for (int64_t c = 0; c < splits; ++c) {
+            const int64_t end = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
+            const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+            const int64_t n = std::max<int64_t>(0, end - start);
+            const int64_t from = start + n * c / splits, count = start + n * (c + 1) / splits - from;
+            float* rec = part.data() + ((b * kv_heads + g) * splits + c) * group * record;
+            if (count == 0) {
+              for (int64_t h = 0; h < group; ++h) {
+                rec[h * record] = -INFINITY;
+                rec[h * record + 1] = 0.f;
+              }
+              continue;
+            }
+            const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + from * dim;
+            const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + from * dim;
+            for (int64_t h = 0; h < group; ++h) {
+              float* sh = scores.data() + h * s_stride;
+              dot_scores(Q + b * q.stride(0) + (g * group + h) * q.stride(1), kh, count, dim, fscale, sh,
+                         h == 0 ? vh : nullptr);
+              rec[h * record + 1] = exp_inplace(sh, count, &rec[h * record]);
+            }
+            weighted_values_any(group, scores.data(), s_stride, vh, count, dim, nullptr, record, rec + 2);
+          }
+        }
+      }
+#pragma omp for schedule(static) collapse(2)
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          const float* recs = part.data() + (b * kv_heads + g) * splits * group * record;
+          for (int64_t h = 0; h < group; ++h) {
+            uint16_t* o = O + (b * heads + g * group + h) * dim;
+            float top = -INFINITY;
+            for (int64_t c = 0; c < splits; ++c) top = std::max(top, recs[(c * group + h) * record]);
+            if (top == -INFINITY) {  // no keys at all
+              std::fill(o, o + dim, 0);
+              continue;
+            }
+            float total = 0.f;
+            for (int64_t c = 0; c < splits; ++c) {
+              const float* r = recs + (c * group + h) * record;
+              total += r[1] * std::exp(r[0] - top);
+            }
+            for (int64_t d = 0; d < dim; d += 16) {
+              __m512 acc = _mm512_setzero_ps();
+              for (int64_t c = 0; c < splits; ++c) {
+                const float* r = recs + (c * group + h) * record;
+                if (r[1] == 0.f) continue;
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(std::exp(r[0] - top) / total), _mm512_loadu_ps(r + 2 + d), acc);
+              }
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc)));
+            }
+          }
+        }
+      }
+    }
+    return out.transpose(1, 2);
+  }
+  // Rows cost about the same: contiguous static shares (each thread prefetches its next row).
 #pragma omp parallel
   {
     std::vector<float> scores(group * s_stride);
