@@ -11,11 +11,12 @@ transfer per call: everything the host needs is packed into one tensor before ``
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from adapters.torch.kernels import for_bf16_cpu
+from adapters.torch.kernels import cpu_kernels, for_bf16_cpu
 from domain.sampling import SamplingParams
 
 # Probabilities as integers (units of 2**-40): exact, order-independent sums, so the nucleus and
@@ -64,14 +65,21 @@ class Sampler:
         assert len(generators) == len(params)
         if all(p.greedy and not p.has_penalties for p in params):
             return _collect(_argmax(logits), logits, params)
-        raw = logits.float()
-        penalized = _penalize_rows(raw, params, prompt_ids, output_ids)
+        penalized = (
+            _penalize_rows(logits.float(), params, prompt_ids, output_ids)
+            if any(p.has_penalties for p in params)
+            else logits
+        )
         if all(p.greedy for p in params):
             token_ids = penalized.argmax(dim=-1)
         else:
-            probs = filtered_probs(penalized, params)
-            token_ids = sample_from_probs(probs, _uniforms(params, generators, logits.device))
-        return _collect(token_ids, raw, params)
+            uniforms = _uniforms(params, generators, logits.device)
+            kernels = cpu_kernels() if logits.device.type == "cpu" else None
+            if kernels is not None and penalized.dtype in (torch.float32, torch.bfloat16):
+                token_ids = _sample_rows(kernels, penalized, params, uniforms)
+            else:
+                token_ids = sample_from_probs(filtered_probs(penalized.float(), params), uniforms)
+        return _collect(token_ids, logits, params)
 
 
 def filtered_probs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
@@ -109,29 +117,28 @@ def apply_penalties(
     positive, multiplied if not. Presence and frequency (OpenAI), over output tokens only:
     ``logit -= presence * (count > 0) + frequency * count``.
     """
-    output_counts = _token_counts(output_ids, logits.shape[-1], logits.device)
+    vocab_size = logits.shape[-1]
+    out = logits.clone(memory_format=torch.contiguous_format)
+    flat = out.view(-1)  # touched only where a row's tokens are: [row * V + id]
     if any(r != 1.0 for r in repetition):
-        prompt_counts = _token_counts(prompt_ids, logits.shape[-1], logits.device)
-        seen = (prompt_counts > 0) | (output_counts > 0)
-        scale = torch.where(seen, _row_values(repetition, logits)[:, None], 1.0)
-        logits = torch.where(logits > 0, logits / scale, logits * scale)
+        seen = _flat_ids(
+            [[*p, *o] for p, o in zip(prompt_ids, output_ids, strict=True)], vocab_size, out.device
+        ).unique()
+        scale = _row_values(repetition, out)[seen // vocab_size]
+        values = flat[seen]
+        flat[seen] = torch.where(values > 0, values / scale, values * scale)
     if any(presence) or any(frequency):
-        frequency_term = _row_values(frequency, logits)[:, None] * output_counts
-        presence_term = _row_values(presence, logits)[:, None] * (output_counts > 0)
-        logits = logits - (frequency_term + presence_term)
-    return logits
+        ids, counts = _flat_ids(output_ids, vocab_size, out.device).unique(return_counts=True)
+        rows = ids // vocab_size
+        penalty = _row_values(presence, out)[rows] + _row_values(frequency, out)[rows] * counts
+        flat[ids] -= penalty
+    return out
 
 
-def _token_counts(
-    token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device
-) -> Tensor:
-    """``[B, vocab_size]`` float32: how many times each id occurs in each row of ``token_ids``."""
+def _flat_ids(token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> Tensor:
+    """``row * vocab_size + id`` for every id of every row of ``token_ids`` (int64)."""
     flat = [row * vocab_size + t for row, ids in enumerate(token_ids) for t in ids]
-    index = torch.tensor(flat, dtype=torch.long, device=device)
-    counts = torch.zeros(len(token_ids) * vocab_size, device=device)
-    # Float atomics adding ones are exact, so this is deterministic on every device.
-    counts.index_add_(0, index, torch.ones(len(flat), device=device))
-    return counts.view(len(token_ids), vocab_size)
+    return torch.tensor(flat, dtype=torch.long, device=device)
 
 
 def apply_top_k(logits: Tensor, top_k: Sequence[int]) -> Tensor:
@@ -244,6 +251,22 @@ def _uniforms(
         )
     sampled = torch.tensor([not p.greedy for p in params], device=device)
     return draws * sampled
+
+
+def _sample_rows(
+    kernels: Any, logits: Tensor, params: Sequence[SamplingParams], uniforms: Tensor
+) -> Tensor:
+    """The whole pipeline of :func:`filtered_probs` + :func:`sample_from_probs` as one CPU
+    kernel call (one row per thread at a time instead of ~20 passes over ``[B, V]``)."""
+    vocab_size = logits.shape[-1]
+    return kernels.sample_rows(
+        logits.contiguous(),
+        _row_values([0.0 if p.greedy else p.temperature for p in params], logits),
+        torch.tensor([p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]),
+        _row_values([p.top_p for p in params], logits),
+        _row_values([p.min_p for p in params], logits),
+        uniforms,
+    )
 
 
 def _argmax(logits: Tensor) -> Tensor:

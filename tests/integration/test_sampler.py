@@ -6,13 +6,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from adapters.torch.kernels import cpu_kernels
 from adapters.torch.sampler import (
     Sampler,
     SampleResult,
+    _sample_rows,
     apply_min_p,
     apply_penalties,
     apply_top_k,
     apply_top_p,
+    filtered_probs,
     make_generator,
     sample_from_probs,
 )
@@ -250,3 +253,29 @@ def test_the_input_logits_are_left_untouched() -> None:
     params = SamplingParams(top_k=5, top_p=0.5, min_p=0.1, repetition_penalty=2.0, logprobs=2)
     _sample(logits, [params, GREEDY], output_ids=[[1, 2, 3], [4]])
     assert torch.equal(logits, before)
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 or no C++ toolchain")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_kernel_draws_what_the_tensor_pipeline_draws(dtype: torch.dtype) -> None:
+    # Sampler.sample runs the fused CPU kernel on CPUs that have it; the tensor pipeline
+    # (GPUs, other CPUs) must pick the same token from the same uniform.
+    kinds = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=20),
+        SamplingParams(temperature=0.9, top_p=0.8),
+        SamplingParams(temperature=1.0, top_p=0.3, min_p=0.1),
+        SamplingParams(temperature=1.5, min_p=0.05),
+        SamplingParams(temperature=0.5, top_k=5, top_p=0.95, min_p=0.02),
+        SamplingParams(top_k=1),
+        GREEDY,
+    ]
+    params = [kinds[i % len(kinds)] for i in range(70)]
+    logits = _logits(len(params), 1000, seed=5).to(dtype)
+    logits[3, :500] = float("-inf")  # a row with half its vocabulary masked out
+    uniforms = torch.rand(
+        len(params), dtype=torch.float64, generator=torch.Generator().manual_seed(6)
+    )
+    uniforms[[p.greedy for p in params]] = 0.0
+    expected = sample_from_probs(filtered_probs(logits.float(), params), uniforms)
+    assert _sample_rows(cpu_kernels(), logits, params, uniforms).tolist() == expected.tolist()

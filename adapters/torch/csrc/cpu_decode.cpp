@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -778,6 +779,142 @@ torch::Tensor argmax_rows(const torch::Tensor& x) {
   return out;
 }
 
+// Samples one token per row from logits [B, V] (float32 or bf16, contiguous rows) with the
+// Sampler's pipeline and arithmetic (adapters/torch/sampler.py), one row per thread at a time
+// instead of ~20 whole-batch tensor passes: temperature 0 -> the first maximal id; else
+// top-k (values below the k-th largest dropped, ties kept; k <= 0 or >= V: off) ->
+// softmax(logits / temperature) in float32 -> top-p (the most probable tokens whose mass
+// first reaches top_p of the total, ties at the boundary kept; 1: off) -> min-p (below
+// min_p x the top probability dropped) -> inverse-CDF draw with uniforms[b] in [0, 1) over
+// the kept probabilities as integers in units of 2^-40 (exact, order-free sums), in id order.
+torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temperature, const torch::Tensor& top_k,
+                          const torch::Tensor& top_p, const torch::Tensor& min_p, const torch::Tensor& uniforms) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.stride(1) == 1 &&
+                  (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
+              "sample_rows: logits must be a 2-d float32 or bf16 CPU tensor with contiguous rows");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  for (const auto* t : {&temperature, &top_p, &min_p})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == rows, "sample_rows: float32 [B] parameters");
+  TORCH_CHECK(top_k.scalar_type() == at::kLong && top_k.is_contiguous() && top_k.numel() == rows &&
+                  uniforms.scalar_type() == at::kDouble && uniforms.is_contiguous() && uniforms.numel() == rows,
+              "sample_rows: top_k int64 [B], uniforms float64 [B]");
+  auto out = torch::empty({rows}, logits.options().dtype(at::kLong));
+  const bool bf16 = logits.scalar_type() == at::kBFloat16;
+  const float* T = temperature.data_ptr<float>();
+  const int64_t* TK = top_k.data_ptr<int64_t>();
+  const float* TP = top_p.data_ptr<float>();
+  const float* MP = min_p.data_ptr<float>();
+  const double* U = uniforms.data_ptr<double>();
+  int64_t* O = out.data_ptr<int64_t>();
+  constexpr double kFixedPoint = 1099511627776.0;  // 2^40
+#pragma omp parallel
+  {
+    std::vector<float> x(vocab), tmp;
+    std::vector<int64_t> w(vocab);
+    std::vector<std::pair<float, int64_t>> nucleus;
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (bf16) {
+        const uint16_t* row = reinterpret_cast<const uint16_t*>(logits.data_ptr<at::BFloat16>()) + r * logits.stride(0);
+        for (int64_t i = 0; i < vocab; ++i) x[i] = bf16_to_float(row[i]);
+      } else {
+        std::memcpy(x.data(), logits.data_ptr<float>() + r * logits.stride(0), vocab * sizeof(float));
+      }
+      float top = -INFINITY;
+      int64_t top_at = 0;
+      for (int64_t i = 0; i < vocab; ++i)
+        if (x[i] > top) top = x[i], top_at = i;
+      if (T[r] == 0.f || top == -INFINITY) {  // greedy (or nothing finite to sample from)
+        O[r] = top_at;
+        continue;
+      }
+      if (TK[r] > 0 && TK[r] < vocab) {
+        // the k-th largest value: a 256-bin histogram of the values' top 8 bits (as ordered
+        // integers) finds its bin; a selection among that bin's values finds it
+        auto ordered = [](float f) {
+          uint32_t b;
+          std::memcpy(&b, &f, sizeof(b));
+          return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        };
+        int64_t count[256] = {0};
+        for (int64_t j = 0; j < vocab; ++j) ++count[ordered(x[j]) >> 24];
+        int64_t bin = 255, above = 0;
+        while (above + count[bin] < TK[r]) above += count[bin--];
+        tmp.clear();
+        for (int64_t j = 0; j < vocab; ++j)
+          if (static_cast<int64_t>(ordered(x[j]) >> 24) == bin) tmp.push_back(x[j]);
+        std::nth_element(tmp.begin(), tmp.begin() + (TK[r] - above - 1), tmp.end(), std::greater<float>());
+        const float kth = tmp[TK[r] - above - 1];
+        for (int64_t i = 0; i < vocab; ++i)
+          if (x[i] < kth) x[i] = -INFINITY;
+      }
+      // softmax(x / T): exp((x - top) / T) / sum, in float32
+      const __m512 mx = _mm512_set1_ps(top), inv_t = _mm512_set1_ps(1.f / T[r]);
+      __m512 acc = _mm512_setzero_ps();
+      int64_t i = 0;
+      for (; i + 16 <= vocab; i += 16) {
+        const __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(&x[i]), mx), inv_t));
+        _mm512_storeu_ps(&x[i], e);
+        acc = _mm512_add_ps(acc, e);
+      }
+      float sum = _mm512_reduce_add_ps(acc);
+      for (; i < vocab; ++i) sum += (x[i] = std::exp((x[i] - top) / T[r]));
+      const float inv_sum = 1.f / sum;
+      float best = 0.f;
+      for (int64_t j = 0; j < vocab; ++j) best = std::max(best, x[j] *= inv_sum);
+      if (TP[r] < 1.f) {
+        // the nucleus: candidates from the top binary exponents down until they hold top_p of
+        // the mass, sorted; the threshold is the probability where the mass is first reached
+        int64_t total = 0, by_exponent[256] = {0};
+        for (int64_t j = 0; j < vocab; ++j) {
+          w[j] = static_cast<int64_t>(static_cast<double>(x[j]) * kFixedPoint);
+          total += w[j];
+          uint32_t bits;
+          std::memcpy(&bits, &x[j], sizeof(bits));
+          by_exponent[bits >> 23] += w[j];
+        }
+        const double target = static_cast<double>(TP[r]) * static_cast<double>(total);
+        int64_t from = 255, mass = 0;
+        while (from > 0 && static_cast<double>(mass + by_exponent[from]) < target) mass += by_exponent[from--];
+        nucleus.clear();
+        for (int64_t j = 0; j < vocab; ++j) {
+          uint32_t bits;
+          std::memcpy(&bits, &x[j], sizeof(bits));
+          if (static_cast<int64_t>(bits >> 23) >= from) nucleus.emplace_back(x[j], w[j]);
+        }
+        std::sort(nucleus.begin(), nucleus.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        float threshold = 0.f;
+        int64_t kept = 0;
+        for (const auto& [prob, weight] : nucleus) {
+          kept += weight;
+          threshold = prob;
+          if (static_cast<double>(kept) >= target) break;
+        }
+        for (int64_t j = 0; j < vocab; ++j)
+          if (x[j] < threshold) x[j] = 0.f;
+      }
+      if (MP[r] > 0.f) {
+        const float floor = MP[r] * best;
+        for (int64_t j = 0; j < vocab; ++j)
+          if (x[j] < floor) x[j] = 0.f;
+      }
+      int64_t total = 0;
+      for (int64_t j = 0; j < vocab; ++j) total += (w[j] = static_cast<int64_t>(static_cast<double>(x[j]) * kFixedPoint));
+      const int64_t target = std::min(static_cast<int64_t>(U[r] * static_cast<double>(total)), total - 1);
+      int64_t cdf = 0, pick = vocab - 1;
+      for (int64_t j = 0; j < vocab; ++j) {
+        cdf += w[j];
+        if (cdf > target) {
+          pick = j;
+          break;
+        }
+      }
+      O[r] = pick;
+    }
+  }
+  return out;
+}
+
 // A decode step's cache write: dst [S, Hkv, L, D] (one layer of a slot cache, contiguous),
 // src [B, Hkv, 1, D] (any strides, contiguous D): row b's keys go to slot b at positions[b].
 void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tensor& positions) {
@@ -803,6 +940,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_packed", &gemm_packed, "bf16 matrix product on panel-packed weights (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
+  m.def("sample_rows", &sample_rows, "sample one token per row: top-k, temperature, top-p, min-p, inverse CDF");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
   m.def("write_rows", &write_rows, "one decode step's writes into a slot KV cache layer");
 }
