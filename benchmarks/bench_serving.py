@@ -64,6 +64,8 @@ WARMUP = "warm-up"
 class RequestSpec:
     prompt: list[int]
     output_len: int
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,12 @@ def build_workloads(args: argparse.Namespace, vocab_size: int) -> list[Workload]
     ) -> list[RequestSpec]:
         rng = random.Random(f"{args.seed}-{name}")
         return [
-            RequestSpec(random_prompt(rng, rng.randint(*prompt), vocab_size), rng.randint(*out))
+            RequestSpec(
+                random_prompt(rng, rng.randint(*prompt), vocab_size),
+                rng.randint(*out),
+                args.temperature,
+                args.top_p,
+            )
             for _ in range(n)
         ]
 
@@ -287,7 +294,8 @@ async def send_request(
         "model": model,
         "prompt": spec.prompt,
         "max_tokens": spec.output_len,
-        "temperature": 0,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
@@ -421,6 +429,12 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def sampling_line(args: argparse.Namespace) -> str:
+    if args.temperature == 0:
+        return "greedy"
+    return f"temperature {args.temperature}, top_p {args.top_p}"
+
+
 # ---------------------------------------------------------------------------- baseline
 
 
@@ -431,8 +445,10 @@ def run_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[st
 
     model, tokenizer = container.model(), container.tokenizer()
 
-    def params(n: int) -> SamplingParams:
-        return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+    def params(n: int, temperature: float = 0.0, top_p: float = 1.0) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=n, temperature=temperature, top_p=top_p, ignore_eos=True
+        )
 
     generate(model, tokenizer, list(range(1000, 1064)), params(16))  # warm-up
     out = {}
@@ -440,7 +456,12 @@ def run_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[st
         start, tokens = time.perf_counter(), 0
         for i, spec in enumerate(w.specs, 1):
             tokens += len(
-                generate(model, tokenizer, spec.prompt, params(spec.output_len)).token_ids
+                generate(
+                    model,
+                    tokenizer,
+                    spec.prompt,
+                    params(spec.output_len, spec.temperature, spec.top_p),
+                ).token_ids
             )
             _progress(f"[sequential] {w.name}: {i}/{len(w.specs)} done")
         duration = time.perf_counter() - start
@@ -551,7 +572,7 @@ def report(
     print(
         f"model {args.model or 'default'} {args.dtype}; max batch {args.max_batch_size}; "
         f"seed {args.seed}; prompts: random ids in [{LOW_TOKEN_ID}, "
-        f"{vocab_size - HIGH_TOKEN_MARGIN}); greedy, EOS ignored\n"
+        f"{vocab_size - HIGH_TOKEN_MARGIN}); {sampling_line(args)}, EOS ignored\n"
     )
     for w in workloads:
         columns = {label: s[w.name] for label, s in servers.items()}
@@ -743,6 +764,8 @@ def _args() -> argparse.Namespace:
         help="any of w1,w2,sweep (default: all)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer's")
     p.add_argument("--w1-input-len", type=int, default=256)
     p.add_argument("--w1-output-len", type=int, default=256)

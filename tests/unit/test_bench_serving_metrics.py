@@ -178,6 +178,8 @@ def _args(**overrides: object) -> argparse.Namespace:
         "sweep_requests_per_concurrency": 2,
         "sweep_input_len": (64, 256),
         "sweep_output_len": 128,
+        "temperature": 0.0,
+        "top_p": 1.0,
     }
     return argparse.Namespace(**(args | overrides))
 
@@ -195,6 +197,10 @@ def test_workloads_are_seeded_and_in_range() -> None:
     again = bench.build_workloads(_args(workloads=["w2"]), vocab_size=49152)
     assert again[0].specs == w2
     assert bench.build_workloads(_args(seed=1), vocab_size=49152)[1].specs != w2
+    # sampling parameters reach every request
+    sampled = bench.build_workloads(_args(temperature=0.8, top_p=0.95), vocab_size=49152)
+    assert {(s.temperature, s.top_p) for w in sampled for s in w.specs} == {(0.8, 0.95)}
+    assert [s.prompt for s in sampled[1].specs] == [s.prompt for s in w2]
 
 
 async def test_sse_lines_split_only_at_cr_lf() -> None:
