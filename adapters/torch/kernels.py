@@ -17,6 +17,7 @@ from torch import Tensor
 
 log = structlog.get_logger(__name__)
 _SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
+_ISA_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bf16")
 
 
 @functools.cache
@@ -33,7 +34,7 @@ def cpu_kernels() -> Any | None:
         return load(
             name=f"infer_cpu_decode_{digest}",
             sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bf16", "-fopenmp"],
+            extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS],
             extra_ldflags=["-fopenmp"],
         )
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
@@ -42,10 +43,12 @@ def cpu_kernels() -> Any | None:
 
 
 def _has_avx512_bf16() -> bool:
+    """AVX512-BF16 and the AVX-512 subsets the kernels also use (every CPU with BF16 has them)."""
     try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return False
+    return {"avx512f", "avx512dq", "avx512vl", "avx512_bf16"} <= flags
 
 
 def for_bf16_cpu(t: Tensor) -> Any | None:

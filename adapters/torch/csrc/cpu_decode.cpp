@@ -779,6 +779,25 @@ torch::Tensor argmax_rows(const torch::Tensor& x) {
   return out;
 }
 
+// w[j] = probability p[j] in units of 2^-40 (p * 2^40 is exact in float32, then truncated, as
+// the tensor pipeline's (probs * 2**40).long()), 0 where p[j] < keep_from; returns the sum.
+int64_t fixed_point_weights(const float* p, int64_t n, float keep_from, int64_t* w) {
+  const __m512 scale = _mm512_set1_ps(1099511627776.0f);  // 2^40
+  const __m256 from = _mm256_set1_ps(keep_from);
+  __m512i sum = _mm512_setzero_si512();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(p + j);
+    const __mmask8 keep = _mm256_cmp_ps_mask(v, from, _CMP_GE_OQ);
+    const __m512i wj = _mm512_maskz_cvttps_epi64(keep, _mm256_mul_ps(v, _mm512_castps512_ps256(scale)));
+    _mm512_storeu_si512(w + j, wj);
+    sum = _mm512_add_epi64(sum, wj);
+  }
+  int64_t total = _mm512_reduce_add_epi64(sum);
+  for (; j < n; ++j) total += (w[j] = p[j] >= keep_from ? static_cast<int64_t>(p[j] * 1099511627776.0f) : 0);
+  return total;
+}
+
 // Samples one token per row from logits [B, V] (float32 or bf16, contiguous rows) with the
 // Sampler's pipeline and arithmetic (adapters/torch/sampler.py), one row per thread at a time
 // instead of ~20 whole-batch tensor passes: temperature 0 -> the first maximal id; else
@@ -806,7 +825,6 @@ torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temp
   const float* MP = min_p.data_ptr<float>();
   const double* U = uniforms.data_ptr<double>();
   int64_t* O = out.data_ptr<int64_t>();
-  constexpr double kFixedPoint = 1099511627776.0;  // 2^40
 #pragma omp parallel
   {
     std::vector<float> x(vocab), tmp;
@@ -861,45 +879,54 @@ torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temp
       for (; i < vocab; ++i) sum += (x[i] = std::exp((x[i] - top) / T[r]));
       const float inv_sum = 1.f / sum;
       float best = 0.f;
-      for (int64_t j = 0; j < vocab; ++j) best = std::max(best, x[j] *= inv_sum);
+      {
+        const __m512 inv = _mm512_set1_ps(inv_sum);
+        __m512 most = _mm512_setzero_ps();
+        int64_t j = 0;
+        for (; j + 16 <= vocab; j += 16) {
+          const __m512 pj = _mm512_mul_ps(_mm512_loadu_ps(&x[j]), inv);
+          _mm512_storeu_ps(&x[j], pj);
+          most = _mm512_max_ps(most, pj);
+        }
+        best = _mm512_reduce_max_ps(most);
+        for (; j < vocab; ++j) best = std::max(best, x[j] *= inv_sum);
+      }
+      float keep_from = MP[r] * best;  // min-p's floor (0 when off); top-p may raise it
       if (TP[r] < 1.f) {
-        // the nucleus: candidates from the top binary exponents down until they hold top_p of
-        // the mass, sorted; the threshold is the probability where the mass is first reached
-        int64_t total = 0, by_exponent[256] = {0};
-        for (int64_t j = 0; j < vocab; ++j) {
-          w[j] = static_cast<int64_t>(static_cast<double>(x[j]) * kFixedPoint);
-          total += w[j];
-          uint32_t bits;
-          std::memcpy(&bits, &x[j], sizeof(bits));
-          by_exponent[bits >> 23] += w[j];
-        }
+        // The nucleus threshold: mass histograms over the probabilities' bit patterns (which
+        // order like the values) find the bin where top_p of the mass is first reached —
+        // exponent first, then the next 8 bits inside that binade — and only that bin's
+        // values are sorted.
+        auto bits_of = [](float f) {
+          uint32_t b;
+          std::memcpy(&b, &f, sizeof(b));
+          return b;
+        };
+        int64_t hist[256] = {0};
+        const int64_t total = fixed_point_weights(x.data(), vocab, 0.f, w.data());
+        for (int64_t j = 0; j < vocab; ++j) hist[bits_of(x[j]) >> 23] += w[j];
         const double target = static_cast<double>(TP[r]) * static_cast<double>(total);
-        int64_t from = 255, mass = 0;
-        while (from > 0 && static_cast<double>(mass + by_exponent[from]) < target) mass += by_exponent[from--];
+        int64_t mass = 0, exponent = 255;  // mass: kept above the current bin
+        while (exponent > 0 && static_cast<double>(mass + hist[exponent]) < target) mass += hist[exponent--];
+        std::fill(std::begin(hist), std::end(hist), 0);
+        for (int64_t j = 0; j < vocab; ++j)
+          if ((bits_of(x[j]) >> 23) == static_cast<uint32_t>(exponent)) hist[(bits_of(x[j]) >> 15) & 0xFF] += w[j];
+        int64_t fine = 255;
+        while (fine > 0 && static_cast<double>(mass + hist[fine]) < target) mass += hist[fine--];
+        const uint32_t bin = (static_cast<uint32_t>(exponent) << 8) | static_cast<uint32_t>(fine);
         nucleus.clear();
-        for (int64_t j = 0; j < vocab; ++j) {
-          uint32_t bits;
-          std::memcpy(&bits, &x[j], sizeof(bits));
-          if (static_cast<int64_t>(bits >> 23) >= from) nucleus.emplace_back(x[j], w[j]);
-        }
+        for (int64_t j = 0; j < vocab; ++j)
+          if ((bits_of(x[j]) >> 15) == bin) nucleus.emplace_back(x[j], w[j]);
         std::sort(nucleus.begin(), nucleus.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-        float threshold = 0.f;
-        int64_t kept = 0;
+        float threshold = nucleus.empty() ? 0.f : nucleus.back().first;
         for (const auto& [prob, weight] : nucleus) {
-          kept += weight;
+          mass += weight;
           threshold = prob;
-          if (static_cast<double>(kept) >= target) break;
+          if (static_cast<double>(mass) >= target) break;
         }
-        for (int64_t j = 0; j < vocab; ++j)
-          if (x[j] < threshold) x[j] = 0.f;
+        keep_from = std::max(keep_from, threshold);
       }
-      if (MP[r] > 0.f) {
-        const float floor = MP[r] * best;
-        for (int64_t j = 0; j < vocab; ++j)
-          if (x[j] < floor) x[j] = 0.f;
-      }
-      int64_t total = 0;
-      for (int64_t j = 0; j < vocab; ++j) total += (w[j] = static_cast<int64_t>(static_cast<double>(x[j]) * kFixedPoint));
+      const int64_t total = fixed_point_weights(x.data(), vocab, keep_from, w.data());
       const int64_t target = std::min(static_cast<int64_t>(U[r] * static_cast<double>(total)), total - 1);
       int64_t cdf = 0, pick = vocab - 1;
       for (int64_t j = 0; j < vocab; ++j) {
