@@ -22,14 +22,22 @@ BF16 = torch.bfloat16
 
 @pytest.mark.parametrize(
     ("rows", "n_out", "k_in"),
-    [(1, 1001, 576), (5, 960, 576), (6, 64, 32), (7, 1001, 576), (64, 130, 1536), (700, 96, 576)],
+    [
+        (1, 1001, 576),
+        (5, 960, 576),
+        (6, 64, 32),
+        (7, 1001, 576),
+        (64, 130, 1536),
+        (700, 96, 576),
+        (13, 70, 4608),  # a long K, taken in parts
+    ],
 )
 def test_gemm_packed_matches_a_float32_matmul_within_bf16_rounding(
     rows: int, n_out: int, k_in: int
 ) -> None:
-    # Row counts around the 6-row tile, output widths off the 64-column panel, and an input
-    # split into row blocks (700 x 576 bf16 > 256 KiB): each output is a float32 dot
-    # product rounded once to bf16.
+    # Row counts around the 6-row tile, output widths off the 64-column panel, an input split
+    # into row blocks (700 x 576 bf16 > 256 KiB), a K long enough to be taken in parts: each
+    # output is a float32 dot product rounded once to bf16.
     torch.manual_seed(rows)
     w = torch.randn(n_out, k_in, dtype=BF16)
     x = torch.randn(rows, 1, k_in, dtype=BF16)

@@ -53,6 +53,7 @@ torch::Tensor linear_output(const torch::Tensor& x, int64_t out) {
 
 constexpr int64_t kMinSplitKeys = 128;  // keys per piece, at least, when decode splits a row's keys
 constexpr int64_t kKeyBlock = 16;  // keys per rearranged block of the prompt path
+constexpr int64_t kPartPairs = 1024;  // gemm_packed: k-pairs per part of a long panel (256 KiB)
 constexpr int64_t kPanel = 64;  // output columns per gemm_packed panel: 4 vectors of 16
 constexpr int64_t kRowBlockBytes = 256 * 1024;  // gemm_packed's inputs per row block
 
@@ -629,21 +630,26 @@ torch::Tensor pack_panels(const torch::Tensor& w) {
   return out;
 }
 
-// R input rows x one 64-column panel, over all of K: 4R accumulators stay in registers; per
-// k-pair, 4 weight vectors are loaded once and each row's pair is broadcast.
+// R input rows x one 64-column panel, over k-pairs [k_from, k_to): 4R accumulators stay in
+// registers; per k-pair, 4 weight vectors are loaded once and each row's pair is broadcast.
+// Over part of K, the float32 sums carry over in `partial` (R x 64) and y is written after
+// the last part. `ahead_lines` cache lines from `ahead` are prefetched meanwhile.
 template <int R>
 inline void panel_tile(const uint16_t* x, int64_t k_in, const uint16_t* panel, uint16_t* y,
-                       int64_t n_out, int64_t valid, const char* ahead, int64_t ahead_lines) {
+                       int64_t n_out, int64_t valid, const char* ahead, int64_t ahead_lines,
+                       int64_t k_from, int64_t k_to, float* partial) {
+  const int64_t pairs = k_in / 2;
   __m512 acc[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) acc[r][j] = k_from == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(partial + r * 64 + j * 16);
   const int32_t* xp = reinterpret_cast<const int32_t*>(x);
-  const int64_t pairs = k_in / 2, per = (ahead_lines + pairs - 1) / pairs;
-  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+  const int64_t per = (ahead_lines + (k_to - k_from) - 1) / (k_to - k_from);
+  for (int64_t k2 = k_from; k2 < k_to; ++k2) {
     const uint16_t* b = panel + k2 * 2 * kPanel;
-    for (int64_t j = k2 * per, e = std::min(ahead_lines, j + per); j < e; ++j) _mm_prefetch(ahead + j * 64, _MM_HINT_T0);
+    for (int64_t j = (k2 - k_from) * per, e = std::min(ahead_lines, j + per); j < e; ++j)
+      _mm_prefetch(ahead + j * 64, _MM_HINT_T0);
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
     const __m512bh b2 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 64));
@@ -656,6 +662,13 @@ inline void panel_tile(const uint16_t* x, int64_t k_in, const uint16_t* panel, u
       acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, b2);
       acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, b3);
     }
+  }
+  if (k_to < pairs) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(partial + r * 64 + j * 16, acc[r][j]);
+    return;
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -695,6 +708,8 @@ torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, i
   const int64_t blocks = std::max<int64_t>(1, (m_rows * k_in * 2 + kRowBlockBytes - 1) / kRowBlockBytes);
   const int64_t block_rows = ((m_rows + blocks - 1) / blocks + 5) / 6 * 6;
 #pragma omp parallel
+  {
+  std::vector<float> partial(block_rows * 64);
   for (int64_t b0 = 0; b0 < m_rows; b0 += block_rows) {
     const int64_t b1 = std::min(m_rows, b0 + block_rows);
 #pragma omp for schedule(static)
@@ -706,26 +721,37 @@ torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, i
       // L2, so they prefetch the next panel meanwhile, a share each (memory and arithmetic
       // overlap: 64 rows 17.6 -> 15.6 ms for all of SmolLM2's linears). Only from two full
       // helper groups on: one group prefetching a whole panel stalls on it (12-16 rows: 7% slower).
-      const int64_t helpers = (b1 - b0) / 6 - 1, lines = panel_size * 2 / 64;
-      const int64_t share = helpers >= 2 && p + 1 < count ? (lines + helpers - 1) / helpers : 0;
-      const char* next = reinterpret_cast<const char*>(panel + panel_size);
-      int64_t m0 = b0;
-      for (int64_t i = 0; m0 < b1; m0 += 6, ++i) {
-        const char* ahead = next + (i - 1) * share * 64;
-        const int64_t count_lines =
-            i == 0 || i > helpers ? 0 : std::clamp<int64_t>(lines - (i - 1) * share, 0, share);
-        uint16_t* yr = yp + m0 * n_out;
-        const uint16_t* xr = X + m0 * k_in;
-        switch (std::min<int64_t>(6, b1 - m0)) {
-          case 6: panel_tile<6>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
-          case 5: panel_tile<5>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
-          case 4: panel_tile<4>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
-          case 3: panel_tile<3>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
-          case 2: panel_tile<2>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
-          default: panel_tile<1>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines); break;
+      // A panel past L2's share (long K: an MLP's down projection) is taken in parts, every
+      // row group over one part before the next, the sums carried in `partial`; the next
+      // part (or panel) is what the later row groups prefetch.
+      const int64_t helpers = (b1 - b0) / 6 - 1, pairs = k_in / 2;
+      const int64_t part = b1 - b0 > 6 && pairs > 2 * kPartPairs ? kPartPairs : pairs;
+      for (int64_t k_from = 0; k_from < pairs; k_from += part) {
+        const int64_t k_to = std::min(pairs, k_from + part);
+        const bool last = k_to == pairs;
+        const int64_t lines = (last ? panel_size : std::min(part, pairs - k_to) * 2 * kPanel) * 2 / 64;
+        const int64_t share = helpers >= 2 && (!last || p + 1 < count) ? (lines + helpers - 1) / helpers : 0;
+        const char* next = reinterpret_cast<const char*>(last ? panel + panel_size : panel + k_to * 2 * kPanel);
+        int64_t m0 = b0;
+        for (int64_t i = 0; m0 < b1; m0 += 6, ++i) {
+          const char* ahead = next + (i - 1) * share * 64;
+          const int64_t count_lines =
+              i == 0 || i > helpers ? 0 : std::clamp<int64_t>(lines - (i - 1) * share, 0, share);
+          uint16_t* yr = yp + m0 * n_out;
+          const uint16_t* xr = X + m0 * k_in;
+          float* pr = partial.data() + (m0 - b0) * 64;
+          switch (std::min<int64_t>(6, b1 - m0)) {
+            case 6: panel_tile<6>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
+            case 5: panel_tile<5>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
+            case 4: panel_tile<4>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
+            case 3: panel_tile<3>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
+            case 2: panel_tile<2>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
+            default: panel_tile<1>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
+          }
         }
       }
     }
+  }
   }
   return y;
 }
