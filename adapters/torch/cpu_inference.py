@@ -4,10 +4,10 @@
   (built once on first use, cached by torch): every linear runs on weights packed into
   64-column panels (``gemm_packed``: each thread streams its panels once per call; 1.2-1.6x
   oneDNN from 1 to 64 rows, on par for long prompts), one call each for RMSNorm and SiLU
-  gating (PyTorch runs ~9 and ~4 small ops), and causal GQA attention over the bf16 KV
-  cache for decode rows and prompt chunks. A decode step of a small model is bound by
-  weight and KV reads and per-op dispatch. (The cache's writes and the sampler's argmax use
-  the same module, see ``kernels.py``.)
+  gating (PyTorch runs ~9 and ~4 small ops), RoPE in one pass (instead of roll, multiply and
+  addcmul), and causal GQA attention over the bf16 KV cache for decode rows and prompt
+  chunks. A decode step of a small model is bound by weight and KV reads and per-op
+  dispatch. (The cache's writes and the sampler use the same module, see ``kernels.py``.)
 - Without them, linear weights are prepacked into oneDNN's blocked layout (what inductor's
   freezing pass does): a bf16 matmul ~1.5x faster than ``F.linear``, identical results.
 
@@ -94,7 +94,7 @@ def optimize_for_cpu(model: nn.Module) -> None:
     _swap(model, GatedMLP, lambda m: KernelSiluMLP(m, kernels) if m.act is F.silu else m)
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
-            module.attention_kernel = kernels.attention
+            module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
 
 
 def _swap(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> None:

@@ -125,6 +125,8 @@ class Attention(nn.Module):
         # seen by each row's last query), window (0 = none), scale) -> [B, H, T, D].
         self.attention_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
         self.attention_kernel = None
+        # And a one-pass :func:`apply_rope` (same arguments, same result).
+        self.rope_kernel: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: "Cache | None"
@@ -137,7 +139,8 @@ class Attention(nn.Module):
             q, k = qk.split([self.n_heads, self.n_kv], dim=2)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=2)
         # One rotation for queries and keys together: half the small ops of a decode step.
-        q, k = apply_rope(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
+        rotate = self.rope_kernel or apply_rope
+        q, k = rotate(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
         v = v.transpose(1, 2)
         if isinstance(cache, MixedView):
             y = cache.attend(self.layer, q, k, v, self._attend)

@@ -8,10 +8,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.testing import assert_close
 
+from adapters.torch.config import RopeConfig
 from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear
 from adapters.torch.kernels import cpu_kernels
 from adapters.torch.kv_cache import KVCache, SlotKVCache
-from adapters.torch.layers import Attention, MixedBatch, RMSNorm
+from adapters.torch.layers import Attention, MixedBatch, RMSNorm, RotaryTable, apply_rope
 from adapters.torch.loader import load_model
 from tests.integration.tiny_models import save_tiny_model
 
@@ -53,6 +54,26 @@ def test_packed_linear_takes_strided_inputs_and_adds_its_bias() -> None:
     linear = nn.Linear(576, 200, bias=True).to(BF16)
     x = torch.randn(576, 4, dtype=BF16).T  # not contiguous
     assert_close(PackedLinear(linear, kernels)(x), linear(x), atol=0.05, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "table_rows"),
+    [((1, 7, 12, 64), 1), ((5, 1, 12, 64), 5), ((2, 3, 5, 256), 1), ((1, 4, 6, 32), 1)],
+)
+def test_rope_kernel_matches_apply_rope(x_shape: tuple[int, ...], table_rows: int) -> None:
+    # qk is a strided view (queries and keys of a fused projection, values beside them); the
+    # tables are one row per token ([1, T, 1, D]) or per batch row ([B, 1, 1, D]).
+    torch.manual_seed(5)
+    batch, tokens, heads, dim = x_shape
+    qkv = torch.randn(batch, tokens, heads + 2, dim, dtype=BF16)
+    qk = qkv[:, :, :heads]
+    table = RotaryTable(RopeConfig(theta=10000.0), dim, 64, BF16, "cpu")
+    positions = torch.randint(0, 64, (table_rows * tokens,))
+    cos = table.cos[positions].view(table_rows, tokens, 1, dim)
+    sin = table.sin[positions].view(table_rows, tokens, 1, dim)
+    got = kernels.rope(qk, cos, sin)
+    assert got.is_contiguous()
+    assert_close(got, apply_rope(qk, cos, sin), atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("unit_offset", [False, True])

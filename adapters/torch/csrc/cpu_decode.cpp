@@ -968,6 +968,43 @@ torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temp
   return out;
 }
 
+// Rotate-half RoPE as the PyTorch ops compute it in bf16 (x * cos rounded, then + roll(x) *
+// signed_sin rounded once): x [B, T, H, D] (any strides but a contiguous D), cos and
+// signed_sin [B or 1, T, 1, D] (contiguous D). One pass instead of roll (a copy), a multiply
+// and an addcmul. Returns a contiguous [B, T, H, D].
+torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16 &&
+                  sin.scalar_type() == at::kBFloat16 && x.dim() == 4 && cos.dim() == 4 && sin.dim() == 4 &&
+                  x.stride(3) == 1 && cos.stride(3) == 1 && sin.stride(3) == 1 && x.size(3) % 32 == 0 &&
+                  cos.sizes() == sin.sizes() && cos.size(1) == x.size(1) && cos.size(3) == x.size(3) &&
+                  (cos.size(0) == 1 || cos.size(0) == x.size(0)),
+              "rope: bf16 x [B, T, H, D] (D % 32 == 0), cos/sin [B or 1, T, 1, D], contiguous D");
+  const int64_t batch = x.size(0), tokens = x.size(1), heads = x.size(2), dim = x.size(3), half = dim / 2;
+  auto out = torch::empty({batch, tokens, heads, dim}, x.options());
+  const uint16_t* X = bits(x);
+  const uint16_t* C = bits(cos);
+  const uint16_t* S = bits(sin);
+  uint16_t* O = bits_mut(out);
+  const int64_t cb = cos.size(0) == 1 ? 0 : cos.stride(0), sb = sin.size(0) == 1 ? 0 : sin.stride(0);
+#pragma omp parallel for schedule(static) collapse(2) if (batch * tokens * heads * dim > 65536)
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < tokens; ++t) {
+      const uint16_t* c = C + b * cb + t * cos.stride(1);
+      const uint16_t* sn = S + b * sb + t * sin.stride(1);
+      for (int64_t h = 0; h < heads; ++h) {
+        const uint16_t* xr = X + b * x.stride(0) + t * x.stride(1) + h * x.stride(2);
+        uint16_t* o = O + ((b * tokens + t) * heads + h) * dim;
+        for (int64_t d = 0; d < dim; d += 16) {
+          const int64_t partner = d < half ? d + half : d - half;  // roll by half
+          const __m512 xc = round_bf16x16(_mm512_mul_ps(load_bf16x16(xr + d), load_bf16x16(c + d)));
+          const __m512 r = _mm512_fmadd_ps(load_bf16x16(xr + partner), load_bf16x16(sn + d), xc);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(r)));
+        }
+      }
+    }
+  return out;
+}
+
 // A decode step's cache write: dst [S, Hkv, L, D] (one layer of a slot cache, contiguous),
 // src [B, Hkv, 1, D] (any strides, contiguous D): row b's keys go to slot b at positions[b].
 void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tensor& positions) {
@@ -994,6 +1031,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
   m.def("sample_rows", &sample_rows, "sample one token per row: top-k, temperature, top-p, min-p, inverse CDF");
+  m.def("rope", &rope, "rotate-half RoPE in one pass (bf16)");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
   m.def("write_rows", &write_rows, "one decode step's writes into a slot KV cache layer");
 }
