@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -25,6 +26,12 @@ inline float bf16_to_float(uint16_t v) {
 inline uint16_t float_to_bf16(float f) { return c10::BFloat16(f).x; }
 
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+inline uint32_t float_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
 
 const uint16_t* bits(const torch::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
@@ -451,7 +458,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       blocks[b] = std::max<int64_t>(0, (len[b] - base[b] + kKeyBlock - 1) / kKeyBlock);
       offset[b + 1] = offset[b] + kv_heads * blocks[b] * block_words;  // of kt (and of vp)
     }
-    std::vector<uint32_t> kt(offset[batch]), vp(offset[batch]);
+    // every word is written by rearrange_block before it is read
+    std::unique_ptr<uint32_t[]> kt(new uint32_t[offset[batch]]), vp(new uint32_t[offset[batch]]);
 #pragma omp parallel
     {
       for (int64_t b = 0; b < batch; ++b) {
@@ -461,7 +469,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
           const int64_t at = offset[b] + i * block_words;
           rearrange_block(K + b * k.stride(0) + g * k.stride(1) + first * dim,
                           V + b * v.stride(0) + g * v.stride(1) + first * dim, dim,
-                          std::min<int64_t>(kKeyBlock, len[b] - first), dim, kt.data() + at, vp.data() + at);
+                          std::min<int64_t>(kKeyBlock, len[b] - first), dim, kt.get() + at, vp.get() + at);
         }
       }
       std::vector<float> scores(std::min<int64_t>(4, group) * s_stride);
@@ -485,8 +493,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                 qs[h] = reinterpret_cast<const uint32_t*>(Q + b * q.stride(0) + (g * group + h0 + h) * q.stride(1) + t * q.stride(2));
                 os[h] = o + (h0 + h) * dim;
               }
-              const uint32_t* ktb = kt.data() + at;
-              const uint32_t* vpb = vp.data() + at;
+              const uint32_t* ktb = kt.get() + at;
+              const uint32_t* vpb = vp.get() + at;
               switch (count) {
                 case 1: prompt_query<1>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
                 case 2: prompt_query<2>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
@@ -710,7 +718,7 @@ torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, i
   const int64_t block_rows = ((m_rows + blocks - 1) / blocks + 5) / 6 * 6;
 #pragma omp parallel
   {
-  std::vector<float> partial(block_rows * 64);
+  std::vector<float> partial(k_in / 2 > 2 * kPartPairs ? block_rows * 64 : 0);  // parts only
   for (int64_t b0 = 0; b0 < m_rows; b0 += block_rows) {
     const int64_t b1 = std::min(m_rows, b0 + block_rows);
 #pragma omp for schedule(static)
@@ -740,7 +748,7 @@ torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, i
               i == 0 || i > helpers ? 0 : std::clamp<int64_t>(lines - (i - 1) * share, 0, share);
           uint16_t* yr = yp + m0 * n_out;
           const uint16_t* xr = X + m0 * k_in;
-          float* pr = partial.data() + (m0 - b0) * 64;
+          float* pr = partial.empty() ? nullptr : partial.data() + (m0 - b0) * 64;
           switch (std::min<int64_t>(6, b1 - m0)) {
             case 6: panel_tile<6>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
             case 5: panel_tile<5>(xr, k_in, panel, yr, n_out, valid, ahead, count_lines, k_from, k_to, pr); break;
@@ -877,8 +885,7 @@ torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temp
         // the k-th largest value: a 256-bin histogram of the values' top 8 bits (as ordered
         // integers) finds its bin; a selection among that bin's values finds it
         auto ordered = [](float f) {
-          uint32_t b;
-          std::memcpy(&b, &f, sizeof(b));
+          const uint32_t b = float_bits(f);
           return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
         };
         int64_t count[256] = {0};
@@ -924,26 +931,21 @@ torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temp
         // order like the values) find the bin where top_p of the mass is first reached —
         // exponent first, then the next 8 bits inside that binade — and only that bin's
         // values are sorted.
-        auto bits_of = [](float f) {
-          uint32_t b;
-          std::memcpy(&b, &f, sizeof(b));
-          return b;
-        };
         int64_t hist[256] = {0};
         const int64_t total = fixed_point_weights(x.data(), vocab, 0.f, w.data());
-        for (int64_t j = 0; j < vocab; ++j) hist[bits_of(x[j]) >> 23] += w[j];
+        for (int64_t j = 0; j < vocab; ++j) hist[float_bits(x[j]) >> 23] += w[j];
         const double target = static_cast<double>(TP[r]) * static_cast<double>(total);
         int64_t mass = 0, exponent = 255;  // mass: kept above the current bin
         while (exponent > 0 && static_cast<double>(mass + hist[exponent]) < target) mass += hist[exponent--];
         std::fill(std::begin(hist), std::end(hist), 0);
         for (int64_t j = 0; j < vocab; ++j)
-          if ((bits_of(x[j]) >> 23) == static_cast<uint32_t>(exponent)) hist[(bits_of(x[j]) >> 15) & 0xFF] += w[j];
+          if ((float_bits(x[j]) >> 23) == static_cast<uint32_t>(exponent)) hist[(float_bits(x[j]) >> 15) & 0xFF] += w[j];
         int64_t fine = 255;
         while (fine > 0 && static_cast<double>(mass + hist[fine]) < target) mass += hist[fine--];
         const uint32_t bin = (static_cast<uint32_t>(exponent) << 8) | static_cast<uint32_t>(fine);
         nucleus.clear();
         for (int64_t j = 0; j < vocab; ++j)
-          if ((bits_of(x[j]) >> 15) == bin) nucleus.emplace_back(x[j], w[j]);
+          if ((float_bits(x[j]) >> 15) == bin) nucleus.emplace_back(x[j], w[j]);
         std::sort(nucleus.begin(), nucleus.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
         float threshold = nucleus.empty() ? 0.f : nucleus.back().first;
         for (const auto& [prob, weight] : nucleus) {
