@@ -23,7 +23,7 @@ _ISA_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bf16")
 @functools.cache
 def cpu_kernels() -> Any | None:
     """The compiled kernels module, or None where they cannot be built or run."""
-    if os.environ.get("INFER_CPU_KERNELS", "1") == "0" or not _has_avx512_bf16():
+    if os.environ.get("INFER_CPU_KERNELS", "1") == "0" or not _cpu_has_kernel_isa():
         return None
     try:
         from torch.utils.cpp_extension import load
@@ -42,7 +42,7 @@ def cpu_kernels() -> Any | None:
         return None
 
 
-def _has_avx512_bf16() -> bool:
+def _cpu_has_kernel_isa() -> bool:
     """AVX512-BF16 and the AVX-512 subsets the kernels also use (every CPU with BF16 has them)."""
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
