@@ -13,7 +13,12 @@ import structlog
 
 from domain.config import EngineConfig
 from domain.detokenizer import IncrementalDetokenizer
-from domain.errors import EmptyPromptError, PromptTooLongError, QueueFullError
+from domain.errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    PromptTooLongError,
+    QueueFullError,
+)
 from domain.ports import ModelRunner, OutputSink, Tokenizer
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
@@ -39,7 +44,10 @@ class Engine:
         *,
         scheduler: Scheduler | None = None,
         clock: Callable[[], float] = time.monotonic,
+        vocab_size: int | None = None,
     ) -> None:
+        """``vocab_size``: the model's, when it differs from the tokenizer's (token-id
+        prompts are checked against it: an id past the embedding would fail the whole step)."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -47,6 +55,7 @@ class Engine:
         self.scheduler = scheduler or make_scheduler(config, tokenizer.eos_token_ids)
         self.clock = clock
         self._text: dict[str, _TextState] = {}
+        self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams
@@ -55,6 +64,11 @@ class Engine:
         if not prompt:  # checked before tokenizing: a BOS token would hide an empty string
             raise EmptyPromptError()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidParameterError(
+                "prompt", f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
+            )
         if len(prompt_ids) + params.max_new_tokens > self.config.max_seq_len:
             raise PromptTooLongError(
                 len(prompt_ids), params.max_new_tokens, self.config.max_seq_len

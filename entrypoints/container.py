@@ -59,7 +59,9 @@ class Container(containers.DeclarativeContainer):
     engine_config = providers.Singleton(EngineConfig)
     runner = providers.Singleton(TorchModelRunner, model, engine_config, sampler)
     sink = providers.Singleton(QueueOutputSink)
-    engine = providers.Singleton(Engine, engine_config, runner, tokenizer, sink)
+    engine = providers.Singleton(
+        Engine, engine_config, runner, tokenizer, sink, vocab_size=model.provided.config.vocab_size
+    )
     async_engine = providers.Singleton(AsyncEngine, engine, sink)
     http_app = providers.Singleton(
         lambda engine, resolved, name: create_app(engine, name or resolved.name),

@@ -12,10 +12,11 @@ from contextlib import asynccontextmanager
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from adapters.http.errors import HTTPError, error_response
+from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.openai_routes import openai_routes
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent, Usage
 from application.async_engine import AsyncEngine
@@ -69,7 +70,11 @@ def create_app(engine: AsyncEngine, model_name: str) -> Litestar:
     return Litestar(
         route_handlers=[generate, health, *openai_routes(engine, model_name)],
         lifespan=[lifespan],
-        exception_handlers={HTTPError: error_response},
+        exception_handlers={
+            HTTPError: error_response,
+            HTTPException: framework_error_response,
+            Exception: framework_error_response,
+        },
     )
 
 

@@ -59,7 +59,8 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
             ("suffix", body.suffix is not None),
             *_common_unsupported(body),
         )
-        params = _sampling(body, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS)
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        params = _sampling(body, max_tokens, "max_tokens")
         prompts = _prompts(body.prompt)
         streams = await _start(engine, "cmpl", prompts, params)
         reply_id = f"cmpl-{uuid.uuid4().hex}"
@@ -76,8 +77,12 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         _check(body.model, model_name)
         _refuse(*_chat_unsupported(body), *_common_unsupported(body))
         prompt = _render(engine, body.messages)
-        limit = body.max_completion_tokens or body.max_tokens or engine.max_seq_len - len(prompt)
-        params = _sampling(body, max(limit, 1))
+        if body.max_completion_tokens is not None:
+            params = _sampling(body, body.max_completion_tokens, "max_completion_tokens")
+        elif body.max_tokens is not None:
+            params = _sampling(body, body.max_tokens, "max_tokens")
+        else:  # as much as the context leaves (at least one token: a full context is a 400)
+            params = _sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
         [stream] = await _start(engine, "chatcmpl", [prompt], params)
         reply_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
@@ -132,6 +137,13 @@ def _refuse(*checks: tuple[str, bool]) -> None:
 
 
 def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
+    if body.stream_options is not None and not body.stream:
+        raise HTTPError(
+            400,
+            "`stream_options` is only allowed when `stream` is true",
+            "invalid_request_error",
+            "stream_options",
+        )
     return [
         ("n", body.n not in (None, 1)),
         ("logit_bias", bool(body.logit_bias)),
@@ -155,7 +167,10 @@ def _chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
     ]
 
 
-def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+def _sampling(
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, max_tokens_field: str
+) -> SamplingParams:
+    """``max_tokens_field``: the request field ``max_tokens`` came from (errors name it)."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
         raise HTTPError(
@@ -177,8 +192,9 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) 
             seed=body.seed,
         )
     except InvalidParameterError as e:
-        param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
-        raise HTTPError(400, str(e), "invalid_request_error", param) from e
+        param = max_tokens_field if e.param == "max_new_tokens" else e.param
+        message = str(e).replace(e.param, param, 1)
+        raise HTTPError(400, message, "invalid_request_error", param) from e
 
 
 def _prompts(prompt: str | list[Any]) -> list[Prompt]:
@@ -203,10 +219,30 @@ def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+NEEDS_CONTENT = ("system", "developer", "user", "tool", "function")  # assistant: tool calls
+
+
 def _render(engine: AsyncEngine, messages: list[dict[str, Any]]) -> list[int]:
-    plain = [{**m, "content": _text_content(m.get("content"))} for m in messages]
-    if not plain:
+    if not messages:
         raise HTTPError(400, "messages must not be empty", "invalid_request_error", "messages")
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise HTTPError(
+                400,
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                "invalid_request_error",
+                f"messages[{i}].role",
+            )
+        if role in NEEDS_CONTENT and message.get("content") is None:
+            raise HTTPError(
+                400,
+                f"messages[{i}].content is required for role {role!r}",
+                "invalid_request_error",
+                f"messages[{i}].content",
+            )
+    plain = [{**m, "content": _text_content(m.get("content"))} for m in messages]
     try:
         return engine.render_chat(plain)
     except InvalidParameterError as e:

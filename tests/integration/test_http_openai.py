@@ -106,6 +106,11 @@ def test_completion_streaming_ends_with_done(http: TestClient) -> None:
             400,
             "tools",
         ),
+        ({"max_tokens": 0}, 400, "max_tokens"),
+        ({"max_completion_tokens": 0}, 400, "max_completion_tokens"),
+        ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+        ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ],
 )
 def test_bad_chat_requests_get_openai_errors(client: openai.OpenAI, kwargs, status, param) -> None:
@@ -114,6 +119,53 @@ def test_bad_chat_requests_get_openai_errors(client: openai.OpenAI, kwargs, stat
         client.chat.completions.create(**request)
     assert error.value.status_code == status
     assert error.value.body["param"] == param  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"prompt": [1, 2, TOKENIZER.vocab_size]}, "prompt"),
+        ({"prompt": [[1], [-1]]}, "prompt"),
+        ({"prompt": "Q:", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": [7], "stream": True}, None),  # valid: the contrast for the next case
+        ({"prompt": [10**9], "stream": True}, "prompt"),
+    ],
+)
+def test_bad_completion_requests_get_400_before_anything_runs(
+    client: openai.OpenAI, http: TestClient, kwargs, param
+) -> None:
+    """Refused before queueing (a bad token id used to fail the whole batch's forward),
+    streamed requests included: an error status, never an error inside a 200 stream."""
+    request = {"model": MODEL, "max_tokens": 3, **kwargs}
+    if param is None:
+        assert "".join(c.choices[0].text for c in client.completions.create(**request)) == "Par"
+        return
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(**request)
+    assert error.value.body["param"] == param  # type: ignore[index]
+    assert http.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("POST", "/v1/nothing-here", 404, "Invalid URL (POST /v1/nothing-here)"),
+        ("GET", "/v1/completions", 405, "Method GET is not allowed for /v1/completions"),
+    ],
+)
+def test_routing_errors_use_the_openai_error_schema(
+    http: TestClient, method: str, path: str, status: int, message: str
+) -> None:
+    response = http.request(method, path)
+    assert response.status_code == status
+    assert response.json() == {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
 
 
 def test_completion_honours_vllm_extensions(client: openai.OpenAI) -> None:
@@ -148,3 +200,24 @@ async def test_leaving_a_merged_stream_early_closes_every_stream() -> None:
     assert (await anext(merged))[1] in (0, 1)
     await merged.aclose()  # raised "aclose(): asynchronous generator is already running"
     assert sorted(closed) == [0, 1]
+
+
+def test_an_unexpected_exception_is_a_500_in_the_openai_schema(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: object, **__: object) -> list[int]:
+        raise RuntimeError("template exploded")
+
+    monkeypatch.setattr(AsyncEngine, "render_chat", broken)
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "Internal server error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert http.get("/health").status_code == 200

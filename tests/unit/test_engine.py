@@ -99,6 +99,8 @@ def test_max_tokens_ends_with_length() -> None:
         ("", params(max_new_tokens=4), EmptyPromptError),
         ([], params(max_new_tokens=4), EmptyPromptError),
         ("x" * 60, params(max_new_tokens=10), PromptTooLongError),
+        ([1, TOKENIZER.vocab_size], params(max_new_tokens=4), InvalidParameterError),
+        ([-1, 2], params(max_new_tokens=4), InvalidParameterError),
     ],
 )
 def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> None:
@@ -107,6 +109,18 @@ def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> No
         engine.add_request("a", prompt, sampling)
     assert type(raised.value) is error
     assert not engine.has_work() and engine._text == {}
+
+
+def test_token_ids_are_checked_against_the_models_vocabulary_when_given() -> None:
+    """The container passes the model's vocabulary (larger than the tokenizer's for some
+    models): an id past the tokenizer's but inside the model's embedding is a valid prompt."""
+    sink = ListSink()
+    vocab = TOKENIZER.vocab_size + 8
+    engine = Engine(EngineConfig(), FakeModelRunner(), TOKENIZER, sink, vocab_size=vocab)
+    engine.add_request("in", [vocab - 1], params(max_new_tokens=1))
+    with pytest.raises(InvalidParameterError, match=f"token id {vocab} is out of vocabulary"):
+        engine.add_request("out", [1, vocab], params(max_new_tokens=1))
+    assert [r.request_id for r in engine.scheduler.waiting] == ["in"]  # type: ignore[attr-defined]
 
 
 def test_a_full_queue_refuses_with_queue_full() -> None:
