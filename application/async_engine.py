@@ -68,6 +68,10 @@ class AsyncEngine:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Start the loop on the running event loop (again after ``stop``, on any loop)."""
+        if self.healthy:
+            raise RuntimeError("the engine loop is already running")
+        self._wake = asyncio.Event()  # a fresh one: an Event binds to the loop it first waits on
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:

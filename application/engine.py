@@ -57,10 +57,9 @@ class Engine:
         self._text: dict[str, _TextState] = {}
         self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
 
-    def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
-    ) -> Request:
-        """Validate, tokenize and queue a request; raises before anything is queued."""
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, validated (empty, out-of-vocabulary ids, too long for
+        ``max_seq_len`` with ``params``): what :meth:`add_request` checks, queueing nothing."""
         if not prompt:  # checked before tokenizing: a BOS token would hide an empty string
             raise EmptyPromptError()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -73,6 +72,14 @@ class Engine:
             raise PromptTooLongError(
                 len(prompt_ids), params.max_new_tokens, self.config.max_seq_len
             )
+        return prompt_ids
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> Request:
+        """Validate, tokenize and queue a request; raises before anything is queued
+        (``QueueFullError`` when the waiting queue is at ``max_waiting_requests``)."""
+        prompt_ids = self.prepare(prompt, params)
         request = Request(request_id, prompt_ids, params, self.clock())
         if not self.scheduler.add_request(request):
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting_requests})")

@@ -18,10 +18,12 @@ for one request and yields text deltas as they are produced.
 import asyncio
 import itertools
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from domain.config import EngineConfig
+from domain.errors import QueueFullError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 from entrypoints.container import create_container
@@ -55,18 +57,30 @@ class LLM:
         )
         self.model_name = self._container.resolved_model().name
         self.tokenizer = self._container.tokenizer()
+        self._streams = 0  # stream() calls running now
 
     def generate(
         self, prompts: Sequence[str | list[int]], params: SamplingParams | None = None
     ) -> list[GenerateResult]:
-        """Run every prompt to completion, batched; results in prompt order."""
+        """Run every prompt to completion, batched; results in prompt order.
+
+        Every prompt is validated before any runs (a bad one raises, nothing queued); any
+        number of prompts: they enter the engine's waiting queue as it has room."""
         engine, sink = self._container.engine(), self._container.sink()
-        ids = [f"llm-{next(_counter)}" for _ in prompts]
+        params = params or SamplingParams()
+        pending = deque(
+            (f"llm-{next(_counter)}", engine.prepare(prompt, params)) for prompt in prompts
+        )
+        ids = [request_id for request_id, _ in pending]
         queues = [sink.open(request_id) for request_id in ids]
         try:
-            for request_id, prompt in zip(ids, prompts, strict=True):
-                engine.add_request(request_id, prompt, params or SamplingParams())
-            while engine.has_work():
+            while pending or engine.has_work():
+                while pending:
+                    try:
+                        engine.add_request(*pending[0], params)
+                    except QueueFullError:
+                        break  # the next step admits waiting requests and makes room
+                    pending.popleft()
                 engine.step()
         except BaseException:
             for request_id in ids:
@@ -83,7 +97,9 @@ class LLM:
     ) -> AsyncIterator[str]:
         """Yield the text of one request as it is generated (the loop runs meanwhile)."""
         engine = self._container.async_engine()
-        engine.start()
+        if self._streams == 0:  # one engine loop for all of this LLM's concurrent streams
+            engine.start()
+        self._streams += 1
         try:
             outputs = await engine.stream(
                 f"llm-{uuid.uuid4().hex}", prompt, params or SamplingParams()
@@ -94,7 +110,9 @@ class LLM:
                 if output.text_delta:
                     yield output.text_delta
         finally:
-            await engine.stop()
+            self._streams -= 1
+            if self._streams == 0:
+                await engine.stop()
 
 
 _counter = itertools.count()

@@ -29,7 +29,7 @@ from adapters.http.openai_schemas import (
     Usage,
 )
 from application.async_engine import AsyncEngine
-from domain.errors import InvalidParameterError, QueueFullError
+from domain.errors import InvalidParameterError, PromptTooLongError, QueueFullError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 
@@ -272,11 +272,15 @@ async def _start(
     except Exception as e:
         for stream in streams:
             await stream.aclose()  # type: ignore[attr-defined]
-        raise _as_http(e) from e
+        raise _as_http(e, "messages" if prefix == "chatcmpl" else "prompt") from e
     return streams
 
 
-def _as_http(e: Exception) -> Exception:
+def _as_http(e: Exception, prompt_field: str) -> Exception:
+    if isinstance(e, PromptTooLongError):  # OpenAI's code for it; chat names `messages`
+        return HTTPError(
+            400, str(e), "invalid_request_error", prompt_field, "context_length_exceeded"
+        )
     if isinstance(e, InvalidParameterError):
         return HTTPError(400, str(e), "invalid_request_error", e.param)
     if isinstance(e, QueueFullError):

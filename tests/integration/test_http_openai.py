@@ -111,6 +111,7 @@ def test_completion_streaming_ends_with_done(http: TestClient) -> None:
         ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
         ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "x" * 600}]}, 400, "messages"),
     ],
 )
 def test_bad_chat_requests_get_openai_errors(client: openai.OpenAI, kwargs, status, param) -> None:
@@ -127,6 +128,7 @@ def test_bad_chat_requests_get_openai_errors(client: openai.OpenAI, kwargs, stat
         ({"prompt": [1, 2, TOKENIZER.vocab_size]}, "prompt"),
         ({"prompt": [[1], [-1]]}, "prompt"),
         ({"prompt": "Q:", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "Q:", "max_tokens": 600}, "prompt"),
         ({"prompt": [7], "stream": True}, None),  # valid: the contrast for the next case
         ({"prompt": [10**9], "stream": True}, "prompt"),
     ],
