@@ -11,6 +11,9 @@ from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.container import DTYPES, create_container
 
+# vLLM's dtype names; `auto` is bfloat16, the dtype every supported model ships in.
+DTYPE_ALIASES = {"auto": "bfloat16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
@@ -33,14 +36,25 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API and /v1/generate")
+    serve.add_argument(
+        "model_tag", nargs="?", default=None, help="the model, as `vllm serve MODEL` takes it"
+    )
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="model id clients send")
-    serve.add_argument("--max-batch-size", type=int, default=8, help="running requests at most")
+    serve.add_argument(
+        "--max-batch-size",
+        "--max-num-seqs",
+        type=int,
+        default=8,
+        help="running requests at most (KV slots)",
+    )
     serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
     serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
-    serve.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens")
+    serve.add_argument(
+        "--max-seq-len", "--max-model-len", type=int, default=2048, help="prompt + output tokens"
+    )
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     serve.set_defaults(func=_serve)
@@ -54,7 +68,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="HF folder, .gguf file, hub id, 'dummy:<name>', or alias "
         "(default: the embedded SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        type=lambda name: DTYPE_ALIASES.get(name, name),
+        choices=sorted(DTYPES),
+        help="also vLLM's names: auto (= bfloat16), half, float, bf16",
+    )
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
     )
@@ -124,6 +144,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise InvalidParameterError(
+                "model", f"given twice: {args.model_tag!r} and --model {args.model!r}"
+            )
+        args.model = args.model_tag
 
     config = EngineConfig(
         model=args.model,

@@ -38,3 +38,29 @@ def test_an_unknown_model_spec_exits_with_an_error(tmp_path, capsys) -> None:
 def test_the_command_needs_a_subcommand() -> None:
     with pytest.raises(SystemExit):
         main([])
+
+
+def test_serve_takes_vllms_spellings(monkeypatch) -> None:
+    """`infer serve MODEL --max-model-len N --max-num-seqs B --dtype half`, as vllm serve."""
+    import uvicorn
+
+    from entrypoints import cli
+
+    seen = {}
+
+    def fake_create_container(model, **kwargs):
+        seen.update(model=model, dtype=kwargs["dtype"], engine=kwargs["engine"])
+        raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
+
+    monkeypatch.setattr(cli, "create_container", fake_create_container)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("must not serve"))
+    argv = ["serve", "dummy:SmolLM2-135M", "--max-model-len", "512", "--max-num-seqs", "4"]
+    assert main([*argv, "--dtype", "half"]) == 2
+    assert (seen["model"], seen["dtype"]) == ("dummy:SmolLM2-135M", "float16")
+    assert (seen["engine"].max_seq_len, seen["engine"].max_batch_size) == (512, 4)
+    assert main(["serve", "--dtype", "auto"]) == 2 and seen["dtype"] == "bfloat16"
+
+
+def test_serve_refuses_two_different_models(capsys) -> None:
+    assert main(["serve", "dummy:SmolLM2-135M", "--model", "dummy:Qwen3-0.6B"]) == 2
+    assert "given twice" in capsys.readouterr().err
