@@ -3,7 +3,7 @@
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -67,7 +67,9 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(_completion_chunks(reply_id, model_name, streams, usage))
-        outputs = await asyncio.gather(*(_collect(s) for s in streams))
+        outputs = await _unless_disconnected(
+            request, asyncio.gather(*(_collect(s) for s in streams))
+        )
         choices = [CompletionChoice(i, text, reason) for i, (text, reason, _) in enumerate(outputs)]
         return _json(Completion(reply_id, int(time.time()), model_name, choices, _usage(outputs)))
 
@@ -88,7 +90,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(_chat_chunks(reply_id, model_name, stream, usage))
-        text, reason, counts = await _collect(stream)
+        text, reason, counts = await _unless_disconnected(request, _collect(stream))
         choice = ChatChoice(0, ChatMessageOut(text), reason)
         return _json(
             ChatCompletion(
@@ -286,6 +288,37 @@ def _as_http(e: Exception, prompt_field: str) -> Exception:
     if isinstance(e, QueueFullError):
         return HTTPError(503, str(e), "server_error", code="overloaded")
     return e
+
+
+class ClientDisconnected(HTTPError):
+    """The client left before its non-streamed reply was ready (nobody reads the answer;
+    499 is nginx's "client closed request")."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client disconnected", "invalid_request_error")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` (collecting a non-streamed reply); if the client disconnects first,
+    cancel it — the streams' cleanup aborts the requests, freeing their KV slots — as a
+    disconnect mid-stream does."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task in done:
+        return task.result()  # raises what the work raised
+    raise ClientDisconnected()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body was read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _collect(stream: AsyncIterator[StepOutput]) -> tuple[str, str | None, tuple[int, int]]:

@@ -27,7 +27,7 @@ REPLY = "x" * 40
 def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
     runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY), step_latency_s=0.002)
     sink = QueueOutputSink()
-    engine = Engine(EngineConfig(max_seq_len=256, **config), runner, TOKENIZER, sink)
+    engine = Engine(EngineConfig(**{"max_seq_len": 256, **config}), runner, TOKENIZER, sink)
     return AsyncEngine(engine, sink), runner
 
 
@@ -107,3 +107,27 @@ async def _disconnects(
             break
         await asyncio.sleep(0.01)
     assert not engine.engine.has_work() and runner.live == set() and len(engine.sink) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": ["go", "on"]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}]}),
+    ],
+)
+async def test_a_client_leaving_a_non_streamed_request_aborts_it(path: str, body: dict) -> None:
+    """The non-streamed endpoints notice a disconnect too: the requests stop long before
+    their 900 tokens (~2 s), and their slots are free."""
+    engine, runner = build(max_batch_size=4, max_seq_len=1024)
+    request = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, **body}
+    with serving(engine) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=0.3) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(path, json=request)
+        for _ in range(200):
+            if not engine.engine.has_work() and not runner.live:
+                break
+            await asyncio.sleep(0.01)
+        assert not engine.engine.has_work() and runner.live == set() and len(engine.sink) == 0
+        assert len(runner.steps) < 600  # 900 decode steps if nobody had noticed
