@@ -87,7 +87,11 @@ class HFTokenizer:
         add_generation_prompt: bool = True,
     ) -> list[int]:
         if self._template is None:
-            raise InvalidParameterError("messages", f"model {self._name} has no chat template")
+            raise InvalidParameterError(
+                "messages",
+                "this model has no chat template (a base model?): give it a plain-text "
+                "completion prompt instead",
+            )
         try:
             text = self._template.render(
                 messages=[dict(m) for m in messages],
