@@ -119,8 +119,9 @@ def _decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
         raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
 
 
-def _check(requested: str, served: str) -> None:
-    if requested != served:
+def _check(requested: str | None, served: str) -> None:
+    """``model`` may be left out (vLLM's behaviour: the served model); any other is a 404."""
+    if requested is not None and requested != served:
         raise HTTPError(
             404,
             f"The model `{requested}` does not exist (serving `{served}`)",

@@ -16,7 +16,7 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    model: str
+    model: str | None = None  # optional, as in vLLM: the served model
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

@@ -84,6 +84,17 @@ def test_completion_accepts_several_prompts_and_token_ids(client: openai.OpenAI)
     assert ids.usage is not None and ids.usage.prompt_tokens == 3
 
 
+def test_the_model_field_may_be_left_out(http: TestClient) -> None:
+    """As vLLM does: a request without ``model`` goes to the served model."""
+    reply = http.post("/v1/completions", json={"prompt": "Q:", "max_tokens": 5}).json()
+    assert (reply["model"], reply["choices"][0]["text"]) == (MODEL, "Paris")
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+    ).json()
+    assert chat["choices"][0]["message"]["content"] == "Paris"
+
+
 def test_completion_streaming_ends_with_done(http: TestClient) -> None:
     response = http.post(
         "/v1/completions", json={"model": MODEL, "prompt": "Q:", "max_tokens": 5, "stream": True}
