@@ -77,12 +77,13 @@ def test_rope_kernel_matches_apply_rope(x_shape: tuple[int, ...], table_rows: in
 
 
 @pytest.mark.parametrize("unit_offset", [False, True])
-def test_rms_norm_matches_the_module(unit_offset: bool) -> None:
+@pytest.mark.parametrize(("rows", "dim"), [(15, 576), (40, 100)])  # 100: a tail past 6 x 16
+def test_rms_norm_matches_the_module(unit_offset: bool, rows: int, dim: int) -> None:
     torch.manual_seed(1)
-    norm = RMSNorm(576, 1e-5, unit_offset=unit_offset).to(BF16)
+    norm = RMSNorm(dim, 1e-5, unit_offset=unit_offset).to(BF16)
     with torch.no_grad():
         norm.weight.normal_()
-    x = torch.randn(3, 5, 576, dtype=BF16)
+    x = torch.randn(rows // 5, 5, dim, dtype=BF16)
     assert_close(kernels.rms_norm(x, norm.weight, norm.eps, unit_offset), norm(x))
 
 

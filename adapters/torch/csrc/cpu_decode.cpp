@@ -66,32 +66,6 @@ constexpr int64_t kRowBlockBytes = 256 * 1024;  // gemm_packed's inputs per row 
 
 }  // namespace
 
-// RMSNorm of each row of x [..., D] in float32; Gemma's unit_offset multiplies by (1 + w) in
-// float32 before rounding, Llama's rounds first and multiplies by w in bf16 (as HF does).
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps, bool unit_offset) {
-  check_bf16(x, "x");
-  check_bf16(w, "w");
-  const int64_t dim = x.size(-1), n = x.numel() / dim;
-  auto y = torch::empty_like(x);
-  const uint16_t* X = bits(x);
-  const uint16_t* Wt = bits(w);
-  uint16_t* Y = bits_mut(y);
-#pragma omp parallel for schedule(static) if (n > 16)
-  for (int64_t row = 0; row < n; ++row) {
-    const uint16_t* xr = X + row * dim;
-    uint16_t* yr = Y + row * dim;
-    float sum = 0.f;
-    for (int64_t d = 0; d < dim; ++d) sum += bf16_to_float(xr[d]) * bf16_to_float(xr[d]);
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
-    for (int64_t d = 0; d < dim; ++d) {
-      const float h = bf16_to_float(xr[d]) * inv;
-      const float wd = bf16_to_float(Wt[d]);
-      yr[d] = unit_offset ? float_to_bf16(h * (1.f + wd)) : float_to_bf16(wd * round_bf16(h));
-    }
-  }
-  return y;
-}
-
 // exp(x) for 16 floats: 2^(x log2 e) split into 2^n * 2^f, f in [-0.5, 0.5], with a degree-6
 // polynomial for 2^f (relative error ~1e-7); inputs below -87 flush to 0.
 inline __m512 exp512(__m512 x) {
@@ -119,6 +93,48 @@ inline __m512 load_bf16x16(const uint16_t* p) {
 inline __m512 round_bf16x16(__m512 x) {
   const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// RMSNorm of each row of x [..., D] in float32; Gemma's unit_offset multiplies by (1 + w) in
+// float32 before rounding, Llama's rounds first and multiplies by w in bf16 (as HF does).
+// Vectorized (the sum of squares in 16 lanes): a prompt's norms were ~6% of its prefill.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps, bool unit_offset) {
+  check_bf16(x, "x");
+  check_bf16(w, "w");
+  const int64_t dim = x.size(-1), n = x.numel() / dim;
+  auto y = torch::empty_like(x);
+  const uint16_t* X = bits(x);
+  const uint16_t* Wt = bits(w);
+  uint16_t* Y = bits_mut(y);
+  const int64_t vec_end = dim / 16 * 16;
+#pragma omp parallel for schedule(static) if (n > 16)
+  for (int64_t row = 0; row < n; ++row) {
+    const uint16_t* xr = X + row * dim;
+    uint16_t* yr = Y + row * dim;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < vec_end; d += 16) {
+      const __m512 v = load_bf16x16(xr + d);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    float sum = _mm512_reduce_add_ps(acc);
+    for (int64_t d = vec_end; d < dim; ++d) sum += bf16_to_float(xr[d]) * bf16_to_float(xr[d]);
+    const float inv = 1.f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
+    const __m512 inv16 = _mm512_set1_ps(inv), one = _mm512_set1_ps(1.f);
+    for (int64_t d = 0; d < vec_end; d += 16) {
+      const __m512 h = _mm512_mul_ps(load_bf16x16(xr + d), inv16);
+      const __m512 wd = load_bf16x16(Wt + d);
+      const __m512 out = unit_offset ? _mm512_mul_ps(h, _mm512_add_ps(one, wd))
+                                     : _mm512_mul_ps(wd, round_bf16x16(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(yr + d),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(out)));
+    }
+    for (int64_t d = vec_end; d < dim; ++d) {
+      const float h = bf16_to_float(xr[d]) * inv;
+      const float wd = bf16_to_float(Wt[d]);
+      yr[d] = unit_offset ? float_to_bf16(h * (1.f + wd)) : float_to_bf16(wd * round_bf16(h));
+    }
+  }
+  return y;
 }
 
 // silu(gate) * up for gate_up [..., 2I] laid out as [gate | up]; silu rounds to bf16 before the
