@@ -20,9 +20,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except InvalidParameterError as e:  # named as the flag that sets it
+        flag = "--max-tokens" if e.param == "max_new_tokens" else f"--{e.param.replace('_', '-')}"
+        known = any(flag in a.option_strings for a in _all_actions(parser))
+        message = str(e).replace(e.param, flag, 1) if known else str(e)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except InferError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Every option of every subcommand."""
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions.extend(sub._actions)
+    return actions
 
 
 def _parser() -> argparse.ArgumentParser:
