@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.torch.kernels import cpu_kernels
+from adapters.torch.kv_cache import DecodeRows
 from adapters.torch.layers import Attention, GatedMLP, RMSNorm
+from adapters.torch.llama import LlamaBlock
 
 
 class PackedLinear(nn.Module):
@@ -54,7 +56,8 @@ class KernelRMSNorm(nn.Module):
 
     def __init__(self, norm: RMSNorm, kernels: Any) -> None:
         super().__init__()
-        self.norm, self.kernel = norm, kernels.rms_norm
+        self.norm: RMSNorm = norm
+        self.kernel = kernels.rms_norm
 
     def forward(self, x: Tensor) -> Tensor:
         if x.is_contiguous():
@@ -72,6 +75,63 @@ class KernelSiluMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.kernel(self.w13(x)))
+
+
+class FusedDecodeLayer:
+    """A :class:`LlamaBlock` (no QK-norm, no biases) for decode rows as one kernel call:
+    the same kernels in the same order as its modules, without ~40 Python-level ops."""
+
+    def __init__(self, block: LlamaBlock, kernels: Any) -> None:
+        attn, mlp = block.attn, block.mlp
+        assert isinstance(mlp, KernelSiluMLP)
+        first, second = block.input_layernorm, block.post_attention_layernorm
+        assert isinstance(first, KernelRMSNorm) and isinstance(second, KernelRMSNorm)
+        linears = (attn.wqkv, attn.wo, mlp.w13, mlp.w2)
+        assert all(isinstance(m, PackedLinear) for m in linears)
+        self.kernel = kernels.decode_layer
+        self.weights = [m.packed for m in linears]
+        self.w_in, self.w_post, self.eps = first.norm.weight, second.norm.weight, first.norm.eps
+        self.intermediate = mlp.w2.in_features
+        self.n_heads, self.n_kv, self.scale = attn.n_heads, attn.n_kv, attn.scale
+
+    @staticmethod
+    def applies(block: nn.Module) -> bool:
+        if not isinstance(block, LlamaBlock) or block.attn.q_norm is not None:
+            return False
+        attn, mlp = block.attn, block.mlp
+        linears = (attn.wqkv, attn.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))
+        return (
+            isinstance(mlp, KernelSiluMLP)
+            and all(isinstance(m, PackedLinear) and m.kernels and m.bias is None for m in linears)
+            and isinstance(block.input_layernorm, KernelRMSNorm)
+            and isinstance(block.post_attention_layernorm, KernelRMSNorm)
+            and attn.attention_kernel is not None
+        )
+
+    def __call__(self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows) -> Tensor:
+        wqkv, wo, w13, w2 = self.weights
+        y = self.kernel(
+            x.reshape(-1, x.shape[-1]),
+            self.w_in,
+            wqkv,
+            wo,
+            self.w_post,
+            w13,
+            w2,
+            self.intermediate,
+            rows.k,
+            rows.v,
+            rows.positions,
+            rows.lengths,
+            rows.kv_len,
+            rows.window,
+            *rope,
+            self.n_heads,
+            self.n_kv,
+            self.scale,
+            self.eps,
+        )
+        return y.view(x.shape)
 
 
 def can_optimize(model: nn.Module) -> bool:
@@ -96,6 +156,10 @@ def optimize_for_cpu(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
+    for module in model.modules():
+        if FusedDecodeLayer.applies(module):
+            assert isinstance(module, LlamaBlock)
+            module.decode_kernel = FusedDecodeLayer(module, kernels)
 
 
 def _swap(model: nn.Module, kind: type[nn.Module], make: Callable[[Any], nn.Module]) -> None:

@@ -10,6 +10,21 @@ from adapters.torch.config import ModelConfig
 from adapters.torch.kernels import for_bf16_cpu
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """A step whose every token is one sequence's next token (row ``r`` = cache row ``r``),
+    as a fused decode layer takes it: one layer's caches ``[S, Hkv, M, D]``, where each row
+    writes (``positions`` ``[R]``), how many positions attention reads (``kv_len``), the keys
+    each row sees (``< lengths[r]``, within ``window``; 0 = all)."""
+
+    k: Tensor
+    v: Tensor
+    positions: Tensor
+    lengths: Tensor
+    kv_len: int
+    window: int
+
+
 class KVStore(Protocol):
     """What attention layers need from a cache: write this step's keys/values, read all."""
 
@@ -31,6 +46,7 @@ class KVCache:
     def __post_init__(self) -> None:
         # Per-layer views made once: indexing the 5-d tensors costs several ops per step.
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
+        self._position: Tensor | None = None  # [seq_len], made once per step for decode_rows
 
     @staticmethod
     def from_model_config(
@@ -65,6 +81,22 @@ class KVCache:
 
     def advance(self, num_tokens: int) -> None:
         self.seq_len += num_tokens
+
+    def decode_rows(self, layer: int, lengths: Tensor, window: int) -> DecodeRows:
+        """This cache (batch 1) as one decode row writing at ``seq_len``."""
+        if self.seq_len >= self.max_seq_len:
+            end, limit = self.seq_len + 1, self.max_seq_len
+            raise ValueError(f"KV cache overflow: {end} positions > max_seq_len {limit}")
+        if self._position is None or int(self._position) != self.seq_len:
+            self._position = torch.tensor([self.seq_len], device=self.k.device)
+        return DecodeRows(
+            self._k_layers[layer],
+            self._v_layers[layer],
+            self._position,
+            lengths,
+            self.seq_len + 1,
+            window,
+        )
 
 
 class SlotKVCache:
@@ -132,6 +164,17 @@ class SlotKVCache:
             v_all.view(-1, dim).index_copy_(0, self._write_index, v.reshape(-1, dim))
         rows = k.shape[0]
         return k_all[:rows, :, : self.decode_len], v_all[:rows, :, : self.decode_len]
+
+    def decode_rows(self, layer: int, lengths: Tensor, window: int) -> DecodeRows:
+        """The rows of the decode step begun by :meth:`begin_decode`, for one layer."""
+        return DecodeRows(
+            self._k_layers[layer],
+            self._v_layers[layer],
+            self._positions,
+            lengths,
+            self.decode_len,
+            window,
+        )
 
     def move(self, source: int, target: int, length: int) -> None:
         """Copy slot ``source``'s first ``length`` positions into slot ``target``."""

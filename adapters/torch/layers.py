@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.torch.config import ModelConfig, RopeConfig
-from adapters.torch.kv_cache import KVStore, SlotKVCache
+from adapters.torch.kv_cache import DecodeRows, KVCache, KVStore, SlotKVCache
 
 
 class RMSNorm(nn.Module):
@@ -329,5 +329,24 @@ class MixedView:
             outs.append(attend(q[:, :, part], k_all, v_all, masks[self.sliding]))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
+    def decode_rows(self, layer: int) -> DecodeRows | None:
+        """The step as decode rows for a fused decode layer (None when it has prompt chunks)."""
+        batch = self.batch
+        if batch.chunks or not batch.rows:
+            return None
+        mask = batch.decode_masks[self.sliding]
+        assert mask.lengths is not None
+        return batch.cache.decode_rows(layer, mask.lengths, mask.window)
+
 
 Cache = KVStore | MixedView
+
+
+def decode_rows(cache: Cache | None, layer: int, mask: AttnMask, x: Tensor) -> DecodeRows | None:
+    """The step as decode rows (every token a sequence's next one, no padding) for a fused
+    decode layer, or None: prompt chunks, several tokens, padding, no cache."""
+    if isinstance(cache, MixedView):
+        return cache.decode_rows(layer)
+    if isinstance(cache, KVCache) and x.shape[:2] == (1, 1) and mask.lengths is not None:
+        return cache.decode_rows(layer, mask.lengths, mask.window)
+    return None

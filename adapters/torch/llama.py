@@ -1,10 +1,13 @@
 """Llama 3.x (and SmolLM2, which is a Llama): pre-norm blocks, SiLU-gated MLP."""
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm
+from adapters.torch.kv_cache import DecodeRows
+from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, decode_rows
 from adapters.torch.transformer import Block, Transformer
 
 
@@ -20,9 +23,17 @@ class LlamaBlock(Block):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, F.silu)
 
+    # The whole layer for decode rows in one call, installed by CPU inference optimizations:
+    # (x, rope, rows) -> the same result as the modules (see cpu_inference.FusedDecodeLayer).
+    decode_kernel: Callable[[Tensor, tuple[Tensor, Tensor], DecodeRows], Tensor] | None = None
+
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
+        if self.decode_kernel is not None:
+            rows = decode_rows(cache, self.attn.layer, mask, x)
+            if rows is not None:
+                return self.decode_kernel(x, rope, rows)
         h = x + self.attn(self.input_layernorm(x), rope, mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 

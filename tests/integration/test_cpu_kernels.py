@@ -9,10 +9,16 @@ from torch import Tensor, nn
 from torch.testing import assert_close
 
 from adapters.torch.config import RopeConfig
-from adapters.torch.cpu_inference import KernelRMSNorm, KernelSiluMLP, PackedLinear
+from adapters.torch.cpu_inference import (
+    FusedDecodeLayer,
+    KernelRMSNorm,
+    KernelSiluMLP,
+    PackedLinear,
+)
 from adapters.torch.kernels import cpu_kernels
 from adapters.torch.kv_cache import KVCache, SlotKVCache
 from adapters.torch.layers import Attention, MixedBatch, RMSNorm, RotaryTable, apply_rope
+from adapters.torch.llama import LlamaBlock
 from adapters.torch.loader import load_model
 from tests.integration.tiny_models import save_tiny_model
 
@@ -231,3 +237,57 @@ def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) ->
         assert_close(
             fast(step, kv_cache=caches[0]), plain(step, kv_cache=caches[1]), atol=0.05, rtol=0.02
         )
+
+
+def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(tmp_path: Path) -> None:
+    """Llama blocks run decode rows as one kernel call (``decode_layer``); for a single
+    sequence (generate's cache) and for engine steps of several rows at their own positions,
+    the logits are identical to the modules' path, and steps with prompt chunks keep it."""
+    save_tiny_model("llama", tmp_path, head_dim=32, intermediate_size=96)
+    model = load_model(tmp_path, dtype=BF16)
+    blocks = [m for m in model.modules() if isinstance(m, LlamaBlock)]
+    assert blocks and all(isinstance(b.decode_kernel, FusedDecodeLayer) for b in blocks)
+    fused = [b.decode_kernel for b in blocks]
+
+    def both(run):  # run() with the fused layers, then with the modules
+        results = []
+        for kernel in (fused, [None] * len(blocks)):
+            for block, k in zip(blocks, kernel, strict=True):
+                block.decode_kernel = k
+            results.append(run())
+        return results
+
+    def generate() -> Tensor:
+        cache = KVCache.from_model_config(model.config, 16, dtype=BF16)
+        logits = [model(torch.tensor([[3, 14, 15, 92, 65]]), kv_cache=cache)]
+        for token in (7, 8, 9):
+            logits.append(model(torch.tensor([[token]]), kv_cache=cache))
+        return torch.cat(logits, dim=1)
+
+    def engine_steps() -> Tensor:
+        cache = SlotKVCache(model.config, 3, 32, dtype=BF16, device="cpu")
+        for slot, prompt in enumerate([[5, 6, 7, 8, 9, 10, 11], [3], [40, 41, 42, 43]]):
+            model(torch.tensor([prompt]), kv_cache=cache.slot(slot, 0))
+        logits = []
+        for step, positions in enumerate(([7, 1, 4], [8, 2, 5])):  # decode rows only
+            batch = MixedBatch(cache, positions, [], model.windows(), torch.device("cpu"))
+            tokens = torch.tensor([20 + step, 30 + step, 40 + step])
+            logits.append(model.forward_mixed(tokens, batch, torch.arange(3)))
+        # decode rows and a prompt chunk: the modules' path in both runs
+        batch = MixedBatch(cache, [9, 3], [(2, 6, 3)], model.windows(), torch.device("cpu"))
+        tokens = torch.tensor([50, 51, 52, 53, 54])
+        logits.append(model.forward_mixed(tokens, batch, torch.tensor([0, 1, 4])))
+        return torch.cat(logits)
+
+    with torch.inference_mode():
+        for run in (generate, engine_steps):
+            with_kernel, with_modules = both(run)
+            assert torch.equal(with_kernel, with_modules)
+    assert with_kernel.shape == (9, model.config.vocab_size)
+
+
+def test_the_fused_decode_layer_is_left_out_where_it_does_not_apply(tmp_path: Path) -> None:
+    save_tiny_model("qwen3", tmp_path)  # QK-norm: the modules' path
+    model = load_model(tmp_path, dtype=BF16)
+    blocks = [m for m in model.modules() if isinstance(m, LlamaBlock)]
+    assert blocks and all(b.decode_kernel is None for b in blocks)

@@ -14,7 +14,8 @@ from transformers import (
 VOCAB = 512
 
 
-def tiny_config(arch: str) -> PretrainedConfig:
+def tiny_config(arch: str, **overrides: object) -> PretrainedConfig:
+    """``overrides``: config fields to change (e.g. ``head_dim``)."""
     common = dict(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -24,6 +25,7 @@ def tiny_config(arch: str) -> PretrainedConfig:
         num_key_value_heads=2,
         max_position_embeddings=256,
     )
+    common.update(overrides)
     if arch == "llama":
         rope = {
             "rope_type": "llama3",
@@ -56,10 +58,10 @@ def tiny_config(arch: str) -> PretrainedConfig:
     raise ValueError(arch)
 
 
-def save_tiny_model(arch: str, folder: Path, seed: int = 0) -> torch.nn.Module:
+def save_tiny_model(arch: str, folder: Path, seed: int = 0, **overrides: object) -> torch.nn.Module:
     """Save a tiny random model with every parameter perturbed (norms included) to ``folder``."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
