@@ -23,10 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from adapters.torch.gemma3 import Gemma3Block
 from adapters.torch.kernels import cpu_kernels
 from adapters.torch.kv_cache import DecodeRows
-from adapters.torch.layers import Attention, GatedMLP, RMSNorm
+from adapters.torch.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
 from adapters.torch.llama import LlamaBlock
+
+_ACTS = (F.silu, gelu_tanh)  # the gating activations the kernels have
 
 
 class PackedLinear(nn.Module):
@@ -60,64 +63,75 @@ class KernelRMSNorm(nn.Module):
         self.kernel = kernels.rms_norm
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.is_contiguous():
-            n = self.norm
-            return self.kernel(x, n.weight, n.eps, n.unit_offset)
-        return self.norm(x)
+        # A strided input (a QK-norm's heads) is copied first: the fused decode layer does
+        # the same, so both paths round alike.
+        n = self.norm
+        return self.kernel(x.contiguous(), n.weight, n.eps, n.unit_offset)
 
 
-class KernelSiluMLP(nn.Module):
-    """A SiLU :class:`GatedMLP` with the gating done in one kernel call."""
+class KernelGatedMLP(nn.Module):
+    """A SiLU or tanh-GELU :class:`GatedMLP` with the gating done in one kernel call."""
 
     def __init__(self, mlp: GatedMLP, kernels: Any) -> None:
         super().__init__()
-        self.w13, self.w2, self.kernel = mlp.w13, mlp.w2, kernels.silu_mul
+        self.gelu = mlp.act is gelu_tanh
+        self.w13, self.w2 = mlp.w13, mlp.w2
+        self.kernel = kernels.gelu_tanh_mul if self.gelu else kernels.silu_mul
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.kernel(self.w13(x)))
 
 
 class FusedDecodeLayer:
-    """A :class:`LlamaBlock` (no QK-norm, no biases) for decode rows as one kernel call:
-    the same kernels in the same order as its modules, without ~40 Python-level ops."""
+    """A Llama, Qwen3 or Gemma 3 block's decode rows as one kernel call (``decode_layer``):
+    the same kernels in the same order as its modules, without ~40-50 Python-level ops."""
 
-    def __init__(self, block: LlamaBlock, kernels: Any) -> None:
+    def __init__(self, block: LlamaBlock | Gemma3Block, kernels: Any) -> None:
+        assert FusedDecodeLayer.applies(block)
         attn, mlp = block.attn, block.mlp
-        assert isinstance(mlp, KernelSiluMLP)
-        first, second = block.input_layernorm, block.post_attention_layernorm
-        assert isinstance(first, KernelRMSNorm) and isinstance(second, KernelRMSNorm)
-        linears = (attn.wqkv, attn.wo, mlp.w13, mlp.w2)
-        assert all(isinstance(m, PackedLinear) for m in linears)
+        assert isinstance(mlp, KernelGatedMLP)
+        gemma = isinstance(block, Gemma3Block)
+        mlp_norm = block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm
         self.kernel = kernels.decode_layer
-        self.weights = [m.packed for m in linears]
-        self.w_in, self.w_post, self.eps = first.norm.weight, second.norm.weight, first.norm.eps
+        self.weights = [
+            _weight(block.input_layernorm),
+            _packed(attn.wqkv),
+            _packed(attn.wo),
+            _weight(block.post_attention_layernorm) if gemma else None,
+            _weight(mlp_norm),
+            _packed(mlp.w13),
+            _packed(mlp.w2),
+            _weight(block.post_feedforward_layernorm) if gemma else None,
+            _weight(attn.q_norm) if attn.q_norm is not None else None,
+            _weight(attn.k_norm) if attn.k_norm is not None else None,
+        ]
+        first = block.input_layernorm
+        assert isinstance(first, KernelRMSNorm)
+        self.unit_offset, self.eps, self.gelu = first.norm.unit_offset, first.norm.eps, mlp.gelu
         self.intermediate = mlp.w2.in_features
         self.n_heads, self.n_kv, self.scale = attn.n_heads, attn.n_kv, attn.scale
 
     @staticmethod
     def applies(block: nn.Module) -> bool:
-        if not isinstance(block, LlamaBlock) or block.attn.q_norm is not None:
+        if not isinstance(block, LlamaBlock | Gemma3Block):
             return False
         attn, mlp = block.attn, block.mlp
+        norms = [m for m in block.children() if not isinstance(m, Attention | KernelGatedMLP)]
+        norms += [n for n in (attn.q_norm, attn.k_norm) if n is not None]
         linears = (attn.wqkv, attn.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))
         return (
-            isinstance(mlp, KernelSiluMLP)
+            isinstance(mlp, KernelGatedMLP)
             and all(isinstance(m, PackedLinear) and m.kernels and m.bias is None for m in linears)
-            and isinstance(block.input_layernorm, KernelRMSNorm)
-            and isinstance(block.post_attention_layernorm, KernelRMSNorm)
+            and all(isinstance(n, KernelRMSNorm) for n in norms)
             and attn.attention_kernel is not None
         )
 
     def __call__(self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows) -> Tensor:
-        wqkv, wo, w13, w2 = self.weights
         y = self.kernel(
             x.reshape(-1, x.shape[-1]),
-            self.w_in,
-            wqkv,
-            wo,
-            self.w_post,
-            w13,
-            w2,
+            *self.weights,
+            self.unit_offset,
+            self.gelu,
             self.intermediate,
             rows.k,
             rows.v,
@@ -132,6 +146,16 @@ class FusedDecodeLayer:
             self.eps,
         )
         return y.view(x.shape)
+
+
+def _weight(norm: object) -> Tensor:
+    assert isinstance(norm, KernelRMSNorm)
+    return norm.norm.weight
+
+
+def _packed(linear: object) -> Tensor:
+    assert isinstance(linear, PackedLinear)
+    return linear.packed
 
 
 def can_optimize(model: nn.Module) -> bool:
@@ -152,13 +176,12 @@ def optimize_for_cpu(model: nn.Module) -> None:
     if kernels is None:
         return
     _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
-    _swap(model, GatedMLP, lambda m: KernelSiluMLP(m, kernels) if m.act is F.silu else m)
+    _swap(model, GatedMLP, lambda m: KernelGatedMLP(m, kernels) if m.act in _ACTS else m)
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
     for module in model.modules():
-        if FusedDecodeLayer.applies(module):
-            assert isinstance(module, LlamaBlock)
+        if isinstance(module, LlamaBlock | Gemma3Block) and FusedDecodeLayer.applies(module):
             module.decode_kernel = FusedDecodeLayer(module, kernels)
 
 

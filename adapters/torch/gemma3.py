@@ -6,7 +6,15 @@ import torch
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, gelu_tanh
+from adapters.torch.layers import (
+    Attention,
+    AttnMask,
+    Cache,
+    GatedMLP,
+    RMSNorm,
+    decode_rows,
+    gelu_tanh,
+)
 from adapters.torch.transformer import Block, Transformer
 
 
@@ -25,6 +33,10 @@ class Gemma3Block(Block):
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
+        if self.decode_kernel is not None:
+            rows = decode_rows(cache, self.attn.layer, mask, x)
+            if rows is not None:
+                return self.decode_kernel(x, rope, rows)
         h = x + self.post_attention_layernorm(self.attn(self.input_layernorm(x), rope, mask, cache))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 

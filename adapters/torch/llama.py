@@ -1,12 +1,9 @@
 """Llama 3.x (and SmolLM2, which is a Llama): pre-norm blocks, SiLU-gated MLP."""
 
-from collections.abc import Callable
-
 import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import DecodeRows
 from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, decode_rows
 from adapters.torch.transformer import Block, Transformer
 
@@ -22,10 +19,6 @@ class LlamaBlock(Block):
         self.attn = Attention(config, layer, qk_norm=qk_norm, unit_offset=False)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, F.silu)
-
-    # The whole layer for decode rows in one call, installed by CPU inference optimizations:
-    # (x, rope, rows) -> the same result as the modules (see cpu_inference.FusedDecodeLayer).
-    decode_kernel: Callable[[Tensor, tuple[Tensor, Tensor], DecodeRows], Tensor] | None = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None

@@ -4,11 +4,13 @@
 padding, and the last-position shortcut only with a cache and no padding mask.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
 from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import KVCache
+from adapters.torch.kv_cache import DecodeRows, KVCache
 from adapters.torch.layers import (
     AttnMask,
     Cache,
@@ -25,6 +27,9 @@ class Block(nn.Module):
     """One decoder layer; ``sliding`` selects the local rope and sliding-window mask."""
 
     sliding: bool = False
+    # The whole layer for decode rows in one call, installed by CPU inference optimizations:
+    # (x, rope, rows) -> the modules' result (see cpu_inference.FusedDecodeLayer).
+    decode_kernel: Callable[[Tensor, tuple[Tensor, Tensor], DecodeRows], Tensor] | None = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None

@@ -11,14 +11,20 @@ from torch.testing import assert_close
 from adapters.torch.config import RopeConfig
 from adapters.torch.cpu_inference import (
     FusedDecodeLayer,
+    KernelGatedMLP,
     KernelRMSNorm,
-    KernelSiluMLP,
     PackedLinear,
 )
 from adapters.torch.kernels import cpu_kernels
 from adapters.torch.kv_cache import KVCache, SlotKVCache
-from adapters.torch.layers import Attention, MixedBatch, RMSNorm, RotaryTable, apply_rope
-from adapters.torch.llama import LlamaBlock
+from adapters.torch.layers import (
+    Attention,
+    MixedBatch,
+    RMSNorm,
+    RotaryTable,
+    apply_rope,
+    gelu_tanh,
+)
 from adapters.torch.loader import load_model
 from tests.integration.tiny_models import save_tiny_model
 
@@ -226,7 +232,7 @@ def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) ->
     fast = load_model(tmp_path, dtype=BF16)
     plain = load_model(tmp_path, dtype=BF16, prepack=False)
     kinds = {type(m) for m in fast.modules()}
-    assert {PackedLinear, KernelRMSNorm, KernelSiluMLP} <= kinds
+    assert {PackedLinear, KernelRMSNorm, KernelGatedMLP} <= kinds
     ids = torch.tensor([[3, 14, 15, 92, 65]])
     caches = [KVCache.from_model_config(fast.config, 8, dtype=BF16) for _ in range(2)]
     with torch.inference_mode():
@@ -239,13 +245,24 @@ def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) ->
         )
 
 
-def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(tmp_path: Path) -> None:
-    """Llama blocks run decode rows as one kernel call (``decode_layer``); for a single
-    sequence (generate's cache) and for engine steps of several rows at their own positions,
-    the logits are identical to the modules' path, and steps with prompt chunks keep it."""
-    save_tiny_model("llama", tmp_path, head_dim=32, intermediate_size=96)
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("llama", {"head_dim": 32, "intermediate_size": 96}),
+        ("qwen3", {}),  # QK-norm
+        ("gemma3", {}),  # (1 + w) norms around attention and MLP, tanh-GELU, sliding window
+    ],
+)
+def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(
+    arch: str, overrides: dict, tmp_path: Path
+) -> None:
+    """Blocks run decode rows as one kernel call (``decode_layer``); for a single sequence
+    (generate's cache) and for engine steps of several rows at their own positions (past
+    Gemma's sliding window too), the logits are identical to the modules' path, and steps
+    with prompt chunks keep the modules."""
+    save_tiny_model(arch, tmp_path, **overrides)
     model = load_model(tmp_path, dtype=BF16)
-    blocks = [m for m in model.modules() if isinstance(m, LlamaBlock)]
+    blocks = list(model.layers)
     assert blocks and all(isinstance(b.decode_kernel, FusedDecodeLayer) for b in blocks)
     fused = [b.decode_kernel for b in blocks]
 
@@ -260,7 +277,7 @@ def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(tmp_path: 
     def generate() -> Tensor:
         cache = KVCache.from_model_config(model.config, 16, dtype=BF16)
         logits = [model(torch.tensor([[3, 14, 15, 92, 65]]), kv_cache=cache)]
-        for token in (7, 8, 9):
+        for token in (7, 8, 9, 10, 11):
             logits.append(model(torch.tensor([[token]]), kv_cache=cache))
         return torch.cat(logits, dim=1)
 
@@ -287,7 +304,13 @@ def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(tmp_path: 
 
 
 def test_the_fused_decode_layer_is_left_out_where_it_does_not_apply(tmp_path: Path) -> None:
-    save_tiny_model("qwen3", tmp_path)  # QK-norm: the modules' path
+    save_tiny_model("llama", tmp_path)  # head_dim 16: no attention kernel, the modules' path
     model = load_model(tmp_path, dtype=BF16)
-    blocks = [m for m in model.modules() if isinstance(m, LlamaBlock)]
-    assert blocks and all(b.decode_kernel is None for b in blocks)
+    assert all(b.decode_kernel is None for b in model.layers)
+
+
+def test_gelu_tanh_mul_matches_the_pytorch_ops() -> None:
+    torch.manual_seed(3)
+    gate_up = torch.randn(5, 2 * 1000, dtype=BF16) * 4  # 1000: a tail past 62 x 16
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert_close(kernels.gelu_tanh_mul(gate_up), gelu_tanh(gate) * up)

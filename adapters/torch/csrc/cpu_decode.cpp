@@ -137,9 +137,38 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
   return y;
 }
 
-// silu(gate) * up for gate_up [..., 2I] laid out as [gate | up]; silu rounds to bf16 before the
-// product, as PyTorch's two bf16 ops do.
-torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+// The gating activations of a gated MLP, on 16 floats and on one.
+enum class Act { kSilu, kGeluTanh };
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+
+template <Act A>
+inline __m512 act16(__m512 g) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  if constexpr (A == Act::kSilu) {
+    return _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+  } else {
+    // 0.5 g (1 + tanh(u)) = g - g / (1 + exp(2u)), u = sqrt(2/pi) (g + 0.044715 g^3)
+    const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(kGeluC), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+    const __m512 e = exp512(_mm512_min_ps(_mm512_add_ps(u, u), _mm512_set1_ps(88.f)));
+    return _mm512_sub_ps(g, _mm512_div_ps(g, _mm512_add_ps(one, e)));
+  }
+}
+
+template <Act A>
+inline float act1(float g) {
+  if constexpr (A == Act::kSilu) {
+    return g / (1.f + std::exp(-g));
+  } else {
+    return 0.5f * g * (1.f + std::tanh(kGeluC * (g + 0.044715f * g * g * g)));
+  }
+}
+
+// act(gate) * up for gate_up [..., 2I] laid out as [gate | up]; the activation rounds to
+// bf16 before the product, as PyTorch's two bf16 ops do.
+template <Act A>
+torch::Tensor gated_act(const torch::Tensor& gate_up) {
   check_bf16(gate_up, "gate_up");
   const int64_t inter = gate_up.size(-1) / 2, n = gate_up.numel() / (2 * inter);
   auto sizes = gate_up.sizes().vec();
@@ -154,20 +183,20 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
     const uint16_t* u_row = g_row + inter;
     uint16_t* y_row = Y + row * inter;
     for (int64_t i = 0; i < vec_end; i += 16) {
-      const __m512 g = load_bf16x16(g_row + i);
-      const __m512 one = _mm512_set1_ps(1.f);
-      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-      const __m512 prod = _mm512_mul_ps(round_bf16x16(silu), load_bf16x16(u_row + i));
+      const __m512 prod = _mm512_mul_ps(round_bf16x16(act16<A>(load_bf16x16(g_row + i))), load_bf16x16(u_row + i));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y_row + i),
                           reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(prod)));
     }
     for (int64_t i = vec_end; i < inter; ++i) {
-      const float g = bf16_to_float(g_row[i]);
-      y_row[i] = float_to_bf16(round_bf16(g / (1.f + std::exp(-g))) * bf16_to_float(u_row[i]));
+      y_row[i] = float_to_bf16(round_bf16(act1<A>(bf16_to_float(g_row[i]))) * bf16_to_float(u_row[i]));
     }
   }
   return y;
 }
+
+torch::Tensor silu_mul(const torch::Tensor& gate_up) { return gated_act<Act::kSilu>(gate_up); }
+
+torch::Tensor gelu_tanh_mul(const torch::Tensor& gate_up) { return gated_act<Act::kGeluTanh>(gate_up); }
 
 // In place: s[0..n) -> exp(s - max), vectorized (the tail is padded with -inf by a mask);
 // returns the sum, and the max in *top_out.
@@ -1043,33 +1072,48 @@ void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tenso
                   dim * sizeof(uint16_t));
 }
 
-// One Llama decoder layer (pre-norm, no biases, no QK-norm, SiLU-gated MLP) for R decode
-// rows, each one new token: x [R, hidden]. Row r writes its key and value at positions[r] of
-// cache row r (k_cache, v_cache [S, Hkv, M, D], one layer) and attends to keys < lengths[r]
-// (within `window`, 0 = all) of the first kv_len positions; cos, sin [R, 1, 1, D] at the
-// rows' positions. The module path's kernels in its order, so the result is identical: one
-// call instead of ~40 Python-level ops (~1.5 ms of a ~8 ms single-stream step).
+// One decoder layer for R decode rows, each one new token: x [R, hidden]. Llama / Qwen3:
+// h = x + attn(norm_in(x)), out = h + mlp(norm_mlp(h)); Gemma 3 also normalizes the attention
+// and MLP outputs (post_attn, post_mlp) and uses (1 + w) norms (unit_offset) and tanh-GELU.
+// Optional per-head QK-norm (q_norm, k_norm) before RoPE. No biases. Row r writes its key and
+// value at positions[r] of cache row r (k_cache, v_cache [S, Hkv, M, D], one layer) and attends
+// to keys < lengths[r] (within `window`, 0 = all) of the first kv_len positions; cos, sin
+// [R, 1, 1, D] at the rows' positions. The modules' kernels in their order, so the result is
+// identical: one call instead of ~40-50 Python-level ops (~1.5 ms of a ~8 ms single-row step).
 torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& wqkv,
-                           const torch::Tensor& wo, const torch::Tensor& w_post, const torch::Tensor& w13,
-                           const torch::Tensor& w2, int64_t intermediate, torch::Tensor& k_cache,
+                           const torch::Tensor& wo, const c10::optional<torch::Tensor>& w_post_attn,
+                           const torch::Tensor& w_mlp, const torch::Tensor& w13, const torch::Tensor& w2,
+                           const c10::optional<torch::Tensor>& w_post_mlp,
+                           const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
+                           bool unit_offset, bool gelu, int64_t intermediate, torch::Tensor& k_cache,
                            torch::Tensor& v_cache, const torch::Tensor& positions, const torch::Tensor& lengths,
                            int64_t kv_len, int64_t window, const torch::Tensor& cos, const torch::Tensor& sin,
                            int64_t n_heads, int64_t n_kv, double scale, double eps) {
   const int64_t rows = x.size(0), hidden = x.size(1), head_dim = k_cache.size(3);
-  TORCH_CHECK(x.dim() == 2 && k_cache.dim() == 4 && rows <= k_cache.size(0) && kv_len <= k_cache.size(2),
-              "decode_layer: x [R, hidden], caches [S >= R, Hkv, M >= kv_len, D]");
-  const auto qkv = gemm_packed(rms_norm(x, w_in, eps, false), wqkv, (n_heads + 2 * n_kv) * head_dim)
+  TORCH_CHECK(x.dim() == 2 && k_cache.dim() == 4 && rows <= k_cache.size(0) && kv_len <= k_cache.size(2) &&
+                  q_norm.has_value() == k_norm.has_value(),
+              "decode_layer: x [R, hidden], caches [S >= R, Hkv, M >= kv_len, D], both QK norms or none");
+  const auto qkv = gemm_packed(rms_norm(x, w_in, eps, unit_offset), wqkv, (n_heads + 2 * n_kv) * head_dim)
                        .view({rows, 1, n_heads + 2 * n_kv, head_dim});
-  const auto rotated = rope(qkv.narrow(2, 0, n_heads + n_kv), cos.reshape({rows, 1, 1, head_dim}),
-                            sin.reshape({rows, 1, 1, head_dim}))
-                           .transpose(1, 2);  // [R, H + Hkv, 1, D]
+  auto qk = qkv.narrow(2, 0, n_heads + n_kv);
+  if (q_norm.has_value()) {
+    qk = torch::cat({rms_norm(qk.narrow(2, 0, n_heads).contiguous(), *q_norm, eps, unit_offset),
+                     rms_norm(qk.narrow(2, n_heads, n_kv).contiguous(), *k_norm, eps, unit_offset)},
+                    2);
+  }
+  const auto rotated =
+      rope(qk, cos.reshape({rows, 1, 1, head_dim}), sin.reshape({rows, 1, 1, head_dim})).transpose(1, 2);
   write_rows(k_cache, rotated.narrow(1, n_heads, n_kv), positions);
   write_rows(v_cache, qkv.narrow(2, n_heads + n_kv, n_kv).transpose(1, 2), positions);
   const auto y = attention(rotated.narrow(1, 0, n_heads), k_cache.narrow(0, 0, rows).narrow(2, 0, kv_len),
                            v_cache.narrow(0, 0, rows).narrow(2, 0, kv_len), lengths, window, scale);
-  const auto h = x + gemm_packed(y.transpose(1, 2).reshape({rows, n_heads * head_dim}), wo, hidden);
-  return h + gemm_packed(silu_mul(gemm_packed(rms_norm(h, w_post, eps, false), w13, 2 * intermediate)), w2,
-                         hidden);
+  auto attn = gemm_packed(y.transpose(1, 2).reshape({rows, n_heads * head_dim}), wo, hidden);
+  if (w_post_attn.has_value()) attn = rms_norm(attn, *w_post_attn, eps, unit_offset);
+  const auto h = x + attn;
+  const auto gate_up = gemm_packed(rms_norm(h, w_mlp, eps, unit_offset), w13, 2 * intermediate);
+  auto mlp = gemm_packed(gelu ? gelu_tanh_mul(gate_up) : silu_mul(gate_up), w2, hidden);
+  if (w_post_mlp.has_value()) mlp = rms_norm(mlp, *w_post_mlp, eps, unit_offset);
+  return h + mlp;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1078,9 +1122,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_packed", &gemm_packed, "bf16 matrix product on panel-packed weights (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
   m.def("silu_mul", &silu_mul, "bf16 silu(gate) * up");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "bf16 gelu_tanh(gate) * up");
   m.def("sample_rows", &sample_rows, "sample one token per row: top-k, temperature, top-p, min-p, inverse CDF");
   m.def("rope", &rope, "rotate-half RoPE in one pass (bf16)");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
   m.def("write_rows", &write_rows, "one decode step's writes into a slot KV cache layer");
-  m.def("decode_layer", &decode_layer, "one Llama decoder layer for decode rows (the module path's kernels)");
+  m.def("decode_layer", &decode_layer, "one decoder layer for decode rows (the module path's kernels)");
 }
