@@ -15,12 +15,13 @@ Workloads (prompts: random token ids in [100, vocab_size - 1000), seeded per wor
 By default each batching mode gets its own freshly launched server (``infer serve`` on a
 free port, one warm-up request, all workloads, then stopped). The baseline runs the W1 and
 W2 prompts one at a time through ``adapters.torch.generate.generate()`` in this process,
-while no server is running. Usage:
+while no server is running; ``--hf-baseline`` also runs them one at a time through
+transformers' ``generate`` on the same weights (greedy only). Usage:
 
     .venv/bin/python benchmarks/bench_serving.py                    # everything (long)
         [--model SPEC] [--dtype bfloat16] [--modes static,continuous]
         [--workloads w1,w2,sweep] [--concurrency 1,4,16,64] [--no-baseline] [--rounds 3]
-        [--result-json PATH]
+        [--hf-baseline] [--result-json PATH]
     .venv/bin/python benchmarks/bench_serving.py --base-url http://127.0.0.1:8000 \\
         --label mine --no-baseline                                  # a running server
     .venv/bin/python benchmarks/bench_serving.py --workloads w1 --modes continuous \\
@@ -480,6 +481,51 @@ def run_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[st
     return out
 
 
+def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[str, Any]]:
+    """The same requests one after another through transformers' ``generate`` on the same
+    converted weights and dtype (greedy, exactly the requested number of new tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from entrypoints.container import DTYPES
+
+    folder = container.resolved_model().path
+    dtype = DTYPES[container.config.dtype()]
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+
+    def generate(prompt: list[int], n: int) -> int:
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = model.generate(
+                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+            )
+        return out.shape[1] - ids.shape[1]
+
+    generate(list(range(1000, 1064)), 16)  # warm-up
+    out = {}
+    for w in workloads:
+        if any(spec.temperature != 0 for spec in w.specs):
+            raise ValueError("--hf-baseline runs greedy requests only")
+        start, tokens = time.perf_counter(), 0
+        for i, spec in enumerate(w.specs, 1):
+            tokens += generate(spec.prompt, spec.output_len)
+            _progress(f"[sequential transformers] {w.name}: {i}/{len(w.specs)} done")
+        duration = time.perf_counter() - start
+        inputs = sum(len(s.prompt) for s in w.specs)
+        out[w.name] = {
+            "requests": len(w.specs),
+            "completed": len(w.specs),
+            "failed": 0,
+            "duration_s": duration,
+            "total_input_tokens": inputs,
+            "total_output_tokens": tokens,
+            "request_throughput": len(w.specs) / duration,
+            "output_throughput": tokens / duration,
+            "total_token_throughput": (inputs + tokens) / duration,
+        }
+    return out
+
+
 # ---------------------------------------------------------------------------- report
 
 
@@ -565,8 +611,10 @@ def report(
     servers: dict[str, dict[str, dict[str, Any]]],
     baseline: dict[str, dict[str, Any]],
     vocab_size: int,
+    hf_baseline: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Print the markdown report; return the summary ratios."""
+    hf_baseline = hf_baseline or {}
     print("# bench_serving\n")
     print(machine_line())
     print(
@@ -579,11 +627,19 @@ def report(
         seq = baseline.get(w.name)
         if seq is not None:
             columns["sequential"] = seq
+        if w.name in hf_baseline:
+            columns["sequential transformers"] = hf_baseline[w.name]
         print(_table(w, columns, seq["output_throughput"] if seq else None) + "\n")
     sweep = [w for w in workloads if w.name.startswith("sweep")]
     if sweep:
         print(_sweep_table(sweep, servers) + "\n")
     ratios = _ratios(servers, baseline, sweep)
+    for w, hf in hf_baseline.items():
+        for label, s in [*servers.items(), ("sequential", baseline)]:
+            if w in s:
+                ratios[f"{w} {label}/sequential transformers"] = _ratio(
+                    s[w]["output_throughput"], hf["output_throughput"]
+                )
     print("summary: " + "; ".join(f"{k} {v}" for k, v in ratios.items()))
     return ratios
 
@@ -641,6 +697,13 @@ def main() -> None:
         if args.base_url:
             _progress("warning: the sequential baseline runs next to the server at --base-url")
         baseline = run_baseline(container, [w for w in workloads if w.baseline])
+    hf_baseline: dict[str, dict[str, Any]] = {}
+    if args.hf_baseline:
+        if container is None:
+            from entrypoints.container import create_container
+
+            container = create_container(args.model, dtype=args.dtype, device=args.device)
+        hf_baseline = run_hf_baseline(container, [w for w in workloads if w.baseline])
     del container  # free the baseline model before any server starts
     gc.collect()
     servers = {}
@@ -656,13 +719,14 @@ def main() -> None:
         rounds.append(results)
         for mode, result in results.items():
             servers[mode if args.rounds == 1 else f"{mode} #{r + 1}"] = result
-    ratios = report(args, workloads, servers, baseline, vocab_size)
+    ratios = report(args, workloads, servers, baseline, vocab_size, hf_baseline)
     if len(rounds) > 1:
         ratios |= round_ratios(rounds, [w.name for w in workloads])
         print("per round: " + "; ".join(f"{k} {v}" for k, v in ratios.items() if "round" in k))
     if args.result_json:
         raw = {"machine": machine_line(), "args": vars(args), "vocab_size": vocab_size}
         raw |= {"servers": servers, "sequential": baseline, "summary": ratios}
+        raw |= {"sequential_transformers": hf_baseline}
         Path(args.result_json).write_text(json.dumps(raw, indent=2, default=str) + "\n")
 
 
@@ -777,6 +841,11 @@ def _args() -> argparse.Namespace:
     p.add_argument("--sweep-input-len", type=_range, default="96,128", help="LOW,HIGH")
     p.add_argument("--sweep-output-len", type=int, default=128)
     p.add_argument("--no-baseline", action="store_true", help="skip sequential generate()")
+    p.add_argument(
+        "--hf-baseline",
+        action="store_true",
+        help="also run W1/W2 one at a time through transformers' generate (greedy only)",
+    )
     p.add_argument("--result-json", default=None, help="write all aggregates here")
     return p.parse_args()
 
