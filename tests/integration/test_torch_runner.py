@@ -34,15 +34,17 @@ class ListSink:
         ("gemma3", torch.float32),
         ("qwen3", torch.float32),
         # bf16 on a CPU: the compiled kernels (batched attention, cache writes, argmax)
+        # (and the fused decode layer; Llama with head_dim 32 so that it applies)
         ("gemma3", torch.bfloat16),
         ("qwen3", torch.bfloat16),
+        ("llama", torch.bfloat16, {"head_dim": 32}),
     ],
     ids=lambda p: f"{p[0]}-{str(p[1]).removeprefix('torch.')}",
 )
 def model(request, tmp_path_factory):
-    arch, dtype = request.param
+    arch, dtype, *overrides = request.param
     folder: Path = tmp_path_factory.mktemp(arch)
-    save_tiny_model(arch, folder)
+    save_tiny_model(arch, folder, **(overrides[0] if overrides else {}))
     return load_model(folder, dtype=dtype)
 
 
