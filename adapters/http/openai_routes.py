@@ -117,6 +117,8 @@ def _decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
         raise HTTPError(400, message, "invalid_request_error") from e
     except msgspec.DecodeError as e:
         raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
+    except RecursionError as e:  # msgspec's guard against deeply nested input
+        raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
 
 def _check(requested: str | None, served: str) -> None:

@@ -215,6 +215,19 @@ async def test_leaving_a_merged_stream_early_closes_every_stream() -> None:
     assert sorted(closed) == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [("/v1/completions", '"prompt": '), ("/v1/chat/completions", '"messages": [{"content": ')],
+)
+def test_deeply_nested_json_is_a_400_not_a_crash(http: TestClient, path: str, field: str) -> None:
+    """Fields that take any JSON (a prompt's lists, a message) nested past msgspec's limit."""
+    close = "}]}" if "messages" in field else "}"
+    body = "{" + field + "[" * 5000 + "]" * 5000 + close
+    response = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "malformed JSON: nested too deeply"
+
+
 def test_an_unexpected_exception_is_a_500_in_the_openai_schema(
     http: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
