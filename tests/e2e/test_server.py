@@ -57,9 +57,12 @@ def client(base_url: str) -> openai.OpenAI:
 
 
 def test_chat_completion_answers(client: openai.OpenAI) -> None:
+    # A question the 135M model answers the same in float32 and in bf16 with either
+    # summation order of the attention kernels ("What is the capital of France?" is a
+    # near-tie at its first token in bf16: 0.25 apart, two steps of bf16's resolution there).
     reply = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": "Name the capital city of France."}],
         temperature=0,
         max_tokens=20,
     )

@@ -364,31 +364,8 @@ void rearrange_block(const uint16_t* k, const uint16_t* v, int64_t row, int64_t 
   }
 }
 
-// Scores of G heads' queries (q[g]: dim / 2 words) against one rearranged key block: lanes
-// outside `valid` get -inf. Four accumulators per head keep the vdpbf16ps chains independent.
-template <int G>
-inline void qk_block(const uint32_t* const* q, const uint32_t* kt, int64_t pairs, float scale, __mmask16 valid,
-                     float* const* s, int64_t at) {
-  __m512 acc[G][4];
-  for (int g = 0; g < G; ++g)
-    for (int u = 0; u < 4; ++u) acc[g][u] = _mm512_setzero_ps();
-  for (int64_t d2 = 0; d2 < pairs; d2 += 4) {
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) {
-      const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kt + (d2 + u) * kKeyBlock));
-      for (int g = 0; g < G; ++g)
-        acc[g][u] = _mm512_dpbf16_ps(acc[g][u], reinterpret_cast<__m512bh>(_mm512_set1_epi32(q[g][d2 + u])), kv);
-    }
-  }
-  const __m512 minus_inf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
-  for (int g = 0; g < G; ++g) {
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_add_ps(acc[g][2], acc[g][3]));
-    _mm512_storeu_ps(s[g] + at, _mm512_mask_mul_ps(minus_inf, valid, sum, sc));
-  }
-}
-
-// out[g] = p[g] @ V over `blocks` rearranged key blocks, for G heads (p[g]: 16 probabilities
-// per block, zero outside the query's keys).
+// out[g] = p[g] @ V over `blocks` rearranged key blocks, for G rows of one KV group (p[g]: 16
+// probabilities per block, zero outside the row's keys): each value word loaded once for all.
 template <int G>
 void pv_blocks(const float* const* p, const uint32_t* vp, int64_t blocks, int64_t dim, uint16_t* const* out) {
   const int64_t chunks = dim / 16;
@@ -435,27 +412,65 @@ void pv_blocks(const float* const* p, const uint32_t* vp, int64_t blocks, int64_
   }
 }
 
-// One query's G heads (of one KV head's group): scores over key blocks [lo, hi) of the
-// rearranged keys (block 0 at position `base`), softmax over keys [start, end), P @ V.
-template <int G>
-void prompt_query(const uint32_t* const* q, const uint32_t* kt, const uint32_t* vp, int64_t base, int64_t start,
-                  int64_t end, int64_t dim, float scale, float* scores, int64_t s_stride, uint16_t* const* out) {
-  const int64_t lo = (start - base) / kKeyBlock, hi = (end - base + kKeyBlock - 1) / kKeyBlock;
-  float* s[G];
-  const float* p[G];
-  for (int g = 0; g < G; ++g) {
-    s[g] = scores + g * s_stride;
-    p[g] = s[g];
+// Scores of R query rows (q[r]: dim / 2 words; the rows may mix queries and heads of one KV
+// group) against NB consecutive rearranged key blocks (keys `first` .. first + 16 NB): each
+// block's words are loaded once for all R rows and every loaded q word feeds NB products, with
+// the R x NB accumulators in registers (a broadcast per product made Q @ K load-bound). Row
+// r's keys outside [start[r], end[r]) get -inf; s[r] + at receives its 16 NB scores.
+template <int R, int NB>
+inline void qk_tile(const uint32_t* const* q, const uint32_t* kt, int64_t pairs, float scale, int64_t first,
+                    const int64_t* start, const int64_t* end, float* const* s, int64_t at) {
+  __m512 acc[R][NB];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
+  const int64_t block_words = kKeyBlock * pairs;
+  for (int64_t d2 = 0; d2 < pairs; ++d2) {
+    __m512bh kv[NB];
+    for (int n = 0; n < NB; ++n)
+      kv[n] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kt + n * block_words + d2 * kKeyBlock));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(q[r][d2]));
+      for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], w, kv[n]);
+    }
   }
-  for (int64_t blk = lo; blk < hi; ++blk) {
-    const int64_t first = base + blk * kKeyBlock;
-    const int64_t from = std::max<int64_t>(0, start - first), to = std::min<int64_t>(kKeyBlock, end - first);
-    const __mmask16 valid = static_cast<__mmask16>(((1u << to) - 1) & ~((1u << from) - 1));
-    qk_block<G>(q, kt + blk * kKeyBlock * dim / 2, dim / 2, scale, valid, s, blk * kKeyBlock);
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NB; ++n) {
+      const int64_t f = first + n * kKeyBlock;
+      const int64_t from = std::clamp<int64_t>(start[r] - f, 0, kKeyBlock);
+      const int64_t to = std::clamp<int64_t>(end[r] - f, 0, kKeyBlock);
+      const __mmask16 valid = from >= to ? 0 : static_cast<__mmask16>(((1u << to) - 1) & ~((1u << from) - 1));
+      _mm512_storeu_ps(s[r] + at + n * kKeyBlock, _mm512_mask_mul_ps(minus_inf, valid, acc[r][n], sc));
+    }
+}
+
+// R query rows of one KV group (any mix of queries and heads; row r attends keys [start[r],
+// end[r])): scores over the union of their key blocks (block 0 of the rearranged keys at
+// position `base`) four blocks at a time, a softmax per row, then P @ V for all R rows at once.
+template <int R>
+void prompt_rows(const uint32_t* const* q, const uint32_t* kt, const uint32_t* vp, int64_t base,
+                 const int64_t* start, const int64_t* end, int64_t dim, float scale, float* scores,
+                 int64_t s_stride, uint16_t* const* out) {
+  int64_t first_key = start[0], last_end = end[0];
+  for (int r = 1; r < R; ++r) {
+    first_key = std::min(first_key, start[r]);
+    last_end = std::max(last_end, end[r]);
   }
-  for (int g = 0; g < G; ++g) softmax_inplace(s[g] + lo * kKeyBlock, (hi - lo) * kKeyBlock);
-  for (int g = 0; g < G; ++g) p[g] += lo * kKeyBlock;
-  pv_blocks<G>(p, vp + lo * kKeyBlock * dim / 2, hi - lo, dim, out);
+  const int64_t lo = (first_key - base) / kKeyBlock, hi = (last_end - base + kKeyBlock - 1) / kKeyBlock;
+  const int64_t pairs = dim / 2, block_words = kKeyBlock * pairs;
+  float* s[R];
+  const float* p[R];
+  for (int r = 0; r < R; ++r) s[r] = scores + r * s_stride;
+  int64_t blk = lo;
+  for (; blk + 4 <= hi; blk += 4)
+    qk_tile<R, 4>(q, kt + blk * block_words, pairs, scale, base + blk * kKeyBlock, start, end, s, blk * kKeyBlock);
+  for (; blk < hi; ++blk)
+    qk_tile<R, 1>(q, kt + blk * block_words, pairs, scale, base + blk * kKeyBlock, start, end, s, blk * kKeyBlock);
+  for (int r = 0; r < R; ++r) {
+    softmax_inplace(s[r] + lo * kKeyBlock, (hi - lo) * kKeyBlock);
+    p[r] = s[r] + lo * kKeyBlock;
+  }
+  pv_blocks<R>(p, vp + lo * block_words, hi - lo, dim, out);
 }
 
 // Causal attention over a bf16 cache, heads grouped per KV head (GQA), for decode (T = 1) and
@@ -517,36 +532,52 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                           std::min<int64_t>(kKeyBlock, len[b] - first), dim, kt.get() + at, vp.get() + at);
         }
       }
-      std::vector<float> scores(std::min<int64_t>(4, group) * s_stride);
+      // Tiles of consecutive queries whose (query, head) rows of one KV group, at most
+      // kMaxRows, share each key block load (a group of more heads than that: one query per
+      // tile, its heads in several calls).
+      constexpr int64_t kMaxRows = 6;
+      const int64_t per_tile = group >= kMaxRows ? 1 : kMaxRows / group;
+      const int64_t tiles = (queries + per_tile - 1) / per_tile;
+      std::vector<float> scores(kMaxRows * s_stride);
 #pragma omp for schedule(dynamic) collapse(3)
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
-          for (int64_t t = 0; t < queries; ++t) {
-            const int64_t end = len[b] - queries + t + 1;
-            const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
-            uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
-            if (end <= start) {
-              std::fill(o, o + group * dim, 0);
-              continue;
-            }
-            const int64_t at = offset[b] + g * blocks[b] * block_words;
-            for (int64_t h0 = 0; h0 < group; h0 += 4) {
-              const uint32_t* qs[4];
-              uint16_t* os[4];
-              const int64_t count = std::min<int64_t>(4, group - h0);
-              for (int64_t h = 0; h < count; ++h) {
-                qs[h] = reinterpret_cast<const uint32_t*>(Q + b * q.stride(0) + (g * group + h0 + h) * q.stride(1) + t * q.stride(2));
-                os[h] = o + (h0 + h) * dim;
-              }
-              const uint32_t* ktb = kt.get() + at;
-              const uint32_t* vpb = vp.get() + at;
+          for (int64_t tile = 0; tile < tiles; ++tile) {
+            const uint32_t* qs[kMaxRows];
+            uint16_t* os[kMaxRows];
+            int64_t starts[kMaxRows], ends[kMaxRows];
+            int64_t count = 0;
+            const uint32_t* ktb = kt.get() + offset[b] + g * blocks[b] * block_words;
+            const uint32_t* vpb = vp.get() + offset[b] + g * blocks[b] * block_words;
+            auto flush = [&]() {
               switch (count) {
-                case 1: prompt_query<1>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
-                case 2: prompt_query<2>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
-                case 3: prompt_query<3>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
-                default: prompt_query<4>(qs, ktb, vpb, base[b], start, end, dim, fscale, scores.data(), s_stride, os); break;
+                case 1: prompt_rows<1>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+                case 2: prompt_rows<2>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+                case 3: prompt_rows<3>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+                case 4: prompt_rows<4>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+                case 5: prompt_rows<5>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+                case 6: prompt_rows<6>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+                default: break;
+              }
+              count = 0;
+            };
+            for (int64_t t = tile * per_tile; t < std::min(queries, (tile + 1) * per_tile); ++t) {
+              const int64_t end = len[b] - queries + t + 1;
+              const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+              uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
+              if (end <= start) {
+                std::fill(o, o + group * dim, 0);
+                continue;
+              }
+              for (int64_t h = 0; h < group; ++h) {
+                qs[count] = reinterpret_cast<const uint32_t*>(Q + b * q.stride(0) + (g * group + h) * q.stride(1) + t * q.stride(2));
+                os[count] = o + h * dim;
+                starts[count] = start;
+                ends[count] = end;
+                if (++count == kMaxRows) flush();
               }
             }
+            flush();
           }
         }
       }
