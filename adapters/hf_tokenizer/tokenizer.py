@@ -33,13 +33,11 @@ class HFTokenizer:
         eos_token_ids: frozenset[int],
         chat_template: str | None,
         special_tokens: Mapping[str, str],
-        name: str,
     ) -> None:
         self._tokenizer = tokenizer
         self._eos_token_ids = eos_token_ids
         self._template = _compile(chat_template) if chat_template else None
         self._special_tokens = dict(special_tokens)
-        self._name = name
 
     @classmethod
     def from_folder(cls, path: Path) -> "HFTokenizer":
@@ -58,7 +56,6 @@ class HFTokenizer:
             eos_token_ids=frozenset(eos),
             chat_template=_chat_template(path, config),
             special_tokens=special,
-            name=path.name,
         )
 
     @property
