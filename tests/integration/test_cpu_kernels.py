@@ -139,6 +139,11 @@ def _reference_attention(
         (12, 2, 64, 1, 40, [77], 0),  # a prompt chunk, groups of 6 heads, several key blocks
         (4, 1, 256, 1, 33, [50], 0),
         (9, 3, 64, 2, 19, [45, 19], 13),  # two rows' chunks, a window off the key blocks
+        # Prompt tiles: 8 heads per KV head (rows split 6 + 2), 5 (one query per tile, under a
+        # window), 1 (six queries per tile, the last tile partial)
+        (8, 1, 64, 1, 21, [40], 0),
+        (10, 2, 64, 1, 9, [30], 7),
+        (4, 4, 32, 1, 17, [50], 0),
         # Decode with fewer (row, KV head) pairs than twice the threads: keys split in pieces
         (4, 1, 256, 1, 1, [700], 0),  # Gemma's single KV head
         (9, 3, 64, 1, 1, [300], 0),
