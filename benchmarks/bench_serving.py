@@ -451,34 +451,12 @@ def run_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[st
             max_new_tokens=n, temperature=temperature, top_p=top_p, ignore_eos=True
         )
 
+    def one(spec: RequestSpec) -> int:
+        p = params(spec.output_len, spec.temperature, spec.top_p)
+        return len(generate(model, tokenizer, spec.prompt, p).token_ids)
+
     generate(model, tokenizer, list(range(1000, 1064)), params(16))  # warm-up
-    out = {}
-    for w in workloads:
-        start, tokens = time.perf_counter(), 0
-        for i, spec in enumerate(w.specs, 1):
-            tokens += len(
-                generate(
-                    model,
-                    tokenizer,
-                    spec.prompt,
-                    params(spec.output_len, spec.temperature, spec.top_p),
-                ).token_ids
-            )
-            _progress(f"[sequential] {w.name}: {i}/{len(w.specs)} done")
-        duration = time.perf_counter() - start
-        inputs = sum(len(s.prompt) for s in w.specs)
-        out[w.name] = {
-            "requests": len(w.specs),
-            "completed": len(w.specs),
-            "failed": 0,
-            "duration_s": duration,
-            "total_input_tokens": inputs,
-            "total_output_tokens": tokens,
-            "request_throughput": len(w.specs) / duration,
-            "output_throughput": tokens / duration,
-            "total_token_throughput": (inputs + tokens) / duration,
-        }
-    return out
+    return _run_sequentially(workloads, "sequential", one)
 
 
 def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[str, Any]]:
@@ -489,6 +467,8 @@ def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict
 
     from entrypoints.container import DTYPES
 
+    if any(spec.temperature != 0 for w in workloads for spec in w.specs):
+        raise ValueError("--hf-baseline runs greedy requests only")
     folder = container.resolved_model().path
     dtype = DTYPES[container.config.dtype()]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
@@ -502,14 +482,21 @@ def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict
         return out.shape[1] - ids.shape[1]
 
     generate(list(range(1000, 1064)), 16)  # warm-up
+    return _run_sequentially(
+        workloads, "sequential transformers", lambda spec: generate(spec.prompt, spec.output_len)
+    )
+
+
+def _run_sequentially(
+    workloads: list[Workload], label: str, one: Callable[[RequestSpec], int]
+) -> dict[str, dict[str, Any]]:
+    """Each workload's requests one after another through ``one`` (-> output tokens)."""
     out = {}
     for w in workloads:
-        if any(spec.temperature != 0 for spec in w.specs):
-            raise ValueError("--hf-baseline runs greedy requests only")
         start, tokens = time.perf_counter(), 0
         for i, spec in enumerate(w.specs, 1):
-            tokens += generate(spec.prompt, spec.output_len)
-            _progress(f"[sequential transformers] {w.name}: {i}/{len(w.specs)} done")
+            tokens += one(spec)
+            _progress(f"[{label}] {w.name}: {i}/{len(w.specs)} done")
         duration = time.perf_counter() - start
         inputs = sum(len(s.prompt) for s in w.specs)
         out[w.name] = {
