@@ -46,7 +46,8 @@ class KVCache:
     def __post_init__(self) -> None:
         # Per-layer views made once: indexing the 5-d tensors costs several ops per step.
         self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
-        self._position: Tensor | None = None  # [seq_len], made once per step for decode_rows
+        # [seq_len] for decode_rows, made once per step (at the position it was made for)
+        self._position, self._position_at = torch.empty(0, dtype=torch.long), -1
 
     @staticmethod
     def from_model_config(
@@ -87,8 +88,9 @@ class KVCache:
         if self.seq_len >= self.max_seq_len:
             end, limit = self.seq_len + 1, self.max_seq_len
             raise ValueError(f"KV cache overflow: {end} positions > max_seq_len {limit}")
-        if self._position is None or int(self._position) != self.seq_len:
+        if self._position_at != self.seq_len:
             self._position = torch.tensor([self.seq_len], device=self.k.device)
+            self._position_at = self.seq_len
         return DecodeRows(
             self._k_layers[layer],
             self._v_layers[layer],
