@@ -53,6 +53,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = _decode(_completion_decoder, await request.body())
         _check(body.model, model_name)
+        _check_stream_options(body)
         _refuse(
             ("best_of", body.best_of not in (None, 1)),
             ("echo", bool(body.echo)),
@@ -62,7 +63,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         params = _sampling(body, max_tokens, "max_tokens")
         prompts = _prompts(body.prompt)
-        streams = await _start(engine, "cmpl", prompts, params)
+        streams = await _start(engine, "cmpl", prompts, params, "prompt")
         reply_id = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -77,6 +78,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
     async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = _decode(_chat_decoder, await request.body())
         _check(body.model, model_name)
+        _check_stream_options(body)
         _refuse(*_chat_unsupported(body), *_common_unsupported(body))
         prompt = _render(engine, body.messages)
         if body.max_completion_tokens is not None:
@@ -85,7 +87,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
             params = _sampling(body, body.max_tokens, "max_tokens")
         else:  # as much as the context leaves (at least one token: a full context is a 400)
             params = _sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
-        [stream] = await _start(engine, "chatcmpl", [prompt], params)
+        [stream] = await _start(engine, "chatcmpl", [prompt], params, "messages")
         reply_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -141,7 +143,7 @@ def _refuse(*checks: tuple[str, bool]) -> None:
             )
 
 
-def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
+def _check_stream_options(body: CompletionRequest | ChatCompletionRequest) -> None:
     if body.stream_options is not None and not body.stream:
         raise HTTPError(
             400,
@@ -149,6 +151,9 @@ def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list
             "invalid_request_error",
             "stream_options",
         )
+
+
+def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
     return [
         ("n", body.n not in (None, 1)),
         ("logit_bias", bool(body.logit_bias)),
@@ -267,9 +272,14 @@ def _text_content(content: Any) -> str:
 
 
 async def _start(
-    engine: AsyncEngine, prefix: str, prompts: Sequence[Prompt], params: SamplingParams
+    engine: AsyncEngine,
+    prefix: str,
+    prompts: Sequence[Prompt],
+    params: SamplingParams,
+    prompt_field: str,
 ) -> list[AsyncIterator[StepOutput]]:
-    """Queue every prompt; if one is refused, the ones already queued are aborted."""
+    """Queue every prompt; if one is refused, the ones already queued are aborted (errors
+    about the prompt name ``prompt_field``)."""
     streams: list[AsyncIterator[StepOutput]] = []
     try:
         for prompt in prompts:
@@ -277,7 +287,7 @@ async def _start(
     except Exception as e:
         for stream in streams:
             await stream.aclose()  # type: ignore[attr-defined]
-        raise _as_http(e, "messages" if prefix == "chatcmpl" else "prompt") from e
+        raise _as_http(e, prompt_field) from e
     return streams
 
 
