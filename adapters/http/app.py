@@ -19,7 +19,9 @@ from litestar.response.sse import ServerSentEventMessage
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.openai_routes import openai_routes
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent, Usage
+from adapters.http.tinker_routes import tinker_router
 from application.async_engine import AsyncEngine
+from application.tinker.service import TinkerService
 from domain.errors import EmptyPromptError, InvalidParameterError, QueueFullError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -28,13 +30,25 @@ _decoder = msgspec.json.Decoder(GenerateRequest)
 _encoder = msgspec.json.Encoder()
 
 
-def create_app(engine: AsyncEngine, model_name: str) -> Litestar:
+def create_app(
+    engine: AsyncEngine,
+    model_name: str,
+    *,
+    tinker: TinkerService | None = None,
+    tinker_api_keys: frozenset[str] | None = None,
+) -> Litestar:
+    """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``."""
+
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         engine.start()
+        if tinker is not None:
+            tinker.start()
         try:
             yield
         finally:
+            if tinker is not None:
+                await tinker.stop()
             await engine.stop()
 
     @post("/v1/generate", status_code=200)
@@ -67,8 +81,9 @@ def create_app(engine: AsyncEngine, model_name: str) -> Litestar:
             media_type="application/json",
         )
 
+    routers = [] if tinker is None else [tinker_router(tinker, api_keys=tinker_api_keys)]
     return Litestar(
-        route_handlers=[generate, health, *openai_routes(engine, model_name)],
+        route_handlers=[generate, health, *openai_routes(engine, model_name), *routers],
         lifespan=[lifespan],
         exception_handlers={
             HTTPError: error_response,

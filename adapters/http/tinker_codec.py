@@ -1,0 +1,425 @@
+"""The Tinker wire formats: request bodies (JSON and protobuf) to domain values, and
+results to the SDK's JSON or protobuf.
+
+Unknown JSON fields are ignored (newer SDKs add fields); features we do not have are
+refused with ``UnsupportedFeatureError`` naming the field.
+"""
+
+import math
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+
+from adapters.http import tinker_pb as pb
+from domain.training import (
+    AdamParams,
+    Datum,
+    ForwardBackwardResult,
+    InvalidTrainingRequest,
+    LoraSpec,
+    SampleParams,
+    SampleResult,
+    TensorValue,
+    UnsupportedFeatureError,
+)
+
+# --- JSON request bodies ----------------------------------------------------------------
+
+
+class _In(msgspec.Struct, kw_only=True):
+    """Base of request bodies: unknown fields are accepted and ignored."""
+
+
+class CreateSessionIn(_In):
+    tags: list[str] = []
+    user_metadata: dict[str, Any] | None = None
+    sdk_version: str | None = None
+    display_name: str | None = None
+
+
+class SessionIdIn(_In):
+    session_id: str
+
+
+class CreateSamplingSessionIn(_In):
+    session_id: str
+    sampling_session_seq_id: int
+    base_model: str | None = None
+    model_path: str | None = None
+
+
+class LoraConfigIn(_In):
+    rank: int
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class OptimizerConfigIn(_In):
+    type: str = "adamw"
+
+
+class CreateModelIn(_In):
+    session_id: str
+    model_seq_id: int
+    base_model: str
+    user_metadata: dict[str, Any] | None = None
+    lora_config: LoraConfigIn | None = None
+    optimizer_config: OptimizerConfigIn | None = None
+
+
+class ModelIdIn(_In):
+    model_id: str
+
+
+class AdamParamsIn(_In):
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+class OptimStepIn(_In):
+    model_id: str
+    seq_id: int | None = None
+    adam_params: AdamParamsIn | None = None
+    optim_params: AdamParamsIn | None = None
+    optimizer_params: dict[str, Any] | None = None
+
+
+class SaveWeightsIn(_In):
+    model_id: str
+    path: str | None = None
+    seq_id: int | None = None
+    ttl_seconds: int | None = None
+    overwrite: bool = False
+    user_metadata: dict[str, Any] | None = None
+
+
+class SaveForSamplerIn(_In):
+    model_id: str
+    path: str | None = None
+    sampling_session_seq_id: int | None = None
+    kind: str = "snapshot"
+    seq_id: int | None = None
+    ttl_seconds: int | None = None
+    user_metadata: dict[str, Any] | None = None
+
+
+class SaveExternalIn(_In):
+    model_id: str
+    path: str
+    seq_id: int | None = None
+    ttl_seconds: int | None = None
+    age_encryption_recipients: list[str] | None = None
+
+
+class LoadWeightsIn(_In):
+    path: str
+    model_id: str | None = None
+    seq_id: int | None = None
+    session_id: str | None = None
+    model_seq_id: int | None = None
+    base_model: str | None = None
+    user_metadata: dict[str, Any] | None = None
+    optimizer: bool = False
+    optimizer_config: OptimizerConfigIn | None = None
+    weights_access_token: str | None = None
+
+
+class ModelInputIn(_In):
+    chunks: list[dict[str, Any]]
+
+
+class SamplingParamsIn(_In):
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | list[str | int] | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+class SampleIn(_In):
+    prompt: ModelInputIn
+    sampling_params: SamplingParamsIn
+    num_samples: int = 1
+    base_model: str | None = None
+    model_path: str | None = None
+    sampling_session_id: str | None = None
+    seq_id: int | None = None
+    prompt_logprobs: bool | None = None
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+    target_prompt_logprobs: dict[str, Any] | None = None
+    prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None
+
+
+class RetrieveFutureIn(_In):
+    request_id: str
+    allow_metadata_only: bool = False
+
+
+class WeightsInfoIn(_In):
+    tinker_path: str
+
+
+class TtlIn(_In):
+    ttl_seconds: int | None = None
+
+
+class TensorIn(_In):
+    data: list[float]
+    dtype: str = "float32"
+    shape: list[int] | None = None
+
+
+class DatumIn(_In):
+    model_input: ModelInputIn
+    loss_fn_inputs: dict[str, TensorIn] = {}
+
+
+class ForwardBackwardInputIn(_In):
+    data: list[DatumIn]
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None = None
+
+
+class ForwardBackwardIn(_In):
+    model_id: str
+    forward_backward_input: ForwardBackwardInputIn
+    seq_id: int | None = None
+
+
+T = TypeVar("T")
+
+
+def decode(body: bytes, schema: type[T]) -> T:
+    try:
+        return msgspec.json.decode(body or b"{}", type=schema)
+    except msgspec.ValidationError as e:
+        raise InvalidTrainingRequest(f"invalid request body: {e}") from e
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise InvalidTrainingRequest(f"request body is not valid JSON: {e}") from e
+
+
+# --- to domain values ------------------------------------------------------------------
+
+
+def lora_spec(config: LoraConfigIn | None) -> LoraSpec:
+    if config is None:
+        raise InvalidTrainingRequest("create_model needs lora_config (only LoRA is trained here)")
+    return LoraSpec(
+        config.rank, config.seed, config.train_mlp, config.train_attn, config.train_unembed
+    )
+
+
+def check_optimizer(config: OptimizerConfigIn | None) -> None:
+    if config is not None and config.type != "adamw":
+        raise UnsupportedFeatureError(
+            f"optimizer_config.type {config.type!r} is not supported (only 'adamw')"
+        )
+
+
+def adam_params(body: OptimStepIn) -> AdamParams:
+    if body.optimizer_params is not None:
+        kind = body.optimizer_params.get("type")
+        raise UnsupportedFeatureError(f"optimizer {kind!r} is not supported (only AdamW)")
+    p = body.adam_params or body.optim_params or AdamParamsIn()
+    return AdamParams(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
+
+
+def prompt_tokens(model_input: ModelInputIn, what: str = "prompt") -> list[int]:
+    tokens: list[int] = []
+    for i, chunk in enumerate(model_input.chunks):
+        kind = chunk.get("type", "encoded_text")
+        if kind != "encoded_text":
+            raise UnsupportedFeatureError(
+                f"{what}.chunks[{i}]: {kind!r} chunks are not supported (text models only)"
+            )
+        ids = chunk.get("tokens")
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise InvalidTrainingRequest(f"{what}.chunks[{i}].tokens must be a list of ints")
+        tokens.extend(ids)
+    return tokens
+
+
+def sample_params(p: SamplingParamsIn, max_tokens: int) -> SampleParams:
+    stop_strings: tuple[str, ...] | None = None
+    stop_ids: tuple[int, ...] | None = None
+    if isinstance(p.stop, str):
+        stop_strings = (p.stop,)
+    elif p.stop is not None:
+        if all(isinstance(s, str) for s in p.stop):
+            stop_strings = tuple(str(s) for s in p.stop)
+        elif all(isinstance(s, int) for s in p.stop):
+            stop_ids = tuple(int(s) for s in p.stop)
+        else:
+            raise InvalidTrainingRequest("sampling_params.stop mixes strings and token ids")
+        if not p.stop:  # [] = never stop early
+            stop_strings, stop_ids = None, ()
+    return SampleParams(
+        max_tokens=p.max_tokens if p.max_tokens is not None else max_tokens,
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        seed=p.seed,
+        stop_strings=stop_strings,
+        stop_token_ids=stop_ids,
+    )
+
+
+def check_sample_features(body: SampleIn) -> None:
+    unsupported = [
+        ("topk_prompt_logprobs", body.topk_prompt_logprobs > 0),
+        ("topk_sample_logprobs", body.topk_sample_logprobs > 0),
+        ("target_prompt_logprobs", body.target_prompt_logprobs is not None),
+        ("prompt_alt_tokens_k", body.prompt_alt_tokens_k > 0),
+    ]
+    for name, asked in unsupported:
+        if asked:
+            raise UnsupportedFeatureError(f"{name} is not supported by this server")
+
+
+_TYPECODE = {pb.DTYPE_FLOAT32: ("f", "f"), pb.DTYPE_INT64: ("q", "q"), pb.DTYPE_INT32: ("i", "q")}
+
+
+def forward_backward_proto(
+    body: bytes,
+) -> tuple[str, int | None, list[Datum], str, dict[str, float], bool]:
+    """(model_id, seq_id, data, loss_fn, loss_fn_config, forward_only) of a protobuf body."""
+    try:
+        msg = pb.ForwardBackwardRequest.FromString(body)
+    except Exception as e:
+        raise InvalidTrainingRequest(f"forward_backward body is not a valid protobuf: {e}") from e
+    config: dict[str, float] = {k: float(v) for k, v in msg.loss_fn_config.items()}
+    for key, value in msg.loss_fn_config_v2.items():
+        if value.WhichOneof("value") == "text":
+            raise UnsupportedFeatureError(f"loss_fn_config[{key!r}]: text values are not supported")
+        config[key] = float(value.number)
+    data = []
+    for i, d in enumerate(msg.data):
+        tokens = array("i")
+        for j, chunk in enumerate(d.model_input):
+            kind = chunk.WhichOneof("chunk")
+            if kind != "encoded_text":
+                raise UnsupportedFeatureError(
+                    f"data[{i}].model_input.chunks[{j}]: {kind!r} chunks are not supported"
+                )
+            tokens.frombytes(chunk.encoded_text.tokens)
+        inputs = {
+            name: _tensor(t, f"data[{i}].loss_fn_inputs[{name!r}]")
+            for name, t in d.loss_fn_inputs.items()
+        }
+        data.append(Datum(tokens, inputs))
+    seq_id = msg.seq_id or None
+    return msg.model_id, seq_id, data, msg.loss_fn, config, msg.forward_only
+
+
+def _tensor(t: Any, what: str) -> TensorValue:
+    if t.WhichOneof("encoding") != "dense":
+        raise UnsupportedFeatureError(f"{what}: sparse tensors are not supported")
+    codes = _TYPECODE.get(t.dtype)
+    if codes is None:
+        raise InvalidTrainingRequest(f"{what}: unsupported dtype {t.dtype}")
+    raw = array(codes[0])
+    raw.frombytes(t.dense)
+    data = raw if codes[0] == codes[1] else array(codes[1], raw)
+    shape = tuple(t.shape) or (len(data),)
+    if math.prod(shape) != len(data):
+        raise InvalidTrainingRequest(f"{what}: shape {list(shape)} holds {len(data)} values")
+    return TensorValue(data, shape)
+
+
+def forward_backward_json(body: ForwardBackwardIn) -> list[Datum]:
+    data = []
+    for i, d in enumerate(body.forward_backward_input.data):
+        tokens = prompt_tokens(d.model_input, f"data[{i}].model_input")
+        inputs = {}
+        for name, t in d.loss_fn_inputs.items():
+            code = "q" if t.dtype == "int64" else "f"
+            values = array(code, [int(v) for v in t.data] if code == "q" else t.data)
+            inputs[name] = TensorValue(values, tuple(t.shape or (len(values),)))
+        data.append(Datum(tokens, inputs))
+    return data
+
+
+# --- results ----------------------------------------------------------------------------
+
+
+def forward_backward_output_proto(result: ForwardBackwardResult) -> bytes:
+    msg = pb.ForwardBackwardOutput()
+    msg.loss_fn_output_type = "ArrayRecord"
+    for key, value in result.metrics.items():
+        msg.metrics[key] = float(value)
+    if result.outputs:
+        record = msg.loss_fn_outputs.add()
+        record.num_datums = len(result.outputs)
+        for name in result.outputs[0]:
+            tensors = [out[name] for out in result.outputs]
+            batched = record.fields[name]
+            int_valued = tensors[0].dtype == "int64"
+            batched.dtype = pb.DTYPE_INT64 if int_valued else pb.DTYPE_FLOAT32
+            batched.trailing_shape.extend(tensors[0].shape[1:])
+            offsets = array("q", [0])
+            chunks = []
+            for t in tensors:
+                raw = t.data.tobytes()
+                chunks.append(raw)
+                offsets.append(offsets[-1] + len(raw))
+            batched.data = b"".join(chunks)
+            batched.offsets = offsets.tobytes()
+    return msg.SerializeToString()
+
+
+def forward_backward_output_json(result: ForwardBackwardResult) -> dict[str, Any]:
+    return {
+        "loss_fn_output_type": "ArrayRecord",
+        "metrics": result.metrics,
+        "loss_fn_outputs": [
+            {
+                name: {"data": t.data.tolist(), "dtype": t.dtype, "shape": list(t.shape)}
+                for name, t in out.items()
+            }
+            for out in result.outputs
+        ],
+    }
+
+
+def sample_response_proto(result: SampleResult) -> bytes:
+    msg = pb.SampleResponse()
+    for seq in result.sequences:
+        s = msg.sequences.add()
+        s.stop_reason = pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH
+        s.tokens = array("i", seq.tokens).tobytes()
+        s.logprobs = array("f", seq.logprobs).tobytes()
+    if result.prompt_logprobs is not None:
+        msg.prompt_logprobs = _nan_for_none(result.prompt_logprobs).tobytes()
+    return msg.SerializeToString()
+
+
+def sample_response_json(result: SampleResult) -> dict[str, Any]:
+    return {
+        "type": "sample",
+        "sequences": [
+            {"stop_reason": s.stop_reason, "tokens": s.tokens, "logprobs": s.logprobs}
+            for s in result.sequences
+        ],
+        "prompt_logprobs": result.prompt_logprobs,
+    }
+
+
+def _nan_for_none(values: Sequence[float | None]) -> array:
+    return array("f", [math.nan if v is None else v for v in values])
+
+
+def metrics(values: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items()}

@@ -1,0 +1,90 @@
+"""The Tinker wire schema (``tinker_public.proto``) as protobuf message classes.
+
+The serialized file descriptor below is copied from the tinker SDK (Apache-2.0,
+``tinker/proto/tinker_public_pb2.py``, 0.38.0) so the server speaks the SDK's protobuf
+without depending on the client package. The classes live in a private descriptor pool:
+they never clash with the SDK's own registration when both run in one process (tests).
+"""
+
+import base64
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+_SERIALIZED = base64.b64decode(
+    "ChN0aW5rZXJfcHVibGljLnByb3RvEg10aW5rZXJfcHVibGljIpwDCg5TYW1wbGVSZXNwb25zZRIxCglzZXF1ZW5j"
+    "ZXMYASADKAsyHi50aW5rZXJfcHVibGljLlNhbXBsZWRTZXF1ZW5jZRIcCg9wcm9tcHRfbG9ncHJvYnMYAiABKAxI"
+    "AIgBARI+ChR0b3BrX3Byb21wdF9sb2dwcm9icxgDIAEoCzIbLnRpbmtlcl9wdWJsaWMuVG9wa0xvZ3Byb2JzSAGI"
+    "AQESHwoXcHJvbXB0X2NhY2hlX2hpdF90b2tlbnMYBCABKAUSOgoWdGFyZ2V0X3Byb21wdF9sb2dwcm9icxgFIAEo"
+    "CzIVLnRpbmtlcl9wdWJsaWMuVGVuc29ySAKIAQESPgoRcHJvbXB0X2FsdF90b2tlbnMYBiABKAsyHi50aW5rZXJf"
+    "cHVibGljLlByb21wdEFsdFRva2Vuc0gDiAEBQhIKEF9wcm9tcHRfbG9ncHJvYnNCFwoVX3RvcGtfcHJvbXB0X2xv"
+    "Z3Byb2JzQhkKF190YXJnZXRfcHJvbXB0X2xvZ3Byb2JzQhQKEl9wcm9tcHRfYWx0X3Rva2VucyJhCg9Qcm9tcHRB"
+    "bHRUb2tlbnMSJQoGdG9rZW5zGAEgASgLMhUudGlua2VyX3B1YmxpYy5UZW5zb3ISJwoIbG9ncHJvYnMYAiABKAsy"
+    "FS50aW5rZXJfcHVibGljLlRlbnNvciLQAQoPU2FtcGxlZFNlcXVlbmNlEi4KC3N0b3BfcmVhc29uGAEgASgOMhku"
+    "dGlua2VyX3B1YmxpYy5TdG9wUmVhc29uEg4KBnRva2VucxgCIAEoDBIVCghsb2dwcm9icxgDIAEoDEgAiAEBEj8K"
+    "FXRvcGtfc2FtcGxlZF9sb2dwcm9icxgEIAEoCzIbLnRpbmtlcl9wdWJsaWMuVG9wa0xvZ3Byb2JzSAGIAQFCCwoJ"
+    "X2xvZ3Byb2JzQhgKFl90b3BrX3NhbXBsZWRfbG9ncHJvYnMiTgoMVG9wa0xvZ3Byb2JzEhEKCXRva2VuX2lkcxgB"
+    "IAEoDBIQCghsb2dwcm9icxgCIAEoDBIJCgFrGAMgASgNEg4KBmxlbmd0aBgEIAEoDSJGCglTcGFyc2VDc3ISDgoG"
+    "dmFsdWVzGAEgASgMEhQKDGNyb3dfaW5kaWNlcxgCIAEoDBITCgtjb2xfaW5kaWNlcxgDIAEoDCKJAQoGVGVuc29y"
+    "Eg8KBWRlbnNlGAEgASgMSAASLgoKc3BhcnNlX2NzchgCIAEoCzIYLnRpbmtlcl9wdWJsaWMuU3BhcnNlQ3NySAAS"
+    "IwoFZHR5cGUYAyABKA4yFC50aW5rZXJfcHVibGljLkRUeXBlEg0KBXNoYXBlGAQgAygDQgoKCGVuY29kaW5nImsK"
+    "DUJhdGNoZWRUZW5zb3ISDAoEZGF0YRgBIAEoDBIPCgdvZmZzZXRzGAIgASgMEiMKBWR0eXBlGAMgASgOMhQudGlu"
+    "a2VyX3B1YmxpYy5EVHlwZRIWCg50cmFpbGluZ19zaGFwZRgEIAMoAyK4AQoLQXJyYXlSZWNvcmQSEAoIdHlwZV90"
+    "YWcYASABKAkSNgoGZmllbGRzGAIgAygLMiYudGlua2VyX3B1YmxpYy5BcnJheVJlY29yZC5GaWVsZHNFbnRyeRIS"
+    "CgpudW1fZGF0dW1zGAMgASgDGksKC0ZpZWxkc0VudHJ5EgsKA2tleRgBIAEoCRIrCgV2YWx1ZRgCIAEoCzIcLnRp"
+    "bmtlcl9wdWJsaWMuQmF0Y2hlZFRlbnNvcjoCOAEi3QEKFUZvcndhcmRCYWNrd2FyZE91dHB1dBIbChNsb3NzX2Zu"
+    "X291dHB1dF90eXBlGAEgASgJEjMKD2xvc3NfZm5fb3V0cHV0cxgCIAMoCzIaLnRpbmtlcl9wdWJsaWMuQXJyYXlS"
+    "ZWNvcmQSQgoHbWV0cmljcxgDIAMoCzIxLnRpbmtlcl9wdWJsaWMuRm9yd2FyZEJhY2t3YXJkT3V0cHV0Lk1ldHJp"
+    "Y3NFbnRyeRouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ASK4AwoWRm9yd2Fy"
+    "ZEJhY2t3YXJkUmVxdWVzdBIQCghtb2RlbF9pZBgBIAEoCRIOCgZzZXFfaWQYAiABKAUSIgoEZGF0YRgDIAMoCzIU"
+    "LnRpbmtlcl9wdWJsaWMuRGF0dW0SDwoHbG9zc19mbhgEIAEoCRJPCg5sb3NzX2ZuX2NvbmZpZxgFIAMoCzI3LnRp"
+    "bmtlcl9wdWJsaWMuRm9yd2FyZEJhY2t3YXJkUmVxdWVzdC5Mb3NzRm5Db25maWdFbnRyeRIUCgxmb3J3YXJkX29u"
+    "bHkYBiABKAgSVAoRbG9zc19mbl9jb25maWdfdjIYByADKAsyOS50aW5rZXJfcHVibGljLkZvcndhcmRCYWNrd2Fy"
+    "ZFJlcXVlc3QuTG9zc0ZuQ29uZmlnVjJFbnRyeRozChFMb3NzRm5Db25maWdFbnRyeRILCgNrZXkYASABKAkSDQoF"
+    "dmFsdWUYAiABKAE6AjgBGlUKE0xvc3NGbkNvbmZpZ1YyRW50cnkSCwoDa2V5GAEgASgJEi0KBXZhbHVlGAIgASgL"
+    "Mh4udGlua2VyX3B1YmxpYy5Mb3NzQ29uZmlnVmFsdWU6AjgBIjwKD0xvc3NDb25maWdWYWx1ZRIQCgZudW1iZXIY"
+    "ASABKAFIABIOCgR0ZXh0GAIgASgJSABCBwoFdmFsdWUitAIKBURhdHVtEikKC21vZGVsX2lucHV0GAEgAygLMhQu"
+    "dGlua2VyX3B1YmxpYy5DaHVuaxI+Cg5sb3NzX2ZuX2lucHV0cxgCIAMoCzImLnRpbmtlcl9wdWJsaWMuRGF0dW0u"
+    "TG9zc0ZuSW5wdXRzRW50cnkSOAoRbW9kZWxfaW5wdXRfc3BhbnMYAyADKAsyHS50aW5rZXJfcHVibGljLlByb3Zl"
+    "bmFuY2VTcGFuEjoKE2xvc3NfZm5faW5wdXRfc3BhbnMYBCADKAsyHS50aW5rZXJfcHVibGljLlByb3ZlbmFuY2VT"
+    "cGFuGkoKEUxvc3NGbklucHV0c0VudHJ5EgsKA2tleRgBIAEoCRIkCgV2YWx1ZRgCIAEoCzIVLnRpbmtlcl9wdWJs"
+    "aWMuVGVuc29yOgI4ASKWAQoOUHJvdmVuYW5jZVNwYW4SPAoNcHJvbXB0X3Rva2VucxgBIAEoCzIjLnRpbmtlcl9w"
+    "dWJsaWMuUHJvbXB0UHJvdmVuYW5jZVNwYW5IABI+Cg5zYW1wbGVkX3Rva2VucxgCIAEoCzIkLnRpbmtlcl9wdWJs"
+    "aWMuU2FtcGxlZFByb3ZlbmFuY2VTcGFuSABCBgoEc3BhbiJLChRQcm9tcHRQcm92ZW5hbmNlU3BhbhITCgtzZXF1"
+    "ZW5jZV9pZBgBIAEoCRIOCgZvZmZzZXQYAiABKAMSDgoGbGVuZ3RoGAMgASgDIkwKFVNhbXBsZWRQcm92ZW5hbmNl"
+    "U3BhbhITCgtzZXF1ZW5jZV9pZBgBIAEoCRIOCgZvZmZzZXQYAiABKAMSDgoGbGVuZ3RoGAMgASgDIp8BCgVDaHVu"
+    "axI3CgxlbmNvZGVkX3RleHQYASABKAsyHy50aW5rZXJfcHVibGljLkVuY29kZWRUZXh0Q2h1bmtIABIqCgVpbWFn"
+    "ZRgCIAEoCzIZLnRpbmtlcl9wdWJsaWMuSW1hZ2VDaHVua0gAEigKBGRtZWwYAyABKAsyGC50aW5rZXJfcHVibGlj"
+    "LkRtZWxDaHVua0gAQgcKBWNodW5rIiIKEEVuY29kZWRUZXh0Q2h1bmsSDgoGdG9rZW5zGAEgASgMIrYBCgpJbWFn"
+    "ZUNodW5rEgwKBGRhdGEYASABKAwSDgoGZm9ybWF0GAIgASgJEhwKD2V4cGVjdGVkX3Rva2VucxgDIAEoBUgAiAEB"
+    "EkAKE292ZXJyaWRlX2RpbWVuc2lvbnMYBCABKAsyHi50aW5rZXJfcHVibGljLkltYWdlRGltZW5zaW9uc0gBiAEB"
+    "QhIKEF9leHBlY3RlZF90b2tlbnNCFgoUX292ZXJyaWRlX2RpbWVuc2lvbnMiMAoPSW1hZ2VEaW1lbnNpb25zEg0K"
+    "BXdpZHRoGAEgASgNEg4KBmhlaWdodBgCIAEoDSIZCglEbWVsQ2h1bmsSDAoEZG1lbBgBIAEoDCKlAgoOU2FtcGxp"
+    "bmdQYXJhbXMSFwoKbWF4X3Rva2VucxgBIAEoBUgBiAEBEhEKBHNlZWQYAiABKARIAogBARIYCgt0ZW1wZXJhdHVy"
+    "ZRgDIAEoAkgDiAEBEhIKBXRvcF9rGAQgASgFSASIAQESEgoFdG9wX3AYBSABKAJIBYgBARIvCglzdG9wX3N0cnMY"
+    "BiABKAsyGi50aW5rZXJfcHVibGljLlN0b3BTdHJpbmdzSAASMAoLc3RvcF90b2tlbnMYByABKAsyGS50aW5rZXJf"
+    "cHVibGljLlN0b3BUb2tlbnNIAEIGCgRzdG9wQg0KC19tYXhfdG9rZW5zQgcKBV9zZWVkQg4KDF90ZW1wZXJhdHVy"
+    "ZUIICgZfdG9wX2tCCAoGX3RvcF9wIh0KC1N0b3BTdHJpbmdzEg4KBnZhbHVlcxgBIAMoCSIcCgpTdG9wVG9rZW5z"
+    "Eg4KBnZhbHVlcxgBIAMoBSo6CgpTdG9wUmVhc29uEhQKEFNUT1BfUkVBU09OX1NUT1AQABIWChJTVE9QX1JFQVNP"
+    "Tl9MRU5HVEgQASpnCgVEVHlwZRIVChFEVFlQRV9VTlNQRUNJRklFRBAAEhEKDURUWVBFX0ZMT0FUMzIQARIPCgtE"
+    "VFlQRV9JTlQ2NBACEg8KC0RUWVBFX0lOVDMyEAMSEgoORFRZUEVfQkZMT0FUMTYQBGIGcHJvdG8z"
+)
+
+_pool = descriptor_pool.DescriptorPool()
+_pool.Add(descriptor_pb2.FileDescriptorProto.FromString(_SERIALIZED))
+
+
+def _message(name: str) -> Any:
+    return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"tinker_public.{name}"))
+
+
+ForwardBackwardRequest = _message("ForwardBackwardRequest")
+ForwardBackwardOutput = _message("ForwardBackwardOutput")
+SampleResponse = _message("SampleResponse")
+
+DTYPE_FLOAT32 = 1
+DTYPE_INT64 = 2
+DTYPE_INT32 = 3
+DTYPE_BFLOAT16 = 4
+STOP_REASON_STOP = 0
+STOP_REASON_LENGTH = 1

@@ -1,0 +1,1 @@
+"""Durable storage adapters (checkpoints on the local filesystem)."""

@@ -1,0 +1,344 @@
+"""ToyBackend: a numpy bigram language model with a trainable low-rank adapter.
+
+The base model is frozen random embeddings ``E`` (vocab x dim) and an unembedding ``W``
+(dim x vocab), seeded: ``logits(next | x) = E[x] @ (W + A @ B)``. An "adapter" is ``A`` (dim x
+rank, seeded) and ``B`` (rank x vocab, zero), so a fresh adapter is the base model — the
+same shape of thing as LoRA. Gradients are computed by hand; AdamW keeps running moments.
+Implements both ports, TrainingBackend and SamplingBackend, instantly, so the whole SDK
+flow is testable in milliseconds. Checkpoints are safetensors files.
+"""
+
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from domain.training import (
+    LOSS_INPUTS,
+    AdamParams,
+    BaseModelInfo,
+    Datum,
+    ForwardBackwardResult,
+    InvalidTrainingRequest,
+    LoraSpec,
+    NotFoundError,
+    SampledSequence,
+    SampleParams,
+    SampleResult,
+    TensorValue,
+    UnsupportedFeatureError,
+    WeightsSource,
+)
+
+ADAPTER = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
+OPTIMIZER = "optimizer.safetensors"
+
+
+@dataclass
+class _Adapter:
+    base: str
+    lora: LoraSpec
+    a: np.ndarray
+    b: np.ndarray
+    grad_a: np.ndarray
+    grad_b: np.ndarray
+    m: dict[str, np.ndarray] = field(default_factory=dict)
+    v: dict[str, np.ndarray] = field(default_factory=dict)
+    step: int = 0
+
+
+class ToyBackend:
+    def __init__(
+        self,
+        name: str = "toy/bigram",
+        *,
+        vocab_size: int = 512,
+        dim: int = 32,
+        max_context: int = 4096,
+        eos_token_id: int = 0,
+        seed: int = 0,
+        aliases: Sequence[str] = (),
+        tokenizer_id: str = "",
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ) -> None:
+        rng = np.random.default_rng(seed)
+        self._info = BaseModelInfo(name, max_context, "toy", tokenizer_id, tuple(aliases))
+        self.vocab_size, self.dim, self.eos = vocab_size, dim, eos_token_id
+        self._embed = rng.standard_normal((vocab_size, dim)).astype(np.float32)
+        self._unembed = (rng.standard_normal((dim, vocab_size)) / np.sqrt(dim)).astype(np.float32)
+        self._decode = decode
+        self._adapters: dict[str, _Adapter] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def base_models(self) -> Sequence[BaseModelInfo]:
+        return [self._info]
+
+    # --- TrainingBackend --------------------------------------------------------------
+
+    def create(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+        self._check_base(base_model)
+        rng = np.random.default_rng(lora.seed)
+        a = (rng.standard_normal((self.dim, lora.rank)) / np.sqrt(self.dim)).astype(np.float32)
+        b = np.zeros((lora.rank, self.vocab_size), np.float32)
+        with self._lock:
+            self._adapters[model_id] = _Adapter(
+                base_model, lora, a, b, np.zeros_like(a), np.zeros_like(b)
+            )
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float],
+        *,
+        backward: bool,
+    ) -> ForwardBackwardResult:
+        with self._lock:
+            ad = self._get(model_id)
+            w = self._unembed + ad.a @ ad.b
+            outputs: list[dict[str, TensorValue]] = []
+            total = 0.0
+            grad_w = np.zeros_like(w)
+            for i, datum in enumerate(data):
+                x = self._tokens(datum.tokens, f"data[{i}].model_input")
+                inputs = _inputs(datum, loss_fn, len(x), i)
+                y = self._tokens(inputs["target_tokens"].astype(np.int64), f"data[{i}].targets")
+                h = self._embed[x]  # [T, dim]
+                logits = h @ w
+                logp_all = logits - _logsumexp(logits)
+                logp = logp_all[np.arange(len(y)), y]
+                loss, g = _loss(loss_fn, logp, inputs, loss_fn_config)
+                total += loss
+                outputs.append({"logprobs": TensorValue.floats(logp.astype(np.float32).tolist())})
+                if backward:
+                    probs = np.exp(logp_all)
+                    dz = -probs * g[:, None]
+                    dz[np.arange(len(y)), y] += g
+                    grad_w += h.T @ dz
+            if backward:
+                ad.grad_a += grad_w @ ad.b.T
+                ad.grad_b += ad.a.T @ grad_w
+            return ForwardBackwardResult(outputs, {"loss:sum": float(total)})
+
+    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        with self._lock:
+            ad = self._get(model_id)
+            norm = float(np.sqrt((ad.grad_a**2).sum() + (ad.grad_b**2).sum()))
+            scale = 1.0
+            if params.grad_clip_norm > 0 and norm > params.grad_clip_norm:
+                scale = params.grad_clip_norm / (norm + 1e-6)
+            ad.step += 1
+            for key, p, g in (("a", ad.a, ad.grad_a), ("b", ad.b, ad.grad_b)):
+                g = g * scale
+                m = ad.m.setdefault(key, np.zeros_like(p))
+                v = ad.v.setdefault(key, np.zeros_like(p))
+                m[...] = params.beta1 * m + (1 - params.beta1) * g
+                v[...] = params.beta2 * v + (1 - params.beta2) * g * g
+                m_hat = m / (1 - params.beta1**ad.step)
+                v_hat = v / (1 - params.beta2**ad.step)
+                p *= 1 - params.learning_rate * params.weight_decay
+                p -= params.learning_rate * m_hat / (np.sqrt(v_hat) + params.eps)
+                g.fill(0)
+            ad.grad_a.fill(0)
+            ad.grad_b.fill(0)
+            return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
+
+    def save(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
+        with self._lock:
+            ad = self._get(model_id)
+            save_file({"lora_A": ad.a, "lora_B": ad.b}, str(folder / ADAPTER))
+            (folder / CONFIG).write_text(
+                json.dumps({"peft_type": "TOY", "base_model": ad.base, "r": ad.lora.rank})
+            )
+            if optimizer:
+                state = {f"m.{k}": v for k, v in ad.m.items()}
+                state |= {f"v.{k}": v for k, v in ad.v.items()}
+                state["step"] = np.array([ad.step], np.int64)
+                save_file(state, str(folder / OPTIMIZER))
+
+    def load(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
+        tensors = load_file(str(folder / ADAPTER))
+        opt = load_file(str(folder / OPTIMIZER)) if optimizer else None
+        with self._lock:
+            ad = self._get(model_id)
+            if tensors["lora_A"].shape != ad.a.shape:
+                raise InvalidTrainingRequest("checkpoint adapter shape differs from the run's")
+            ad.a, ad.b = tensors["lora_A"].copy(), tensors["lora_B"].copy()
+            ad.grad_a.fill(0)
+            ad.grad_b.fill(0)
+            if opt is not None:
+                ad.m = {k[2:]: v.copy() for k, v in opt.items() if k.startswith("m.")}
+                ad.v = {k[2:]: v.copy() for k, v in opt.items() if k.startswith("v.")}
+                ad.step = int(opt["step"][0])
+            else:
+                ad.m, ad.v, ad.step = {}, {}, 0
+
+    def release(self, model_id: str) -> None:
+        with self._lock:
+            self._adapters.pop(model_id, None)
+
+    # --- SamplingBackend --------------------------------------------------------------
+
+    async def sample(
+        self,
+        source: WeightsSource,
+        prompt: Sequence[int],
+        params: SampleParams,
+        num_samples: int,
+        *,
+        prompt_logprobs: bool,
+    ) -> SampleResult:
+        self._check_base(source.base_model)
+        w = self._weights(source)
+        x = self._tokens(prompt, "prompt")
+        if len(x) + params.max_tokens > self._info.max_context_length:
+            raise InvalidTrainingRequest(
+                f"prompt ({len(x)} tokens) + max_tokens ({params.max_tokens}) exceed the "
+                f"context length {self._info.max_context_length}"
+            )
+        if params.stop_strings and self._decode is None:
+            raise UnsupportedFeatureError("the toy model has no tokenizer: stop by token ids")
+        rng = np.random.default_rng(params.seed)
+        stops = (
+            set(params.stop_token_ids)
+            if params.stop_token_ids is not None
+            else (set() if params.stop_strings is not None else {self.eos})
+        )
+        sequences = [
+            self._sample_one(w, int(x[-1]), params, stops, rng) for _ in range(num_samples)
+        ]
+        scored: list[float | None] | None = None
+        if prompt_logprobs:
+            logits = self._embed[x[:-1]] @ w
+            lp = (logits - _logsumexp(logits))[np.arange(len(x) - 1), x[1:]]
+            scored = [None, *(float(v) for v in lp)]
+        return SampleResult(sequences, scored)
+
+    def _sample_one(
+        self,
+        w: np.ndarray,
+        last: int,
+        params: SampleParams,
+        stops: set[int],
+        rng: np.random.Generator,
+    ) -> SampledSequence:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        for _ in range(params.max_tokens):
+            logits = self._embed[last] @ w
+            logp = logits - _logsumexp(logits[None])[0]
+            token = _pick(logp, params, rng)
+            tokens.append(token)
+            logprobs.append(float(logp[token]))
+            last = token
+            if token in stops:
+                return SampledSequence(tokens, logprobs, "stop")
+            if params.stop_strings and self._decode is not None:
+                text = self._decode(tokens)
+                if any(s in text for s in params.stop_strings):
+                    return SampledSequence(tokens, logprobs, "stop")
+        return SampledSequence(tokens, logprobs, "length")
+
+    def _weights(self, source: WeightsSource) -> np.ndarray:
+        if source.model_id is not None:
+            with self._lock:
+                ad = self._get(source.model_id)
+                return self._unembed + ad.a @ ad.b
+        if source.path is not None:
+            tensors = load_file(str(source.path / ADAPTER))
+            return self._unembed + tensors["lora_A"] @ tensors["lora_B"]
+        return self._unembed
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _get(self, model_id: str) -> _Adapter:
+        ad = self._adapters.get(model_id)
+        if ad is None:
+            raise NotFoundError(f"model {model_id!r} is not loaded")
+        return ad
+
+    def _check_base(self, name: str) -> None:
+        if name != self._info.name and name not in self._info.aliases:
+            raise InvalidTrainingRequest(f"base model {name!r} is not served")
+
+    def _tokens(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+        x = np.asarray(tokens, dtype=np.int64)
+        if x.ndim != 1 or len(x) == 0:
+            raise InvalidTrainingRequest(f"{what}: needs at least one token")
+        if x.min() < 0 or x.max() >= self.vocab_size:
+            raise InvalidTrainingRequest(f"{what}: token ids must be in 0..{self.vocab_size - 1}")
+        return x
+
+
+def _inputs(datum: Datum, loss_fn: str, length: int, i: int) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for key in LOSS_INPUTS[loss_fn]:
+        value = datum.loss_fn_inputs.get(key)
+        if value is None:
+            if key == "weights":
+                out[key] = np.ones(length, np.float32)
+                continue
+            raise InvalidTrainingRequest(f"data[{i}].loss_fn_inputs: {loss_fn} needs {key!r}")
+        arr = np.frombuffer(value.data, dtype=np.int64 if value.dtype == "int64" else np.float32)
+        if arr.size != length:
+            raise InvalidTrainingRequest(
+                f"data[{i}].loss_fn_inputs[{key!r}] has {arr.size} values for {length} "
+                "input tokens (one per input position)"
+            )
+        out[key] = arr.astype(np.float64) if key != "target_tokens" else arr
+    return out
+
+
+def _loss(
+    loss_fn: str, logp: np.ndarray, inputs: dict[str, np.ndarray], config: Mapping[str, float]
+) -> tuple[float, np.ndarray]:
+    """The loss (a sum over tokens) and its gradient with respect to each target logprob."""
+    if loss_fn == "cross_entropy":
+        w = inputs["weights"]
+        return float(-(w * logp).sum()), -w
+    q, adv = inputs["logprobs"], inputs["advantages"]
+    ratio = np.exp(logp - q)
+    low = 1 - config.get("clip_low_threshold", 0.2)
+    high = 1 + config.get("clip_high_threshold", 0.2)
+    if loss_fn == "importance_sampling":
+        return float(-(ratio * adv).sum()), -ratio * adv
+    if loss_fn == "ppo":
+        clipped = np.clip(ratio, low, high)
+        unclipped_wins = ratio * adv <= clipped * adv
+        obj = np.where(unclipped_wins, ratio * adv, clipped * adv)
+        return float(-obj.sum()), np.where(unclipped_wins, -ratio * adv, 0.0)
+    if loss_fn == "cispo":
+        clipped = np.clip(ratio, low, high)
+        return float(-(clipped * logp * adv).sum()), -clipped * adv
+    if loss_fn == "dro":
+        beta = config.get("beta", 0.05)
+        obj = logp * adv - 0.5 * beta * (logp - q) ** 2
+        return float(-obj.sum()), -(adv - beta * (logp - q))
+    raise InvalidTrainingRequest(f"loss_fn {loss_fn!r} is not supported")
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def _pick(logp: np.ndarray, params: SampleParams, rng: np.random.Generator) -> int:
+    if params.temperature == 0:
+        return int(logp.argmax())
+    z = logp / params.temperature
+    order: np.ndarray = np.argsort(-z)
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    p: np.ndarray = np.exp(z[order] - z[order].max())
+    p /= p.sum()
+    if params.top_p < 1:
+        keep = np.searchsorted(np.cumsum(p), params.top_p) + 1
+        order, p = order[:keep], p[:keep] / p[:keep].sum()
+    return int(rng.choice(order, p=p))

@@ -1,0 +1,115 @@
+"""FutureStore: the asynchronous results the SDK polls with ``retrieve_future``.
+
+Every long operation returns a request id at once; its coroutine runs as a task here and
+its outcome (a result object or a :class:`TrainingError`) is kept until the client fetches
+it. Finished futures are dropped ``ttl_s`` after they finish, so an abandoned poll leaks
+nothing.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from domain.training import BackendFailure, NotFoundError, TrainingError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(eq=False)
+class Future:
+    id: str
+    owner: str
+    kind: str
+    created_at: float
+    done_at: float | None = None
+    result: object = None
+    error: TrainingError | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def finished(self) -> bool:
+        return self.done.is_set()
+
+
+class FutureStore:
+    def __init__(self, *, ttl_s: float = 900.0, clock: Callable[[], float] = time.monotonic):
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._futures: dict[str, Future] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._futures)
+
+    def create(self, owner: str, kind: str) -> Future:
+        self.evict_expired()
+        future = Future(f"req-{next(self._ids)}", owner, kind, self._clock())
+        self._futures[future.id] = future
+        return future
+
+    def run(self, owner: str, kind: str, work: Callable[[], Awaitable[object]]) -> Future:
+        """A future resolved by ``work()``, started now as a task."""
+        future = self.create(owner, kind)
+        task = asyncio.get_running_loop().create_task(self.settle(future, work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return future
+
+    async def settle(self, future: Future, work: Callable[[], Awaitable[object]]) -> None:
+        """Run ``work()`` and resolve or fail ``future`` with its outcome."""
+        try:
+            result = await work()
+        except TrainingError as e:
+            self.fail(future, e)
+        except asyncio.CancelledError:
+            self.fail(future, BackendFailure("the server shut down before this finished"))
+            raise
+        except Exception as e:
+            log.exception("tinker_request_failed", request_id=future.id, kind=future.kind)
+            self.fail(future, BackendFailure(f"{type(e).__name__}: {e}"))
+        else:
+            self.resolve(future, result)
+
+    def resolve(self, future: Future, result: object) -> None:
+        if not future.finished:
+            future.result, future.done_at = result, self._clock()
+            future.done.set()
+
+    def fail(self, future: Future, error: TrainingError) -> None:
+        if not future.finished:
+            future.error, future.done_at = error, self._clock()
+            future.done.set()
+
+    def get(self, owner: str, request_id: str) -> Future:
+        future = self._futures.get(request_id)
+        if future is None or future.owner != owner:
+            raise NotFoundError(f"no future {request_id!r} (finished ones are kept a while)")
+        return future
+
+    async def wait(self, owner: str, request_id: str, timeout_s: float) -> Future:
+        """The future once finished, or still pending after ``timeout_s`` (a long poll)."""
+        future = self.get(owner, request_id)
+        if not future.finished:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future.done.wait(), timeout_s)
+        return future
+
+    def evict_expired(self) -> None:
+        cutoff = self._clock() - self._ttl_s
+        for fid in [
+            f.id for f in self._futures.values() if f.done_at is not None and f.done_at < cutoff
+        ]:
+            del self._futures[fid]
+
+    async def close(self) -> None:
+        """Cancel running work (server shutdown); pending futures fail."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

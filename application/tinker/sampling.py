@@ -1,0 +1,145 @@
+"""SamplingController: sampling sessions and ``asample`` requests.
+
+A sampler samples a base model with optional adapter weights: a saved checkpoint
+(``model_path``), an unnamed snapshot of a run's weights (``save_weights_for_sampler``
+without a name), or a live run's current weights. Samples run concurrently through the
+SamplingBackend; their futures resolve to a :class:`SampleResult`.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from application.tinker.checkpoints import CheckpointStore
+from application.tinker.futures import Future, FutureStore
+from application.tinker.training import TrainingController
+from domain.training import (
+    InvalidTrainingRequest,
+    NotFoundError,
+    SampleParams,
+    SampleResult,
+    SamplingBackend,
+    WeightsSource,
+)
+
+MAX_SAMPLES = 128
+
+
+@dataclass(eq=False)
+class Sampler:
+    id: str
+    owner: str
+    session_id: str
+    source: WeightsSource
+    model_path: str | None = None
+    scratch: Path | None = None  # an unnamed snapshot's folder, removed with the session
+    requests: int = field(default=0)
+
+
+class SamplingController:
+    def __init__(
+        self,
+        backend: SamplingBackend,
+        training: TrainingController,
+        checkpoints: CheckpointStore,
+        futures: FutureStore,
+        *,
+        discard_folder: Callable[[Path], None],
+    ) -> None:
+        self.backend = backend
+        self.training = training
+        self.checkpoints = checkpoints
+        self.futures = futures
+        self._discard = discard_folder
+        self._samplers: dict[str, Sampler] = {}
+
+    def source_for(
+        self, owner: str, *, base_model: str | None, model_path: str | None
+    ) -> WeightsSource:
+        if model_path:
+            record, folder = self.checkpoints.resolve(owner, model_path)
+            return WeightsSource(record.base_model, path=folder)
+        if base_model:
+            return WeightsSource(self.training.base_model(base_model).name)
+        raise InvalidTrainingRequest("give base_model or model_path")
+
+    def create(
+        self,
+        owner: str,
+        session_id: str,
+        seq: int,
+        source: WeightsSource,
+        *,
+        model_path: str | None = None,
+        scratch: Path | None = None,
+    ) -> Sampler:
+        sampler_id = f"{session_id}:sample:{seq}"
+        if sampler_id in self._samplers:
+            raise InvalidTrainingRequest(
+                f"sampling session {sampler_id!r} exists (sampling_session_seq_id reused)"
+            )
+        sampler = Sampler(sampler_id, owner, session_id, source, model_path, scratch)
+        self._samplers[sampler_id] = sampler
+        return sampler
+
+    def get(self, owner: str, sampler_id: str) -> Sampler:
+        sampler = self._samplers.get(sampler_id)
+        if sampler is None or sampler.owner != owner:
+            raise NotFoundError(f"no sampling session {sampler_id!r}")
+        return sampler
+
+    def sample(
+        self,
+        owner: str,
+        source: WeightsSource,
+        prompt: Sequence[int],
+        params: SampleParams,
+        num_samples: int,
+        *,
+        prompt_logprobs: bool,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> Future:
+        """Samples; with ``prompt_logprobs_last_n`` only the last n prompt logprobs are
+        reported (the others are None)."""
+        if not prompt:
+            raise InvalidTrainingRequest("prompt: must hold at least one token")
+        if not 1 <= num_samples <= MAX_SAMPLES:
+            raise InvalidTrainingRequest(f"num_samples must be in 1..{MAX_SAMPLES}")
+        _check_params(params)
+        if source.model_id is not None and not self.training.is_live(source.model_id):
+            raise NotFoundError(f"training run {source.model_id!r} is no longer loaded")
+        tokens = list(prompt)
+
+        async def work() -> object:
+            result = await self.backend.sample(
+                source, tokens, params, num_samples, prompt_logprobs=prompt_logprobs
+            )
+            scored = result.prompt_logprobs
+            if scored is not None and prompt_logprobs_last_n is not None:
+                cut = max(0, len(scored) - prompt_logprobs_last_n)
+                masked: list[float | None] = [None] * cut
+                result = SampleResult(result.sequences, masked + scored[cut:])
+            return result
+
+        return self.futures.run(owner, "Sample", work)
+
+    def end_session(self, session_id: str) -> None:
+        for sampler_id in [s for s, v in self._samplers.items() if v.session_id == session_id]:
+            sampler = self._samplers.pop(sampler_id)
+            if sampler.scratch is not None:
+                self._discard(sampler.scratch)
+
+    def of_session(self, session_id: str) -> list[str]:
+        return [s for s, v in self._samplers.items() if v.session_id == session_id]
+
+
+def _check_params(p: SampleParams) -> None:
+    checks = [
+        ("max_tokens", p.max_tokens >= 1, "must be at least 1"),
+        ("temperature", p.temperature >= 0, "must be >= 0"),
+        ("top_p", 0 < p.top_p <= 1, "must be in (0, 1]"),
+        ("top_k", p.top_k == -1 or p.top_k >= 1, "must be -1 (off) or >= 1"),
+    ]
+    for name, ok, why in checks:
+        if not ok:
+            raise InvalidTrainingRequest(f"sampling_params.{name} {why}, got {getattr(p, name)!r}")

@@ -1,0 +1,117 @@
+"""SessionManager: client sessions, their heartbeats and their end.
+
+A session is what one SDK ``ServiceClient`` opens; its training runs and samplers hang off
+it. It ends when the client finishes it (``ServiceClient.close()``) or stops sending
+heartbeats for ``timeout_s`` (the SDK sends one every 10 s).
+"""
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from domain.training import NotFoundError, SessionClosedError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    owner: str
+    created_at: float
+    last_heartbeat: float
+    tags: list[str] = field(default_factory=list)
+    user_metadata: dict[str, str] = field(default_factory=dict)
+    display_name: str | None = None
+    sdk_version: str | None = None
+    ended: str | None = None  # "finished" | "expired"
+    training_run_ids: list[str] = field(default_factory=list)
+    sampler_ids: list[str] = field(default_factory=list)
+
+
+class SessionManager:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._sessions: dict[str, Session] = {}
+
+    def create(
+        self,
+        owner: str,
+        *,
+        tags: list[str] | None = None,
+        user_metadata: dict[str, str] | None = None,
+        display_name: str | None = None,
+        sdk_version: str | None = None,
+    ) -> Session:
+        now = self._clock()
+        session = Session(
+            id=f"session-{uuid.uuid4().hex[:12]}",
+            owner=owner,
+            created_at=self._wall_clock(),
+            last_heartbeat=now,
+            tags=list(tags or []),
+            user_metadata=dict(user_metadata or {}),
+            display_name=display_name,
+            sdk_version=sdk_version,
+        )
+        self._sessions[session.id] = session
+        log.info("tinker_session_created", session_id=session.id, sdk_version=sdk_version)
+        return session
+
+    def get(self, owner: str, session_id: str) -> Session:
+        """The caller's session, ended or not (``NotFoundError`` for another key's)."""
+        session = self._sessions.get(session_id)
+        if session is None or session.owner != owner:
+            raise NotFoundError(f"no session {session_id!r}")
+        return session
+
+    def live(self, owner: str, session_id: str) -> Session:
+        """The caller's session, which must not have ended."""
+        session = self.get(owner, session_id)
+        if session.ended is not None:
+            raise SessionClosedError(f"session {session_id!r} has {session.ended}")
+        return session
+
+    def heartbeat(self, owner: str, session_id: str) -> Session:
+        session = self.live(owner, session_id)
+        session.last_heartbeat = self._clock()
+        return session
+
+    def finish(self, owner: str, session_id: str) -> Session:
+        session = self.get(owner, session_id)
+        if session.ended is None:
+            session.ended = "finished"
+            log.info("tinker_session_finished", session_id=session_id)
+        return session
+
+    def expire_stale(self) -> list[Session]:
+        """End sessions whose last heartbeat is older than ``timeout_s``; return them."""
+        cutoff = self._clock() - self.timeout_s
+        stale = [
+            s for s in self._sessions.values() if s.ended is None and s.last_heartbeat < cutoff
+        ]
+        for session in stale:
+            session.ended = "expired"
+            log.warning(
+                "tinker_session_expired",
+                session_id=session.id,
+                silent_s=round(self._clock() - session.last_heartbeat, 1),
+            )
+        return stale
+
+    def all(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def owned_by(self, owner: str) -> list[Session]:
+        return [s for s in self._sessions.values() if s.owner == owner]

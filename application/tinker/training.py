@@ -1,0 +1,421 @@
+"""TrainingController: training runs and their requests, executed in ``seq_id`` order.
+
+The SDK numbers every request of a training client (each forward/backward chunk, optim
+step, save, load) from 1 and sends chunks of one call in parallel, the first one last. The
+sequence guard runs a run's requests strictly in ``seq_id`` order and holds later ones
+until the gap before them fills; a repeated ``seq_id`` (a client retry) gets the future of
+the first. Backend work runs in a worker thread, one request per run at a time.
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from application.tinker.checkpoints import CheckpointStore
+from application.tinker.futures import Future, FutureStore
+from domain.training import (
+    LOSS_FNS,
+    AdamParams,
+    BaseModelInfo,
+    CheckpointKind,
+    CheckpointRecord,
+    Datum,
+    ForwardBackwardResult,
+    InvalidTrainingRequest,
+    LoraSpec,
+    NotFoundError,
+    RunRecord,
+    SequenceConflictError,
+    SessionClosedError,
+    TrainingBackend,
+    check_checkpoint_name,
+)
+
+log = structlog.get_logger(__name__)
+
+Work = Callable[[], Awaitable[object]]
+
+
+@dataclass(eq=False)
+class _Sequencer:
+    """Runs submitted work in ``seq_id`` order, one at a time."""
+
+    last: int  # the seq_id of the last request started
+    waiting: dict[int, tuple[Future, Work]] = field(default_factory=dict)
+    seen: dict[int, Future] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class _Live:
+    record: RunRecord
+    seq: _Sequencer
+    loaded: bool = False
+
+
+# What the futures of training requests resolve to (besides ForwardBackwardResult).
+@dataclass(frozen=True, slots=True)
+class ModelReady:
+    model_id: str
+    path: str | None = None  # the checkpoint it was loaded from
+
+
+@dataclass(frozen=True, slots=True)
+class OptimStepped:
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class SavedCheckpoint:
+    record: CheckpointRecord
+
+
+class TrainingController:
+    def __init__(
+        self,
+        backend: TrainingBackend,
+        checkpoints: CheckpointStore,
+        futures: FutureStore,
+        *,
+        max_seen: int = 4096,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.checkpoints = checkpoints
+        self.futures = futures
+        self._live: dict[str, _Live] = {}
+        self._max_seen = max_seen
+        self._clock = wall_clock
+        self._auto_names = 0
+        self._releases: set[asyncio.Task[None]] = set()
+
+    # --- base models ------------------------------------------------------------------
+
+    def base_model(self, name: str) -> BaseModelInfo:
+        for info in self.backend.base_models:
+            if name == info.name or name in info.aliases:
+                return info
+        served = ", ".join(m.name for m in self.backend.base_models)
+        raise InvalidTrainingRequest(f"base model {name!r} is not served (serving: {served})")
+
+    # --- run lifecycle ----------------------------------------------------------------
+
+    def create(
+        self,
+        owner: str,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        lora: LoraSpec,
+        user_metadata: Mapping[str, Any] | None,
+    ) -> Future:
+        """A new run (``{session}:train:{n}``) with a fresh adapter; the future's result is
+        the model id."""
+        info = self.base_model(base_model)
+        _check_lora(lora)
+        live = self._new_run(owner, session_id, model_seq_id, info.name, lora, user_metadata)
+        run_id = live.record.run_id
+
+        async def work() -> object:
+            await asyncio.to_thread(self.backend.create, run_id, info.name, lora)
+            live.loaded = True
+            return ModelReady(run_id)
+
+        return self._submit(live, 0, "CreateModel", work)
+
+    def create_from_checkpoint(
+        self,
+        owner: str,
+        session_id: str,
+        model_seq_id: int,
+        path: str,
+        *,
+        optimizer: bool,
+        user_metadata: Mapping[str, Any] | None,
+    ) -> Future:
+        """A new run starting from a saved checkpoint (weights, and optimizer state when
+        ``optimizer``); the next request of its client is seq 1."""
+        ckpt, folder = self.checkpoints.resolve(owner, path)
+        if optimizer and ckpt.kind != "training":
+            raise InvalidTrainingRequest(
+                f"{path} is a sampler checkpoint (weights only): optimizer state is only "
+                "saved by save_state"
+            )
+        live = self._new_run(
+            owner, session_id, model_seq_id, ckpt.base_model, ckpt.lora, user_metadata
+        )
+        run_id = live.record.run_id
+
+        async def work() -> object:
+            def create_and_load() -> None:
+                self.backend.create(run_id, ckpt.base_model, ckpt.lora)
+                self.backend.load(run_id, folder, optimizer=optimizer)
+
+            await asyncio.to_thread(create_and_load)
+            live.loaded = True
+            return ModelReady(run_id, path)
+
+        return self._submit(live, 0, "LoadWeights", work)
+
+    def _new_run(
+        self,
+        owner: str,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        lora: LoraSpec,
+        user_metadata: Mapping[str, Any] | None,
+    ) -> _Live:
+        run_id = f"{session_id}:train:{model_seq_id}"
+        if run_id in self._live or run_id in self.checkpoints.runs:
+            raise SequenceConflictError(f"training run {run_id!r} exists (model_seq_id reused)")
+        now = self._clock()
+        record = RunRecord(
+            run_id=run_id,
+            owner=owner,
+            session_id=session_id,
+            base_model=base_model,
+            lora=lora,
+            created_at=now,
+            last_request_at=now,
+            user_metadata={str(k): str(v) for k, v in (user_metadata or {}).items()},
+        )
+        self.checkpoints.save_run(record)
+        live = _Live(record, _Sequencer(last=-1))
+        self._live[run_id] = live
+        log.info("tinker_run_created", run_id=run_id, base_model=base_model, rank=lora.rank)
+        return live
+
+    def live_run(self, owner: str, model_id: str) -> RunRecord:
+        live = self._live.get(model_id)
+        if live is None or live.record.owner != owner:
+            if model_id in self.checkpoints.runs and self.checkpoints.runs[model_id].owner == owner:
+                raise NotFoundError(
+                    f"training run {model_id!r} is not loaded (its session ended or the server "
+                    "restarted): continue from a checkpoint with create_training_client_from_state"
+                )
+            raise NotFoundError(f"no training run {model_id!r}")
+        return live.record
+
+    def is_live(self, model_id: str) -> bool:
+        live = self._live.get(model_id)
+        return live is not None and live.loaded
+
+    def unload(self, owner: str, model_id: str) -> None:
+        self.live_run(owner, model_id)
+        self._unload(model_id, "unloaded")
+
+    def end_session(self, session_id: str, why: str) -> None:
+        """Unload every run of a finished or expired session (waiting requests fail)."""
+        for run_id in [r for r, live in self._live.items() if live.record.session_id == session_id]:
+            self._unload(run_id, f"session {why}")
+
+    def _unload(self, run_id: str, why: str) -> None:
+        live = self._live.pop(run_id)
+        for future, _ in live.seq.waiting.values():
+            self.futures.fail(future, SessionClosedError(f"training run {run_id!r} {why}"))
+        live.seq.waiting.clear()
+
+        async def release() -> None:
+            if live.seq.task is not None:  # let a running step finish first
+                await asyncio.gather(live.seq.task, return_exceptions=True)
+            await asyncio.to_thread(self.backend.release, run_id)
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+        log.info("tinker_run_unloaded", run_id=run_id, why=why)
+
+    # --- training requests ------------------------------------------------------------
+
+    def forward_backward(
+        self,
+        owner: str,
+        model_id: str,
+        seq_id: int | None,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float],
+        *,
+        forward_only: bool,
+    ) -> Future:
+        live = self._get(owner, model_id)
+        if loss_fn not in LOSS_FNS:
+            raise InvalidTrainingRequest(
+                f"loss_fn {loss_fn!r} is not supported (supported: {', '.join(LOSS_FNS)})"
+            )
+        if not data:
+            raise InvalidTrainingRequest("forward_backward needs at least one datum")
+        config = dict(loss_fn_config)
+
+        async def work() -> ForwardBackwardResult:
+            return await asyncio.to_thread(
+                self.backend.forward_backward,
+                model_id,
+                data,
+                loss_fn,
+                config,
+                backward=not forward_only,
+            )
+
+        return self._submit(live, seq_id, "Forward" if forward_only else "ForwardBackward", work)
+
+    def optim_step(
+        self, owner: str, model_id: str, seq_id: int | None, params: AdamParams
+    ) -> Future:
+        live = self._get(owner, model_id)
+        _check_adam(params)
+
+        async def work() -> OptimStepped:
+            return OptimStepped(await asyncio.to_thread(self.backend.optim_step, model_id, params))
+
+        return self._submit(live, seq_id, "OptimStep", work)
+
+    def save(
+        self,
+        owner: str,
+        model_id: str,
+        seq_id: int | None,
+        kind: CheckpointKind,
+        name: str | None,
+        *,
+        ttl_seconds: int | None = None,
+        user_metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Future:
+        """``save_weights`` (kind training: weights + optimizer state),
+        ``save_weights_for_sampler`` (sampler) or ``save_weights_external`` (external): the
+        future resolves to a :class:`SavedCheckpoint`."""
+        live = self._get(owner, model_id)
+        if name is None:
+            self._auto_names += 1
+            name = f"ckpt-{int(self._clock())}-{self._auto_names}"
+        check_checkpoint_name(name)
+        if ttl_seconds is not None and ttl_seconds <= 0:
+            raise InvalidTrainingRequest("ttl_seconds must be positive")
+        self.checkpoints.reserve(live.record, kind, name, overwrite=overwrite)
+        meta = {str(k): str(v) for k, v in (user_metadata or {}).items()}
+
+        def write(folder: Path) -> None:
+            self.backend.save(model_id, folder, optimizer=kind == "training")
+
+        async def work() -> SavedCheckpoint:
+            record = await asyncio.to_thread(
+                self.checkpoints.write,
+                live.record,
+                kind,
+                name,
+                write,
+                ttl_seconds=ttl_seconds,
+                user_metadata=meta,
+                overwrite=overwrite,
+            )
+            return SavedCheckpoint(record)
+
+        try:
+            return self._submit(live, seq_id, "SaveWeights", work)
+        except BaseException:
+            self.checkpoints.release_reservation(live.record, kind, name)
+            raise
+
+    def snapshot(
+        self,
+        owner: str,
+        model_id: str,
+        seq_id: int | None,
+        folder: Path,
+        then: Callable[[], object],
+    ) -> Future:
+        """Write the current adapter weights into ``folder`` (an unnamed sampler snapshot);
+        the future resolves to ``then()``, called once the weights are written."""
+        live = self._get(owner, model_id)
+
+        async def work() -> object:
+            await asyncio.to_thread(self.backend.save, model_id, folder, optimizer=False)
+            return then()
+
+        return self._submit(live, seq_id, "SaveWeightsForSampler", work)
+
+    def load(
+        self, owner: str, model_id: str, seq_id: int | None, path: str, *, optimizer: bool
+    ) -> Future:
+        """``load_state`` into an existing run: its base model and LoRA shape must match."""
+        live = self._get(owner, model_id)
+        ckpt, folder = self.checkpoints.resolve(owner, path)
+        if ckpt.base_model != live.record.base_model or ckpt.lora.rank != live.record.lora.rank:
+            raise InvalidTrainingRequest(
+                f"{path} is a rank-{ckpt.lora.rank} adapter of {ckpt.base_model!r}; run "
+                f"{model_id!r} is rank {live.record.lora.rank} on {live.record.base_model!r}"
+            )
+        if optimizer and ckpt.kind != "training":
+            raise InvalidTrainingRequest(f"{path} holds no optimizer state (a sampler checkpoint)")
+
+        async def work() -> object:
+            await asyncio.to_thread(self.backend.load, model_id, folder, optimizer=optimizer)
+            return ModelReady(model_id, path)
+
+        return self._submit(live, seq_id, "LoadWeights", work)
+
+    # --- the sequence guard -----------------------------------------------------------
+
+    def _get(self, owner: str, model_id: str) -> _Live:
+        self.live_run(owner, model_id)
+        return self._live[model_id]
+
+    def _submit(self, live: _Live, seq_id: int | None, kind: str, work: Work) -> Future:
+        seq = live.seq
+        if seq_id is None:  # not numbered: after everything submitted so far
+            seq_id = max([seq.last, *seq.waiting]) + 1
+        if seq_id in seq.seen:
+            return seq.seen[seq_id]  # a retry of a request already accepted
+        if seq_id <= seq.last:
+            raise SequenceConflictError(
+                f"seq_id {seq_id} of {live.record.run_id!r} is behind the last one run "
+                f"({seq.last}); each training request needs a new, increasing seq_id"
+            )
+        future = self.futures.create(live.record.owner, kind)
+        seq.waiting[seq_id] = (future, work)
+        if seq_id > 0:  # 0 is the run's creation, never a client's request
+            seq.seen[seq_id] = future
+        if len(seq.seen) > self._max_seen:
+            for old in sorted(seq.seen)[: len(seq.seen) - self._max_seen]:
+                del seq.seen[old]
+        live.record.last_request_at = self._clock()
+        if seq.task is None or seq.task.done():
+            seq.task = asyncio.get_running_loop().create_task(self._drain(live))
+        return future
+
+    async def _drain(self, live: _Live) -> None:
+        seq = live.seq
+        while seq.last + 1 in seq.waiting:
+            seq.last += 1
+            future, work = seq.waiting.pop(seq.last)
+            await self.futures.settle(future, work)
+
+
+def _check_lora(lora: LoraSpec) -> None:
+    if not 1 <= lora.rank <= 1024:
+        raise InvalidTrainingRequest(f"lora_config.rank must be in 1..1024, got {lora.rank}")
+    if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
+        raise InvalidTrainingRequest(
+            "lora_config: at least one of train_attn, train_mlp, train_unembed must be true"
+        )
+
+
+def _check_adam(p: AdamParams) -> None:
+    checks = [
+        ("learning_rate", p.learning_rate >= 0),
+        ("beta1", 0 <= p.beta1 < 1),
+        ("beta2", 0 <= p.beta2 < 1),
+        ("eps", p.eps >= 0),
+        ("weight_decay", p.weight_decay >= 0),
+        ("grad_clip_norm", p.grad_clip_norm >= 0),
+    ]
+    for name, ok in checks:
+        if not ok:
+            raise InvalidTrainingRequest(f"adam_params.{name} is out of range: {getattr(p, name)}")
