@@ -24,6 +24,17 @@ LOSS_INPUTS: Mapping[str, tuple[str, ...]] = {
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
 }
+# Each loss's ``loss_fn_config`` keys and defaults (Tinker's). As in Tinker's documentation,
+# ``clip_low_threshold`` / ``clip_high_threshold`` bound the ratio itself
+# (``clamp(r, low, high)``), not offsets from 1: PPO 0.8 / 1.2 (epsilon 0.2), CISPO
+# 0.0 / 4.0 (an upper cap only); DRO's quadratic penalty ``beta`` 0.05.
+LOSS_CONFIG_DEFAULTS: Mapping[str, Mapping[str, float]] = {
+    "cross_entropy": {},
+    "importance_sampling": {},
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
+    "dro": {"beta": 0.05},
+}
 CheckpointKind = Literal["training", "sampler", "external"]
 
 
@@ -252,6 +263,52 @@ class CheckpointRef:
     def from_id(run_id: str, checkpoint_id: str) -> "CheckpointRef":
         """From a run and a checkpoint id such as ``weights/step-1``."""
         return CheckpointRef.parse(f"tinker://{run_id}/{checkpoint_id}")
+
+
+def loss_config(loss_fn: str, given: Mapping[str, float] | None) -> dict[str, float]:
+    """The loss's config: its defaults updated with ``given``; unknown losses or keys raise."""
+    if loss_fn not in LOSS_FNS:
+        raise InvalidTrainingRequest(
+            f"loss_fn: unknown loss {loss_fn!r} (supported: {', '.join(LOSS_FNS)})"
+        )
+    defaults = LOSS_CONFIG_DEFAULTS[loss_fn]
+    unknown = sorted(set(given or {}) - set(defaults))
+    if unknown:
+        allowed = ", ".join(defaults) or "none"
+        raise InvalidTrainingRequest(
+            f"loss_fn_config: {unknown[0]!r} is not a parameter of {loss_fn} (allowed: {allowed})"
+        )
+    config = {**defaults, **{k: float(v) for k, v in (given or {}).items()}}
+    if config.get("clip_low_threshold", 0.0) > config.get("clip_high_threshold", 0.0):
+        raise InvalidTrainingRequest(
+            "loss_fn_config: clip_low_threshold must not exceed clip_high_threshold"
+        )
+    return config
+
+
+def check_data(data: Sequence[Datum], loss_fn: str) -> None:
+    """Each datum has tokens and the loss's inputs, one value per input position."""
+    if loss_fn not in LOSS_INPUTS:
+        raise InvalidTrainingRequest(
+            f"loss_fn {loss_fn!r} is not supported (supported: {', '.join(LOSS_FNS)})"
+        )
+    if not data:
+        raise InvalidTrainingRequest("forward_backward needs at least one datum")
+    for i, datum in enumerate(data):
+        length = len(datum.tokens)
+        if length == 0:
+            raise InvalidTrainingRequest(f"data[{i}].model_input: needs at least one token")
+        for key in LOSS_INPUTS[loss_fn]:
+            value = datum.loss_fn_inputs.get(key)
+            if value is None:
+                if key == "weights":
+                    continue  # cross_entropy weights default to 1
+                raise InvalidTrainingRequest(f"data[{i}].loss_fn_inputs: {loss_fn} needs {key!r}")
+            if len(value.data) != length:
+                raise InvalidTrainingRequest(
+                    f"data[{i}].loss_fn_inputs[{key!r}] has {len(value.data)} values for "
+                    f"{length} input tokens (one per input position)"
+                )
 
 
 def check_checkpoint_name(name: str) -> str:

@@ -13,10 +13,12 @@ import io
 import secrets
 import tarfile
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+import structlog
 from litestar import Request, Response, Router, delete, get, post, put
 from litestar.exceptions import HTTPException
 
@@ -38,6 +40,7 @@ from domain.training import (
     check_checkpoint_name,
 )
 
+log = structlog.get_logger(__name__)
 PROTOBUF = "application/x-protobuf"
 _URL_TTL_S = 3600
 _json = msgspec.json.Encoder()
@@ -65,7 +68,8 @@ def tinker_error_response(_: Request[Any, Any, Any], exc: Exception) -> Response
     elif isinstance(exc, HTTPException):
         status, message, category = exc.status_code, str(exc.detail), "user"
     else:
-        status, message, category = 500, f"internal error: {type(exc).__name__}", "server"
+        log.exception("tinker_internal_error", exc_info=exc)
+        status, message, category = 500, f"internal error: {type(exc).__name__}: {exc}", "server"
     body = {"detail": message, "error": message, "category": category}
     return Response(_json.encode(body), status_code=status, media_type="application/json")
 
@@ -82,8 +86,10 @@ def tinker_router(
     service: TinkerService,
     *,
     api_keys: frozenset[str] | None = None,
+    client_config: Mapping[str, object] | None = None,
 ) -> Router:
-    """``api_keys``: the keys allowed; None accepts any ``tml-`` key (each its own owner)."""
+    """``api_keys``: the keys allowed; None accepts any ``tml-`` key (each its own owner).
+    ``client_config``: what ``/client/config`` tells the SDK (empty: its defaults)."""
     url_secret = secrets.token_bytes(32)
 
     def owner(request: Request[Any, Any, Any]) -> str:
@@ -105,8 +111,8 @@ def tinker_router(
         return _ok({"status": "ok"})
 
     @post("/client/config", status_code=200)
-    async def client_config() -> Response[bytes]:
-        return _ok({})  # every field at the SDK's default
+    async def get_client_config() -> Response[bytes]:
+        return _ok(dict(client_config or {}))
 
     @get("/get_server_capabilities")
     async def capabilities() -> Response[bytes]:
@@ -640,7 +646,7 @@ def tinker_router(
         path="/api/v1",
         route_handlers=[
             healthz,
-            client_config,
+            get_client_config,
             capabilities,
             create_session,
             heartbeat,

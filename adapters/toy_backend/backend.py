@@ -32,6 +32,7 @@ from domain.training import (
     TensorValue,
     UnsupportedFeatureError,
     WeightsSource,
+    loss_config,
 )
 
 ADAPTER = "adapter_model.safetensors"
@@ -303,10 +304,10 @@ def _loss(
     if loss_fn == "cross_entropy":
         w = inputs["weights"]
         return float(-(w * logp).sum()), -w
+    config = loss_config(loss_fn, config)  # Tinker's defaults; the thresholds bound r
     q, adv = inputs["logprobs"], inputs["advantages"]
     ratio = np.exp(logp - q)
-    low = 1 - config.get("clip_low_threshold", 0.2)
-    high = 1 + config.get("clip_high_threshold", 0.2)
+    low, high = config.get("clip_low_threshold", 0.0), config.get("clip_high_threshold", 0.0)
     if loss_fn == "importance_sampling":
         return float(-(ratio * adv).sum()), -ratio * adv
     if loss_fn == "ppo":
@@ -318,7 +319,7 @@ def _loss(
         clipped = np.clip(ratio, low, high)
         return float(-(clipped * logp * adv).sum()), -clipped * adv
     if loss_fn == "dro":
-        beta = config.get("beta", 0.05)
+        beta = config["beta"]
         obj = logp * adv - 0.5 * beta * (logp - q) ** 2
         return float(-obj.sum()), -(adv - beta * (logp - q))
     raise InvalidTrainingRequest(f"loss_fn {loss_fn!r} is not supported")

@@ -19,7 +19,6 @@ import structlog
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.futures import Future, FutureStore
 from domain.training import (
-    LOSS_FNS,
     AdamParams,
     BaseModelInfo,
     CheckpointKind,
@@ -34,6 +33,8 @@ from domain.training import (
     SessionClosedError,
     TrainingBackend,
     check_checkpoint_name,
+    check_data,
+    loss_config,
 )
 
 log = structlog.get_logger(__name__)
@@ -245,13 +246,8 @@ class TrainingController:
         forward_only: bool,
     ) -> Future:
         live = self._get(owner, model_id)
-        if loss_fn not in LOSS_FNS:
-            raise InvalidTrainingRequest(
-                f"loss_fn {loss_fn!r} is not supported (supported: {', '.join(LOSS_FNS)})"
-            )
-        if not data:
-            raise InvalidTrainingRequest("forward_backward needs at least one datum")
-        config = dict(loss_fn_config)
+        check_data(data, loss_fn)
+        config = loss_config(loss_fn, loss_fn_config)
 
         async def work() -> ForwardBackwardResult:
             return await asyncio.to_thread(

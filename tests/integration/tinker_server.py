@@ -23,7 +23,11 @@ def toy_service(root: Path, **kwargs: object) -> TinkerService:
     return TinkerService(backend, backend, FileCheckpointStorage(root), **kwargs)  # type: ignore[arg-type]
 
 
-def tinker_app(service: TinkerService, api_keys: frozenset[str] | None = None) -> Litestar:
+def tinker_app(
+    service: TinkerService,
+    api_keys: frozenset[str] | None = None,
+    client_config: dict[str, object] | None = None,
+) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         service.start()
@@ -32,7 +36,8 @@ def tinker_app(service: TinkerService, api_keys: frozenset[str] | None = None) -
         finally:
             await service.stop()
 
-    return Litestar(route_handlers=[tinker_router(service, api_keys=api_keys)], lifespan=[lifespan])
+    router = tinker_router(service, api_keys=api_keys, client_config=client_config)
+    return Litestar(route_handlers=[router], lifespan=[lifespan])
 
 
 @contextmanager

@@ -1,0 +1,585 @@
+"""LoRA fine-tuning on our torch models: the :class:`~domain.training.TrainingBackend` port.
+
+A base model is loaded once (lazily, unpacked: plain frozen linears) and shared by every
+adapter on it. Its target linears are swapped for :class:`LoraLinear` modules, which add the
+low-rank update of whichever adapter is active during a call: ``y = W x + s * B (A x)``
+with ``s = LORA_ALPHA / rank`` (PEFT's scaling). Fused projections carry one ``(A, B)`` per
+HF projection they hold (``wqkv``: q, k, v; ``w13``: gate, up), so adapters map one to one
+onto PEFT's ``q_proj`` / ``gate_proj`` / ... and checkpoints load in PEFT unchanged.
+
+A and B are float32 whatever the base dtype; A starts like PEFT's (kaiming-uniform, a=√5,
+i.e. ``U(-1/√in, 1/√in)``, from ``lora.seed``), B at zero, so a fresh adapter is the base
+model. Training forwards run the whole sequence causally from position 0 with no cache;
+data are right-padded into micro-batches (padding sits after every real token, so causal
+attention never sees it) and only real positions enter the loss (see ``lora_losses``).
+"""
+
+import json
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from adapters.torch.config import ModelConfig
+from adapters.torch.loader import load_model
+from adapters.torch.lora_losses import loss_sum
+from adapters.torch.transformer import Transformer
+from domain.training import (
+    LOSS_INPUTS,
+    AdamParams,
+    BaseModelInfo,
+    Datum,
+    ForwardBackwardResult,
+    InvalidTrainingRequest,
+    LoraSpec,
+    NotFoundError,
+    TensorValue,
+    loss_config,
+)
+
+LORA_ALPHA = 32
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER_STATE = "optimizer.safetensors"
+ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_TARGETS = ("lm_head",)
+# Padded tokens per training micro-batch: bounds the [batch, T, vocab] logits in memory.
+TOKENS_PER_MICRO_BATCH = 2048
+
+
+@dataclass(frozen=True)
+class BaseModelEntry:
+    """A served base model: its HF folder (config.json + safetensors), the name clients
+    use, other accepted names, its tokenizer folder (default: ``folder``) and the dtype its
+    frozen weights are held in (bf16: fast on CPU; float32 for exact parity)."""
+
+    name: str
+    folder: Path
+    aliases: tuple[str, ...] = ()
+    tokenizer_folder: Path | None = None
+    dtype: torch.dtype = torch.bfloat16
+
+
+class LoraLinear(nn.Module):
+    """A frozen linear plus the active adapter's update on each of its output slices.
+
+    ``parts`` are the PEFT module names of the slices, in row order; ``lora`` is set per
+    call: one ``(A [r, in], B [rows, r])`` per part, or None for the base linear alone.
+    """
+
+    def __init__(self, base: nn.Linear, parts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.base, self.parts = base, parts
+        self.lora: list[tuple[Tensor, Tensor]] | None = None
+        self.scale = 0.0
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.base(x)
+        if self.lora is None:
+            return y
+        a = torch.cat([a for a, _ in self.lora])  # [parts * r, in]
+        b = torch.block_diag(*[b for _, b in self.lora])  # [out, parts * r]
+        return y + (F.linear(F.linear(x.float(), a), b) * self.scale).to(y.dtype)
+
+
+class _Base:
+    """A loaded base model and its LoRA sites, by PEFT module name."""
+
+    def __init__(self, entry: BaseModelEntry, model: Transformer) -> None:
+        self.entry, self.model, self.config = entry, model, model.config
+        self.sites = _install_sites(model)
+        self.shapes: dict[str, tuple[int, int]] = {}  # PEFT name -> (in, out)
+        for site in self.sites:
+            rows = _part_rows(model.config, site.parts)
+            for name, out in zip(site.parts, rows, strict=True):
+                self.shapes[name] = (site.base.in_features, out)
+
+    @contextmanager
+    def active(self, adapter: "_Adapter") -> Iterator[None]:
+        for site in self.sites:
+            weights = [adapter.weights[name] for name in site.parts if name in adapter.weights]
+            site.lora = weights or None
+            site.scale = adapter.scale
+        try:
+            yield
+        finally:
+            for site in self.sites:
+                site.lora = None
+
+
+class _Adapter:
+    """One model id's trainable weights (PEFT name -> (A, B)) and its AdamW state."""
+
+    def __init__(self, base: _Base, spec: LoraSpec) -> None:
+        self.base, self.spec = base, spec
+        self.scale = LORA_ALPHA / spec.rank
+        self.targets = _targets(spec)
+        generator = torch.Generator()
+        if spec.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(spec.seed)
+        self.weights: dict[str, tuple[Tensor, Tensor]] = {}
+        for name in sorted(base.shapes):
+            if name.rsplit(".", 1)[-1] in self.targets:
+                fan_in, out = base.shapes[name]
+                bound = fan_in**-0.5  # kaiming_uniform_(a=sqrt(5)), as PEFT initialises A
+                a = (torch.rand(spec.rank, fan_in, generator=generator) * 2 - 1) * bound
+                b = torch.zeros(out, spec.rank)
+                self.weights[name] = (a.requires_grad_(), b.requires_grad_())
+        self.optimizer = self.new_optimizer()
+
+    @property
+    def params(self) -> list[Tensor]:
+        return [t for pair in self.weights.values() for t in pair]
+
+    def new_optimizer(self) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self.params)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """PEFT's ``adapter_model.safetensors`` content."""
+        state = {}
+        for name, (a, b) in self.weights.items():
+            state[_peft_key(name, "A")] = a.detach().clone()
+            state[_peft_key(name, "B")] = b.detach().clone()
+        return state
+
+
+class LoraTrainingBackend:
+    """LoRA adapters on our torch models for the Tinker face; see the module docstring.
+
+    Calls are serialized by one lock (a step of one model at a time); a base model is
+    loaded on the first ``create`` on it and kept.
+    """
+
+    def __init__(self, models: Sequence[BaseModelEntry]) -> None:
+        self._entries = {name: e for e in models for name in (e.name, *e.aliases)}
+        self._models = list(models)
+        self._bases: dict[str, _Base] = {}
+        self._adapters: dict[str, _Adapter] = {}
+        self._lock = threading.Lock()
+
+    @cached_property
+    def base_models(self) -> Sequence[BaseModelInfo]:
+        infos = []
+        for entry in self._models:
+            config = ModelConfig.from_folder(entry.folder)
+            infos.append(
+                BaseModelInfo(
+                    name=entry.name,
+                    max_context_length=config.max_position_embeddings,
+                    arch=config.arch,
+                    tokenizer_id=str(entry.tokenizer_folder or entry.folder),
+                    aliases=entry.aliases,
+                )
+            )
+        return infos
+
+    def create(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+        if lora.rank < 1:
+            raise InvalidTrainingRequest(f"rank: must be at least 1, got {lora.rank}")
+        if not _targets(lora):
+            raise InvalidTrainingRequest(
+                "lora: train_mlp, train_attn and train_unembed are all off: nothing to train"
+            )
+        with self._lock:
+            if model_id in self._adapters:
+                raise InvalidTrainingRequest(f"model {model_id!r} already exists")
+            self._adapters[model_id] = _Adapter(self._base(base_model), lora)
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float],
+        *,
+        backward: bool,
+    ) -> ForwardBackwardResult:
+        config = loss_config(loss_fn, loss_fn_config)
+        with self._lock:
+            adapter = self._adapter(model_id)
+            if not data:
+                raise InvalidTrainingRequest("data: empty (at least one datum is needed)")
+            prepared = [_prepare(adapter.base.config, i, d, loss_fn) for i, d in enumerate(data)]
+            logprobs: list[Tensor] = [torch.empty(0)] * len(data)
+            total = 0.0
+            with adapter.base.active(adapter), torch.set_grad_enabled(backward):
+                for group in _micro_batches(prepared):
+                    logp = _target_logprobs(adapter.base.model, [prepared[i] for i in group])
+                    inputs = {
+                        key: torch.cat([prepared[i].inputs[key] for i in group])
+                        for key in LOSS_INPUTS[loss_fn]
+                    }
+                    loss = loss_sum(loss_fn, logp, inputs, config)
+                    if backward:
+                        loss.backward()
+                    total += loss.item()
+                    pieces = logp.detach().split([len(prepared[i].tokens) for i in group])
+                    for i, piece in zip(group, pieces, strict=True):
+                        logprobs[i] = piece
+        outputs = [{"logprobs": _tensor_value(lp)} for lp in logprobs]
+        return ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": total})
+
+    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        _check_adam(params)
+        with self._lock:
+            adapter = self._adapter(model_id)
+            for p in adapter.params:
+                if p.grad is None:  # no forward_backward since the last step: a zero gradient
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in adapter.params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads)
+            if params.grad_clip_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(adapter.params, params.grad_clip_norm, norm)
+            for group in adapter.optimizer.param_groups:
+                group.update(
+                    lr=params.learning_rate,
+                    betas=(params.beta1, params.beta2),
+                    eps=params.eps,
+                    weight_decay=params.weight_decay,
+                )
+            adapter.optimizer.step()
+            adapter.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm:mean": float(norm), "learning_rate:mean": params.learning_rate}
+
+    def save(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
+        with self._lock:
+            adapter = self._adapter(model_id)
+            _write_peft(adapter, folder)
+            if optimizer:
+                save_file(_optimizer_state(adapter), str(folder / OPTIMIZER_STATE))
+
+    def export_peft(self, model_id: str, folder: Path) -> None:
+        with self._lock:
+            _write_peft(self._adapter(model_id), folder)
+
+    def load(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
+        spec = read_lora_spec(folder)
+        with self._lock:
+            adapter = self._adapter(model_id)
+            if (spec.rank, _targets(spec)) != (adapter.spec.rank, adapter.targets):
+                raise InvalidTrainingRequest(
+                    f"{folder}: checkpoint is rank {spec.rank} on {sorted(_targets(spec))}, "
+                    f"model {model_id!r} is rank {adapter.spec.rank} on {sorted(adapter.targets)}"
+                )
+            tensors = _read_tensors(folder / ADAPTER_WEIGHTS)
+            state = _checked_state(tensors, adapter.state_dict(), folder / ADAPTER_WEIGHTS)
+            with torch.no_grad():
+                for name, (a, b) in adapter.weights.items():
+                    a.copy_(state[_peft_key(name, "A")])
+                    b.copy_(state[_peft_key(name, "B")])
+            adapter.optimizer = adapter.new_optimizer()
+            if optimizer:
+                _load_optimizer(adapter, _read_tensors(folder / OPTIMIZER_STATE), folder)
+
+    def release(self, model_id: str) -> None:
+        with self._lock:
+            self._adapters.pop(model_id, None)
+
+    def _adapter(self, model_id: str) -> _Adapter:
+        adapter = self._adapters.get(model_id)
+        if adapter is None:
+            raise NotFoundError(f"no training model {model_id!r}")
+        return adapter
+
+    def _base(self, name: str) -> _Base:
+        entry = self._entries.get(name)
+        if entry is None:
+            served = ", ".join(e.name for e in self._models)
+            raise NotFoundError(f"base_model: unknown model {name!r} (served: {served})")
+        if entry.name not in self._bases:
+            model = load_model(entry.folder, dtype=entry.dtype, prepack=False)
+            self._bases[entry.name] = _Base(entry, model)
+        return self._bases[entry.name]
+
+
+def read_lora_spec(folder: Path) -> LoraSpec:
+    """The rank and targets of the PEFT adapter in ``folder`` (``adapter_config.json``)."""
+    raw = _read_config(folder / ADAPTER_CONFIG)
+    where = folder / ADAPTER_CONFIG
+    if raw.get("peft_type") != "LORA":
+        raise InvalidTrainingRequest(f"{where}: peft_type is {raw.get('peft_type')!r}, not LORA")
+    rank, alpha = raw.get("r"), raw.get("lora_alpha")
+    if not isinstance(rank, int) or rank < 1:
+        raise InvalidTrainingRequest(f"{where}: r must be a positive integer, got {rank!r}")
+    if alpha != LORA_ALPHA:
+        raise InvalidTrainingRequest(f"{where}: lora_alpha {alpha!r} (only {LORA_ALPHA} is served)")
+    for flag in ("use_dora", "use_rslora", "fan_in_fan_out"):
+        if raw.get(flag):
+            raise InvalidTrainingRequest(f"{where}: {flag} is not supported")
+    targets = raw.get("target_modules")
+    if not isinstance(targets, list):
+        raise InvalidTrainingRequest(f"{where}: target_modules must be a list of module names")
+    groups = {g: set(names) & set(targets) for g, names in _GROUPS.items()}
+    if set(targets) != set().union(*groups.values()) or any(
+        found and found != set(_GROUPS[g]) for g, found in groups.items()
+    ):
+        raise InvalidTrainingRequest(
+            f"{where}: target_modules {sorted(targets)} must be whole groups of "
+            f"{[list(names) for names in _GROUPS.values()]}"
+        )
+    return LoraSpec(
+        rank=rank,
+        train_mlp=bool(groups["mlp"]),
+        train_attn=bool(groups["attn"]),
+        train_unembed=bool(groups["unembed"]),
+    )
+
+
+# --- model surgery ----------------------------------------------------------------------
+
+_GROUPS = {"attn": ATTN_TARGETS, "mlp": MLP_TARGETS, "unembed": UNEMBED_TARGETS}
+
+
+def _install_sites(model: Transformer) -> list[LoraLinear]:
+    """Swap every linear LoRA may target for a :class:`LoraLinear` (inert until active)."""
+    sites = []
+    for path, parts in _site_parts(model.config.num_layers):
+        base = model.get_submodule(path)
+        assert isinstance(base, nn.Linear), path
+        site = LoraLinear(base, parts)
+        model.set_submodule(path, site)
+        sites.append(site)
+    return sites
+
+
+def _site_parts(num_layers: int) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(our module path, the PEFT module names of its row slices) of every target linear."""
+    for i in range(num_layers):
+        ours, peft = f"layers.{i}", f"model.layers.{i}"
+        yield f"{ours}.attn.wqkv", tuple(f"{peft}.self_attn.{p}" for p in ATTN_TARGETS[:3])
+        yield f"{ours}.attn.wo", (f"{peft}.self_attn.o_proj",)
+        yield f"{ours}.mlp.w13", (f"{peft}.mlp.gate_proj", f"{peft}.mlp.up_proj")
+        yield f"{ours}.mlp.w2", (f"{peft}.mlp.down_proj",)
+    yield "lm_head", ("lm_head",)
+
+
+def _part_rows(config: ModelConfig, parts: tuple[str, ...]) -> list[int]:
+    rows = {
+        "q_proj": config.q_size,
+        "k_proj": config.kv_size,
+        "v_proj": config.kv_size,
+        "o_proj": config.hidden_size,
+        "gate_proj": config.intermediate_size,
+        "up_proj": config.intermediate_size,
+        "down_proj": config.hidden_size,
+        "lm_head": config.vocab_size,
+    }
+    return [rows[name.rsplit(".", 1)[-1]] for name in parts]
+
+
+def _targets(spec: LoraSpec) -> frozenset[str]:
+    on = {"attn": spec.train_attn, "mlp": spec.train_mlp, "unembed": spec.train_unembed}
+    return frozenset(name for group, names in _GROUPS.items() if on[group] for name in names)
+
+
+# --- training forward -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    tokens: Tensor  # [T] int64
+    targets: Tensor  # [T] int64
+    inputs: dict[str, Tensor]  # loss input name -> [T] float32 (target_tokens as int64)
+
+
+def _prepare(config: ModelConfig, index: int, datum: Datum, loss_fn: str) -> _Prepared:
+    """Checked tensors for one datum; bad input raises naming the datum and the key."""
+    where = f"data[{index}]"
+    length = len(datum.tokens)
+    if length == 0:
+        raise InvalidTrainingRequest(f"{where}.model_input: no tokens")
+    if length > config.max_position_embeddings:
+        raise InvalidTrainingRequest(
+            f"{where}.model_input: {length} tokens exceed the model's context of "
+            f"{config.max_position_embeddings}"
+        )
+    tokens = torch.tensor(list(datum.tokens), dtype=torch.int64)
+    _check_token_ids(tokens, config.vocab_size, f"{where}.model_input")
+    inputs = {}
+    for key in LOSS_INPUTS[loss_fn]:
+        value = datum.loss_fn_inputs.get(key)
+        if value is None:
+            needed = ", ".join(LOSS_INPUTS[loss_fn])
+            raise InvalidTrainingRequest(
+                f"{where}.loss_fn_inputs: missing {key!r} ({loss_fn} needs {needed})"
+            )
+        if value.shape != (length,) or len(value.data) != length:
+            raise InvalidTrainingRequest(
+                f"{where}.loss_fn_inputs[{key!r}]: shape {list(value.shape)}, "
+                f"expected [{length}] (one per input token)"
+            )
+        inputs[key] = _to_tensor(value, key, where)
+    targets = inputs["target_tokens"]
+    _check_token_ids(targets, config.vocab_size, f"{where}.loss_fn_inputs['target_tokens']")
+    return _Prepared(tokens, targets, inputs)
+
+
+def _to_tensor(value: TensorValue, key: str, where: str) -> Tensor:
+    if key == "target_tokens":
+        if value.dtype != "int64":
+            raise InvalidTrainingRequest(f"{where}.loss_fn_inputs['target_tokens']: must be int64")
+        return torch.tensor(value.data.tolist(), dtype=torch.int64)
+    return torch.tensor(value.data.tolist(), dtype=torch.float32)
+
+
+def _check_token_ids(ids: Tensor, vocab: int, where: str) -> None:
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        raise InvalidTrainingRequest(
+            f"{where}: token id {int(ids[bad][0])} out of range [0, {vocab})"
+        )
+
+
+def _micro_batches(data: Sequence[_Prepared]) -> Iterator[list[int]]:
+    """Indices of ``data`` grouped by similar length, each group's padded size within
+    ``TOKENS_PER_MICRO_BATCH`` (a longer datum goes alone)."""
+    order = sorted(range(len(data)), key=lambda i: len(data[i].tokens))
+    group: list[int] = []
+    for i in order:
+        # Ascending lengths: the newest datum is the group's longest.
+        if group and (len(group) + 1) * len(data[i].tokens) > TOKENS_PER_MICRO_BATCH:
+            yield group
+            group = []
+        group.append(i)
+    if group:
+        yield group
+
+
+def _target_logprobs(model: Transformer, data: Sequence[_Prepared]) -> Tensor:
+    """Logprobs of each datum's targets, concatenated: ``[sum of lengths]`` float32."""
+    lengths = [len(d.tokens) for d in data]
+    ids = torch.zeros(len(data), max(lengths), dtype=torch.int64)
+    real = torch.zeros(len(data), max(lengths), dtype=torch.bool)
+    for row, d in enumerate(data):
+        ids[row, : len(d.tokens)] = d.tokens
+        real[row, : len(d.tokens)] = True
+    logits = model(ids)[real].float()  # [N, vocab]; right padding is invisible causally
+    targets = torch.cat([d.targets for d in data])
+    return logits.log_softmax(-1).gather(1, targets[:, None])[:, 0]
+
+
+def _tensor_value(values: Tensor) -> TensorValue:
+    return TensorValue.floats(values.float().tolist())
+
+
+# --- optimizer --------------------------------------------------------------------------
+
+
+def _check_adam(params: AdamParams) -> None:
+    checks = {
+        "learning_rate": params.learning_rate >= 0,
+        "beta1": 0 <= params.beta1 < 1,
+        "beta2": 0 <= params.beta2 < 1,
+        "eps": params.eps >= 0,
+        "weight_decay": params.weight_decay >= 0,
+        "grad_clip_norm": params.grad_clip_norm >= 0,
+    }
+    for name, ok in checks.items():
+        if not ok:
+            raise InvalidTrainingRequest(f"adam_params.{name}: {getattr(params, name)} is invalid")
+
+
+def _optimizer_state(adapter: _Adapter) -> dict[str, Tensor]:
+    """AdamW moments and step per LoRA tensor, keyed like the adapter's PEFT weights."""
+    state: dict[str, Tensor] = {}
+    for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
+        s = adapter.optimizer.state.get(p, {})
+        state[f"{key}.exp_avg"] = s.get("exp_avg", torch.zeros_like(p)).detach().clone()
+        state[f"{key}.exp_avg_sq"] = s.get("exp_avg_sq", torch.zeros_like(p)).detach().clone()
+        state[f"{key}.step"] = torch.tensor([float(s.get("step", 0.0))], dtype=torch.float32)
+    return state
+
+
+def _load_optimizer(adapter: _Adapter, tensors: dict[str, Tensor], folder: Path) -> None:
+    expected: dict[str, Tensor] = {}
+    for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
+        expected |= {f"{key}.exp_avg": p, f"{key}.exp_avg_sq": p, f"{key}.step": torch.zeros(1)}
+    state = _checked_state(tensors, expected, folder / OPTIMIZER_STATE)
+    saved = adapter.optimizer.state_dict()
+    saved["state"] = {
+        i: {
+            "step": state[f"{key}.step"][0].clone(),
+            "exp_avg": state[f"{key}.exp_avg"],
+            "exp_avg_sq": state[f"{key}.exp_avg_sq"],
+        }
+        for i, key in enumerate(adapter.state_dict())
+    }
+    adapter.optimizer.load_state_dict(saved)
+
+
+# --- checkpoint files -------------------------------------------------------------------
+
+
+def _peft_key(name: str, matrix: str) -> str:
+    return f"base_model.model.{name}.lora_{matrix}.weight"
+
+
+def _write_peft(adapter: _Adapter, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(adapter.state_dict(), str(folder / ADAPTER_WEIGHTS))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": adapter.base.entry.name,
+        "r": adapter.spec.rank,
+        "lora_alpha": LORA_ALPHA,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(adapter.targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "inference_mode": True,
+    }
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise InvalidTrainingRequest(f"{path}: missing (not a LoRA checkpoint)") from e
+    except (OSError, ValueError) as e:
+        raise InvalidTrainingRequest(f"{path}: unreadable ({e})") from e
+    if not isinstance(raw, dict):
+        raise InvalidTrainingRequest(f"{path}: not a JSON object")
+    return raw
+
+
+def _read_tensors(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise InvalidTrainingRequest(f"{path}: missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise InvalidTrainingRequest(f"{path}: unreadable ({e})") from e
+
+
+def _checked_state(
+    tensors: Mapping[str, Tensor], expected: Mapping[str, Tensor], path: Path
+) -> dict[str, Tensor]:
+    """``tensors`` as float32 if they have exactly ``expected``'s keys and shapes."""
+    missing, unexpected = set(expected) - set(tensors), set(tensors) - set(expected)
+    if missing or unexpected:
+        raise InvalidTrainingRequest(
+            f"{path}: tensors do not match the model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
+    for key, want in expected.items():
+        if tensors[key].shape != want.shape:
+            raise InvalidTrainingRequest(
+                f"{path}: {key} has shape {list(tensors[key].shape)}, expected {list(want.shape)}"
+            )
+    return {key: t.float() for key, t in tensors.items()}

@@ -1,0 +1,63 @@
+"""Tinker's built-in losses on per-token target logprobs, summed over tokens (``loss:sum``).
+
+Every function takes 1-D float32 tensors over the same tokens: ``logp`` (the learner's
+logprobs of the target tokens, differentiable), and the datum inputs. With ``q`` the
+sampler's ``logprobs``, ``A`` the ``advantages`` and ``r = exp(logp - q)``:
+
+- ``cross_entropy``:       ``-sum(weights * logp)``
+- ``importance_sampling``: ``-sum(r * A)``
+- ``ppo``:                 ``-sum(min(r * A, clamp(r, low, high) * A))``
+- ``cispo``:               ``-sum(stopgrad(clamp(r, low, high)) * logp * A)``
+- ``dro``:                 ``-sum(logp * A - 0.5 * beta * (logp - q) ** 2)``
+
+``low``/``high`` are ``clip_low_threshold`` / ``clip_high_threshold``, bounds on the ratio
+itself; configs are resolved (defaults, checks) by ``domain.training.loss_config``.
+"""
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+Inputs = Mapping[str, Tensor]
+
+
+def loss_sum(loss_fn: str, logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    """The summed loss (a 0-d tensor) for ``logp`` ``[N]`` and ``inputs`` (each ``[N]``)."""
+    return _LOSSES[loss_fn](logp, inputs, config)
+
+
+def _cross_entropy(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    return -(inputs["weights"] * logp).sum()
+
+
+def _importance_sampling(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    ratio = torch.exp(logp - inputs["logprobs"])
+    return -(ratio * inputs["advantages"]).sum()
+
+
+def _ppo(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    ratio = torch.exp(logp - inputs["logprobs"])
+    clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, clipped * advantages).sum()
+
+
+def _cispo(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    ratio = torch.exp(logp - inputs["logprobs"]).detach()
+    clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    return -(clipped * logp * inputs["advantages"]).sum()
+
+
+def _dro(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    penalty = (logp - inputs["logprobs"]) ** 2
+    return -(logp * inputs["advantages"] - 0.5 * config["beta"] * penalty).sum()
+
+
+_LOSSES: dict[str, Callable[[Tensor, Inputs, Mapping[str, float]], Tensor]] = {
+    "cross_entropy": _cross_entropy,
+    "importance_sampling": _importance_sampling,
+    "ppo": _ppo,
+    "cispo": _cispo,
+    "dro": _dro,
+}

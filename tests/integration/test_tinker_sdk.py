@@ -1,0 +1,258 @@
+"""The stock tinker SDK (pinned in the dev dependencies) against our server on the numpy
+ToyBackend: the seed's flows end to end over real HTTP (uvicorn on 127.0.0.1)."""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from application.tinker.service import TinkerService
+from tests.integration.tinker_server import API_KEY, TOY_MODEL, serve, tinker_app, toy_service
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+SEQ = [5, 17, 42, 7, 99, 3, 250, 8]
+
+
+def datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum:
+    inputs = {"target_tokens": tokens[1:], "weights": weights or [1.0] * (len(tokens) - 1)}
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+def train_steps(tc: tinker.TrainingClient, data: list[types.Datum], steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        fb = tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        losses.append(fb.result().metrics["loss:sum"])
+    return losses
+
+
+def forward_loss(tc: tinker.TrainingClient, data: list[types.Datum]) -> float:
+    return tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> TinkerService:
+    return toy_service(tmp_path / "ckpt")
+
+
+@pytest.fixture
+def url(service: TinkerService) -> Iterator[str]:
+    with serve(tinker_app(service)) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def client(url: str) -> Iterator[tinker.ServiceClient]:
+    sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    yield sc
+    sc.close("success").result()
+
+
+def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
+    sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    caps = sc.get_server_capabilities()
+    assert TOY_MODEL in [m.model_name for m in caps.supported_models]
+
+    tc = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=0).result()
+    info = tc.get_info()
+    assert info.model_id == tc.model_id and info.lora_rank == 4
+    assert tc.model_id.endswith(":train:0")
+
+    data = [datum(SEQ)]
+    losses = train_steps(tc, data, 8)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+    out = tc.forward(data, "cross_entropy").result()
+    trained_logprobs = out.loss_fn_outputs[0]["logprobs"].tolist()
+    assert len(trained_logprobs) == len(SEQ) - 1
+
+    state = tc.save_state("step-8").result()
+    assert state.path == f"tinker://{tc.model_id}/weights/step-8"
+    sampler_path = tc.save_weights_for_sampler("s8").result().path
+    assert sampler_path == f"tinker://{tc.model_id}/sampler_weights/s8"
+
+    sampler = sc.create_sampling_client(model_path=sampler_path)
+    params = types.SamplingParams(max_tokens=6, seed=3, temperature=1.0)
+    res = sampler.sample(types.ModelInput.from_ints(SEQ[:3]), num_samples=3, sampling_params=params)
+    sequences = res.result().sequences
+    assert len(sequences) == 3
+    for seq in sequences:
+        assert seq.logprobs is not None and len(seq.logprobs) == len(seq.tokens)
+        assert (seq.stop_reason == "length") == (len(seq.tokens) == 6)
+    # The sampler serves the trained weights: its prompt logprobs are the training forward's.
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(SEQ)).result()
+    assert scored[0] is None
+    np.testing.assert_allclose(scored[1:], trained_logprobs, rtol=1e-4, atol=1e-5)
+
+    rest = tinker.RestClient(base_url=url, api_key=API_KEY)
+    runs = rest.list_training_runs().result()
+    assert [r.training_run_id for r in runs.training_runs] == [tc.model_id]
+    assert runs.training_runs[0].last_checkpoint.tinker_path == state.path
+    ids = {c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+    assert ids == {"weights/step-8", "sampler_weights/s8"}
+    winfo = rest.get_weights_info_by_tinker_path(state.path).result()
+    assert (winfo.base_model, winfo.lora_rank, winfo.is_lora) == (TOY_MODEL, 4, True)
+    assert rest.get_training_run(tc.model_id).result().lora_rank == 4
+
+    rest.delete_checkpoint_from_tinker_path(sampler_path).result()
+    ids = {c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+    assert ids == {"weights/step-8"}
+
+    session = next(iter(service.sessions.all()))
+    sc.close("success").result()
+    assert session.ended == "finished"
+    assert not service.training.is_live(tc.model_id)
+
+
+def test_resume_with_optimizer_state_continues_the_same_trajectory(
+    client: tinker.ServiceClient,
+) -> None:
+    data = [datum(SEQ)]
+    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=1).result()
+    train_steps(tc, data, 3)
+    path = tc.save_state("s3").result().path
+    train_steps(tc, data, 1)
+    expected = forward_loss(tc, data)
+
+    resumed = client.create_training_client_from_state_with_optimizer(path).result()
+    assert resumed.model_id.endswith(":train:1")
+    train_steps(resumed, data, 1)
+    assert forward_loss(resumed, data) == pytest.approx(expected, rel=1e-6)
+
+    # Weights only: Adam starts over, so the same step lands elsewhere.
+    fresh = client.create_training_client_from_state(path).result()
+    train_steps(fresh, data, 1)
+    assert forward_loss(fresh, data) != pytest.approx(expected, rel=1e-3)
+
+
+def test_chunked_forward_backward_runs_in_order_and_accumulates(tmp_path: Path) -> None:
+    # Two data per chunk: five data are sent as three parallel requests, the first last.
+    app = tinker_app(toy_service(tmp_path), client_config={"fwdbwd_max_chunk_len": 2})
+    with serve(app) as url:
+        sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+        data = [datum(SEQ[: n + 2]) for n in range(5)]
+        chunked = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=2).result()
+        stepwise = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=2).result()
+
+        out = chunked.forward_backward(data, "cross_entropy").result()
+        assert [len(o["logprobs"].tolist()) for o in out.loss_fn_outputs] == [1, 2, 3, 4, 5]
+        total = 0.0
+        for part in (data[:2], data[2:4], data[4:]):  # gradients add up until optim_step
+            total += stepwise.forward_backward(part, "cross_entropy").result().metrics["loss:sum"]
+        assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-6)
+        chunked.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        stepwise.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        assert forward_loss(chunked, data) == pytest.approx(forward_loss(stepwise, data), rel=1e-6)
+        sc.close("success").result()
+
+
+def test_rl_losses_take_the_sdk_inputs(client: tinker.ServiceClient) -> None:
+    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=4).result()
+    n = len(SEQ) - 1
+    base = tc.forward([datum(SEQ)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    inputs = {
+        "target_tokens": types.TensorData.from_numpy(np.array(SEQ[1:], dtype=np.int64)),
+        "logprobs": base,
+        "advantages": types.TensorData.from_numpy(np.linspace(-1, 1, n).astype(np.float32)),
+    }
+    rl = types.Datum(model_input=types.ModelInput.from_ints(SEQ[:-1]), loss_fn_inputs=inputs)
+    for loss in ("importance_sampling", "ppo", "cispo", "dro"):
+        config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2} if loss == "ppo" else None
+        out = tc.forward_backward([rl], loss, loss_fn_config=config).result()
+        # On-policy (logprobs = the sampler's): ratios are 1 and IS/PPO losses are -sum(A) = 0.
+        if loss in ("importance_sampling", "ppo"):
+            assert out.metrics["loss:sum"] == pytest.approx(0.0, abs=1e-5)
+        np.testing.assert_allclose(out.loss_fn_outputs[0]["logprobs"].tolist(), base.tolist())
+
+
+def test_unnamed_sampler_snapshot_keeps_the_weights_of_its_moment(
+    client: tinker.ServiceClient,
+) -> None:
+    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=5).result()
+    train_steps(tc, [datum(SEQ)], 2)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(SEQ)
+    before = sampler.compute_logprobs(prompt).result()
+    train_steps(tc, [datum(SEQ)], 3)
+    assert sampler.compute_logprobs(prompt).result() == before
+    newer = tc.save_weights_and_get_sampling_client().result()
+    assert newer.compute_logprobs(prompt).result() != before
+
+
+def test_checkpoints_survive_a_restart(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    data = [datum(SEQ)]
+    with serve(tinker_app(toy_service(root))) as url:
+        sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+        tc = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=6).result()
+        train_steps(tc, data, 3)
+        path = tc.save_state("before-restart").result().path
+        sampler_path = tc.save_weights_for_sampler("sampler").result().path
+        loss = forward_loss(tc, data)
+        scored = sc.create_sampling_client(model_path=sampler_path).compute_logprobs(
+            types.ModelInput.from_ints(SEQ)
+        )
+        expected = scored.result()
+        run_id = tc.model_id
+        sc.close("success").result()
+
+    with serve(tinker_app(toy_service(root))) as url:
+        rest = tinker.RestClient(base_url=url, api_key=API_KEY)
+        assert [r.training_run_id for r in rest.list_training_runs().result().training_runs] == [
+            run_id
+        ]
+        listed = rest.list_user_checkpoints().result().checkpoints
+        assert {c.tinker_path for c in listed} == {path, sampler_path}
+        sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+        resumed = sc.create_training_client_from_state_with_optimizer(path).result()
+        assert forward_loss(resumed, data) == pytest.approx(loss, rel=1e-6)
+        sampler = sc.create_sampling_client(model_path=sampler_path)
+        assert sampler.compute_logprobs(types.ModelInput.from_ints(SEQ)).result() == expected
+        sc.close("success").result()
+
+
+def test_another_key_neither_sees_nor_changes_what_a_key_made(
+    url: str, client: tinker.ServiceClient
+) -> None:
+    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=7).result()
+    path = tc.save_state("mine").result().path
+    other = tinker.RestClient(base_url=url, api_key="tml-someone-else")
+    assert other.list_training_runs().result().training_runs == []
+    assert other.list_user_checkpoints().result().checkpoints == []
+    with pytest.raises(tinker.NotFoundError):
+        other.get_weights_info_by_tinker_path(path).result()
+    with pytest.raises(tinker.NotFoundError):
+        other.delete_checkpoint_from_tinker_path(path).result()
+    intruder = tinker.ServiceClient(base_url=url, api_key="tml-someone-else")
+    with pytest.raises(tinker.NotFoundError):
+        intruder.create_training_client_from_state(path).result()
+    intruder.close("success").result()
+    mine = tinker.RestClient(base_url=url, api_key=API_KEY)
+    assert [c.tinker_path for c in mine.list_user_checkpoints().result().checkpoints] == [path]
+
+
+def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceClient) -> None:
+    with pytest.raises(tinker.BadRequestError, match="not served"):
+        client.create_lora_training_client(base_model="no/such-model", rank=4).result()
+    sampler = client.create_sampling_client(base_model=TOY_MODEL)
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
+        sampler.sample(
+            types.ModelInput.from_ints(SEQ),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=2),
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=3,
+        ).result()
+    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4).result()
+    with pytest.raises(tinker.BadRequestError, match="needs 'advantages'"):
+        bad = types.Datum(
+            model_input=types.ModelInput.from_ints(SEQ[:-1]),
+            loss_fn_inputs={"target_tokens": SEQ[1:], "logprobs": [0.0] * (len(SEQ) - 1)},
+        )
+        tc.forward_backward([bad], "ppo").result()
