@@ -97,13 +97,18 @@ class AsyncEngine:
         return self._task is not None and not self._task.done()
 
     async def stream(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
     ) -> AsyncIterator[StepOutput]:
         """Queue a request and yield its outputs until it finishes. Validation errors raise
         before the first yield; leaving early (a client disconnect) aborts the request."""
         queue = self.sink.open(request_id)
         try:
-            request = self.engine.add_request(request_id, prompt, params)
+            request = self.engine.add_request(request_id, prompt, params, adapter_id=adapter_id)
         except Exception:
             self.sink.close(request_id)
             raise

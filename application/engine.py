@@ -75,12 +75,18 @@ class Engine:
         return prompt_ids
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
     ) -> Request:
         """Validate, tokenize and queue a request; raises before anything is queued
-        (``QueueFullError`` when the waiting queue is at ``max_waiting_requests``)."""
+        (``QueueFullError`` when the waiting queue is at ``max_waiting_requests``).
+        ``adapter_id``: a LoRA adapter the runner holds, applied to this request only."""
         prompt_ids = self.prepare(prompt, params)
-        request = Request(request_id, prompt_ids, params, self.clock())
+        request = Request(request_id, prompt_ids, params, self.clock(), adapter_id=adapter_id)
         if not self.scheduler.add_request(request):
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting_requests})")
         self._text[request_id] = _TextState(
@@ -110,10 +116,10 @@ class Engine:
             self._fail(batch, f"{type(e).__name__}: {e}")
             return True
         for request in self.scheduler.update_from_output(batch, result):
-            self.sink.publish(self._output(request))
+            self.sink.publish(self._output(request, result.logprobs.get(request.request_id)))
         return True
 
-    def _output(self, request: Request) -> StepOutput:
+    def _output(self, request: Request, logprob: float | None = None) -> StepOutput:
         token = request.generated_token_ids[-1]
         text = self._text[request.request_id]
         if request.finish_reason in ("eos", "stop") and token in self._stop_ids(request):
@@ -134,6 +140,12 @@ class Engine:
             finish_reason=request.finish_reason,
             prompt_tokens=request.num_prompt_tokens,
             completion_tokens=len(request.generated_token_ids),
+            logprob=logprob,
+            prompt_logprobs=(
+                tuple(request.prompt_logprobs)
+                if request.sampling_params.prompt_logprobs and len(request.generated_token_ids) == 1
+                else None
+            ),
         )
 
     def _stop_ids(self, request: Request) -> frozenset[int]:

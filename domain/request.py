@@ -31,6 +31,10 @@ class Request:
     num_computed_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    # The LoRA adapter the request runs with (None: the base model); the runner knows it.
+    adapter_id: str | None = None
+    # With ``sampling_params.prompt_logprobs``: logprobs of prompt tokens 1.., as computed.
+    prompt_logprobs: list[float] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,3 +75,7 @@ class StepOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The token's logprob (when ``sampling_params.logprobs`` is set).
+    logprob: float | None = None
+    # Logprobs of prompt tokens 1.. (``sampling_params.prompt_logprobs``; first output only).
+    prompt_logprobs: tuple[float, ...] | None = None

@@ -15,7 +15,8 @@ class SamplingParams:
     disable those filters. Repetition penalty (HF semantics) applies to prompt and output
     tokens; presence and frequency penalties (OpenAI semantics) to output tokens only.
     ``logprobs`` is ``None`` for none, ``0`` for the chosen token's logprob only, ``N`` for the
-    chosen token plus the top-N alternatives.
+    chosen token plus the top-N alternatives. ``prompt_logprobs``: also report the logprob of
+    every prompt token after the first (on the request's first output).
     """
 
     max_new_tokens: int = 128
@@ -31,6 +32,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")

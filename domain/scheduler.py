@@ -54,6 +54,9 @@ class RunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float] = field(default_factory=dict)
     top_logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # Per request id that asked for prompt logprobs: those of the prompt tokens this step's
+    # chunk predicts (positions start+1 .. within the prompt), in order.
+    prompt_logprobs: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Scheduler(Protocol):
@@ -89,6 +92,7 @@ class _QueueingScheduler:
             if request.is_done:  # aborted or failed while the step ran
                 continue
             request.num_computed_tokens = chunk.start + chunk.num_tokens
+            request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
             token = result.sampled_token_ids.get(request.request_id)
             if chunk.samples and token is not None:
                 self._append(request, token)

@@ -1,6 +1,7 @@
 """``infer`` command line: ``infer generate "prompt"`` (``infer serve`` comes with the server)."""
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -51,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
     gen.set_defaults(func=_generate)
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API and /v1/generate")
+    serve = sub.add_parser(
+        "serve", help="serve the OpenAI-compatible API, /v1/generate and the Tinker API"
+    )
     serve.add_argument(
         "model_tag", nargs="?", default=None, help="the model, as `vllm serve MODEL` takes it"
     )
@@ -73,6 +76,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
+    tinker.add_argument(
+        "--no-tinker", dest="tinker", action="store_false", help="do not serve the Tinker API"
+    )
+    tinker.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where LoRA checkpoints and runs are kept (default ~/.cache/infer/tinker)",
+    )
+    tinker.add_argument(
+        "--tinker-api-key",
+        action="append",
+        default=None,
+        help="an accepted API key (repeatable; also INFER_TINKER_API_KEYS, comma-separated); "
+        "none given: any key starting with 'tml-' (each key owns what it makes)",
+    )
+    tinker.add_argument(
+        "--tinker-alias",
+        action="append",
+        default=None,
+        help="another name to advertise the model under (repeatable; the embedded SmolLM2 "
+        "defaults to Qwen/Qwen3-4B-Instruct-2507, whose tinker-cookbook renderer is ChatML)",
+    )
     serve.set_defaults(func=_serve)
     return parser
 
@@ -186,16 +212,28 @@ def _serve(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         engine=config,
         served_model_name=args.served_model_name,
+        tinker=args.tinker,
+        tinker_aliases=args.tinker_alias,
+        tinker_api_keys=_api_keys(args.tinker_api_key),
+        checkpoint_dir=args.checkpoint_dir,
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
         raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
     app = container.http_app()
-    print(
-        f"serving {container.resolved_model().name} at http://{args.host}:{args.port}", flush=True
-    )
+    url = f"http://{args.host}:{args.port}"
+    print(f"serving {container.resolved_model().name} at {url}", flush=True)
+    if args.tinker:
+        names = ", ".join(container.served_names())
+        print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def _api_keys(flags: list[str] | None) -> frozenset[str] | None:
+    keys = [*(flags or []), *os.environ.get("INFER_TINKER_API_KEYS", "").split(",")]
+    keys = [k.strip() for k in keys if k.strip()]
+    return frozenset(keys) if keys else None
 
 
 if __name__ == "__main__":

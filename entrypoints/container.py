@@ -11,13 +11,19 @@ from dependency_injector import containers, providers
 from adapters.fake.tokenizer import ByteTokenizer
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
+from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
+from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.lora_serving import LoraServing
 from adapters.torch.runner import TorchModelRunner
 from adapters.torch.sampler import Sampler
+from adapters.torch.tinker_sampler import EngineSampler
 from adapters.torch.transformer import Transformer
 from adapters.weights import ResolvedModel, resolve_model
+from adapters.weights.packaged import SMOLLM2_NAME
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
+from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from domain.ports import Tokenizer
 
@@ -46,6 +52,55 @@ def resolve(spec: str | None, cache_dir: str | None, progress: bool) -> Resolved
     return resolve_model(spec, cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
 
 
+# Names under which a model is also advertised to Tinker clients, so that tinker-cookbook
+# recipes (which look renderers up by exact model name) find one that writes the model's
+# chat format: SmolLM2 uses ChatML, as the Qwen3 instruct renderer does.
+DEFAULT_TINKER_ALIASES = {SMOLLM2_NAME: ("Qwen/Qwen3-4B-Instruct-2507",)}
+DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
+
+
+def model_names(
+    resolved: ResolvedModel, served: str | None, aliases: list[str] | None
+) -> list[str]:
+    """The served name first, then the Tinker aliases."""
+    name = served or resolved.name
+    extra = DEFAULT_TINKER_ALIASES.get(resolved.name, ()) if aliases is None else aliases
+    return [name, *(a for a in extra if a != name)]
+
+
+def build_lora_serving(model: Transformer, enabled: bool) -> LoraServing | None:
+    return LoraServing(model) if enabled else None
+
+
+def build_training_backend(
+    resolved: ResolvedModel, names: list[str], dtype: str, engine: EngineConfig
+) -> LoraTrainingBackend:
+    entry = BaseModelEntry(
+        names[0],
+        resolved.path,
+        aliases=tuple(names[1:]),
+        dtype=DTYPES[dtype],
+        max_context=engine.max_seq_len,
+        random_weights=resolved.random_weights,
+    )
+    return LoraTrainingBackend([entry])
+
+
+def build_tinker(
+    enabled: bool,
+    backend: LoraTrainingBackend,
+    engine: AsyncEngine,
+    lora: LoraServing | None,
+    names: list[str],
+    checkpoint_dir: str | None,
+) -> TinkerService | None:
+    if not enabled or lora is None:
+        return None
+    sampler = EngineSampler(engine, lora, names, live_state=backend.peft_state)
+    storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
+    return TinkerService(backend, sampler, storage)
+
+
 class Container(containers.DeclarativeContainer):
     config = providers.Configuration()
 
@@ -57,17 +112,36 @@ class Container(containers.DeclarativeContainer):
     sampler = providers.Singleton(Sampler)
 
     engine_config = providers.Singleton(EngineConfig)
-    runner = providers.Singleton(TorchModelRunner, model, engine_config, sampler)
+    lora_serving = providers.Singleton(build_lora_serving, model, config.tinker.as_(bool))
+    runner = providers.Singleton(TorchModelRunner, model, engine_config, sampler, lora_serving)
     sink = providers.Singleton(QueueOutputSink)
     engine = providers.Singleton(
         Engine, engine_config, runner, tokenizer, sink, vocab_size=model.provided.config.vocab_size
     )
     async_engine = providers.Singleton(AsyncEngine, engine, sink)
-    http_app = providers.Singleton(
-        lambda engine, resolved, name: create_app(engine, name or resolved.name),
+    served_names = providers.Singleton(
+        model_names, resolved_model, config.served_model_name, config.tinker_aliases
+    )
+    training_backend = providers.Singleton(
+        build_training_backend, resolved_model, served_names, config.dtype, engine_config
+    )
+    tinker = providers.Singleton(
+        build_tinker,
+        config.tinker.as_(bool),
+        training_backend,
         async_engine,
-        resolved_model,
-        config.served_model_name,
+        lora_serving,
+        served_names,
+        config.checkpoint_dir,
+    )
+    http_app = providers.Singleton(
+        lambda engine, names, tinker, keys: create_app(
+            engine, names[0], tinker=tinker, tinker_api_keys=keys
+        ),
+        async_engine,
+        served_names,
+        tinker,
+        config.tinker_api_keys,
     )
 
 
@@ -80,7 +154,14 @@ def create_container(
     progress: bool = True,
     engine: EngineConfig | None = None,
     served_model_name: str | None = None,
+    tinker: bool = False,
+    tinker_aliases: list[str] | None = None,
+    tinker_api_keys: frozenset[str] | None = None,
+    checkpoint_dir: str | None = None,
 ) -> Container:
+    """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
+    model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
+    ``tml-`` key)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     container = Container()
@@ -92,6 +173,10 @@ def create_container(
             "cache_dir": cache_dir,
             "progress": progress,
             "served_model_name": served_model_name,
+            "tinker": tinker,
+            "tinker_aliases": tinker_aliases,
+            "tinker_api_keys": tinker_api_keys,
+            "checkpoint_dir": checkpoint_dir,
         }
     )
     if engine is not None:

@@ -68,6 +68,9 @@ class BaseModelEntry:
     aliases: tuple[str, ...] = ()
     tokenizer_folder: Path | None = None
     dtype: torch.dtype = torch.bfloat16
+    # The context clients may use (e.g. the serving engine's max_seq_len); None: the model's.
+    max_context: int | None = None
+    random_weights: bool = False  # a config-only folder (``dummy:`` models, benchmarks)
 
 
 class LoraLinear(nn.Module):
@@ -177,7 +180,10 @@ class LoraTrainingBackend:
             infos.append(
                 BaseModelInfo(
                     name=entry.name,
-                    max_context_length=config.max_position_embeddings,
+                    max_context_length=min(
+                        config.max_position_embeddings,
+                        entry.max_context or config.max_position_embeddings,
+                    ),
                     arch=config.arch,
                     tokenizer_id=str(entry.tokenizer_folder or entry.folder),
                     aliases=entry.aliases,
@@ -287,6 +293,13 @@ class LoraTrainingBackend:
         with self._lock:
             self._adapters.pop(model_id, None)
 
+    def peft_state(self, model_id: str) -> tuple[dict[str, Tensor], float]:
+        """A copy of the adapter's current weights (PEFT names) and its alpha / r scale:
+        what a sampler on the live weights loads."""
+        with self._lock:
+            adapter = self._adapter(model_id)
+            return adapter.state_dict(), adapter.scale
+
     def _adapter(self, model_id: str) -> _Adapter:
         adapter = self._adapters.get(model_id)
         if adapter is None:
@@ -299,7 +312,12 @@ class LoraTrainingBackend:
             served = ", ".join(e.name for e in self._models)
             raise NotFoundError(f"base_model: unknown model {name!r} (served: {served})")
         if entry.name not in self._bases:
-            model = load_model(entry.folder, dtype=entry.dtype, prepack=False)
+            model = load_model(
+                entry.folder,
+                dtype=entry.dtype,
+                prepack=False,
+                random_weights=entry.random_weights,
+            )
             self._bases[entry.name] = _Base(entry, model)
         return self._bases[entry.name]
 
@@ -410,6 +428,9 @@ def _prepare(config: ModelConfig, index: int, datum: Datum, loss_fn: str) -> _Pr
     inputs = {}
     for key in LOSS_INPUTS[loss_fn]:
         value = datum.loss_fn_inputs.get(key)
+        if value is None and key == "weights":  # cross_entropy's weights default to 1
+            inputs[key] = torch.ones(length)
+            continue
         if value is None:
             needed = ", ".join(LOSS_INPUTS[loss_fn])
             raise InvalidTrainingRequest(

@@ -5,15 +5,23 @@ kept compacted: a freed slot takes the last one's contents). A step runs the dec
 requests' tokens (each row at its own position) and the prompt chunks as one flat forward
 (:class:`MixedBatch`: one matmul per projection for every token of the step), then one
 sampler call samples every row that needs a token.
+
+With a :class:`LoraServing`, each request may name a LoRA adapter: the step routes every
+token (and every logits row) to its request's adapter, so requests on different adapters
+and on the base model share one forward. Requests asking for prompt logprobs get the
+logits of their prompt positions too (log-softmaxed in float32, the next prompt token's
+value gathered).
 """
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor
 
 from adapters.torch.kv_cache import SlotKVCache
 from adapters.torch.layers import MixedBatch
+from adapters.torch.lora_serving import LoraServing
 from adapters.torch.sampler import Sampler, make_generator
 from adapters.torch.transformer import Transformer
 from domain.config import EngineConfig
@@ -21,9 +29,16 @@ from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 
 
 class TorchModelRunner:
-    def __init__(self, model: Transformer, config: EngineConfig, sampler: Sampler | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        config: EngineConfig,
+        sampler: Sampler | None = None,
+        lora: LoraServing | None = None,
+    ):
         self.model = model
         self.sampler = sampler or Sampler()
+        self.lora = lora
         weight = model.embed_tokens.weight
         self.device = weight.device
         self.cache = SlotKVCache(
@@ -47,8 +62,13 @@ class TorchModelRunner:
         singles = [c for c in batch.chunks if c.num_tokens == 1]
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
         sampled = [c for c in batch.chunks if c.samples]
+        scored = [c for c in batch.chunks if _scores_prompt(c)]
         with torch.inference_mode():
-            return self._sample(sampled, self._forward(singles, prompts, sampled, slots))
+            logits, prompt_logprobs = self._forward(singles, prompts, sampled, scored, slots)
+            output = self._sample(sampled, logits)
+        if prompt_logprobs:
+            output.prompt_logprobs.update(prompt_logprobs)
+        return output
 
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -80,26 +100,52 @@ class TorchModelRunner:
         singles: list[ScheduledChunk],
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
+        scored: list[ScheduledChunk],
         slots: dict[int, int],
-    ) -> Tensor:
-        """Logits ``[len(sampled), vocab]`` of one step: the decode rows (if any) and every
-        prompt chunk's tokens run as one flat forward (see :class:`MixedBatch`)."""
+    ) -> tuple[Tensor, dict[str, list[float]]]:
+        """Logits ``[len(sampled), vocab]`` of one step, and the prompt logprobs of
+        ``scored``: the decode rows (if any) and every prompt chunk's tokens run as one flat
+        forward (see :class:`MixedBatch`)."""
         tokens, positions = self._decode_rows(singles, slots) if singles else ([], [])
-        row_of = {id(c): slots[id(c)] for c in singles}
+        first_row = {id(c): slots[id(c)] for c in singles}  # id(chunk) -> its first row
+        token_adapters: list[str | None] = [None] * len(tokens)
+        for chunk in singles:
+            token_adapters[slots[id(chunk)]] = chunk.request.adapter_id
         chunks = []
         for chunk in prompts:
-            row_of[id(chunk)] = len(tokens) + chunk.num_tokens - 1
+            first_row[id(chunk)] = len(tokens)
             chunks.append((slots[id(chunk)], chunk.start, chunk.num_tokens))
             tokens.extend(chunk.token_ids)
+            token_adapters.extend([chunk.request.adapter_id] * chunk.num_tokens)
+        rows = [first_row[id(c)] + c.num_tokens - 1 for c in sampled]
+        targets: list[int] = []
+        spans: list[tuple[str, int]] = []  # (request id, rows scored), after the sampled rows
+        for chunk in scored:
+            prompt = chunk.request.prompt_token_ids
+            count = min(chunk.num_tokens, len(prompt) - 1 - chunk.start)
+            rows.extend(first_row[id(chunk)] + i for i in range(count))
+            targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
+            spans.append((chunk.request.request_id, count))
         batch = MixedBatch(self.cache, positions, chunks, self.model.windows(), self.device)
-        logits = self.model.forward_mixed(
-            torch.tensor(tokens, device=self.device),
-            batch,
-            torch.tensor([row_of[id(c)] for c in sampled], dtype=torch.long, device=self.device),
-        )
+        with self._routed(token_adapters, [token_adapters[r] for r in rows]):
+            logits = self.model.forward_mixed(
+                torch.tensor(tokens, device=self.device),
+                batch,
+                torch.tensor(rows, dtype=torch.long, device=self.device),
+            )
         for chunk in singles + prompts:  # the positions this step wrote
             self.lengths[slots[id(chunk)]] = chunk.start + chunk.num_tokens
-        return logits
+        if not spans:
+            return logits, {}
+        scores = _prompt_logprobs(logits[len(sampled) :], targets, spans)
+        return logits[: len(sampled)], scores
+
+    def _routed(
+        self, token_adapters: list[str | None], row_adapters: list[str | None]
+    ) -> AbstractContextManager[None]:
+        if self.lora is None or not any(token_adapters):
+            return nullcontext()
+        return self.lora.route(token_adapters, row_adapters)
 
     def _decode_rows(
         self, singles: list[ScheduledChunk], slots: dict[int, int]
@@ -131,3 +177,23 @@ class TorchModelRunner:
             sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
             logprobs=dict(zip(ids, result.logprobs, strict=True)) if result.logprobs else {},
         )
+
+
+def _scores_prompt(chunk: ScheduledChunk) -> bool:
+    """The chunk covers prompt positions whose next token is a prompt token, for a request
+    that asked for prompt logprobs."""
+    request = chunk.request
+    return request.sampling_params.prompt_logprobs and chunk.start < request.num_prompt_tokens - 1
+
+
+def _prompt_logprobs(
+    logits: Tensor, targets: list[int], spans: list[tuple[str, int]]
+) -> dict[str, list[float]]:
+    """Logprobs of ``targets`` under ``logits`` rows (float32), split per request."""
+    index = torch.tensor(targets, dtype=torch.long, device=logits.device)
+    flat = torch.log_softmax(logits.float(), dim=-1).gather(1, index[:, None])[:, 0].tolist()
+    out, at = {}, 0
+    for request_id, count in spans:
+        out[request_id] = flat[at : at + count]
+        at += count
+    return out

@@ -1,0 +1,245 @@
+"""Many LoRA adapters at once in the serving engine (multi-LoRA batching).
+
+Each linear LoRA can target (``wqkv``, ``wo``, ``w13``, ``w2``, ``lm_head``) is wrapped once
+in a :class:`MultiLoraLinear`: the base linear (plain or CPU-packed) runs for every token,
+then each adapter present in the step adds ``(x_g @ A^T) @ B^T`` to its own tokens ``g`` —
+one gather, two thin matmuls and one scatter-add per adapter and linear. A step without
+adapters costs nothing extra; a step with some keeps one forward for the whole batch.
+
+Adapters come in PEFT's format (``adapter_model.safetensors`` + ``adapter_config.json``),
+what the LoRA training backend writes. The fused projections get one ``A`` (the parts' A
+stacked) and one block-diagonal ``B`` (scaled by alpha / r) per adapter, built at load.
+While any adapter is routed, the fused C++ decode layer (which reads the base weights
+directly) is set aside for that step.
+"""
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from adapters.torch.config import ModelConfig
+from adapters.torch.transformer import Block, Transformer
+from domain.training import InvalidTrainingRequest
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+_ATTN = ("q_proj", "k_proj", "v_proj")
+_GATE_UP = ("gate_proj", "up_proj")
+
+Route = tuple[Tensor, Tensor, Tensor]  # token indices [n], A [R, in], B [out, R] (scaled)
+
+
+class MultiLoraLinear(nn.Module):
+    """A linear plus per-token LoRA updates; ``routes`` is set for one step at a time."""
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.base = base
+        self.routes: list[Route] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.base(x)
+        if not self.routes:
+            return y
+        flat_x = x.reshape(-1, x.shape[-1])
+        flat_y = y.reshape(-1, y.shape[-1])
+        for index, a, b in self.routes:
+            rows = flat_x.index_select(0, index).to(a.dtype)
+            flat_y.index_add_(0, index, ((rows @ a.T) @ b.T).to(y.dtype))
+        return flat_y.view(y.shape)
+
+
+class _Adapter:
+    """One adapter's fused (A, B) per site path; B carries the alpha / r scale."""
+
+    def __init__(self, sites: dict[str, tuple[Tensor, Tensor]]) -> None:
+        self.sites = sites
+        self.bytes = sum(
+            a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in sites.values()
+        )
+
+
+class LoraServing:
+    """The adapters a serving model can apply, by id (least recently used evicted)."""
+
+    def __init__(self, model: Transformer, *, max_adapters: int = 16) -> None:
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.max_adapters = max_adapters
+        self.sites: dict[str, MultiLoraLinear] = {}
+        for path in _site_paths(self.config.num_layers):
+            site = MultiLoraLinear(model.get_submodule(path))
+            model.set_submodule(path, site)
+            self.sites[path] = site
+        self._adapters: OrderedDict[str, _Adapter] = OrderedDict()
+        self._pinned: dict[str, int] = {}
+        weight = model.embed_tokens.weight
+        self.device = weight.device
+        # LoRA math in float32 on CPU (bf16 matmuls of thin shapes gain nothing there).
+        self.dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
+
+    def __contains__(self, adapter_id: str) -> bool:
+        return adapter_id in self._adapters
+
+    def __len__(self) -> int:
+        return len(self._adapters)
+
+    def load_folder(self, adapter_id: str, folder: Path) -> None:
+        """Load a PEFT adapter folder under ``adapter_id`` (kept until evicted)."""
+        try:
+            config = json.loads((folder / ADAPTER_CONFIG).read_text())
+            state = load_file(str(folder / ADAPTER_WEIGHTS))
+        except (OSError, ValueError) as e:
+            raise InvalidTrainingRequest(f"{folder}: not a LoRA adapter ({e})") from e
+        scale = float(config.get("lora_alpha", config["r"])) / float(config["r"])
+        self.add(adapter_id, state, scale)
+
+    def add(self, adapter_id: str, state: Mapping[str, Tensor], scale: float) -> None:
+        """Add (or replace) an adapter from PEFT-named tensors
+        (``base_model.model.<module>.lora_A.weight`` / ``lora_B``)."""
+        pairs: dict[str, tuple[Tensor, Tensor]] = {}
+        for key, value in state.items():
+            if not key.endswith((".lora_A.weight", ".lora_B.weight")):
+                continue
+            module = key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
+            a, b = pairs.get(module, (None, None))
+            if ".lora_A." in key:
+                pairs[module] = (value, b)  # type: ignore[assignment]
+            else:
+                pairs[module] = (a, value)  # type: ignore[assignment]
+        sites = {}
+        for path in self.sites:
+            fused = self._fuse(path, pairs, scale)
+            if fused is not None:
+                sites[path] = fused
+        if not sites:
+            raise InvalidTrainingRequest(f"adapter {adapter_id!r} targets no module of this model")
+        self._adapters[adapter_id] = _Adapter(sites)
+        self._adapters.move_to_end(adapter_id)
+        self._evict()
+
+    def remove(self, adapter_id: str) -> None:
+        self._adapters.pop(adapter_id, None)
+
+    @contextmanager
+    def pinned(self, adapter_id: str) -> Iterator[None]:
+        """Keep ``adapter_id`` loaded (not evicted) while requests use it."""
+        self._pinned[adapter_id] = self._pinned.get(adapter_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._pinned[adapter_id] -= 1
+            if not self._pinned[adapter_id]:
+                del self._pinned[adapter_id]
+
+    @contextmanager
+    def route(
+        self, token_adapters: Sequence[str | None], logit_adapters: Sequence[str | None]
+    ) -> Iterator[None]:
+        """Apply each token's adapter (the model's flat token order) and each logit row's
+        (the rows passed to ``lm_head``) for one forward."""
+        token_groups = _groups(token_adapters, self.device)
+        logit_groups = _groups(logit_adapters, self.device)
+        if not token_groups and not logit_groups:
+            yield
+            return
+        for adapter_id in {*token_groups, *logit_groups}:
+            if adapter_id not in self._adapters:
+                raise RuntimeError(f"LoRA adapter {adapter_id!r} is not loaded")
+            self._adapters.move_to_end(adapter_id)
+        blocks = [b for b in self.model.layers if isinstance(b, Block)]
+        kernels = [(block, block.decode_kernel) for block in blocks]
+        try:
+            for block in blocks:
+                block.decode_kernel = None
+            for path, site in self.sites.items():
+                groups = logit_groups if path == "lm_head" else token_groups
+                site.routes = [
+                    (index, *self._adapters[adapter_id].sites[path])
+                    for adapter_id, index in groups.items()
+                    if path in self._adapters[adapter_id].sites
+                ]
+            yield
+        finally:
+            for site in self.sites.values():
+                site.routes = []
+            for block, kernel in kernels:
+                block.decode_kernel = kernel
+
+    def _fuse(
+        self, path: str, pairs: Mapping[str, tuple[Tensor, Tensor]], scale: float
+    ) -> tuple[Tensor, Tensor] | None:
+        parts = _parts(path, self.config)
+        found = [(name, pairs.get(name)) for name, _ in parts]
+        if all(pair is None for _, pair in found):
+            return None
+        a_blocks, b_blocks = [], []
+        for (name, rows), (_, pair) in zip(parts, found, strict=True):
+            if pair is None:  # an untargeted slice of a fused projection: no update
+                a_blocks.append(torch.zeros(0, self.config_in(path)))
+                b_blocks.append(torch.zeros(rows, 0))
+                continue
+            a, b = pair
+            if a is None or b is None or b.shape[0] != rows or a.shape[0] != b.shape[1]:
+                raise InvalidTrainingRequest(f"adapter tensors for {name} have wrong shapes")
+            a_blocks.append(a.float())
+            b_blocks.append(b.float())
+        a_cat = torch.cat(a_blocks)
+        b_diag = torch.block_diag(*b_blocks) * scale
+        return (
+            a_cat.to(self.device, self.dtype).contiguous(),
+            b_diag.to(self.device, self.dtype).contiguous(),
+        )
+
+    def config_in(self, path: str) -> int:
+        """Input features of the linear at ``path``."""
+        c = self.config
+        return (
+            c.q_size
+            if path.endswith(".wo")
+            else (c.intermediate_size if path.endswith(".w2") else c.hidden_size)
+        )
+
+    def _evict(self) -> None:
+        while len(self._adapters) > self.max_adapters:
+            victim = next((k for k in self._adapters if k not in self._pinned), None)
+            if victim is None:
+                return
+            del self._adapters[victim]
+
+
+def _groups(adapters: Sequence[str | None], device: torch.device) -> dict[str, Tensor]:
+    rows: dict[str, list[int]] = {}
+    for i, adapter_id in enumerate(adapters):
+        if adapter_id is not None:
+            rows.setdefault(adapter_id, []).append(i)
+    return {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in rows.items()}
+
+
+def _site_paths(num_layers: int) -> Iterator[str]:
+    for i in range(num_layers):
+        yield from (f"layers.{i}.attn.wqkv", f"layers.{i}.attn.wo")
+        yield from (f"layers.{i}.mlp.w13", f"layers.{i}.mlp.w2")
+    yield "lm_head"
+
+
+def _parts(path: str, c: ModelConfig) -> list[tuple[str, int]]:
+    """(PEFT module name, output rows) of each slice of our linear at ``path``."""
+    if path == "lm_head":
+        return [("lm_head", c.vocab_size)]
+    layer = path.split(".")[1]
+    peft = f"model.layers.{layer}"
+    if path.endswith("wqkv"):
+        sizes = (c.q_size, c.kv_size, c.kv_size)
+        return [(f"{peft}.self_attn.{n}", s) for n, s in zip(_ATTN, sizes, strict=True)]
+    if path.endswith("wo"):
+        return [(f"{peft}.self_attn.o_proj", c.hidden_size)]
+    if path.endswith("w13"):
+        return [(f"{peft}.mlp.{n}", c.intermediate_size) for n in _GATE_UP]
+    return [(f"{peft}.mlp.down_proj", c.hidden_size)]

@@ -1,0 +1,145 @@
+"""EngineSampler: the Tinker SamplingBackend port over the serving engine.
+
+Tinker samples run as ordinary engine requests — continuous batching with everything else
+the server serves — each naming the LoRA adapter it runs with. A saved checkpoint's
+adapter is loaded once by folder and kept (least recently used evicted); a live run's
+current weights are copied in for the one call. ``num_samples`` are that many requests
+(seeds ``seed``, ``seed + 1``, ...); the first also scores the prompt when asked.
+"""
+
+import asyncio
+import itertools
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+
+from torch import Tensor
+
+from adapters.torch.lora_serving import LoraServing
+from application.async_engine import AsyncEngine
+from domain.errors import InvalidParameterError, QueueFullError
+from domain.request import StepOutput
+from domain.sampling import SamplingParams
+from domain.training import (
+    BackendFailure,
+    InvalidTrainingRequest,
+    SampledSequence,
+    SampleParams,
+    SampleResult,
+    WeightsSource,
+)
+
+LiveState = Callable[[str], tuple[dict[str, Tensor], float]]
+
+
+class EngineSampler:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        lora: LoraServing,
+        model_names: Sequence[str],
+        *,
+        live_state: LiveState | None = None,
+        queue_retry_s: float = 0.05,
+    ) -> None:
+        """``model_names``: the names the engine's model answers to; ``live_state``: a
+        training run's current adapter (PEFT tensors, scale) by model id."""
+        self.engine = engine
+        self.lora = lora
+        self.model_names = frozenset(model_names)
+        self.live_state = live_state
+        self.queue_retry_s = queue_retry_s
+        self._ids = itertools.count()
+
+    async def sample(
+        self,
+        source: WeightsSource,
+        prompt: Sequence[int],
+        params: SampleParams,
+        num_samples: int,
+        *,
+        prompt_logprobs: bool,
+    ) -> SampleResult:
+        if source.base_model not in self.model_names:
+            raise InvalidTrainingRequest(
+                f"base model {source.base_model!r} is not the one the engine serves "
+                f"({', '.join(sorted(self.model_names))})"
+            )
+        with ExitStack() as stack:
+            adapter = self._adapter(source, stack)
+            runs = [
+                self._one(
+                    list(prompt), _engine_params(params, i, prompt_logprobs and i == 0), adapter
+                )
+                for i in range(num_samples)
+            ]
+            outputs = await asyncio.gather(*runs)
+        scored: list[float | None] | None = None
+        if prompt_logprobs:
+            scored = [None, *outputs[0][1]]
+        return SampleResult([seq for seq, _ in outputs], scored)
+
+    def _adapter(self, source: WeightsSource, stack: ExitStack) -> str | None:
+        if source.path is not None:
+            adapter_id = f"path:{source.path}"
+            if adapter_id not in self.lora:
+                self.lora.load_folder(adapter_id, source.path)
+        elif source.model_id is not None:
+            if self.live_state is None:
+                raise InvalidTrainingRequest("sampling live training weights is not available")
+            adapter_id = f"live:{source.model_id}:{next(self._ids)}"
+            state, scale = self.live_state(source.model_id)
+            self.lora.add(adapter_id, state, scale)
+            stack.callback(self.lora.remove, adapter_id)
+        else:
+            return None
+        stack.enter_context(self.lora.pinned(adapter_id))
+        return adapter_id
+
+    async def _one(
+        self, prompt: list[int], params: SamplingParams, adapter: str | None
+    ) -> tuple[SampledSequence, tuple[float, ...]]:
+        request_id = f"tinker-sample-{next(self._ids)}"
+        while True:
+            try:
+                outputs = await self.engine.stream(request_id, prompt, params, adapter_id=adapter)
+                break
+            except QueueFullError:  # many samples at once: wait for room, as clients would
+                await asyncio.sleep(self.queue_retry_s)
+            except InvalidParameterError as e:
+                raise InvalidTrainingRequest(str(e)) from e
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        scored: tuple[float, ...] = ()
+        last: StepOutput | None = None
+        async for out in outputs:
+            last = out
+            if out.error is not None:
+                raise BackendFailure(f"sampling failed: {out.error}")
+            if out.prompt_logprobs is not None:
+                scored = out.prompt_logprobs
+            if out.token_id is not None:
+                tokens.append(out.token_id)
+                logprobs.append(out.logprob if out.logprob is not None else float("nan"))
+        length = last is not None and last.finish_reason == "length"
+        return SampledSequence(tokens, logprobs, "length" if length else "stop"), scored
+
+
+def _engine_params(p: SampleParams, index: int, prompt_logprobs: bool) -> SamplingParams:
+    """Tinker's parameters as the engine's. Explicit stops replace EOS (``[]``: never stop
+    early), as in Tinker; ``top_k`` -1 is off."""
+    explicit = p.stop_strings is not None or p.stop_token_ids is not None
+    try:
+        return SamplingParams(
+            max_new_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_k=max(p.top_k, 0),
+            top_p=p.top_p,
+            seed=None if p.seed is None else p.seed + index,
+            stop=tuple(p.stop_strings or ()),
+            stop_token_ids=tuple(p.stop_token_ids or ()),
+            ignore_eos=explicit,
+            logprobs=0,
+            prompt_logprobs=prompt_logprobs,
+        )
+    except InvalidParameterError as e:
+        raise InvalidTrainingRequest(f"sampling_params: {e}") from e
