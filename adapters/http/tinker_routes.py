@@ -38,6 +38,7 @@ from domain.training import (
     UnsupportedFeatureError,
     WeightsSource,
     check_checkpoint_name,
+    checkpoint_id,
 )
 
 log = structlog.get_logger(__name__)
@@ -503,33 +504,36 @@ def tinker_router(
             }
         )
 
+    # A checkpoint id is two segments (``weights/<name>``); what follows names the action.
     @get("/training_runs/{run_id:str}/checkpoints/{rest:path}")
     async def checkpoint_get(
         request: Request[Any, Any, Any], run_id: str, rest: str
     ) -> Response[bytes]:
-        rest = rest.strip("/")
-        if "/files/" in rest:  # a signed download link: no API key
-            cid, file = rest.split("/files/", 1)
-            return _download(run_id, cid, file, request)
+        ref, action = _checkpoint_and_action(run_id, rest)
+        if len(action) == 2 and action[0] == "files":  # a signed download link: no API key
+            return _download(ref, action[1], request)
         who = owner(request)
-        if rest.endswith("/external_weights_urls"):
-            record = service.checkpoints.get(who, CheckpointRef.from_id(run_id, rest[:-22]))
+        record = service.checkpoints.get(who, ref)
+        if action == ["external_weights_urls"]:
             return _ok(_urls(record, request))
-        if rest.endswith("/archive"):
-            record = service.checkpoints.get(who, CheckpointRef.from_id(run_id, rest[:-8]))
+        if action == ["archive"]:
             return _archive(record)
-        return _ok(_ckpt_json(service.checkpoints.get(who, CheckpointRef.from_id(run_id, rest))))
+        if not action:
+            return _ok(_ckpt_json(record))
+        raise NotFoundError(f"no such endpoint: checkpoints/{rest}")
 
     @delete("/training_runs/{run_id:str}/checkpoints/{rest:path}", status_code=200)
     async def checkpoint_delete(
         request: Request[Any, Any, Any], run_id: str, rest: str
     ) -> Response[bytes]:
         who = owner(request)
-        rest = rest.strip("/")
-        if rest.endswith("/publish"):
-            service.checkpoints.set_public(who, CheckpointRef.from_id(run_id, rest[:-8]), False)
+        ref, action = _checkpoint_and_action(run_id, rest)
+        if action == ["publish"]:
+            service.checkpoints.set_public(who, ref, False)
+        elif not action:
+            service.checkpoints.delete(who, ref)
         else:
-            service.checkpoints.delete(who, CheckpointRef.from_id(run_id, rest))
+            raise NotFoundError(f"no such endpoint: checkpoints/{rest}")
         return _ok({})
 
     @post("/training_runs/{run_id:str}/checkpoints/{rest:path}", status_code=200)
@@ -537,10 +541,10 @@ def tinker_router(
         request: Request[Any, Any, Any], run_id: str, rest: str
     ) -> Response[bytes]:
         who = owner(request)
-        rest = rest.strip("/")
-        if not rest.endswith("/publish"):
+        ref, action = _checkpoint_and_action(run_id, rest)
+        if action != ["publish"]:
             raise NotFoundError(f"no such endpoint: checkpoints/{rest}")
-        service.checkpoints.set_public(who, CheckpointRef.from_id(run_id, rest[:-8]), True)
+        service.checkpoints.set_public(who, ref, True)
         return _ok({})
 
     @put("/training_runs/{run_id:str}/checkpoints/{rest:path}", status_code=200)
@@ -548,13 +552,13 @@ def tinker_router(
         request: Request[Any, Any, Any], run_id: str, rest: str
     ) -> Response[bytes]:
         who = owner(request)
-        rest = rest.strip("/")
-        if not rest.endswith("/ttl"):
+        ref, action = _checkpoint_and_action(run_id, rest)
+        if action != ["ttl"]:
             raise NotFoundError(f"no such endpoint: checkpoints/{rest}")
         body = codec.decode(await request.body(), codec.TtlIn)
         if body.ttl_seconds is not None and body.ttl_seconds <= 0:
             raise InvalidTrainingRequest("ttl_seconds must be positive (or null for none)")
-        service.checkpoints.set_ttl(who, CheckpointRef.from_id(run_id, rest[:-4]), body.ttl_seconds)
+        service.checkpoints.set_ttl(who, ref, body.ttl_seconds)
         return _ok({})
 
     @post("/weights_info", status_code=200)
@@ -610,20 +614,19 @@ def tinker_router(
         return {"urls": urls, "expires": _iso(expires)}
 
     def _download(
-        run_id: str, cid: str, file: str, request: Request[Any, Any, Any]
+        ref: CheckpointRef, file: str, request: Request[Any, Any, Any]
     ) -> Response[bytes]:
         try:
             expires = int(request.query_params.get("expires", "0"))
         except ValueError:
             expires = 0
         sig = request.query_params.get("sig", "")
-        good = hmac.compare_digest(sig, _sign(run_id, cid, file, expires))
+        cid = checkpoint_id(ref.kind, ref.name)
+        good = hmac.compare_digest(sig, _sign(ref.run_id, cid, file, expires))
         if not good or expires < time.time():
             raise TinkerHTTPError(403, "download link invalid or expired: ask for new urls")
-        ref = CheckpointRef.from_id(run_id, cid)
         check_checkpoint_name(file)
-        folder = service.storage.folder(ref.run_id, ref.kind, ref.name)
-        path = folder / file
+        path = service.storage.folder(ref.run_id, ref.kind, ref.name) / file
         if not path.is_file():
             raise NotFoundError(f"no file {file!r} in checkpoint {cid}")
         return Response(path.read_bytes(), media_type="application/octet-stream")
@@ -715,6 +718,11 @@ def _result_json(kind: str, result: object) -> dict[str, Any]:
     if isinstance(result, _SamplerReady):
         return {"type": "save_weights_for_sampler", "sampling_session_id": result.sampler_id}
     raise TypeError(f"no JSON form for {type(result).__name__}")
+
+
+def _checkpoint_and_action(run_id: str, rest: str) -> tuple[CheckpointRef, list[str]]:
+    parts = rest.strip("/").split("/")
+    return CheckpointRef.from_id(run_id, "/".join(parts[:2])), parts[2:]
 
 
 def _ckpt_json(c: CheckpointRecord) -> dict[str, Any]:

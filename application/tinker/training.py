@@ -368,7 +368,13 @@ class TrainingController:
         if seq_id is None:  # not numbered: after everything submitted so far
             seq_id = max([seq.last, *seq.waiting]) + 1
         if seq_id in seq.seen:
-            return seq.seen[seq_id]  # a retry of a request already accepted
+            earlier = seq.seen[seq_id]
+            if earlier.kind != kind:
+                raise SequenceConflictError(
+                    f"seq_id {seq_id} of {live.record.run_id!r} was used by a {earlier.kind} "
+                    f"request; this {kind} request needs a new, increasing seq_id"
+                )
+            return earlier  # a retry of a request already accepted
         if seq_id <= seq.last:
             raise SequenceConflictError(
                 f"seq_id {seq_id} of {live.record.run_id!r} is behind the last one run "

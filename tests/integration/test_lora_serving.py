@@ -134,3 +134,36 @@ async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
         ref = reference_logprobs(backend, "a", PROMPT + seq.tokens)[len(PROMPT) - 1 :]
         torch.testing.assert_close(seq.logprobs, ref, atol=1e-4, rtol=0)
     assert all(not k.startswith("live:") for k in lora._adapters)  # the live copy is gone
+
+
+async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) -> None:
+    """On the default CPU path (bf16, packed linears, the fused C++ decode layer), steps with
+    adapter rows take the module path; a base-model request in such steps decodes exactly as
+    it does with no adapter around, and the adapter rows track the float32 reference."""
+    save_tiny_model("llama", tmp_path / "m", head_dim=32)
+    backend = LoraTrainingBackend([BaseModelEntry("tiny", tmp_path / "m", dtype=torch.float32)])
+    train(backend, "a", seed=1, steps=4)
+    backend.save("a", tmp_path / "a", optimizer=False)
+    model = load_model(tmp_path / "m", dtype=torch.bfloat16)
+    assert any(b.decode_kernel is not None for b in model.layers)  # the fused path is on
+    lora = LoraServing(model)
+    lora.load_folder("a", tmp_path / "a")
+    config = EngineConfig(max_batch_size=4, max_seq_len=64)
+    sink = QueueOutputSink()
+    engine = AsyncEngine(
+        Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
+    )
+    params = dict(max_new_tokens=8, temperature=0.0, logprobs=0, prompt_logprobs=True)
+    engine.start()
+    try:
+        alone = await run(engine, "alone", None, **params)
+        base, adapted = await asyncio.gather(
+            run(engine, "base", None, **params), run(engine, "with-a", "a", **params)
+        )
+    finally:
+        await engine.stop()
+    assert [o.token_id for o in base] == [o.token_id for o in alone]
+    assert [o.logprob for o in base] == [o.logprob for o in alone]
+    assert all(b.decode_kernel is not None for b in model.layers)  # restored after LoRA steps
+    expected = reference_logprobs(backend, "a", PROMPT)
+    torch.testing.assert_close(list(adapted[0].prompt_logprobs or ()), expected, atol=0.1, rtol=0)

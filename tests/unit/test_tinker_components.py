@@ -262,6 +262,10 @@ async def test_requests_run_in_seq_id_order_and_wait_for_gaps(
     ]
     # A retried seq_id gets the first future back; one behind the last run is refused.
     assert training.optim_step("me", "s:train:0", 4, AdamParams()) is f4
+    with pytest.raises(SequenceConflictError, match="used by a OptimStep"):
+        training.forward_backward(
+            "me", "s:train:0", 4, [datum(1)], "cross_entropy", {}, forward_only=True
+        )
     with pytest.raises(SequenceConflictError):
         training.optim_step("me", "s:train:0", 0, AdamParams())
 
