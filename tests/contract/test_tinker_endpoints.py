@@ -24,7 +24,7 @@ from tinker.proto.response_conv import deserialize_proto_response
 from tinker.types.try_again_response import TryAgainResponse
 
 from application.tinker.service import TinkerService
-from tests.integration.tinker_server import TOY_MODEL, tinker_app, toy_service
+from tests.integration.tinker_server import BASE_MODEL, tinker_app, toy_service
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -310,7 +310,7 @@ def test_responses_validate_against_the_sdk_types(tmp_path: Path) -> None:
         caps = types.GetServerCapabilitiesResponse.model_validate(
             get_json(client, "/api/v1/get_server_capabilities")
         )
-        assert TOY_MODEL in [m.model_name for m in caps.supported_models]
+        assert BASE_MODEL in [m.model_name for m in caps.supported_models]
 
         session = types.CreateSessionResponse.model_validate(
             post_json(
@@ -337,7 +337,7 @@ def test_responses_validate_against_the_sdk_types(tmp_path: Path) -> None:
         create = types.CreateModelRequest(
             session_id=sid,
             model_seq_id=0,
-            base_model=TOY_MODEL,
+            base_model=BASE_MODEL,
             lora_config=types.LoraConfig(rank=4, seed=0),
         )
         created = types.CreateModelResponse.model_validate(
@@ -398,7 +398,7 @@ def test_responses_validate_against_the_sdk_types(tmp_path: Path) -> None:
         got = types.GetSamplerResponse.model_validate(
             get_json(client, f"/api/v1/samplers/{sampler.sampling_session_id}")
         )
-        assert (got.sampler_id, got.base_model) == (sampler.sampling_session_id, TOY_MODEL)
+        assert (got.sampler_id, got.base_model) == (sampler.sampling_session_id, BASE_MODEL)
         assert got.model_path == sampler_saved.path
         sample = types.SampleRequest(
             num_samples=2,
@@ -427,7 +427,7 @@ def test_responses_validate_against_the_sdk_types(tmp_path: Path) -> None:
         bad = types.SampleRequest(
             prompt=types.ModelInput.from_ints([1, 600]),
             sampling_params=types.SamplingParams(max_tokens=1),
-            base_model=TOY_MODEL,
+            base_model=BASE_MODEL,
         )
         failed = types.RequestFailedResponse.model_validate(
             outcome(client, submit(client, "/api/v1/asample", dump(bad)))
@@ -454,7 +454,7 @@ def test_responses_validate_against_the_sdk_types(tmp_path: Path) -> None:
         winfo = types.WeightsInfoResponse.model_validate(
             post_json(client, "/api/v1/weights_info", {"tinker_path": saved.path})
         )
-        assert (winfo.base_model, winfo.lora_rank) == (TOY_MODEL, 4)
+        assert (winfo.base_model, winfo.lora_rank) == (BASE_MODEL, 4)
         urls = types.ExternalWeightsUrlsResponse.model_validate(
             get_json(
                 client,

@@ -21,7 +21,7 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from application.tinker.service import TinkerService
-from tests.integration.tinker_server import API_KEY, TOY_MODEL, serve, tinker_app, toy_service
+from tests.integration.tinker_server import API_KEY, BASE_MODEL, serve, tinker_app, toy_service
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -83,7 +83,7 @@ class Api:
         body = {
             "session_id": session_id,
             "model_seq_id": seq,
-            "base_model": TOY_MODEL,
+            "base_model": BASE_MODEL,
             "lora_config": {"rank": 4, "seed": 0},
             **extra,
         }
@@ -133,7 +133,7 @@ def sample_body(tokens: list[int], **extra: Any) -> dict[str, Any]:
     return {
         "prompt": {"chunks": [{"type": "encoded_text", "tokens": tokens}]},
         "sampling_params": {"max_tokens": 3, "seed": 1},
-        "base_model": TOY_MODEL,
+        "base_model": BASE_MODEL,
         **extra,
     }
 
@@ -195,7 +195,7 @@ def test_unknown_fields_in_every_request_are_ignored(api: Api) -> None:
         {
             "session_id": sid,
             "model_seq_id": 0,
-            "base_model": TOY_MODEL,
+            "base_model": BASE_MODEL,
             "lora_config": {"rank": 4, "seed": 0, **EXTRA},
             "optimizer_config": {"type": "adamw", **EXTRA},
             **EXTRA,
@@ -264,7 +264,7 @@ def test_unknown_fields_in_every_request_are_ignored(api: Api) -> None:
     future = api.post("asample", sample_body(SEQ[:3]))["request_id"]
     assert "sequences" in api.result(future, **EXTRA)
     winfo = api.post("weights_info", {"tinker_path": saved["path"], **EXTRA})
-    assert winfo["base_model"] == TOY_MODEL
+    assert winfo["base_model"] == BASE_MODEL
     api.put(f"training_runs/{model_id}/checkpoints/weights/w1/ttl", {"ttl_seconds": 99, **EXTRA})
     assert api.post("telemetry", {"events": [], **EXTRA}) == {"status": "accepted"}
     assert api.run("unload_model", {"model_id": model_id, **EXTRA})["model_id"] == model_id
@@ -408,7 +408,7 @@ def test_bad_input_is_never_answered_with_a_retryable_status(api: Api) -> None:
                 "json": {
                     "session_id": sid,
                     "model_seq_id": 2,
-                    "base_model": TOY_MODEL,
+                    "base_model": BASE_MODEL,
                     "lora_config": {"rank": 0},
                 }
             },
@@ -448,7 +448,7 @@ def test_bad_input_is_never_answered_with_a_retryable_status(api: Api) -> None:
         json={
             "session_id": sid,
             "model_seq_id": 3,
-            "base_model": TOY_MODEL,
+            "base_model": BASE_MODEL,
             "lora_config": {"rank": 4},
         },
         headers=HEADERS,
@@ -469,7 +469,7 @@ def _with_query(url: str, **changes: str) -> str:
 def test_external_weights_download_without_the_key(service: TinkerService) -> None:
     with serve(tinker_app(service)) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-        tc = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=0).result()
+        tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=0).result()
         tc.forward_backward([datum(SEQ)], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
         path = tc.save_weights_external("exported").result().path
@@ -564,7 +564,7 @@ def test_a_checkpoint_past_its_ttl_is_deleted_by_maintenance(
 def test_publish_and_unpublish_toggle_public(service: TinkerService) -> None:
     with serve(tinker_app(service)) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-        tc = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=0).result()
+        tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=0).result()
         path = tc.save_state("shared").result().path
         rest = tinker.RestClient(base_url=url, api_key=API_KEY)
         other = tinker.RestClient(base_url=url, api_key="tml-someone-else")
@@ -578,7 +578,7 @@ def test_publish_and_unpublish_toggle_public(service: TinkerService) -> None:
             other.get_weights_info_by_tinker_path(path).result()
         rest.publish_checkpoint_from_tinker_path(path).result()
         assert public() is True
-        assert other.get_weights_info_by_tinker_path(path).result().base_model == TOY_MODEL
+        assert other.get_weights_info_by_tinker_path(path).result().base_model == BASE_MODEL
         with pytest.raises(tinker.NotFoundError):  # readable, not deletable, by another key
             other.delete_checkpoint_from_tinker_path(path).result()
         rest.unpublish_checkpoint_from_tinker_path(path).result()
@@ -613,7 +613,7 @@ def test_sessions_are_listed_per_key_with_their_runs_and_samplers(api: Api) -> N
     api.run("save_weights_for_sampler", {"model_id": model_id, "path": "s"})
     sampler = api.post(
         "create_sampling_session",
-        {"session_id": mine[0], "sampling_session_seq_id": 0, "base_model": TOY_MODEL},
+        {"session_id": mine[0], "sampling_session_seq_id": 0, "base_model": BASE_MODEL},
     )["sampling_session_id"]
     snapshot = api.run(
         "save_weights_for_sampler", {"model_id": model_id, "sampling_session_seq_id": 1}

@@ -1,17 +1,29 @@
-"""The stock tinker SDK (pinned in the dev dependencies) against our server on the numpy
-ToyBackend: the seed's flows end to end over real HTTP (uvicorn on 127.0.0.1)."""
+"""The stock tinker SDK (pinned in the dev dependencies) against our server, end to end
+over real HTTP (uvicorn on 127.0.0.1), on both backends: the numpy ToyBackend, and the
+real one — LoRA training on our torch model (a tiny random Llama) and sampling through the
+serving engine with multi-LoRA."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tinker
+from litestar import Litestar
 from tinker import types
 
 from application.tinker.service import TinkerService
-from tests.integration.tinker_server import API_KEY, TOY_MODEL, serve, tinker_app, toy_service
+from tests.integration.tinker_server import (
+    API_KEY,
+    BASE_MODEL,
+    lora_service,
+    serve,
+    tinker_app,
+    toy_service,
+)
+from tests.integration.tiny_models import save_tiny_model
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -36,14 +48,43 @@ def forward_loss(tc: tinker.TrainingClient, data: list[types.Datum]) -> float:
     return tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> TinkerService:
-    return toy_service(tmp_path / "ckpt")
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_model("llama", folder)
+    return folder
+
+
+MakeApp = Callable[..., tuple[Litestar, TinkerService]]
+
+
+@pytest.fixture(params=["toy", "lora"])
+def make_app(request: pytest.FixtureRequest, tiny_model: Path) -> MakeApp:
+    """``make_app(root, **tinker_app kwargs)``: a server (and its service) over ``root``."""
+
+    def make(root: Path, **kwargs: Any) -> tuple[Litestar, TinkerService]:
+        if request.param == "toy":
+            service = toy_service(root)
+            return tinker_app(service, **kwargs), service
+        service, engine = lora_service(root, tiny_model)
+        return tinker_app(service, engine=engine, **kwargs), service
+
+    return make
 
 
 @pytest.fixture
-def url(service: TinkerService) -> Iterator[str]:
-    with serve(tinker_app(service)) as base_url:
+def app_and_service(make_app: MakeApp, tmp_path: Path) -> tuple[Litestar, TinkerService]:
+    return make_app(tmp_path / "ckpt")
+
+
+@pytest.fixture
+def service(app_and_service: tuple[Litestar, TinkerService]) -> TinkerService:
+    return app_and_service[1]
+
+
+@pytest.fixture
+def url(app_and_service: tuple[Litestar, TinkerService]) -> Iterator[str]:
+    with serve(app_and_service[0]) as base_url:
         yield base_url
 
 
@@ -57,9 +98,9 @@ def client(url: str) -> Iterator[tinker.ServiceClient]:
 def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
     sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
     caps = sc.get_server_capabilities()
-    assert TOY_MODEL in [m.model_name for m in caps.supported_models]
+    assert BASE_MODEL in [m.model_name for m in caps.supported_models]
 
-    tc = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=0).result()
+    tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=0).result()
     info = tc.get_info()
     assert info.model_id == tc.model_id and info.lora_rank == 4
     assert tc.model_id.endswith(":train:0")
@@ -97,7 +138,7 @@ def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
     ids = {c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
     assert ids == {"weights/step-8", "sampler_weights/s8"}
     winfo = rest.get_weights_info_by_tinker_path(state.path).result()
-    assert (winfo.base_model, winfo.lora_rank, winfo.is_lora) == (TOY_MODEL, 4, True)
+    assert (winfo.base_model, winfo.lora_rank, winfo.is_lora) == (BASE_MODEL, 4, True)
     assert rest.get_training_run(tc.model_id).result().lora_rank == 4
 
     rest.delete_checkpoint_from_tinker_path(sampler_path).result()
@@ -114,7 +155,7 @@ def test_resume_with_optimizer_state_continues_the_same_trajectory(
     client: tinker.ServiceClient,
 ) -> None:
     data = [datum(SEQ)]
-    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=1).result()
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=1).result()
     train_steps(tc, data, 3)
     path = tc.save_state("s3").result().path
     train_steps(tc, data, 1)
@@ -131,14 +172,16 @@ def test_resume_with_optimizer_state_continues_the_same_trajectory(
     assert forward_loss(fresh, data) != pytest.approx(expected, rel=1e-3)
 
 
-def test_chunked_forward_backward_runs_in_order_and_accumulates(tmp_path: Path) -> None:
+def test_chunked_forward_backward_runs_in_order_and_accumulates(
+    make_app: MakeApp, tmp_path: Path
+) -> None:
     # Two data per chunk: five data are sent as three parallel requests, the first last.
-    app = tinker_app(toy_service(tmp_path), client_config={"fwdbwd_max_chunk_len": 2})
+    app, _ = make_app(tmp_path, client_config={"fwdbwd_max_chunk_len": 2})
     with serve(app) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
         data = [datum(SEQ[: n + 2]) for n in range(5)]
-        chunked = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=2).result()
-        stepwise = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=2).result()
+        chunked = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2).result()
+        stepwise = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2).result()
 
         out = chunked.forward_backward(data, "cross_entropy").result()
         assert [len(o["logprobs"].tolist()) for o in out.loss_fn_outputs] == [1, 2, 3, 4, 5]
@@ -153,7 +196,7 @@ def test_chunked_forward_backward_runs_in_order_and_accumulates(tmp_path: Path) 
 
 
 def test_rl_losses_take_the_sdk_inputs(client: tinker.ServiceClient) -> None:
-    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=4).result()
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=4).result()
     n = len(SEQ) - 1
     base = tc.forward([datum(SEQ)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
     inputs = {
@@ -174,7 +217,7 @@ def test_rl_losses_take_the_sdk_inputs(client: tinker.ServiceClient) -> None:
 def test_unnamed_sampler_snapshot_keeps_the_weights_of_its_moment(
     client: tinker.ServiceClient,
 ) -> None:
-    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=5).result()
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
     train_steps(tc, [datum(SEQ)], 2)
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(SEQ)
@@ -185,12 +228,12 @@ def test_unnamed_sampler_snapshot_keeps_the_weights_of_its_moment(
     assert newer.compute_logprobs(prompt).result() != before
 
 
-def test_checkpoints_survive_a_restart(tmp_path: Path) -> None:
+def test_checkpoints_survive_a_restart(make_app: MakeApp, tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     data = [datum(SEQ)]
-    with serve(tinker_app(toy_service(root))) as url:
+    with serve(make_app(root)[0]) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-        tc = sc.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=6).result()
+        tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=6).result()
         train_steps(tc, data, 3)
         path = tc.save_state("before-restart").result().path
         sampler_path = tc.save_weights_for_sampler("sampler").result().path
@@ -202,7 +245,7 @@ def test_checkpoints_survive_a_restart(tmp_path: Path) -> None:
         run_id = tc.model_id
         sc.close("success").result()
 
-    with serve(tinker_app(toy_service(root))) as url:
+    with serve(make_app(root)[0]) as url:
         rest = tinker.RestClient(base_url=url, api_key=API_KEY)
         assert [r.training_run_id for r in rest.list_training_runs().result().training_runs] == [
             run_id
@@ -220,7 +263,7 @@ def test_checkpoints_survive_a_restart(tmp_path: Path) -> None:
 def test_another_key_neither_sees_nor_changes_what_a_key_made(
     url: str, client: tinker.ServiceClient
 ) -> None:
-    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4, seed=7).result()
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=7).result()
     path = tc.save_state("mine").result().path
     other = tinker.RestClient(base_url=url, api_key="tml-someone-else")
     assert other.list_training_runs().result().training_runs == []
@@ -240,7 +283,7 @@ def test_another_key_neither_sees_nor_changes_what_a_key_made(
 def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.BadRequestError, match="not served"):
         client.create_lora_training_client(base_model="no/such-model", rank=4).result()
-    sampler = client.create_sampling_client(base_model=TOY_MODEL)
+    sampler = client.create_sampling_client(base_model=BASE_MODEL)
     with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
         sampler.sample(
             types.ModelInput.from_ints(SEQ),
@@ -249,7 +292,7 @@ def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceC
             include_prompt_logprobs=True,
             topk_prompt_logprobs=3,
         ).result()
-    tc = client.create_lora_training_client(base_model=TOY_MODEL, rank=4).result()
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
     with pytest.raises(tinker.BadRequestError, match="needs 'advantages'"):
         bad = types.Datum(
             model_input=types.ModelInput.from_ints(SEQ[:-1]),

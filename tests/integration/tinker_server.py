@@ -6,20 +6,44 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+import torch
 import uvicorn
 from litestar import Litestar
 
+from adapters.fake import ByteTokenizer
 from adapters.http.tinker_routes import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
+from adapters.torch.loader import load_model
+from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.lora_serving import LoraServing
+from adapters.torch.runner import TorchModelRunner
+from adapters.torch.tinker_sampler import EngineSampler
 from adapters.toy_backend.backend import ToyBackend
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
 from application.tinker.service import TinkerService
+from domain.config import EngineConfig
 
 API_KEY = "tml-test-key"
-TOY_MODEL = "toy/bigram"
+BASE_MODEL = "test/base"
+
+
+def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEngine]:
+    """The real backends on a (tiny) model in float32: LoRA training, and sampling through
+    a serving engine with multi-LoRA; start the engine with the app (``tinker_app``)."""
+    backend = LoraTrainingBackend([BaseModelEntry(BASE_MODEL, model_folder, dtype=torch.float32)])
+    model = load_model(model_folder, dtype=torch.float32)
+    lora = LoraServing(model)
+    config = EngineConfig(max_batch_size=8, max_seq_len=256)
+    sink = QueueOutputSink()
+    runner = TorchModelRunner(model, config, lora=lora)
+    engine = AsyncEngine(Engine(config, runner, ByteTokenizer(), sink), sink)
+    sampler = EngineSampler(engine, lora, [BASE_MODEL], live_state=backend.peft_state)
+    return TinkerService(backend, sampler, FileCheckpointStorage(root)), engine
 
 
 def toy_service(root: Path, **kwargs: object) -> TinkerService:
-    backend = ToyBackend(TOY_MODEL, aliases=("Qwen/Qwen3-toy",))
+    backend = ToyBackend(BASE_MODEL, aliases=("Qwen/Qwen3-toy",))
     return TinkerService(backend, backend, FileCheckpointStorage(root), **kwargs)  # type: ignore[arg-type]
 
 
@@ -27,14 +51,19 @@ def tinker_app(
     service: TinkerService,
     api_keys: frozenset[str] | None = None,
     client_config: dict[str, object] | None = None,
+    engine: AsyncEngine | None = None,
 ) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        if engine is not None:
+            engine.start()
         service.start()
         try:
             yield
         finally:
             await service.stop()
+            if engine is not None:
+                await engine.stop()
 
     router = tinker_router(service, api_keys=api_keys, client_config=client_config)
     return Litestar(route_handlers=[router], lifespan=[lifespan])
