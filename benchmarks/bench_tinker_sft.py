@@ -1,0 +1,267 @@
+"""Supervised LoRA fine-tuning of the default model through the stock tinker SDK.
+
+Launches ``infer serve`` (default model, bf16, a temporary checkpoint folder), then drives
+it with the ``tinker`` SDK as a user would: a LoRA training client, a fixed small dataset
+(``benchmarks/data/fictional_facts.jsonl``: 32 one-turn chats about invented countries,
+which the base model cannot know), cross-entropy on the assistant tokens only, AdamW.
+
+Reported:
+- the mean per-token loss over the whole dataset (a forward pass) before and after, and
+  the first / last training-batch losses;
+- seconds per step (forward_backward + optim_step, submitted together as the SDK
+  recommends) and training tokens per second;
+- greedy answers to the 32 questions from the base model and from the trained adapter
+  (saved with save_weights_for_sampler, sampled through the serving engine): how many
+  contain the right fact;
+- side by side (``--peft-baseline``, default on): the same batches through transformers +
+  PEFT (same rank, alpha 32, targets, AdamW settings, bf16 base weights, float32 LoRA
+  weights, one right-padded batch per step) in this process after the server stops:
+  seconds per step, and the ratio.
+
+Usage:
+    .venv/bin/python benchmarks/bench_tinker_sft.py [--steps 24] [--batch-size 8]
+        [--rank 16] [--lr 5e-4] [--no-peft-baseline] [--result-json PATH]
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from bench_serving import _free_port, _stop, _wait_healthy  # noqa: E402
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+DATASET = REPO_ROOT / "benchmarks" / "data" / "fictional_facts.jsonl"
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def load_examples(tokenizer: Any) -> list[dict[str, Any]]:
+    """Token ids of each chat, the assistant span as training targets."""
+    examples = []
+    for line in DATASET.read_text().splitlines():
+        messages = json.loads(line)["messages"]
+        prompt_text = tokenizer.apply_chat_template(
+            messages[:1], tokenize=False, add_generation_prompt=True
+        )
+        full_text = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt = tokenizer.encode(prompt_text, add_special_tokens=False)
+        full = tokenizer.encode(full_text, add_special_tokens=False)
+        assert full[: len(prompt)] == prompt, "chat template is not prefix-stable"
+        answer = messages[1]["content"]
+        examples.append({"prompt": prompt, "tokens": full, "answer": answer})
+    return examples
+
+
+def datum(types: Any, example: dict[str, Any]) -> Any:
+    tokens, n = example["tokens"], len(example["prompt"])
+    weights = [0.0] * (n - 1) + [1.0] * (len(tokens) - n)  # predict the assistant's tokens
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+    )
+
+
+def fact(answer: str) -> str:
+    """The invented part of an answer ("... is Quillfen." -> "Quillfen")."""
+    return answer.rsplit(" is ", 1)[1].removeprefix("the ").rstrip(".")
+
+
+def accuracy(sampler: Any, types: Any, tokenizer: Any, examples: list[dict[str, Any]]) -> int:
+    params = types.SamplingParams(max_tokens=24, temperature=0.0)
+    futures = [sampler.sample(types.ModelInput.from_ints(e["prompt"]), 1, params) for e in examples]
+    right = 0
+    for e, f in zip(examples, futures, strict=True):
+        text = tokenizer.decode(f.result().sequences[0].tokens)
+        right += fact(e["answer"]).lower() in text.lower()
+    return right
+
+
+def mean_loss(tc: Any, types: Any, examples: list[dict[str, Any]]) -> float:
+    out = tc.forward([datum(types, e) for e in examples], "cross_entropy").result()
+    weight = sum(len(e["tokens"]) - len(e["prompt"]) for e in examples)
+    return float(out.metrics["loss:sum"]) / weight
+
+
+def batches(examples: list[dict[str, Any]], size: int, steps: int) -> list[list[int]]:
+    """Indices of each step's batch: shuffled epochs, fixed seed."""
+    rng, order, out = random.Random(0), [], []
+    while len(out) < steps:
+        if len(order) < size:
+            epoch = list(range(len(examples)))
+            rng.shuffle(epoch)
+            order += epoch
+        out.append(order[:size])
+        order = order[size:]
+    return out
+
+
+def run_sdk(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    import tinker
+    from tinker import types
+
+    sc = tinker.ServiceClient(base_url=url, api_key="tml-benchmark")
+    tc = sc.create_lora_training_client(base_model=MODEL, rank=args.rank, seed=0).result()
+    tokenizer = tc.get_tokenizer()
+    examples = load_examples(tokenizer)
+    base_sampler = sc.create_sampling_client(base_model=MODEL).result()
+    print("base model answers ...", file=sys.stderr, flush=True)
+    right_before = accuracy(base_sampler, types, tokenizer, examples)
+    loss_before = mean_loss(tc, types, examples)
+    adam = types.AdamParams(learning_rate=args.lr)
+    plan = batches(examples, args.batch_size, args.steps)
+    step_s, batch_losses, tokens = [], [], 0
+    for step, idx in enumerate(plan, 1):
+        data = [datum(types, examples[i]) for i in idx]
+        start = time.perf_counter()
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(adam)
+        result, _ = fb.result(), opt.result()
+        step_s.append(time.perf_counter() - start)
+        weight = sum(len(examples[i]["tokens"]) - len(examples[i]["prompt"]) for i in idx)
+        batch_losses.append(result.metrics["loss:sum"] / weight)
+        tokens += sum(len(examples[i]["tokens"]) - 1 for i in idx)
+        print(
+            f"step {step:3d}/{len(plan)}  loss/token {batch_losses[-1]:.3f}  {step_s[-1]:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    loss_after = mean_loss(tc, types, examples)
+    path = tc.save_weights_for_sampler("final").result().path
+    trained = sc.create_sampling_client(model_path=path).result()
+    print("trained adapter answers ...", file=sys.stderr, flush=True)
+    right_after = accuracy(trained, types, tokenizer, examples)
+    sc.close("success").result()
+    return {
+        "examples": len(examples),
+        "steps": len(plan),
+        "loss_before": loss_before,
+        "loss_after": loss_after,
+        "first_batch_loss": batch_losses[0],
+        "last_batch_loss": batch_losses[-1],
+        "step_s_median": statistics.median(step_s),
+        "step_s_mean": statistics.fmean(step_s),
+        "train_tokens_per_s": tokens / sum(step_s),
+        "right_before": right_before,
+        "right_after": right_after,
+        "plan": plan,
+        "sampler_path": path,
+    }
+
+
+def run_peft(args: argparse.Namespace, folder: Path, plan: list[list[int]]) -> dict[str, Any]:
+    """The same batches through transformers + PEFT: seconds per step."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    examples = load_examples(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LoraConfig(r=args.rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
+    model = get_peft_model(model, config)
+    for p in model.parameters():  # LoRA weights in float32, as ours
+        if p.requires_grad:
+            p.data = p.data.float()
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-12,
+        weight_decay=0.0,
+    )
+    step_s = []
+    for idx in plan:
+        batch = [examples[i] for i in idx]
+        start = time.perf_counter()
+        # One right-padded batch, as ours runs it; the loss over the assistant tokens only.
+        width = max(len(e["tokens"]) for e in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        weights = torch.zeros(len(batch), width - 1)
+        for row, e in enumerate(batch):
+            ids[row, : len(e["tokens"])] = torch.tensor(e["tokens"])
+            mask[row, : len(e["tokens"])] = 1
+            weights[row, len(e["prompt"]) - 1 : len(e["tokens"]) - 1] = 1.0
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
+        loss = -(logp * weights).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        step_s.append(time.perf_counter() - start)
+        print(f"peft step {len(step_s)}/{len(plan)}  {step_s[-1]:.2f} s", file=sys.stderr)
+    return {"step_s_median": statistics.median(step_s), "step_s_mean": statistics.fmean(step_s)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--peft-baseline", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--result-json", type=Path, default=None)
+    args = parser.parse_args()
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        command = [
+            str(Path(sys.executable).with_name("infer")),
+            "serve",
+            "--port",
+            str(port),
+            "--checkpoint-dir",
+            str(Path(tmp) / "checkpoints"),
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(proc, url, 300, log)
+            ours = run_sdk(args, url)
+        finally:
+            _stop(proc)
+
+    from entrypoints.container import resolve
+
+    folder = resolve(None, None, progress=True).path
+    peft = run_peft(args, folder, ours["plan"]) if args.peft_baseline else None
+    result = {"ours": {k: v for k, v in ours.items() if k != "plan"}, "peft": peft}
+    o = ours
+    print(f"\nSFT of {MODEL} (LoRA rank {args.rank}, lr {args.lr}) on {o['examples']} chats:")
+    print(f"  mean loss/token over the dataset: {o['loss_before']:.3f} -> {o['loss_after']:.3f}")
+    print(
+        f"  batch loss/token: step 1 {o['first_batch_loss']:.3f}, "
+        f"step {o['steps']} {o['last_batch_loss']:.3f}"
+    )
+    print(
+        f"  facts answered right (greedy): {o['right_before']}/{o['examples']} -> "
+        f"{o['right_after']}/{o['examples']}"
+    )
+    print(
+        f"  seconds per step (batch {args.batch_size}): median {o['step_s_median']:.2f}, "
+        f"mean {o['step_s_mean']:.2f}; {o['train_tokens_per_s']:.0f} training tokens/s"
+    )
+    if peft is not None:
+        ratio = peft["step_s_median"] / o["step_s_median"]
+        print(
+            f"  transformers + PEFT, same batches: median {peft['step_s_median']:.2f} s/step "
+            f"-> ours {ratio:.2f}x faster"
+        )
+    if args.result_json is not None:
+        args.result_json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
