@@ -299,3 +299,38 @@ def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceC
             loss_fn_inputs={"target_tokens": SEQ[1:], "logprobs": [0.0] * (len(SEQ) - 1)},
         )
         tc.forward_backward([bad], "ppo").result()
+
+
+def test_custom_loss_load_state_and_last_n_prompt_logprobs(client: tinker.ServiceClient) -> None:
+    data = [datum(SEQ)]
+    # forward_backward_custom: the SDK runs forward, computes the loss and its gradient
+    # per token locally, then sends a weighted cross_entropy backward. -sum(logprobs) is
+    # cross-entropy itself, so both runs land on the same weights.
+    custom = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=8).result()
+    plain = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=8).result()
+
+    def neg_logprob(batch: list[types.Datum], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
+        loss = -sum(lp.sum() for lp in logprobs)
+        return loss, {"nll": float(loss)}
+
+    out = custom.forward_backward_custom(data, neg_logprob).result()
+    expected = plain.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert out.metrics["nll"] == pytest.approx(expected, rel=1e-5)
+    for tc in (custom, plain):
+        tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+    assert forward_loss(custom, data) == pytest.approx(forward_loss(plain, data), rel=1e-4)
+
+    # load_state into a live run: its weights become the checkpoint's.
+    path = plain.save_state("p").result().path
+    saved = forward_loss(plain, data)
+    train_steps(plain, data, 2)
+    assert forward_loss(plain, data) != pytest.approx(saved, rel=1e-4)
+    plain.load_state(path).result()
+    assert forward_loss(plain, data) == pytest.approx(saved, rel=1e-5)
+
+    sampler = plain.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(SEQ)
+    whole = sampler.compute_logprobs(prompt).result()
+    last = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=3).result()
+    assert last[:-3] == [None] * (len(SEQ) - 3)
+    assert last[-3:] == pytest.approx(whole[-3:], abs=1e-5)
