@@ -92,7 +92,7 @@ class LoraLinear(nn.Module):
             return y
         a = torch.cat([a for a, _ in self.lora])  # [parts * r, in]
         b = torch.block_diag(*[b for _, b in self.lora])  # [out, parts * r]
-        return y + (F.linear(F.linear(x.float(), a), b) * self.scale).to(y.dtype)
+        return y + F.linear(F.linear(x.float(), a) * self.scale, b).to(y.dtype)
 
 
 class _Base:
