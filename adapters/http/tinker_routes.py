@@ -472,15 +472,8 @@ def tinker_router(
 
     @get("/training_runs")
     async def list_runs(request: Request[Any, Any, Any]) -> Response[bytes]:
-        who = owner(request)
-        offset, limit = _page(request)
-        runs = service.checkpoints.runs_of(who)
-        return _ok(
-            {
-                "training_runs": [_run_json(r) for r in runs[offset : offset + limit]],
-                "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)},
-            }
-        )
+        runs = service.checkpoints.runs_of(owner(request))
+        return _paged(request, "training_runs", [_run_json(r) for r in runs])
 
     @get("/training_runs/{run_id:str}")
     async def get_run(request: Request[Any, Any, Any], run_id: str) -> Response[bytes]:
@@ -494,15 +487,8 @@ def tinker_router(
 
     @get("/checkpoints")
     async def list_checkpoints(request: Request[Any, Any, Any]) -> Response[bytes]:
-        who = owner(request)
-        offset, limit = _page(request)
-        found = service.checkpoints.find(who)
-        return _ok(
-            {
-                "checkpoints": [_ckpt_json(c) for c in found[offset : offset + limit]],
-                "cursor": {"offset": offset, "limit": limit, "total_count": len(found)},
-            }
-        )
+        found = service.checkpoints.find(owner(request))
+        return _paged(request, "checkpoints", [_ckpt_json(c) for c in found])
 
     # A checkpoint id is two segments (``weights/<name>``); what follows names the action.
     @get("/training_runs/{run_id:str}/checkpoints/{rest:path}")
@@ -736,6 +722,13 @@ def _ckpt_json(c: CheckpointRecord) -> dict[str, Any]:
         "user_metadata": c.user_metadata or None,
         "expires_at": _iso(c.expires_at) if c.expires_at is not None else None,
     }
+
+
+def _paged(request: Request[Any, Any, Any], key: str, items: list[Any]) -> Response[bytes]:
+    """One page (``offset``, ``limit``) of ``items`` with the SDK's cursor."""
+    offset, limit = _page(request)
+    cursor = {"offset": offset, "limit": limit, "total_count": len(items)}
+    return _ok({key: items[offset : offset + limit], "cursor": cursor})
 
 
 def _page(request: Request[Any, Any, Any]) -> tuple[int, int]:

@@ -3,52 +3,22 @@ the openai SDK and plain SSE."""
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests.e2e.server import infer_serve
+
 pytestmark = pytest.mark.slow
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-INFER = Path(sys.executable).with_name("infer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module", params=["continuous", "static"])
 def base_url(request) -> Iterator[str]:
-    port = free_port()
-    mode = ["--batching-mode", str(request.param)]
-    process = subprocess.Popen(
-        [str(INFER), "serve", "--port", str(port), "--max-batch-size", "4", *mode],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
+    with infer_serve("--max-batch-size", "4", "--batching-mode", str(request.param)) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture

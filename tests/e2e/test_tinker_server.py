@@ -4,55 +4,26 @@ through the serving engine (beside base-model requests on the OpenAI API), and t
 checkpoints outlive the server."""
 
 import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import tinker
 from tinker import types
 
+from tests.e2e.server import infer_serve
+
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-INFER = Path(sys.executable).with_name("infer")
 KEY = "tml-e2e"
 QUESTION = [{"role": "user", "content": "What is the secret word?"}]
 ANSWER = {"role": "assistant", "content": "The secret word is pineapple."}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def server(checkpoints: Path) -> Iterator[str]:
-    port = free_port()
-    command = [str(INFER), "serve", "--port", str(port), "--checkpoint-dir", str(checkpoints)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+def server(checkpoints: Path) -> AbstractContextManager[str]:
+    return infer_serve("--checkpoint-dir", str(checkpoints))
 
 
 def chat_tokens(tokenizer, messages, *, prompt: bool) -> list[int]:

@@ -1,0 +1,222 @@
+"""The TrainingBackend and SamplingBackend ports, one suite run against the fake (the numpy
+ToyBackend) and the real adapters (the LoRA backend on a tiny torch Llama; the engine
+sampler with multi-LoRA serving): the fake provably behaves like the real thing."""
+
+import asyncio
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from adapters.fake import ByteTokenizer
+from adapters.torch.loader import load_model
+from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.lora_serving import LoraServing
+from adapters.torch.runner import TorchModelRunner
+from adapters.torch.tinker_sampler import EngineSampler
+from adapters.toy_backend.backend import ToyBackend
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from domain.config import EngineConfig
+from domain.training import (
+    AdamParams,
+    Datum,
+    InvalidTrainingRequest,
+    LoraSpec,
+    NotFoundError,
+    SampleParams,
+    TensorValue,
+    WeightsSource,
+)
+from tests.integration.tiny_models import save_tiny_model
+
+BASE = "base"
+SEQ = [5, 17, 42, 7, 99, 3, 250, 8, 61]
+
+
+def ce_datum(seq: list[int] = SEQ) -> Datum:
+    return Datum(seq[:-1], {"target_tokens": TensorValue.ints(seq[1:])})
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny")
+    save_tiny_model("llama", folder)
+    return folder
+
+
+@pytest.fixture(params=["toy", "lora"])
+def backends(request: pytest.FixtureRequest, tiny_folder: Path) -> Iterator[tuple[Any, Any]]:
+    """(TrainingBackend, SamplingBackend) over one base model named ``base``."""
+    if request.param == "toy":
+        toy = ToyBackend(BASE)
+        yield toy, toy
+        return
+    trainer = LoraTrainingBackend([BaseModelEntry(BASE, tiny_folder, dtype=torch.float32)])
+    model = load_model(tiny_folder, dtype=torch.float32)
+    lora = LoraServing(model)
+    config = EngineConfig(max_batch_size=8, max_seq_len=128)
+    sink = QueueOutputSink()
+    engine = AsyncEngine(
+        Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
+    )
+    yield trainer, _Started(EngineSampler(engine, lora, [BASE], live_state=trainer.peft_state))
+
+
+class _Started:
+    """Runs the engine's loop around each sample call (tests have no server lifespan)."""
+
+    def __init__(self, sampler: EngineSampler) -> None:
+        self.sampler = sampler
+
+    async def sample(self, *args: Any, **kwargs: Any) -> Any:
+        self.sampler.engine.start()
+        try:
+            return await self.sampler.sample(*args, **kwargs)
+        finally:
+            await self.sampler.engine.stop()
+
+
+def logprobs(trainer: Any, model_id: str, datum: Datum) -> list[float]:
+    out = trainer.forward_backward(model_id, [datum], "cross_entropy", {}, backward=False)
+    return list(out.outputs[0]["logprobs"].data)
+
+
+# --- TrainingBackend -------------------------------------------------------------------
+
+
+def test_base_models_and_fresh_adapters_are_deterministic(backends) -> None:
+    trainer, _ = backends
+    assert [m.name for m in trainer.base_models] == [BASE]
+    trainer.create("a", BASE, LoraSpec(rank=4, seed=1))
+    trainer.create("b", BASE, LoraSpec(rank=4, seed=1))
+    out = trainer.forward_backward("a", [ce_datum()], "cross_entropy", {}, backward=False)
+    lp = list(out.outputs[0]["logprobs"].data)
+    assert len(lp) == len(SEQ) - 1 and all(v <= 0 for v in lp)
+    assert out.metrics["loss:sum"] == pytest.approx(-sum(lp), rel=1e-5)
+    assert all(k.count(":") == 1 for k in out.metrics)
+    # Same seed, same result; a fresh adapter is the base model (B = 0), whatever its seed.
+    assert logprobs(trainer, "b", ce_datum()) == pytest.approx(lp, abs=1e-6)
+    trainer.create("c", BASE, LoraSpec(rank=4, seed=2))
+    assert logprobs(trainer, "c", ce_datum()) == pytest.approx(lp, abs=1e-5)
+
+
+def test_gradients_accumulate_until_the_optimizer_step_lowers_the_loss(backends) -> None:
+    trainer, _ = backends
+    trainer.create("m", BASE, LoraSpec(rank=4, seed=3))
+    before = -sum(logprobs(trainer, "m", ce_datum()))
+    for _ in range(5):
+        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        metrics = trainer.optim_step("m", AdamParams(learning_rate=0.05))
+        assert all(k.count(":") == 1 for k in metrics)
+    assert -sum(logprobs(trainer, "m", ce_datum())) < 0.8 * before
+    # A forward-only call adds no gradient: with or without one in between, the same step.
+    trainer.create("fresh-m", BASE, LoraSpec(rank=4, seed=3))
+    trainer.create("fresh-n", BASE, LoraSpec(rank=4, seed=3))
+    for model_id, extra in (("fresh-m", True), ("fresh-n", False)):
+        trainer.forward_backward(model_id, [ce_datum()], "cross_entropy", {}, backward=True)
+        if extra:
+            trainer.forward_backward(model_id, [ce_datum()], "cross_entropy", {}, backward=False)
+        trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
+    assert logprobs(trainer, "fresh-m", ce_datum()) == pytest.approx(
+        logprobs(trainer, "fresh-n", ce_datum()), abs=1e-6
+    )
+
+
+def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:
+    trainer, _ = backends
+    trainer.create("m", BASE, LoraSpec(rank=4, seed=4))
+    n = len(SEQ) - 1
+    lp = logprobs(trainer, "m", ce_datum())
+    q = [v - 0.1 * (i % 3) for i, v in enumerate(lp)]  # an off-policy sampler
+    adv = [(-1) ** i * (0.5 + i / n) for i in range(n)]
+    inputs = {
+        "target_tokens": TensorValue.ints(SEQ[1:]),
+        "logprobs": TensorValue.floats(q),
+        "advantages": TensorValue.floats(adv),
+    }
+    r = [math.exp(a - b) for a, b in zip(lp, q, strict=True)]
+    expected = {
+        "importance_sampling": -sum(x * a for x, a in zip(r, adv, strict=True)),
+        "ppo": -sum(min(x * a, min(max(x, 0.8), 1.2) * a) for x, a in zip(r, adv, strict=True)),
+        "cispo": -sum(min(max(x, 0.0), 4.0) * v * a for x, v, a in zip(r, lp, adv, strict=True)),
+        "dro": -sum(v * a - 0.025 * (v - b) ** 2 for v, b, a in zip(lp, q, adv, strict=True)),
+    }
+    for loss, value in expected.items():
+        out = trainer.forward_backward("m", [Datum(SEQ[:-1], inputs)], loss, {}, backward=False)
+        assert out.metrics["loss:sum"] == pytest.approx(value, rel=1e-4, abs=1e-5), loss
+
+
+def test_save_and_load_round_trip_with_and_without_the_optimizer(backends, tmp_path) -> None:
+    trainer, _ = backends
+    trainer.create("m", BASE, LoraSpec(rank=4, seed=5))
+    for _ in range(2):
+        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.optim_step("m", AdamParams(learning_rate=0.05))
+    trainer.save("m", tmp_path, optimizer=True)
+    trainer.create("copy", BASE, LoraSpec(rank=4, seed=9))
+    trainer.load("copy", tmp_path, optimizer=True)
+    assert logprobs(trainer, "copy", ce_datum()) == pytest.approx(
+        logprobs(trainer, "m", ce_datum()), abs=1e-6
+    )
+    for model_id in ("m", "copy"):  # the same next step: the optimizer state came along
+        trainer.forward_backward(model_id, [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
+    assert logprobs(trainer, "copy", ce_datum()) == pytest.approx(
+        logprobs(trainer, "m", ce_datum()), abs=1e-5
+    )
+
+
+def test_bad_input_and_unknown_models_raise_the_domain_errors(backends) -> None:
+    trainer, _ = backends
+    with pytest.raises((NotFoundError, InvalidTrainingRequest)):
+        trainer.create("x", "no-such-model", LoraSpec(rank=4))
+    trainer.create("m", BASE, LoraSpec(rank=4, seed=6))
+    with pytest.raises(InvalidTrainingRequest):
+        trainer.forward_backward("m", [ce_datum([1, 99999])], "cross_entropy", {}, backward=True)
+    trainer.release("m")
+    with pytest.raises(NotFoundError):
+        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+    trainer.release("m")  # twice: ignored
+
+
+# --- SamplingBackend -------------------------------------------------------------------
+
+
+def test_samples_carry_logprobs_stop_reasons_and_prompt_logprobs(backends, tmp_path) -> None:
+    trainer, sampler = backends
+    trainer.create("m", BASE, LoraSpec(rank=4, seed=7))
+    for _ in range(3):
+        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.optim_step("m", AdamParams(learning_rate=0.05))
+    trainer.save("m", tmp_path, optimizer=False)
+
+    async def run(source: WeightsSource, params: SampleParams, n: int = 2) -> Any:
+        return await sampler.sample(source, SEQ, params, n, prompt_logprobs=True)
+
+    params = SampleParams(max_tokens=6, temperature=1.0, seed=11)
+    saved = asyncio.run(run(WeightsSource(BASE, path=tmp_path), params))
+    live = asyncio.run(run(WeightsSource(BASE, model_id="m"), params))
+    assert len(saved.sequences) == 2
+    for seq in saved.sequences:
+        assert len(seq.tokens) == len(seq.logprobs) == 6 and seq.stop_reason == "length"
+        assert all(v <= 0 for v in seq.logprobs)
+    # Saved and live weights are the same adapter; same seeds, same samples.
+    assert [s.tokens for s in saved.sequences] == [s.tokens for s in live.sequences]
+    # Prompt logprobs: None first, then what the training forward computes.
+    scored = saved.prompt_logprobs
+    assert scored is not None and scored[0] is None and len(scored) == len(SEQ)
+    assert scored[1:] == pytest.approx(logprobs(trainer, "m", ce_datum()), abs=1e-4)
+    # A stop token ends a sequence with reason "stop", the token included.
+    first = saved.sequences[0].tokens[0]
+    stop = SampleParams(max_tokens=6, temperature=1.0, seed=11, stop_token_ids=(first,))
+    stopped = asyncio.run(run(WeightsSource(BASE, path=tmp_path), stop, 1))
+    assert stopped.sequences[0].tokens == [first] and stopped.sequences[0].stop_reason == "stop"
+    # The base model samples differently from the trained adapter (greedy, same prompt).
+    greedy = SampleParams(max_tokens=6, temperature=0.0)
+    base = asyncio.run(run(WeightsSource(BASE), greedy, 1))
+    tuned = asyncio.run(run(WeightsSource(BASE, path=tmp_path), greedy, 1))
+    assert base.prompt_logprobs != tuned.prompt_logprobs

@@ -1,0 +1,45 @@
+"""Launch a real `infer serve` process on a free port for end-to-end tests."""
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+INFER = Path(sys.executable).with_name("infer")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
+    """``infer serve --port <free> *flags``; yields its base URL once /health answers."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(INFER), "serve", "--port", str(port), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
