@@ -14,7 +14,7 @@ from contextlib import ExitStack
 
 from torch import Tensor
 
-from adapters.torch.lora_serving import LoraServing
+from adapters.torch.lora_serving import ADAPTER_WEIGHTS, LoraServing
 from application.async_engine import AsyncEngine
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
@@ -22,6 +22,7 @@ from domain.sampling import SamplingParams
 from domain.training import (
     BackendFailure,
     InvalidTrainingRequest,
+    NotFoundError,
     SampledSequence,
     SampleParams,
     SampleResult,
@@ -80,7 +81,13 @@ class EngineSampler:
 
     def _adapter(self, source: WeightsSource, stack: ExitStack) -> str | None:
         if source.path is not None:
-            adapter_id = f"path:{source.path}"
+            # Keyed by the file's identity too: a checkpoint saved again under its name
+            # (overwrite) is a new adapter, not the cached one.
+            try:
+                stat = (source.path / ADAPTER_WEIGHTS).stat()
+            except OSError as e:
+                raise NotFoundError(f"checkpoint folder {source.path} is gone") from e
+            adapter_id = f"path:{source.path}:{stat.st_mtime_ns}:{stat.st_size}"
             if adapter_id not in self.lora:
                 self.lora.load_folder(adapter_id, source.path)
         elif source.model_id is not None:

@@ -136,6 +136,26 @@ async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
     assert all(not k.startswith("live:") for k in lora._adapters)  # the live copy is gone
 
 
+async def test_engine_sampler_reloads_a_checkpoint_saved_again(setup, tmp_path) -> None:
+    backend, engine, lora, _ = setup
+    sampler = EngineSampler(engine, lora, ["tiny"], live_state=backend.peft_state)
+    params = SampleParams(max_tokens=1, temperature=0.0)
+    source = WeightsSource("tiny", path=tmp_path)
+    engine.start()
+    try:
+        backend.save("a", tmp_path, optimizer=False)
+        first = await sampler.sample(source, PROMPT, params, 1, prompt_logprobs=True)
+        backend.save("b", tmp_path, optimizer=False)  # the same name, other weights
+        second = await sampler.sample(source, PROMPT, params, 1, prompt_logprobs=True)
+    finally:
+        await engine.stop()
+    assert first.prompt_logprobs is not None and second.prompt_logprobs is not None
+    torch.testing.assert_close(
+        second.prompt_logprobs[1:], reference_logprobs(backend, "b", PROMPT), atol=1e-4, rtol=0
+    )
+    assert first.prompt_logprobs != second.prompt_logprobs
+
+
 async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) -> None:
     """On the default CPU path (bf16, packed linears, the fused C++ decode layer), steps with
     adapter rows take the module path; a base-model request in such steps decodes exactly as

@@ -1,0 +1,80 @@
+"""tinker-cookbook's supervised training loop, unmodified, against a running `infer serve`.
+
+Not part of the project's dependencies (the cookbook pulls datasets, pyarrow, pandas, ...).
+How it was run here — into a separate folder, without dependency resolution, because this
+machine's package index lacks the cookbook's ``tml-renderers>=0.4.1`` (0.2.1 serves the
+supervised path) and datasets 5.2 + pyarrow 26 fail to fingerprint a dataset:
+
+    .venv/bin/pip install --target /tmp/cb --no-deps tinker-cookbook==0.6.1 tml-renderers \\
+        chz blobfile pyrage termcolor tiktoken cloudpickle pillow lxml datasets==4.4.2 \\
+        pyarrow==21.0.0 dill==0.3.8 multiprocess==0.70.16 xxhash pandas fsspec \\
+        python-dateutil pytz tzdata six
+    .venv/bin/infer serve --port 8000 &
+    TINKER_API_KEY=tml-cookbook PYTHONPATH=/tmp/cb .venv/bin/python benchmarks/cookbook_sl.py \\
+        [--base-url http://127.0.0.1:8000] [--log-path /tmp/cookbook_sl]
+
+It trains a LoRA adapter (rank 16, one epoch, batch 16, lr 5e-4) on the cookbook's own
+offline dataset (``example_data/conversations.jsonl``, 128 chats, 16 held out) with
+``tinker_cookbook.supervised.train.main``: the model is the server's alias
+``Qwen/Qwen3-4B-Instruct-2507``, so the cookbook picks its ``qwen3_instruct`` renderer
+(ChatML, as SmolLM2); the only thing registered from outside is the tokenizer — the served
+model's own files, so nothing is downloaded. The cookbook logs train NLL, test NLL every
+4 steps, and saves state + sampler checkpoints at the end (``tinker://`` paths).
+"""
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+ALIAS = "Qwen/Qwen3-4B-Instruct-2507"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--log-path", default="/tmp/cookbook_sl")
+    args = parser.parse_args()
+
+    import tinker_cookbook
+    from tinker_cookbook import model_info, tokenizer_utils
+    from tinker_cookbook.renderers import TrainOnWhat
+    from tinker_cookbook.supervised import train
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+    from transformers import AutoTokenizer
+
+    from entrypoints.container import resolve
+
+    folder = resolve(None, None, progress=True).path  # the default model's converted folder
+    tokenizer_utils.register_tokenizer(ALIAS, lambda: AutoTokenizer.from_pretrained(folder))
+    renderer = model_info.get_recommended_renderer_name(ALIAS)
+    data = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
+    common = ChatDatasetBuilderCommonConfig(
+        model_name_for_tokenizer=ALIAS,
+        renderer_name=renderer,
+        max_length=512,
+        batch_size=16,
+        train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+    )
+    config = train.Config(
+        log_path=args.log_path,
+        recipe_name="infer_cookbook_sl",
+        model_name=ALIAS,
+        renderer_name=renderer,
+        dataset_builder=FromConversationFileBuilder(
+            common_config=common, file_path=str(data), test_size=16
+        ),
+        learning_rate=5e-4,
+        num_epochs=1,
+        lora_rank=16,
+        base_url=args.base_url,
+        eval_every=4,
+        save_every=4,
+    )
+    asyncio.run(train.main(config))
+
+
+if __name__ == "__main__":
+    main()
