@@ -21,6 +21,7 @@ import msgspec
 import structlog
 from litestar import Request, Response, Router, delete, get, post, put
 from litestar.exceptions import HTTPException
+from litestar.params import FromPath
 
 from adapters.http import tinker_codec as codec
 from application.tinker.service import TinkerService
@@ -151,7 +152,9 @@ def tinker_router(
         return _ok({"type": "session_heartbeat"})
 
     @post("/sessions/{session_id:str}/finish", status_code=200)
-    async def finish_session(request: Request[Any, Any, Any], session_id: str) -> Response[bytes]:
+    async def finish_session(
+        request: Request[Any, Any, Any], session_id: FromPath[str]
+    ) -> Response[bytes]:
         service.finish_session(owner(request), session_id)
         return _ok({})
 
@@ -163,7 +166,9 @@ def tinker_router(
         return _ok({"sessions": ids[offset : offset + limit]})
 
     @get("/sessions/{session_id:str}")
-    async def get_session(request: Request[Any, Any, Any], session_id: str) -> Response[bytes]:
+    async def get_session(
+        request: Request[Any, Any, Any], session_id: FromPath[str]
+    ) -> Response[bytes]:
         session = service.sessions.get(owner(request), session_id)
         runs = [r.run_id for r in service.checkpoints.runs.values() if r.session_id == session_id]
         return _ok(
@@ -402,7 +407,9 @@ def tinker_router(
         return _ok({"type": "create_sampling_session", "sampling_session_id": sampler.id})
 
     @get("/samplers/{sampler_id:str}")
-    async def get_sampler(request: Request[Any, Any, Any], sampler_id: str) -> Response[bytes]:
+    async def get_sampler(
+        request: Request[Any, Any, Any], sampler_id: FromPath[str]
+    ) -> Response[bytes]:
         sampler = service.sampling.get(owner(request), sampler_id)
         return _ok(
             {
@@ -476,11 +483,13 @@ def tinker_router(
         return _paged(request, "training_runs", [_run_json(r) for r in runs])
 
     @get("/training_runs/{run_id:str}")
-    async def get_run(request: Request[Any, Any, Any], run_id: str) -> Response[bytes]:
+    async def get_run(request: Request[Any, Any, Any], run_id: FromPath[str]) -> Response[bytes]:
         return _ok(_run_json(service.checkpoints.run(owner(request), run_id)))
 
     @get("/training_runs/{run_id:str}/checkpoints")
-    async def list_run_checkpoints(request: Request[Any, Any, Any], run_id: str) -> Response[bytes]:
+    async def list_run_checkpoints(
+        request: Request[Any, Any, Any], run_id: FromPath[str]
+    ) -> Response[bytes]:
         who = owner(request)
         service.checkpoints.run(who, run_id)
         return _ok({"checkpoints": [_ckpt_json(c) for c in service.checkpoints.find(who, run_id)]})
@@ -493,7 +502,7 @@ def tinker_router(
     # A checkpoint id is two segments (``weights/<name>``); what follows names the action.
     @get("/training_runs/{run_id:str}/checkpoints/{rest:path}")
     async def checkpoint_get(
-        request: Request[Any, Any, Any], run_id: str, rest: str
+        request: Request[Any, Any, Any], run_id: FromPath[str], rest: FromPath[str]
     ) -> Response[bytes]:
         ref, action = _checkpoint_and_action(run_id, rest)
         if len(action) == 2 and action[0] == "files":  # a signed download link: no API key
@@ -510,7 +519,7 @@ def tinker_router(
 
     @delete("/training_runs/{run_id:str}/checkpoints/{rest:path}", status_code=200)
     async def checkpoint_delete(
-        request: Request[Any, Any, Any], run_id: str, rest: str
+        request: Request[Any, Any, Any], run_id: FromPath[str], rest: FromPath[str]
     ) -> Response[bytes]:
         who = owner(request)
         ref, action = _checkpoint_and_action(run_id, rest)
@@ -524,7 +533,7 @@ def tinker_router(
 
     @post("/training_runs/{run_id:str}/checkpoints/{rest:path}", status_code=200)
     async def checkpoint_post(
-        request: Request[Any, Any, Any], run_id: str, rest: str
+        request: Request[Any, Any, Any], run_id: FromPath[str], rest: FromPath[str]
     ) -> Response[bytes]:
         who = owner(request)
         ref, action = _checkpoint_and_action(run_id, rest)
@@ -535,7 +544,7 @@ def tinker_router(
 
     @put("/training_runs/{run_id:str}/checkpoints/{rest:path}", status_code=200)
     async def checkpoint_put(
-        request: Request[Any, Any, Any], run_id: str, rest: str
+        request: Request[Any, Any, Any], run_id: FromPath[str], rest: FromPath[str]
     ) -> Response[bytes]:
         who = owner(request)
         ref, action = _checkpoint_and_action(run_id, rest)

@@ -41,7 +41,8 @@ def test_fine_tune_sample_and_resume_after_a_restart(tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     with server(checkpoints) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=KEY)
-        models = [m.model_name for m in sc.get_server_capabilities().supported_models]
+        caps = tinker.RestClient(base_url=url, api_key=KEY).get_server_capabilities().result()
+        models = [m.model_name for m in caps.supported_models]
         assert MODEL in models and "Qwen/Qwen3-4B-Instruct-2507" in models
         tc = sc.create_lora_training_client(base_model=MODEL, rank=16, seed=0).result()
         tokenizer = tc.get_tokenizer()  # from the served model's folder: offline

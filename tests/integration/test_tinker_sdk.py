@@ -97,7 +97,7 @@ def client(url: str) -> Iterator[tinker.ServiceClient]:
 
 def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
     sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-    caps = sc.get_server_capabilities()
+    caps = tinker.RestClient(base_url=url, api_key=API_KEY).get_server_capabilities().result()
     assert BASE_MODEL in [m.model_name for m in caps.supported_models]
 
     tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=0).result()
@@ -118,7 +118,7 @@ def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
     sampler_path = tc.save_weights_for_sampler("s8").result().path
     assert sampler_path == f"tinker://{tc.model_id}/sampler_weights/s8"
 
-    sampler = sc.create_sampling_client(model_path=sampler_path)
+    sampler = sc.create_sampling_client(model_path=sampler_path).result()
     params = types.SamplingParams(max_tokens=6, seed=3, temperature=1.0)
     res = sampler.sample(types.ModelInput.from_ints(SEQ[:3]), num_samples=3, sampling_params=params)
     sequences = res.result().sequences
@@ -238,8 +238,10 @@ def test_checkpoints_survive_a_restart(make_app: MakeApp, tmp_path: Path) -> Non
         path = tc.save_state("before-restart").result().path
         sampler_path = tc.save_weights_for_sampler("sampler").result().path
         loss = forward_loss(tc, data)
-        scored = sc.create_sampling_client(model_path=sampler_path).compute_logprobs(
-            types.ModelInput.from_ints(SEQ)
+        scored = (
+            sc.create_sampling_client(model_path=sampler_path)
+            .result()
+            .compute_logprobs(types.ModelInput.from_ints(SEQ))
         )
         expected = scored.result()
         run_id = tc.model_id
@@ -255,7 +257,7 @@ def test_checkpoints_survive_a_restart(make_app: MakeApp, tmp_path: Path) -> Non
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
         resumed = sc.create_training_client_from_state_with_optimizer(path).result()
         assert forward_loss(resumed, data) == pytest.approx(loss, rel=1e-6)
-        sampler = sc.create_sampling_client(model_path=sampler_path)
+        sampler = sc.create_sampling_client(model_path=sampler_path).result()
         assert sampler.compute_logprobs(types.ModelInput.from_ints(SEQ)).result() == expected
         sc.close("success").result()
 
@@ -283,7 +285,7 @@ def test_another_key_neither_sees_nor_changes_what_a_key_made(
 def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.BadRequestError, match="not served"):
         client.create_lora_training_client(base_model="no/such-model", rank=4).result()
-    sampler = client.create_sampling_client(base_model=BASE_MODEL)
+    sampler = client.create_sampling_client(base_model=BASE_MODEL).result()
     with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
         sampler.sample(
             types.ModelInput.from_ints(SEQ),
@@ -311,7 +313,7 @@ def test_custom_loss_load_state_and_last_n_prompt_logprobs(client: tinker.Servic
 
     def neg_logprob(batch: list[types.Datum], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
         loss = -sum(lp.sum() for lp in logprobs)
-        return loss, {"nll": float(loss)}
+        return loss, {"nll": float(loss.detach())}
 
     out = custom.forward_backward_custom(data, neg_logprob).result()
     expected = plain.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
@@ -325,7 +327,8 @@ def test_custom_loss_load_state_and_last_n_prompt_logprobs(client: tinker.Servic
     saved = forward_loss(plain, data)
     train_steps(plain, data, 2)
     assert forward_loss(plain, data) != pytest.approx(saved, rel=1e-4)
-    plain.load_state(path).result()
+    with pytest.warns(FutureWarning, match="load_state"):  # deprecated, still served
+        plain.load_state(path).result()
     assert forward_loss(plain, data) == pytest.approx(saved, rel=1e-5)
 
     sampler = plain.save_weights_and_get_sampling_client().result()
