@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from adapters.torch.config import ModelConfig
 from adapters.torch.loader import load_model
@@ -53,8 +54,12 @@ OPTIMIZER_STATE = "optimizer.safetensors"
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_TARGETS = ("lm_head",)
-# Padded tokens per training micro-batch: bounds the [batch, T, vocab] logits in memory.
+# Padded tokens per training micro-batch.
 TOKENS_PER_MICRO_BATCH = 2048
+# Logits of at most this many rows at once; with gradients, more than LOGIT_ELEMENTS logits
+# (256 MB in float32) are recomputed per chunk in the backward pass instead of kept.
+LOGIT_CHUNK_ROWS = 1024
+LOGIT_ELEMENTS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -479,16 +484,44 @@ def _micro_batches(data: Sequence[_Prepared]) -> Iterator[list[int]]:
 
 
 def _target_logprobs(model: Transformer, data: Sequence[_Prepared]) -> Tensor:
-    """Logprobs of each datum's targets, concatenated: ``[sum of lengths]`` float32."""
+    """Logprobs of each datum's targets, concatenated: ``[sum of lengths]`` float32.
+
+    The LM head runs on the real (unpadded) rows only; when their ``[rows, vocab]`` logits
+    would be large, in chunks whose logits are recomputed in the backward pass instead of
+    kept (memory ``LOGIT_CHUNK_ROWS x vocab``, not ``rows x vocab``, for long data)."""
     lengths = [len(d.tokens) for d in data]
     ids = torch.zeros(len(data), max(lengths), dtype=torch.int64)
     real = torch.zeros(len(data), max(lengths), dtype=torch.bool)
     for row, d in enumerate(data):
         ids[row, : len(d.tokens)] = d.tokens
         real[row, : len(d.tokens)] = True
-    logits = model(ids)[real].float()  # [N, vocab]; right padding is invisible causally
+    hidden = model.hidden_states(ids)[real]  # [N, hidden]; right padding is invisible causally
     targets = torch.cat([d.targets for d in data])
-    return logits.log_softmax(-1).gather(1, targets[:, None])[:, 0]
+
+    def score(h: Tensor, t: Tensor) -> Tensor:
+        return model.logits(h).float().log_softmax(-1).gather(1, t[:, None])[:, 0]
+
+    chunks = range(0, hidden.shape[0], LOGIT_CHUNK_ROWS)
+    if not torch.is_grad_enabled():  # nothing is kept: chunks bound the peak
+        return torch.cat(
+            [
+                score(hidden[s : s + LOGIT_CHUNK_ROWS], targets[s : s + LOGIT_CHUNK_ROWS])
+                for s in chunks
+            ]
+        )
+    if hidden.shape[0] * model.config.vocab_size <= LOGIT_ELEMENTS:
+        return score(hidden, targets)
+    return torch.cat(
+        [
+            checkpoint(
+                score,
+                hidden[s : s + LOGIT_CHUNK_ROWS],
+                targets[s : s + LOGIT_CHUNK_ROWS],
+                use_reentrant=False,
+            )
+            for s in chunks
+        ]
+    )
 
 
 def _tensor_value(values: Tensor) -> TensorValue:

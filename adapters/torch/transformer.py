@@ -89,6 +89,20 @@ class Transformer(nn.Module):
                 x = x[:, -1:]
         return self.logits(self.norm(x))
 
+    def hidden_states(self, input_ids: Tensor) -> Tensor:
+        """``input_ids`` ``[batch, T]`` (no cache, causal) -> the final normed hidden states
+        ``[batch, T, hidden]``: what ``forward`` feeds the LM head (training uses it to
+        score only some rows)."""
+        seqlen = input_ids.shape[1]
+        ropes = {s: table.at(0, seqlen) for s, table in self.rope.items()}
+        masks = {
+            s: build_mask(0, seqlen, None, self._window(s), input_ids.device) for s in self.rope
+        }
+        x = self.embed(input_ids)
+        for layer, sliding in zip(self.layers, self.sliding, strict=True):
+            x = layer(x, ropes[sliding], masks[sliding], None)
+        return self.norm(x)
+
     def forward_mixed(self, input_ids: Tensor, batch: MixedBatch, sample_rows: Tensor) -> Tensor:
         """One continuous-batching step: ``input_ids`` ``[N]`` laid out as ``batch`` says;
         returns logits ``[S, vocab]`` of the tokens at ``sample_rows`` ``[S]``."""

@@ -419,3 +419,25 @@ def test_unknown_models_and_released_adapters_are_not_found(backend) -> None:
     backend.release(model_id)  # unknown ids are ignored
     with pytest.raises(NotFoundError):
         backend.optim_step(model_id, AdamParams())
+
+
+def test_chunked_logits_with_recomputation_give_the_same_step(backend, monkeypatch) -> None:
+    """Past LOGIT_ELEMENTS logits, the LM head runs in checkpointed chunks: the same
+    logprobs, loss and update as all at once (only the memory differs)."""
+    import adapters.torch.lora as lora
+
+    data = _data()
+    whole, chunked = _create(backend, seed=3), _create(backend, seed=3)
+    plain = backend.forward_backward(whole, data, "cross_entropy", {}, backward=True)
+    backend.optim_step(whole, AdamParams(learning_rate=0.02))
+    monkeypatch.setattr(lora, "LOGIT_ELEMENTS", 1)
+    monkeypatch.setattr(lora, "LOGIT_CHUNK_ROWS", 3)
+    split = backend.forward_backward(chunked, data, "cross_entropy", {}, backward=True)
+    backend.optim_step(chunked, AdamParams(learning_rate=0.02))
+    assert split.metrics["loss:sum"] == pytest.approx(plain.metrics["loss:sum"], rel=1e-6)
+    for a, b in zip(split.outputs, plain.outputs, strict=True):
+        assert_close(np.asarray(a["logprobs"].data), np.asarray(b["logprobs"].data))
+    for a, b in zip(
+        _logprobs(backend, chunked, data), _logprobs(backend, whole, data), strict=True
+    ):
+        assert_close(a, b, atol=1e-6, rtol=1e-6)
