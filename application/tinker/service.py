@@ -35,6 +35,7 @@ class TinkerService:
         future_ttl_s: float = 900.0,
         maintenance_interval_s: float = 5.0,
         long_poll_s: float = 30.0,
+        ended_session_retention_s: float = 24 * 3600.0,
     ) -> None:
         self.storage = storage
         self.futures = FutureStore(ttl_s=future_ttl_s)
@@ -45,6 +46,7 @@ class TinkerService:
             sampler, self.training, self.checkpoints, self.futures, discard_folder=storage.discard
         )
         self.long_poll_s = long_poll_s
+        self.ended_session_retention_s = ended_session_retention_s
         self._interval_s = maintenance_interval_s
         self._task: asyncio.Task[None] | None = None
 
@@ -77,6 +79,7 @@ class TinkerService:
         """Expire silent sessions and checkpoints past their ttl; drop old futures."""
         for session in self.sessions.expire_stale():
             self._end(session, "expired")
+        self.sessions.forget_ended(self.ended_session_retention_s)
         self.checkpoints.delete_expired()
         self.futures.evict_expired()
 
@@ -92,8 +95,7 @@ class TinkerService:
             self._end(session, "finished")
 
     def _end(self, session: Session, why: str) -> None:
-        if session.ended is None:
-            session.ended = why
+        self.sessions.end(session, why)
         self.training.end_session(session.id, why)
         self.sampling.end_session(session.id)
 

@@ -27,7 +27,8 @@ class Session:
     user_metadata: dict[str, str] = field(default_factory=dict)
     display_name: str | None = None
     sdk_version: str | None = None
-    ended: str | None = None  # "finished" | "expired"
+    ended: str | None = None  # "finished" | "expired" | "stopped"
+    ended_at: float | None = None  # monotonic
     training_run_ids: list[str] = field(default_factory=list)
     sampler_ids: list[str] = field(default_factory=list)
 
@@ -91,9 +92,24 @@ class SessionManager:
     def finish(self, owner: str, session_id: str) -> Session:
         session = self.get(owner, session_id)
         if session.ended is None:
-            session.ended = "finished"
+            self.end(session, "finished")
             log.info("tinker_session_finished", session_id=session_id)
         return session
+
+    def end(self, session: Session, why: str) -> None:
+        if session.ended is None:
+            session.ended, session.ended_at = why, self._clock()
+
+    def forget_ended(self, older_than_s: float) -> int:
+        """Drop sessions that ended more than ``older_than_s`` ago (ids only remain in
+        memory until then, for listings); returns how many."""
+        cutoff = self._clock() - older_than_s
+        old = [
+            s.id for s in self._sessions.values() if s.ended_at is not None and s.ended_at < cutoff
+        ]
+        for session_id in old:
+            del self._sessions[session_id]
+        return len(old)
 
     def expire_stale(self) -> list[Session]:
         """End sessions whose last heartbeat is older than ``timeout_s``; return them."""
@@ -102,7 +118,7 @@ class SessionManager:
             s for s in self._sessions.values() if s.ended is None and s.last_heartbeat < cutoff
         ]
         for session in stale:
-            session.ended = "expired"
+            self.end(session, "expired")
             log.warning(
                 "tinker_session_expired",
                 session_id=session.id,

@@ -166,6 +166,13 @@ def test_heartbeats_keep_a_session_alive_and_silence_expires_it() -> None:
     sessions.finish("me", a.id)
     with pytest.raises(SessionClosedError):
         sessions.live("me", a.id)
+    # Ended sessions are forgotten after a retention period (nothing grows forever).
+    clock.now += 100
+    c = sessions.create("me")
+    assert sessions.forget_ended(older_than_s=50) == 2
+    assert sessions.owned_by("me") == [c]
+    with pytest.raises(NotFoundError):
+        sessions.get("me", a.id)
 
 
 # --- CheckpointStore ------------------------------------------------------------------
