@@ -73,7 +73,7 @@ def build_lora_serving(model: Transformer, enabled: bool) -> LoraServing | None:
 
 
 def build_training_backend(
-    resolved: ResolvedModel, names: list[str], dtype: str, engine: EngineConfig
+    resolved: ResolvedModel, names: list[str], dtype: str, device: str | None, engine: EngineConfig
 ) -> LoraTrainingBackend:
     entry = BaseModelEntry(
         names[0],
@@ -82,6 +82,7 @@ def build_training_backend(
         dtype=DTYPES[dtype],
         max_context=engine.max_seq_len,
         random_weights=resolved.random_weights,
+        device=device or default_device(),
     )
     return LoraTrainingBackend([entry])
 
@@ -123,7 +124,12 @@ class Container(containers.DeclarativeContainer):
         model_names, resolved_model, config.served_model_name, config.tinker_aliases
     )
     training_backend = providers.Singleton(
-        build_training_backend, resolved_model, served_names, config.dtype, engine_config
+        build_training_backend,
+        resolved_model,
+        served_names,
+        config.dtype,
+        config.device,
+        engine_config,
     )
     tinker = providers.Singleton(
         build_tinker,

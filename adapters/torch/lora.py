@@ -76,6 +76,7 @@ class BaseModelEntry:
     # The context clients may use (e.g. the serving engine's max_seq_len); None: the model's.
     max_context: int | None = None
     random_weights: bool = False  # a config-only folder (``dummy:`` models, benchmarks)
+    device: str = "cpu"  # where the base model and the adapters train ("cuda", ...)
 
 
 class LoraLinear(nn.Module):
@@ -138,12 +139,16 @@ class _Adapter:
         else:
             generator.manual_seed(spec.seed)
         self.weights: dict[str, tuple[Tensor, Tensor]] = {}
+        device = base.model.embed_tokens.weight.device
         for name in sorted(base.shapes):
             if name.rsplit(".", 1)[-1] in self.targets:
                 fan_in, out = base.shapes[name]
                 bound = fan_in**-0.5  # kaiming_uniform_(a=sqrt(5)), as PEFT initialises A
-                a = (torch.rand(spec.rank, fan_in, generator=generator) * 2 - 1) * bound
-                b = torch.zeros(out, spec.rank)
+                # Drawn on the CPU: the same adapter for a seed whatever the device.
+                a = ((torch.rand(spec.rank, fan_in, generator=generator) * 2 - 1) * bound).to(
+                    device
+                )
+                b = torch.zeros(out, spec.rank, device=device)
                 self.weights[name] = (a.requires_grad_(), b.requires_grad_())
         self.optimizer = self.new_optimizer()
 
@@ -158,8 +163,8 @@ class _Adapter:
         """PEFT's ``adapter_model.safetensors`` content."""
         state = {}
         for name, (a, b) in self.weights.items():
-            state[_peft_key(name, "A")] = a.detach().clone()
-            state[_peft_key(name, "B")] = b.detach().clone()
+            state[_peft_key(name, "A")] = a.detach().cpu().clone()
+            state[_peft_key(name, "B")] = b.detach().cpu().clone()
         return state
 
 
@@ -228,15 +233,16 @@ class LoraTrainingBackend:
             with adapter.base.active(adapter), torch.set_grad_enabled(backward):
                 for group in _micro_batches(prepared):
                     logp = _target_logprobs(adapter.base.model, [prepared[i] for i in group])
+                    device = logp.device
                     inputs = {
-                        key: torch.cat([prepared[i].inputs[key] for i in group])
+                        key: torch.cat([prepared[i].inputs[key] for i in group]).to(device)
                         for key in LOSS_INPUTS[loss_fn]
                     }
                     loss = loss_sum(loss_fn, logp, inputs, config)
                     if backward:
                         loss.backward()
                     total += loss.item()
-                    pieces = logp.detach().split([len(prepared[i].tokens) for i in group])
+                    pieces = logp.detach().cpu().split([len(prepared[i].tokens) for i in group])
                     for i, piece in zip(group, pieces, strict=True):
                         logprobs[i] = piece
         outputs = [{"logprobs": _tensor_value(lp)} for lp in logprobs]
@@ -322,6 +328,7 @@ class LoraTrainingBackend:
                 dtype=entry.dtype,
                 prepack=False,
                 random_weights=entry.random_weights,
+                device=entry.device,
             )
             self._bases[entry.name] = _Base(entry, model)
         return self._bases[entry.name]
@@ -495,8 +502,10 @@ def _target_logprobs(model: Transformer, data: Sequence[_Prepared]) -> Tensor:
     for row, d in enumerate(data):
         ids[row, : len(d.tokens)] = d.tokens
         real[row, : len(d.tokens)] = True
+    device = model.embed_tokens.weight.device
+    ids, real = ids.to(device), real.to(device)
     hidden = model.hidden_states(ids)[real]  # [N, hidden]; right padding is invisible causally
-    targets = torch.cat([d.targets for d in data])
+    targets = torch.cat([d.targets for d in data]).to(device)
 
     def score(h: Tensor, t: Tensor) -> Tensor:
         return model.logits(h).float().log_softmax(-1).gather(1, t[:, None])[:, 0]
@@ -550,8 +559,8 @@ def _optimizer_state(adapter: _Adapter) -> dict[str, Tensor]:
     state: dict[str, Tensor] = {}
     for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
         s = adapter.optimizer.state.get(p, {})
-        state[f"{key}.exp_avg"] = s.get("exp_avg", torch.zeros_like(p)).detach().clone()
-        state[f"{key}.exp_avg_sq"] = s.get("exp_avg_sq", torch.zeros_like(p)).detach().clone()
+        state[f"{key}.exp_avg"] = s.get("exp_avg", torch.zeros_like(p)).detach().cpu().clone()
+        state[f"{key}.exp_avg_sq"] = s.get("exp_avg_sq", torch.zeros_like(p)).detach().cpu().clone()
         state[f"{key}.step"] = torch.tensor([float(s.get("step", 0.0))], dtype=torch.float32)
     return state
 
