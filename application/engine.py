@@ -8,6 +8,7 @@ length) are the scheduler's.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -116,10 +117,17 @@ class Engine:
             self._fail(batch, f"{type(e).__name__}: {e}")
             return True
         for request in self.scheduler.update_from_output(batch, result):
-            self.sink.publish(self._output(request, result.logprobs.get(request.request_id)))
+            rid = request.request_id
+            top = result.top_logprobs.get(rid)
+            self.sink.publish(self._output(request, result.logprobs.get(rid), top))
         return True
 
-    def _output(self, request: Request, logprob: float | None = None) -> StepOutput:
+    def _output(
+        self,
+        request: Request,
+        logprob: float | None = None,
+        top_logprobs: list[tuple[int, float]] | None = None,
+    ) -> StepOutput:
         token = request.generated_token_ids[-1]
         text = self._text[request.request_id]
         if request.finish_reason in ("eos", "stop") and token in self._stop_ids(request):
@@ -141,12 +149,20 @@ class Engine:
             prompt_tokens=request.num_prompt_tokens,
             completion_tokens=len(request.generated_token_ids),
             logprob=logprob,
-            prompt_logprobs=(
-                tuple(request.prompt_logprobs)
-                if request.sampling_params.prompt_logprobs and len(request.generated_token_ids) == 1
-                else None
-            ),
+            top_logprobs=tuple(top_logprobs) if top_logprobs else None,
+            **self._prompt_scores(request),
         )
+
+    @staticmethod
+    def _prompt_scores(request: Request) -> dict[str, Any]:
+        """The prompt's logprobs (and alternatives), on a request's first output only."""
+        params = request.sampling_params
+        if not params.prompt_logprobs or len(request.generated_token_ids) != 1:
+            return {}
+        scores: dict[str, Any] = {"prompt_logprobs": tuple(request.prompt_logprobs)}
+        if params.prompt_top_logprobs:
+            scores["prompt_top_logprobs"] = tuple(tuple(r) for r in request.prompt_top_logprobs)
+        return scores
 
     def _stop_ids(self, request: Request) -> frozenset[int]:
         eos = frozenset() if request.sampling_params.ignore_eos else self.tokenizer.eos_token_ids

@@ -35,6 +35,8 @@ class Request:
     adapter_id: str | None = None
     # With ``sampling_params.prompt_logprobs``: logprobs of prompt tokens 1.., as computed.
     prompt_logprobs: list[float] = field(default_factory=list)
+    # With ``sampling_params.prompt_top_logprobs``: the alternatives at those positions.
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -75,7 +77,11 @@ class StepOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    # The token's logprob (when ``sampling_params.logprobs`` is set).
+    # The token's logprob (when ``sampling_params.logprobs`` is set), and the top
+    # ``logprobs`` alternatives (id, logprob), best first.
     logprob: float | None = None
-    # Logprobs of prompt tokens 1.. (``sampling_params.prompt_logprobs``; first output only).
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+    # Logprobs of prompt tokens 1.. (``sampling_params.prompt_logprobs``; first output only)
+    # and, with ``prompt_top_logprobs``, each position's alternatives.
     prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None

@@ -16,7 +16,8 @@ class SamplingParams:
     tokens; presence and frequency penalties (OpenAI semantics) to output tokens only.
     ``logprobs`` is ``None`` for none, ``0`` for the chosen token's logprob only, ``N`` for the
     chosen token plus the top-N alternatives. ``prompt_logprobs``: also report the logprob of
-    every prompt token after the first (on the request's first output).
+    every prompt token after the first (on the request's first output), and with
+    ``prompt_top_logprobs`` N the top-N alternatives at each of those positions.
     """
 
     max_new_tokens: int = 128
@@ -33,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: bool = False
+    prompt_top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
@@ -54,6 +56,12 @@ class SamplingParams:
             self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
             "logprobs",
             f"must be in [0, {MAX_LOGPROBS}]",
+        )
+        _check(
+            0 <= self.prompt_top_logprobs <= MAX_LOGPROBS
+            and (self.prompt_logprobs or not self.prompt_top_logprobs),
+            "prompt_top_logprobs",
+            f"must be in [0, {MAX_LOGPROBS}], and needs prompt_logprobs",
         )
 
     @property

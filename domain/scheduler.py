@@ -57,6 +57,7 @@ class RunnerOutput:
     # Per request id that asked for prompt logprobs: those of the prompt tokens this step's
     # chunk predicts (positions start+1 .. within the prompt), in order.
     prompt_logprobs: dict[str, list[float]] = field(default_factory=dict)
+    prompt_top_logprobs: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
 
 
 class Scheduler(Protocol):
@@ -93,6 +94,9 @@ class _QueueingScheduler:
                 continue
             request.num_computed_tokens = chunk.start + chunk.num_tokens
             request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
+            request.prompt_top_logprobs.extend(
+                result.prompt_top_logprobs.get(request.request_id, ())
+            )
             token = result.sampled_token_ids.get(request.request_id)
             if chunk.samples and token is not None:
                 self._append(request, token)

@@ -147,11 +147,15 @@ class SampleParams:
     stop_token_ids: tuple[int, ...] | None = None
 
 
+TopK = list[tuple[int, float]]  # (token id, logprob) pairs, best first
+
+
 @dataclass(frozen=True, slots=True)
 class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: Literal["stop", "length"]
+    topk: list[TopK] | None = None  # per sampled token, when top-k sample logprobs are asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +163,8 @@ class SampleResult:
     sequences: list[SampledSequence]
     # One entry per prompt token; the first is None (nothing predicts it).
     prompt_logprobs: list[float | None] | None = None
+    # The same positions' top-k alternatives, when asked (the first is None).
+    topk_prompt: list[TopK | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +388,12 @@ class SamplingBackend(Protocol):
         num_samples: int,
         *,
         prompt_logprobs: bool,
-    ) -> SampleResult: ...
+        topk_prompt: int = 0,
+        topk_sample: int = 0,
+    ) -> SampleResult:
+        """``topk_prompt`` / ``topk_sample``: also the top-k alternatives at each prompt
+        position / each sampled token (0: none)."""
+        ...
 
 
 class CheckpointStorage(Protocol):

@@ -22,6 +22,7 @@ from domain.training import (
     SampleParams,
     SampleResult,
     TensorValue,
+    TopK,
     UnsupportedFeatureError,
 )
 
@@ -279,8 +280,6 @@ def sample_params(p: SamplingParamsIn, max_tokens: int) -> SampleParams:
 
 def check_sample_features(body: SampleIn) -> None:
     unsupported = [
-        ("topk_prompt_logprobs", body.topk_prompt_logprobs > 0),
-        ("topk_sample_logprobs", body.topk_sample_logprobs > 0),
         ("target_prompt_logprobs", body.target_prompt_logprobs is not None),
         ("prompt_alt_tokens_k", body.prompt_alt_tokens_k > 0),
     ]
@@ -401,19 +400,47 @@ def sample_response_proto(result: SampleResult) -> bytes:
         s.stop_reason = pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH
         s.tokens = array("i", seq.tokens).tobytes()
         s.logprobs = array("f", seq.logprobs).tobytes()
+        if seq.topk is not None:
+            _topk_proto(s.topk_sampled_logprobs, seq.topk)
     if result.prompt_logprobs is not None:
         msg.prompt_logprobs = _nan_for_none(result.prompt_logprobs).tobytes()
+    if result.topk_prompt is not None:
+        _topk_proto(msg.topk_prompt_logprobs, result.topk_prompt)
     return msg.SerializeToString()
+
+
+# The SDK's filler for a position without alternatives (tinker.types.topk_logprobs).
+MASK_LOGPROB = -99999.0
+
+
+def _topk_proto(msg: Any, rows: Sequence[TopK | None]) -> None:
+    """Rows of (id, logprob) pairs as the dense ``[length, k]`` matrices of TopkLogprobs;
+    missing rows and short rows are filled with (0, MASK_LOGPROB)."""
+    k = max((len(r) for r in rows if r), default=0)
+    ids, values = array("i"), array("f")
+    for row in rows:
+        pairs = list(row or ())
+        pairs += [(0, MASK_LOGPROB)] * (k - len(pairs))
+        ids.extend(i for i, _ in pairs)
+        values.extend(v for _, v in pairs)
+    msg.token_ids, msg.logprobs = ids.tobytes(), values.tobytes()
+    msg.k, msg.length = k, len(rows)
 
 
 def sample_response_json(result: SampleResult) -> dict[str, Any]:
     return {
         "type": "sample",
         "sequences": [
-            {"stop_reason": s.stop_reason, "tokens": s.tokens, "logprobs": s.logprobs}
+            {
+                "stop_reason": s.stop_reason,
+                "tokens": s.tokens,
+                "logprobs": s.logprobs,
+                "topk_logprobs": s.topk,
+            }
             for s in result.sequences
         ],
         "prompt_logprobs": result.prompt_logprobs,
+        "topk_prompt_logprobs": result.topk_prompt,
     }
 
 

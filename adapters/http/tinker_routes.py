@@ -444,6 +444,8 @@ def tinker_router(
             body.num_samples,
             prompt_logprobs=bool(body.prompt_logprobs),
             prompt_logprobs_last_n=last_n,
+            topk_prompt=body.topk_prompt_logprobs,
+            topk_sample=body.topk_sample_logprobs,
         )
         return _ok(
             {

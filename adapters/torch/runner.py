@@ -64,10 +64,12 @@ class TorchModelRunner:
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
         with torch.inference_mode():
-            logits, prompt_logprobs = self._forward(singles, prompts, sampled, scored, slots)
+            logits, (prompt_logprobs, prompt_top) = self._forward(
+                singles, prompts, sampled, scored, slots
+            )
             output = self._sample(sampled, logits)
-        if prompt_logprobs:
-            output.prompt_logprobs.update(prompt_logprobs)
+        output.prompt_logprobs.update(prompt_logprobs)
+        output.prompt_top_logprobs.update(prompt_top)
         return output
 
     def release(self, request_ids: Sequence[str]) -> None:
@@ -102,7 +104,7 @@ class TorchModelRunner:
         sampled: list[ScheduledChunk],
         scored: list[ScheduledChunk],
         slots: dict[int, int],
-    ) -> tuple[Tensor, dict[str, list[float]]]:
+    ) -> tuple[Tensor, "PromptScores"]:
         """Logits ``[len(sampled), vocab]`` of one step, and the prompt logprobs of
         ``scored``: the decode rows (if any) and every prompt chunk's tokens run as one flat
         forward (see :class:`MixedBatch`)."""
@@ -119,13 +121,14 @@ class TorchModelRunner:
             token_adapters.extend([chunk.request.adapter_id] * chunk.num_tokens)
         rows = [first_row[id(c)] + c.num_tokens - 1 for c in sampled]
         targets: list[int] = []
-        spans: list[tuple[str, int]] = []  # (request id, rows scored), after the sampled rows
+        spans: list[tuple[str, int, int]] = []  # (request id, rows scored, top-k), after sampled
         for chunk in scored:
             prompt = chunk.request.prompt_token_ids
             count = min(chunk.num_tokens, len(prompt) - 1 - chunk.start)
             rows.extend(first_row[id(chunk)] + i for i in range(count))
             targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
-            spans.append((chunk.request.request_id, count))
+            k = chunk.request.sampling_params.prompt_top_logprobs
+            spans.append((chunk.request.request_id, count, k))
         batch = MixedBatch(self.cache, positions, chunks, self.model.windows(), self.device)
         with self._routed(token_adapters, [token_adapters[r] for r in rows]):
             logits = self.model.forward_mixed(
@@ -136,7 +139,7 @@ class TorchModelRunner:
         for chunk in singles + prompts:  # the positions this step wrote
             self.lengths[slots[id(chunk)]] = chunk.start + chunk.num_tokens
         if not spans:
-            return logits, {}
+            return logits, ({}, {})
         scores = _prompt_logprobs(logits[len(sampled) :], targets, spans)
         return logits[: len(sampled)], scores
 
@@ -173,9 +176,11 @@ class TorchModelRunner:
             generators=[self.generators[r.request_id] for r in requests],
         )
         ids = [r.request_id for r in requests]
+        top = result.top_logprobs or []
         return RunnerOutput(
             sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
             logprobs=dict(zip(ids, result.logprobs, strict=True)) if result.logprobs else {},
+            top_logprobs={i: t for i, t in zip(ids, top, strict=False) if t},
         )
 
 
@@ -186,14 +191,31 @@ def _scores_prompt(chunk: ScheduledChunk) -> bool:
     return request.sampling_params.prompt_logprobs and chunk.start < request.num_prompt_tokens - 1
 
 
+PromptScores = tuple[dict[str, list[float]], dict[str, list[list[tuple[int, float]]]]]
+
+
 def _prompt_logprobs(
-    logits: Tensor, targets: list[int], spans: list[tuple[str, int]]
-) -> dict[str, list[float]]:
-    """Logprobs of ``targets`` under ``logits`` rows (float32), split per request."""
+    logits: Tensor, targets: list[int], spans: list[tuple[str, int, int]]
+) -> PromptScores:
+    """Logprobs of ``targets`` under ``logits`` rows (float32), split per request, and the
+    top-k alternatives of the requests that ask for them."""
     index = torch.tensor(targets, dtype=torch.long, device=logits.device)
-    flat = torch.log_softmax(logits.float(), dim=-1).gather(1, index[:, None])[:, 0].tolist()
-    out, at = {}, 0
-    for request_id, count in spans:
-        out[request_id] = flat[at : at + count]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    flat = logprobs.gather(1, index[:, None])[:, 0].tolist()
+    k_max = max(k for _, _, k in spans)
+    top_ids: list[list[int]] = []
+    top_values: list[list[float]] = []
+    if k_max:
+        top = logprobs.topk(k_max, dim=-1)
+        top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    scores, alternatives = {}, {}
+    at = 0
+    for request_id, count, k in spans:
+        scores[request_id] = flat[at : at + count]
+        if k:
+            alternatives[request_id] = [
+                list(zip(top_ids[r][:k], top_values[r][:k], strict=True))
+                for r in range(at, at + count)
+            ]
         at += count
-    return out
+    return scores, alternatives

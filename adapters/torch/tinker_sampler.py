@@ -26,6 +26,7 @@ from domain.training import (
     SampledSequence,
     SampleParams,
     SampleResult,
+    TopK,
     WeightsSource,
 )
 
@@ -59,6 +60,8 @@ class EngineSampler:
         num_samples: int,
         *,
         prompt_logprobs: bool,
+        topk_prompt: int = 0,
+        topk_sample: int = 0,
     ) -> SampleResult:
         if source.base_model not in self.model_names:
             raise InvalidTrainingRequest(
@@ -69,15 +72,25 @@ class EngineSampler:
             adapter = self._adapter(source, stack)
             runs = [
                 self._one(
-                    list(prompt), _engine_params(params, i, prompt_logprobs and i == 0), adapter
+                    list(prompt),
+                    _engine_params(
+                        params,
+                        i,
+                        prompt_logprobs=prompt_logprobs and i == 0,
+                        topk_prompt=topk_prompt if i == 0 else 0,
+                        topk_sample=topk_sample,
+                    ),
+                    adapter,
                 )
                 for i in range(num_samples)
             ]
             outputs = await asyncio.gather(*runs)
-        scored: list[float | None] | None = None
-        if prompt_logprobs:
-            scored = [None, *outputs[0][1]]
-        return SampleResult([seq for seq, _ in outputs], scored)
+        first = outputs[0][1]
+        scored = [None, *(first.prompt_logprobs or ())] if prompt_logprobs else None
+        alternatives: list[TopK | None] | None = None
+        if topk_prompt and first.prompt_top_logprobs is not None:
+            alternatives = [None, *(list(row) for row in first.prompt_top_logprobs)]
+        return SampleResult([seq for seq, _ in outputs], scored, alternatives)
 
     def _adapter(self, source: WeightsSource, stack: ExitStack) -> str | None:
         if source.path is not None:
@@ -104,7 +117,8 @@ class EngineSampler:
 
     async def _one(
         self, prompt: list[int], params: SamplingParams, adapter: str | None
-    ) -> tuple[SampledSequence, tuple[float, ...]]:
+    ) -> tuple[SampledSequence, StepOutput]:
+        """The sampled sequence, and the first output (which carries prompt scores)."""
         request_id = f"tinker-sample-{next(self._ids)}"
         while True:
             try:
@@ -116,22 +130,28 @@ class EngineSampler:
                 raise InvalidTrainingRequest(str(e)) from e
         tokens: list[int] = []
         logprobs: list[float] = []
-        scored: tuple[float, ...] = ()
+        topk: list[TopK] = []
+        first: StepOutput | None = None
         last: StepOutput | None = None
         async for out in outputs:
-            last = out
+            first, last = first or out, out
             if out.error is not None:
                 raise BackendFailure(f"sampling failed: {out.error}")
-            if out.prompt_logprobs is not None:
-                scored = out.prompt_logprobs
             if out.token_id is not None:
                 tokens.append(out.token_id)
                 logprobs.append(out.logprob if out.logprob is not None else float("nan"))
-        length = last is not None and last.finish_reason == "length"
-        return SampledSequence(tokens, logprobs, "length" if length else "stop"), scored
+                topk.append(list(out.top_logprobs or ()))
+        assert first is not None and last is not None  # a stream ends with an output
+        length = last.finish_reason == "length"
+        sequence = SampledSequence(
+            tokens, logprobs, "length" if length else "stop", topk if params.logprobs else None
+        )
+        return sequence, first
 
 
-def _engine_params(p: SampleParams, index: int, prompt_logprobs: bool) -> SamplingParams:
+def _engine_params(
+    p: SampleParams, index: int, *, prompt_logprobs: bool, topk_prompt: int, topk_sample: int
+) -> SamplingParams:
     """Tinker's parameters as the engine's. Explicit stops replace EOS (``[]``: never stop
     early), as in Tinker; ``top_k`` -1 is off."""
     explicit = p.stop_strings is not None or p.stop_token_ids is not None
@@ -145,8 +165,9 @@ def _engine_params(p: SampleParams, index: int, prompt_logprobs: bool) -> Sampli
             stop=tuple(p.stop_strings or ()),
             stop_token_ids=tuple(p.stop_token_ids or ()),
             ignore_eos=explicit,
-            logprobs=0,
-            prompt_logprobs=prompt_logprobs,
+            logprobs=topk_sample,
+            prompt_logprobs=prompt_logprobs or topk_prompt > 0,
+            prompt_top_logprobs=topk_prompt,
         )
     except InvalidParameterError as e:
         raise InvalidTrainingRequest(f"sampling_params: {e}") from e

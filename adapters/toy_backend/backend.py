@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -30,6 +31,7 @@ from domain.training import (
     SampleParams,
     SampleResult,
     TensorValue,
+    TopK,
     UnsupportedFeatureError,
     WeightsSource,
     loss_config,
@@ -195,6 +197,8 @@ class ToyBackend:
         num_samples: int,
         *,
         prompt_logprobs: bool,
+        topk_prompt: int = 0,
+        topk_sample: int = 0,
     ) -> SampleResult:
         self._check_base(source.base_model)
         w = self._weights(source)
@@ -213,14 +217,19 @@ class ToyBackend:
             else (set() if params.stop_strings is not None else {self.eos})
         )
         sequences = [
-            self._sample_one(w, int(x[-1]), params, stops, rng) for _ in range(num_samples)
+            self._sample_one(w, int(x[-1]), params, stops, rng, topk_sample)
+            for _ in range(num_samples)
         ]
         scored: list[float | None] | None = None
-        if prompt_logprobs:
+        alternatives: list[TopK | None] | None = None
+        if prompt_logprobs or topk_prompt:
             logits = self._embed[x[:-1]] @ w
-            lp = (logits - _logsumexp(logits))[np.arange(len(x) - 1), x[1:]]
+            all_lp = logits - _logsumexp(logits)
+            lp = all_lp[np.arange(len(x) - 1), x[1:]]
             scored = [None, *(float(v) for v in lp)]
-        return SampleResult(sequences, scored)
+            if topk_prompt:
+                alternatives = [None, *(_top(row, topk_prompt) for row in all_lp)]
+        return SampleResult(sequences, scored, alternatives)
 
     def _sample_one(
         self,
@@ -229,23 +238,29 @@ class ToyBackend:
         params: SampleParams,
         stops: set[int],
         rng: np.random.Generator,
+        topk: int,
     ) -> SampledSequence:
         tokens: list[int] = []
         logprobs: list[float] = []
+        alternatives: list[TopK] = []
+        stopped = False
         for _ in range(params.max_tokens):
             logits = self._embed[last] @ w
             logp = logits - _logsumexp(logits[None])[0]
             token = _pick(logp, params, rng)
             tokens.append(token)
             logprobs.append(float(logp[token]))
+            alternatives.append(_top(logp, topk))
             last = token
-            if token in stops:
-                return SampledSequence(tokens, logprobs, "stop")
-            if params.stop_strings and self._decode is not None:
-                text = self._decode(tokens)
-                if any(s in text for s in params.stop_strings):
-                    return SampledSequence(tokens, logprobs, "stop")
-        return SampledSequence(tokens, logprobs, "length")
+            stopped = token in stops or bool(
+                params.stop_strings
+                and self._decode is not None
+                and any(s in self._decode(tokens) for s in params.stop_strings)
+            )
+            if stopped:
+                break
+        reason: Literal["stop", "length"] = "stop" if stopped else "length"
+        return SampledSequence(tokens, logprobs, reason, alternatives if topk else None)
 
     def _weights(self, source: WeightsSource) -> np.ndarray:
         if source.model_id is not None:
@@ -328,6 +343,11 @@ def _loss(
 def _logsumexp(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def _top(logp: np.ndarray, k: int) -> TopK:
+    order = np.argsort(-logp, kind="stable")[:k]
+    return [(int(i), float(logp[i])) for i in order]
 
 
 def _pick(logp: np.ndarray, params: SampleParams, rng: np.random.Generator) -> int:

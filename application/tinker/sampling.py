@@ -19,10 +19,12 @@ from domain.training import (
     SampleParams,
     SampleResult,
     SamplingBackend,
+    TopK,
     WeightsSource,
 )
 
 MAX_SAMPLES = 128
+MAX_TOPK = 20
 
 
 @dataclass(eq=False)
@@ -98,6 +100,8 @@ class SamplingController:
         *,
         prompt_logprobs: bool,
         prompt_logprobs_last_n: int | None = None,
+        topk_prompt: int = 0,
+        topk_sample: int = 0,
     ) -> Future:
         """Samples; with ``prompt_logprobs_last_n`` only the last n prompt logprobs are
         reported (the others are None)."""
@@ -106,20 +110,38 @@ class SamplingController:
         if not 1 <= num_samples <= MAX_SAMPLES:
             raise InvalidTrainingRequest(f"num_samples must be in 1..{MAX_SAMPLES}")
         _check_params(params)
+        for name, k in (
+            ("topk_prompt_logprobs", topk_prompt),
+            ("topk_sample_logprobs", topk_sample),
+        ):
+            if not 0 <= k <= MAX_TOPK:
+                raise InvalidTrainingRequest(f"{name} must be in 0..{MAX_TOPK}")
         if source.model_id is not None and not self.training.is_live(source.model_id):
             raise NotFoundError(f"training run {source.model_id!r} is no longer loaded")
         tokens = list(prompt)
 
         async def work() -> object:
             result = await self.backend.sample(
-                source, tokens, params, num_samples, prompt_logprobs=prompt_logprobs
+                source,
+                tokens,
+                params,
+                num_samples,
+                prompt_logprobs=prompt_logprobs or topk_prompt > 0,
+                topk_prompt=topk_prompt,
+                topk_sample=topk_sample,
             )
-            scored = result.prompt_logprobs
-            if scored is not None and prompt_logprobs_last_n is not None:
-                cut = max(0, len(scored) - prompt_logprobs_last_n)
-                masked: list[float | None] = [None] * cut
-                result = SampleResult(result.sequences, masked + scored[cut:])
-            return result
+            scored, alternatives = result.prompt_logprobs, result.topk_prompt
+            if not prompt_logprobs:
+                scored = None
+            if prompt_logprobs_last_n is not None:
+                cut = max(0, len(tokens) - prompt_logprobs_last_n)
+                if scored is not None:
+                    masked: list[float | None] = [None] * cut
+                    scored = masked + scored[cut:]
+                if alternatives is not None:
+                    none: list[TopK | None] = [None] * cut
+                    alternatives = none + alternatives[cut:]
+            return SampleResult(result.sequences, scored, alternatives)
 
         return self.futures.run(owner, "Sample", work)
 

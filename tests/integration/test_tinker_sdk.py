@@ -286,13 +286,19 @@ def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceC
     with pytest.raises(tinker.BadRequestError, match="not served"):
         client.create_lora_training_client(base_model="no/such-model", rank=4).result()
     sampler = client.create_sampling_client(base_model=BASE_MODEL).result()
-    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
+    with pytest.raises(tinker.BadRequestError, match="prompt_alt_tokens_k"):
         sampler.sample(
             types.ModelInput.from_ints(SEQ),
             num_samples=1,
             sampling_params=types.SamplingParams(max_tokens=2),
-            include_prompt_logprobs=True,
-            topk_prompt_logprobs=3,
+            prompt_alt_tokens_k=3,
+        ).result()
+    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
+        sampler.sample(
+            types.ModelInput.from_ints(SEQ),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=2),
+            topk_sample_logprobs=21,
         ).result()
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
     with pytest.raises(tinker.BadRequestError, match="needs 'advantages'"):
@@ -337,3 +343,31 @@ def test_custom_loss_load_state_and_last_n_prompt_logprobs(client: tinker.Servic
     last = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=3).result()
     assert last[:-3] == [None] * (len(SEQ) - 3)
     assert last[-3:] == pytest.approx(whole[-3:], abs=1e-5)
+
+
+def test_top_k_logprobs_of_samples_and_prompt(client: tinker.ServiceClient) -> None:
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=9).result()
+    train_steps(tc, [datum(SEQ)], 2)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    out = sampler.sample(
+        types.ModelInput.from_ints(SEQ),
+        num_samples=2,
+        sampling_params=types.SamplingParams(max_tokens=4, temperature=0.0),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=4,
+        topk_sample_logprobs=3,
+    ).result()
+    for seq in out.sequences:
+        assert seq.topk_logprobs is not None and len(seq.topk_logprobs) == len(seq.tokens)
+        for token, lp, top in zip(seq.tokens, seq.logprobs, seq.topk_logprobs, strict=True):
+            assert top is not None and len(top) == 3
+            assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+            assert top[0] == (token, pytest.approx(lp, abs=1e-4))  # greedy: the best one
+    scored, top_prompt = out.prompt_logprobs, out.topk_prompt_logprobs
+    assert scored is not None and top_prompt is not None
+    assert len(top_prompt) == len(SEQ) and top_prompt[0] is None
+    for token, lp, top in zip(SEQ[1:], scored[1:], top_prompt[1:], strict=True):
+        assert top is not None and len(top) == 4 and lp <= top[0][1] + 1e-5
+        ids = [i for i, _ in top]
+        if token in ids:
+            assert top[ids.index(token)][1] == pytest.approx(lp, abs=1e-4)
