@@ -97,8 +97,19 @@ class LoraLinear(nn.Module):
         if self.lora is None:
             return y
         a = torch.cat([a for a, _ in self.lora])  # [parts * r, in]
-        b = torch.block_diag(*[b for _, b in self.lora])  # [out, parts * r]
-        return y + F.linear(F.linear(x.float(), a) * self.scale, b).to(y.dtype)
+        if y.dtype == torch.float32:  # the exact float32 update
+            b = torch.block_diag(*[b for _, b in self.lora])  # [out, parts * r]
+            return y + F.linear(F.linear(x.float(), a) * self.scale, b)
+        # bf16 activations: the rank-r activations in float32 (the adapter's precision), then
+        # each part's B in bf16 — the wide products write half the bytes and use the fast
+        # kernels (one step of SmolLM2 training ~12 % faster than all in float32).
+        z = (F.linear(x.float(), a) * self.scale).to(y.dtype)
+        r = self.lora[0][0].shape[0]
+        deltas = [
+            F.linear(z[..., i * r : (i + 1) * r], b.to(y.dtype))
+            for i, (_, b) in enumerate(self.lora)
+        ]
+        return y + (deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=-1))
 
 
 class _Base:
