@@ -288,10 +288,6 @@ class LoraTrainingBackend:
             if optimizer:
                 save_file(_optimizer_state(adapter), str(folder / OPTIMIZER_STATE))
 
-    def export_peft(self, model_id: str, folder: Path) -> None:
-        with self._lock:
-            _write_peft(self._adapter(model_id), folder)
-
     def load(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
         spec = read_lora_spec(folder)
         with self._lock:

@@ -34,6 +34,7 @@ from domain.training import (
     TopK,
     UnsupportedFeatureError,
     WeightsSource,
+    check_data,
     loss_config,
 )
 
@@ -103,6 +104,7 @@ class ToyBackend:
         *,
         backward: bool,
     ) -> ForwardBackwardResult:
+        check_data(data, loss_fn)  # inputs present, one value per input position
         with self._lock:
             ad = self._get(model_id)
             w = self._unembed + ad.a @ ad.b
@@ -111,7 +113,7 @@ class ToyBackend:
             grad_w = np.zeros_like(w)
             for i, datum in enumerate(data):
                 x = self._tokens(datum.tokens, f"data[{i}].model_input")
-                inputs = _inputs(datum, loss_fn, len(x), i)
+                inputs = _inputs(datum, loss_fn, len(x))
                 y = self._tokens(inputs["target_tokens"].astype(np.int64), f"data[{i}].targets")
                 h = self._embed[x]  # [T, dim]
                 logits = h @ w
@@ -293,22 +295,16 @@ class ToyBackend:
         return x
 
 
-def _inputs(datum: Datum, loss_fn: str, length: int, i: int) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
+def _inputs(datum: Datum, loss_fn: str, length: int) -> dict[str, np.ndarray]:
+    """The loss's inputs as arrays (checked by ``check_data``; weights default to 1)."""
+    out: dict[str, np.ndarray] = {"weights": np.ones(length)}
     for key in LOSS_INPUTS[loss_fn]:
         value = datum.loss_fn_inputs.get(key)
-        if value is None:
-            if key == "weights":
-                out[key] = np.ones(length, np.float32)
-                continue
-            raise InvalidTrainingRequest(f"data[{i}].loss_fn_inputs: {loss_fn} needs {key!r}")
-        arr = np.frombuffer(value.data, dtype=np.int64 if value.dtype == "int64" else np.float32)
-        if arr.size != length:
-            raise InvalidTrainingRequest(
-                f"data[{i}].loss_fn_inputs[{key!r}] has {arr.size} values for {length} "
-                "input tokens (one per input position)"
+        if value is not None:
+            arr = np.frombuffer(
+                value.data, dtype=np.int64 if value.dtype == "int64" else np.float32
             )
-        out[key] = arr.astype(np.float64) if key != "target_tokens" else arr
+            out[key] = arr if key == "target_tokens" else arr.astype(np.float64)
     return out
 
 
