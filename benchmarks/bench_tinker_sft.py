@@ -20,7 +20,7 @@ Reported:
 
 Usage:
     .venv/bin/python benchmarks/bench_tinker_sft.py [--steps 32] [--batch-size 8]
-        [--rank 16] [--lr 1e-3] [--no-peft-baseline] [--result-json PATH]
+        [--rank 16] [--lr 1e-3] [--no-peft-baseline] [--result-json PATH] [--device cuda]
 """
 
 import argparse
@@ -167,7 +167,8 @@ def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     examples = load_examples(tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     config = LoraConfig(r=args.rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
     model = get_peft_model(model, config)
@@ -194,11 +195,14 @@ def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
             ids[row, : len(e["tokens"])] = torch.tensor(e["tokens"])
             mask[row, : len(e["tokens"])] = 1
             weights[row, len(e["prompt"]) - 1 : len(e["tokens"]) - 1] = 1.0
+        ids, mask, weights = ids.to(device), mask.to(device), weights.to(device)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
         (-(logp * weights).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     return step
@@ -212,6 +216,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--peft-baseline", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--result-json", type=Path, default=None)
+    parser.add_argument("--device", default=None, help="server and PEFT device (default: auto)")
     args = parser.parse_args()
 
     from entrypoints.container import resolve
@@ -229,6 +234,7 @@ def main() -> None:
             str(port),
             "--checkpoint-dir",
             str(Path(tmp) / "checkpoints"),
+            *(["--device", args.device] if args.device else []),
         ]
         with log.open("wb") as out:
             proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)

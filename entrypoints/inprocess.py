@@ -60,24 +60,33 @@ class LLM:
         self._streams = 0  # stream() calls running now
 
     def generate(
-        self, prompts: Sequence[str | list[int]], params: SamplingParams | None = None
+        self,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[GenerateResult]:
         """Run every prompt to completion, batched; results in prompt order.
 
-        Every prompt is validated before any runs (a bad one raises, nothing queued); any
-        number of prompts: they enter the engine's waiting queue as it has room."""
+        ``params``: one for every prompt, or one per prompt (as vLLM's ``generate``). Every
+        prompt is validated before any runs (a bad one raises, nothing queued); any number
+        of prompts: they enter the engine's waiting queue as it has room."""
         engine, sink = self._container.engine(), self._container.sink()
-        params = params or SamplingParams()
+        if params is None or isinstance(params, SamplingParams):
+            per_prompt = [params or SamplingParams()] * len(prompts)
+        else:
+            per_prompt = list(params)
+            if len(per_prompt) != len(prompts):
+                raise ValueError(f"{len(per_prompt)} params for {len(prompts)} prompts")
         pending = deque(
-            (f"llm-{next(_counter)}", engine.prepare(prompt, params)) for prompt in prompts
+            (f"llm-{next(_counter)}", engine.prepare(prompt, p), p)
+            for prompt, p in zip(prompts, per_prompt, strict=True)
         )
-        ids = [request_id for request_id, _ in pending]
+        ids = [request_id for request_id, _, _ in pending]
         queues = [sink.open(request_id) for request_id in ids]
         try:
             while pending or engine.has_work():
                 while pending:
                     try:
-                        engine.add_request(*pending[0], params)
+                        engine.add_request(*pending[0])
                     except QueueFullError:
                         break  # the next step admits waiting requests and makes room
                     pending.popleft()

@@ -1,5 +1,6 @@
 """Launch a real `infer serve` process on a free port for end-to-end tests."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -21,10 +22,21 @@ def free_port() -> int:
 
 @contextmanager
 def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
-    """``infer serve --port <free> *flags``; yields its base URL once /health answers."""
+    """``infer serve --port <free> *flags``; yields its base URL once /health answers.
+
+    ``INFER_TEST_DEVICE`` (e.g. ``cuda``) adds ``--device`` to every server the e2e tests
+    start (``benchmarks/gpu_check.sh`` runs them so on a GPU)."""
     port = free_port()
+    device = os.environ.get("INFER_TEST_DEVICE")
     process = subprocess.Popen(
-        [str(INFER), "serve", "--port", str(port), *flags],
+        [
+            str(INFER),
+            "serve",
+            "--port",
+            str(port),
+            *flags,
+            *(["--device", device] if device else []),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -24,6 +24,15 @@ def test_generate_batches_prompts_and_keeps_their_order(llm: LLM) -> None:
     assert again[0].token_ids == results[1].token_ids  # batched == alone, greedy
 
 
+def test_generate_takes_one_sampling_params_per_prompt(llm: LLM) -> None:
+    lengths = [3, 7, 5]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in lengths]
+    results = llm.generate(["a", "b", "c"], params)
+    assert [len(r.token_ids) for r in results] == lengths
+    with pytest.raises(ValueError, match="2 params for 3 prompts"):
+        llm.generate(["a", "b", "c"], params[:2])
+
+
 async def test_stream_yields_the_same_text_as_generate(llm: LLM) -> None:
     params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
     streamed = "".join([delta async for delta in llm.stream("hello", params)])
