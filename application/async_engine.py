@@ -10,12 +10,21 @@ regions, libgomp sees more threads than cores and stops spinning between regions
 parallel op pays a thread wake-up (measured: a small add 4.5 -> 17.5 us; the model ~20%
 slower, 622 vs 730-775 tok/s at 64 streams), which costs more than the streams' Python work
 a worker thread would overlap.
+
+Request preparation (tokenizing, chat rendering) runs on a small thread pool instead
+(``EngineConfig.prepare_threads``): a megabyte prompt costs its own request time, not every
+stream's (the tokenizer releases the GIL while it encodes).
+
+A request's work belongs to whoever queued it: :class:`RequestGroup` holds the requests one
+caller (an HTTP request) queued, and closing it aborts every one still running, whatever
+ended the caller (an error after queueing, a client gone before its stream was read).
 """
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import structlog
 
@@ -25,11 +34,13 @@ from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
 
 log = structlog.get_logger(__name__)
+LOOP_CRASHED = "internal error: the engine loop stopped (details in the server log)"
 
 # A static batch still filling up: re-check after this long instead of spinning.
 _WAITING_FOR_BATCH_S = 0.001
 # Event-loop passes after each step (see _loop); each costs microseconds when idle.
 _FLUSH_PASSES = 8
+T = TypeVar("T")
 
 
 class QueueOutputSink:
@@ -66,6 +77,7 @@ class AsyncEngine:
         self.sink = sink
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         """Start the loop on the running event loop (again after ``stop``, on any loop)."""
@@ -80,21 +92,38 @@ class AsyncEngine:
             # A crash was logged and reported to every stream when it happened.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     @property
     def max_seq_len(self) -> int:
         return self.engine.config.max_seq_len
 
-    def render_chat(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        """Chat messages -> prompt token ids through the model's chat template."""
-        return self.engine.tokenizer.render_chat(messages, tools=tools)
-
     @property
     def healthy(self) -> bool:
         """The loop task is running (not crashed, not stopped)."""
         return self._task is not None and not self._task.done()
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Chat messages -> prompt token ids through the model's chat template (off the
+        event loop). Special-token text in the messages is plain text unless the engine's
+        config trusts it."""
+        trust = self.engine.config.trust_chat_special_tokens
+        tokenizer = self.engine.tokenizer
+        return await self._off_loop(
+            lambda: tokenizer.render_chat(messages, tools=tools, trust_special_tokens=trust)
+        )
+
+    async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """``Engine.prepare`` (tokenize and validate) off the event loop."""
+        return await self._off_loop(lambda: self.engine.prepare(prompt, params))
+
+    def group(self) -> "RequestGroup":
+        """A new group of requests owned by one caller (see :class:`RequestGroup`)."""
+        return RequestGroup(self)
 
     async def stream(
         self,
@@ -106,14 +135,43 @@ class AsyncEngine:
     ) -> AsyncIterator[StepOutput]:
         """Queue a request and yield its outputs until it finishes. Validation errors raise
         before the first yield; leaving early (a client disconnect) aborts the request."""
-        queue = self.sink.open(request_id)
+        prompt_ids = await self.prepare(prompt, params)
+        [outputs] = self.admit([request_id], [prompt_ids], params, adapter_id=adapter_id)
+        return outputs
+
+    def admit(
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+    ) -> list[AsyncIterator[StepOutput]]:
+        """Queue prepared prompts all together or none (``Engine.admit``); one output
+        stream each. A stream left early aborts its request; one never read does not:
+        queue through a :class:`RequestGroup` where that can happen."""
+        queues = [self.sink.open(request_id) for request_id in request_ids]
         try:
-            request = self.engine.add_request(request_id, prompt, params, adapter_id=adapter_id)
+            requests = self.engine.admit(request_ids, prompts, params, adapter_id=adapter_id)
         except Exception:
-            self.sink.close(request_id)
+            for request_id in request_ids:
+                self.sink.close(request_id)
             raise
         self._wake.set()
-        return self._drain(request, queue)
+        return [self._drain(r, q) for r, q in zip(requests, queues, strict=True)]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Abort requests (those done are left alone) and drop their output streams."""
+        for request_id in request_ids:
+            self.engine.abort(request_id)
+            self.sink.close(request_id)
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                self.engine.config.prepare_threads, thread_name_prefix="prepare"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def _drain(
         self, request: Request, queue: asyncio.Queue[StepOutput]
@@ -132,9 +190,9 @@ class AsyncEngine:
     async def _run(self) -> None:
         try:
             await self._loop()
-        except Exception as e:  # a bug, not a bad request: end every stream, then stop
+        except Exception:  # a bug, not a bad request: end every stream, then stop
             log.exception("engine loop crashed")
-            self.sink.fail_all(f"engine loop crashed: {type(e).__name__}: {e}")
+            self.sink.fail_all(LOOP_CRASHED)
             raise
 
     async def _loop(self) -> None:
@@ -150,3 +208,29 @@ class AsyncEngine:
             # generator -> response -> transport); one pass of the loop per hand-off.
             for _ in range(_FLUSH_PASSES):
                 await asyncio.sleep(0)
+
+
+class RequestGroup:
+    """The engine requests one caller queued, e.g. everything one HTTP request started.
+
+    ``close`` aborts every one of them still queued or running, at once (synchronously),
+    however the caller ended: an error after part of its work was queued, a client gone
+    before its stream was ever read (a generator never started cannot clean up after
+    itself), a cancellation. Closing twice is harmless.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._request_ids: list[str] = []
+
+    def admit(
+        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
+    ) -> list[AsyncIterator[StepOutput]]:
+        """``AsyncEngine.admit``, remembered for ``close``."""
+        streams = self._engine.admit(request_ids, prompts, params)
+        self._request_ids.extend(request_ids)
+        return streams
+
+    def close(self) -> None:
+        self._engine.abort(self._request_ids)
+        self._request_ids = []

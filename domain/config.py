@@ -25,14 +25,43 @@ class EngineConfig:
     # included), so a long prompt cannot stall every running stream for a whole prefill.
     max_num_batched_tokens: int = 512
     kv_cache_backend: str = "contiguous"
+    # Request limits (an InvalidParameterError naming the field beyond them, HTTP 400/422):
+    # a prompt's UTF-8 size (a chat: its messages' text), prompts in one request, entries
+    # of ``stop`` and of ``stop_token_ids``, and the stop strings' total UTF-8 size.
+    max_prompt_bytes: int = 1 << 20
+    max_prompts_per_request: int = 64
+    max_stop_strings: int = 64
+    max_stop_bytes: int = 4096
+    # Threads tokenizing prompts and rendering chats off the event loop (at most this many
+    # requests are prepared at once; others wait their turn, without blocking the loop).
+    prepare_threads: int = 2
+    # Special-token text inside chat message content is parsed as control tokens (the old
+    # behaviour: only for trusted callers; by default it is plain text).
+    trust_chat_special_tokens: bool = False
+
+    @property
+    def capacity(self) -> int:
+        """Requests the engine holds at most: running plus waiting."""
+        return self.max_batch_size + self.max_waiting_requests
 
     def __post_init__(self) -> None:
         _one_of("batching_mode", self.batching_mode, BATCHING_MODES)
         _one_of("scheduler_policy", self.scheduler_policy, SCHEDULER_POLICIES)
         _one_of("kv_cache_backend", self.kv_cache_backend, KV_CACHE_BACKENDS)
-        for name in ("max_seq_len", "max_batch_size", "max_waiting_requests"):
+        positive = (
+            "max_seq_len",
+            "max_batch_size",
+            "max_waiting_requests",
+            "max_prompt_bytes",
+            "max_prompts_per_request",
+            "prepare_threads",
+        )
+        for name in positive:
             if getattr(self, name) < 1:
                 raise InvalidParameterError(name, "must be >= 1")
+        for name in ("max_stop_strings", "max_stop_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidParameterError(name, "must be >= 0")
         if self.batch_wait_timeout_s < 0:
             raise InvalidParameterError("batch_wait_timeout_s", "must be >= 0")
         if self.max_num_batched_tokens < self.max_batch_size:

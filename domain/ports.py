@@ -29,7 +29,13 @@ class Tokenizer(Protocol):
     @property
     def has_chat_template(self) -> bool: ...
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, parse_special_tokens: bool = True
+    ) -> list[int]:
+        """Token ids of ``text``. ``add_special_tokens``: what the tokenizer adds around a
+        sequence (BOS). ``parse_special_tokens``: special-token text (``<|im_start|>``) in
+        ``text`` becomes the special token; False: it is plain text like any other."""
+        ...
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``; a character whose bytes are incomplete decodes to U+FFFD."""
@@ -41,11 +47,15 @@ class Tokenizer(Protocol):
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        trust_special_tokens: bool = False,
     ) -> list[int]:
         """Prompt ids of a conversation; ``InvalidParameterError`` if the model has no template.
 
         ``add_generation_prompt`` appends the opener of the assistant's turn. ``tools`` are
         OpenAI-style function definitions; a template without a tools section ignores them.
+        Special tokens come from the template only: special-token text inside the messages
+        is plain text (tokenized as ``encode(..., parse_special_tokens=False)`` would), so a
+        message cannot forge a turn; ``trust_special_tokens`` parses it as control tokens.
         """
         ...
 

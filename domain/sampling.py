@@ -46,9 +46,9 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
         _check(
-            self.seed is None or 0 <= self.seed < 2**63,
+            self.seed is None or -(2**63) <= self.seed < 2**63,
             "seed",
-            "must be a non-negative 63-bit integer",
+            "must be a 64-bit signed integer",
         )
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")

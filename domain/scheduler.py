@@ -61,6 +61,10 @@ class RunnerOutput:
 
 
 class Scheduler(Protocol):
+    def room(self) -> int:
+        """Requests that can be added now: capacity (running + waiting) minus those held."""
+        ...
+
     def add_request(self, request: Request) -> bool: ...
     def schedule(self) -> SchedulerOutput: ...
     def update_from_output(
@@ -71,16 +75,28 @@ class Scheduler(Protocol):
 
 
 class _QueueingScheduler:
-    """What every policy shares: a bounded FCFS waiting queue and output application."""
+    """What every policy shares: a bounded FCFS waiting queue and output application.
+
+    The bound is the engine's capacity, ``max_batch_size`` running plus
+    ``max_waiting_requests`` waiting: a request may wait while a running slot is free
+    (until the next step admits it), so a burst fills the free slots as well.
+    """
 
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int]) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Request] = deque()
 
+    def room(self) -> int:
+        return self.config.capacity - len(self.waiting) - self._num_live()
+
+    def _num_live(self) -> int:
+        """Requests admitted to the batch and not done."""
+        raise NotImplementedError
+
     def add_request(self, request: Request) -> bool:
-        """Queue ``request``; False when the waiting queue is full (the caller answers 503)."""
-        if len(self.waiting) >= self.config.max_waiting_requests:
+        """Queue ``request``; False when the engine is full (the caller answers 503)."""
+        if self.room() < 1:
             return False
         self.waiting.append(request)
         return True
@@ -158,6 +174,9 @@ class StaticScheduler(_QueueingScheduler):
             self.active.append(request)
         return [ScheduledChunk(r, 0, r.num_prompt_tokens) for r in self.active]
 
+    def _num_live(self) -> int:
+        return sum(not r.is_done for r in self.active)
+
     def abort(self, request_id: str) -> Request | None:
         """Drop a waiting request, or finish an active one (its row idles until the batch ends)."""
         request = self._remove_waiting(request_id)
@@ -206,6 +225,9 @@ class ContinuousScheduler(_QueueingScheduler):
             chunks.append(chunk)
             budget -= chunk.num_tokens
         return SchedulerOutput(chunks, released)
+
+    def _num_live(self) -> int:
+        return sum(not r.is_done for r in self.running)
 
     def abort(self, request_id: str) -> Request | None:
         """Drop a waiting request, or finish a running one: its slot is released next step."""

@@ -42,10 +42,17 @@ class StopStringMatcher:
         return min(found)[1] if found else None
 
     def _partial_stop_length(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-        longest = max((len(s) - 1 for s in self._stop), default=0)
-        for length in range(min(longest, len(text)), 0, -1):
-            suffix = text[-length:]
-            if any(s.startswith(suffix) for s in self._stop):
-                return length
-        return 0
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string.
+
+        Only positions holding a stop string's first character are tried, so a step costs
+        about one scan of the held text per stop string (not one per suffix length)."""
+        longest = 0
+        for stop in self._stop:
+            # Suffixes shorter than the stop string and longer than the best so far.
+            i = text.find(stop[0], max(len(text) - len(stop) + 1, 0), len(text) - longest)
+            while i != -1:
+                if stop.startswith(text[i:]):  # the earliest start is the longest suffix
+                    longest = len(text) - i
+                    break
+                i = text.find(stop[0], i + 1, len(text) - longest)
+        return longest

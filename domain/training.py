@@ -5,11 +5,12 @@ with a shape, so adapters convert to numpy or torch without copying (buffer prot
 and the domain stays free of both.
 """
 
+import math
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from domain.errors import InferError
 
@@ -67,10 +68,44 @@ class SessionClosedError(TrainingError):
     """The session finished or expired; its pending work was cancelled."""
 
 
+class RetryLaterError(TrainingError):
+    """A per-run queue is full for now (HTTP 429, which the SDK retries): the request is
+    fine and is accepted once earlier requests of the run have run."""
+
+
 class BackendFailure(TrainingError):
     """The training backend failed on valid input (a server-side error)."""
 
     category = "server"
+
+
+# --- limits -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TinkerLimits:
+    """What one API key may ask of the fine-tuning API (each an ``infer serve`` flag).
+
+    ``max_pending_*`` bound the requests of one run that wait for their turn (behind the
+    one running or behind a ``seq_id`` gap) and their estimated payload (4 bytes per token
+    plus tensor bytes, as the SDK estimates it); ``max_seq_ahead`` how far beyond the next
+    expected ``seq_id`` a request may be numbered; ``max_sample_requests`` how many Tinker
+    sampling requests are in the serving engine at once (the rest wait their turn, tenants
+    taking turns), so OpenAI traffic keeps the engine's waiting queue.
+    """
+
+    max_runs_per_key: int = 8
+    max_lora_rank: int = 128
+    max_tokens_per_request: int = 131072
+    max_pending_requests: int = 128
+    max_pending_bytes: int = 256 << 20
+    max_seq_ahead: int = 1024
+    max_sample_requests: int = 8
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            if getattr(self, name) < 1:
+                raise ValueError(f"TinkerLimits.{name} must be at least 1")
 
 
 # --- values -----------------------------------------------------------------------------
@@ -219,6 +254,9 @@ class CheckpointRecord:
     user_metadata: dict[str, str] = field(default_factory=dict)
     expires_at: float | None = None
     public: bool = False
+    # Which save this is: a new value each time a checkpoint is written (an overwrite or
+    # a delete and save again under the name), so links signed for one never serve another.
+    version: str = ""
 
     @property
     def checkpoint_id(self) -> str:
@@ -293,7 +331,8 @@ def loss_config(loss_fn: str, given: Mapping[str, float] | None) -> dict[str, fl
 
 
 def check_data(data: Sequence[Datum], loss_fn: str) -> None:
-    """Each datum has tokens and the loss's inputs, one value per input position."""
+    """Each datum has tokens and the loss's inputs, one value per input position; target
+    tokens are integers, every other input a finite float."""
     if loss_fn not in LOSS_INPUTS:
         raise InvalidTrainingRequest(
             f"loss_fn {loss_fn!r} is not supported (supported: {', '.join(LOSS_FNS)})"
@@ -310,11 +349,56 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> None:
                 if key == "weights":
                     continue  # cross_entropy weights default to 1
                 raise InvalidTrainingRequest(f"data[{i}].loss_fn_inputs: {loss_fn} needs {key!r}")
+            where = f"data[{i}].loss_fn_inputs[{key!r}]"
             if len(value.data) != length:
                 raise InvalidTrainingRequest(
-                    f"data[{i}].loss_fn_inputs[{key!r}] has {len(value.data)} values for "
+                    f"{where} has {len(value.data)} values for "
                     f"{length} input tokens (one per input position)"
                 )
+            if key == "target_tokens":
+                if value.dtype != "int64":
+                    raise InvalidTrainingRequest(f"{where}: token ids must be int64")
+            elif not all(map(math.isfinite, value.data)):
+                raise InvalidTrainingRequest(f"{where}: values must be finite float32 numbers")
+
+
+# AdamW on a LoRA adapter: the step of each weight is about ``learning_rate``; beyond these
+# bounds the adapter's weights overflow (a user error, reported as one).
+MAX_LEARNING_RATE = 1.0
+MAX_WEIGHT_DECAY = 1.0
+
+
+def check_adam(p: AdamParams) -> None:
+    """Every AdamW parameter finite and in range (``InvalidTrainingRequest`` names it)."""
+    checks = [
+        (
+            "learning_rate",
+            0 <= p.learning_rate <= MAX_LEARNING_RATE,
+            f"in [0, {MAX_LEARNING_RATE}]",
+        ),
+        ("beta1", 0 <= p.beta1 < 1, "in [0, 1)"),
+        ("beta2", 0 <= p.beta2 < 1, "in [0, 1)"),
+        ("eps", 0 <= p.eps < math.inf, "finite and >= 0"),
+        ("weight_decay", 0 <= p.weight_decay <= MAX_WEIGHT_DECAY, f"in [0, {MAX_WEIGHT_DECAY}]"),
+        ("grad_clip_norm", 0 <= p.grad_clip_norm < math.inf, "finite and >= 0 (0: off)"),
+    ]
+    for name, ok, why in checks:  # NaN fails every comparison
+        if not ok:
+            raise InvalidTrainingRequest(
+                f"adam_params.{name} must be {why}, got {getattr(p, name)}"
+            )
+
+
+def data_tokens(data: Sequence[Datum]) -> int:
+    return sum(len(d.tokens) for d in data)
+
+
+def data_bytes(data: Sequence[Datum]) -> int:
+    """The payload estimate the SDK uses: 4 bytes per token plus each tensor's bytes."""
+    return sum(
+        4 * len(d.tokens) + sum(v.data.itemsize * len(v.data) for v in d.loss_fn_inputs.values())
+        for d in data
+    )
 
 
 def check_checkpoint_name(name: str) -> str:
@@ -329,13 +413,33 @@ def check_checkpoint_name(name: str) -> str:
 
 # --- ports ------------------------------------------------------------------------------
 
+T = TypeVar("T")
+# Work in pieces: each ``next()`` runs one piece; the value comes with StopIteration.
+Steps = Generator[None, None, T]
+
+
+def run_steps(steps: "Steps[T]") -> T:
+    """Run every piece of ``steps`` now; its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def one_step(fn: Callable[[], T]) -> "Steps[T]":
+    """``fn()`` as work of a single piece."""
+    yield from ()
+    return fn()
+
 
 class TrainingBackend(Protocol):
     """Holds trainable adapters by model id and runs their training steps.
 
     Calls for one model arrive one at a time in ``seq_id`` order (the TrainingController
     guarantees it), from a worker thread. Implementations: the numpy ToyBackend and the
-    LoRA backend on our torch models.
+    LoRA backend on our torch models. A forward/backward can run in pieces
+    (:meth:`forward_backward_steps`) so that other models' work takes turns with a long one.
     """
 
     @property
@@ -358,6 +462,19 @@ class TrainingBackend(Protocol):
         gradients to the adapter's accumulated gradients."""
         ...
 
+    def forward_backward_steps(
+        self,
+        model_id: str,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float],
+        *,
+        backward: bool,
+    ) -> Steps[ForwardBackwardResult]:
+        """:meth:`forward_backward` in pieces (micro-batches): between two pieces the caller
+        may run other models' calls (never this model's), from any one thread at a time."""
+        ...
+
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         """One AdamW step on the accumulated gradients, which it then clears."""
         ...
@@ -373,7 +490,8 @@ class TrainingBackend(Protocol):
         ...
 
     def release(self, model_id: str) -> None:
-        """Forget the model (free its memory). Unknown ids are ignored."""
+        """Forget the model and give its memory back (adapter, gradients, optimizer
+        state). Unknown ids are ignored."""
         ...
 
 
@@ -390,9 +508,11 @@ class SamplingBackend(Protocol):
         prompt_logprobs: bool,
         topk_prompt: int = 0,
         topk_sample: int = 0,
+        tenant: str = "",
     ) -> SampleResult:
         """``topk_prompt`` / ``topk_sample``: also the top-k alternatives at each prompt
-        position / each sampled token (0: none)."""
+        position / each sampled token (0: none). ``tenant``: who asks (an API key's owner
+        id), so backends that share capacity can let tenants take turns."""
         ...
 
 
@@ -400,7 +520,8 @@ class CheckpointStorage(Protocol):
     """Durable runs and checkpoints (a folder per checkpoint), surviving restarts.
 
     Checkpoints are written into a scratch folder from :meth:`scratch` and published by
-    :meth:`commit` in one atomic step, so a crash never leaves half a checkpoint listed.
+    :meth:`commit` in one atomic step, so a crash never leaves half a checkpoint listed,
+    and an overwrite never leaves neither the old nor the new one listed.
     """
 
     def load_all(self) -> tuple[list[RunRecord], list[CheckpointRecord]]: ...
@@ -423,4 +544,9 @@ class CheckpointStorage(Protocol):
 
     def update(self, record: CheckpointRecord) -> None:
         """Rewrite a checkpoint's metadata (ttl, public)."""
+        ...
+
+    def secret(self) -> bytes:
+        """A random key kept with the checkpoints (created once, readable by the owner
+        only), for signing download links that stay valid across restarts."""
         ...

@@ -11,6 +11,9 @@ from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.container import DTYPES, create_container
+from entrypoints.request_flags import add_request_limit_args, request_limits
+from entrypoints.server import add_connection_args, connection_limits, run_server
+from entrypoints.tinker_flags import add_tinker_limit_args, tinker_limits
 
 # vLLM's dtype names; `auto` is bfloat16, the dtype every supported model ships in.
 DTYPE_ALIASES = {"auto": "bfloat16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
@@ -76,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    add_request_limit_args(serve)
+    add_connection_args(serve)
     tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
     tinker.add_argument(
         "--no-tinker", dest="tinker", action="store_false", help="do not serve the Tinker API"
@@ -99,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         help="another name to advertise the model under (repeatable; the embedded SmolLM2 "
         "defaults to Qwen/Qwen3-4B-Instruct-2507, whose tinker-cookbook renderer is ChatML)",
     )
+    add_tinker_limit_args(tinker)
     serve.set_defaults(func=_serve)
     return parser
 
@@ -185,8 +191,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    limits = connection_limits(args)  # checked before the model loads
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise InvalidParameterError(
@@ -204,6 +209,7 @@ def _serve(args: argparse.Namespace) -> int:
         batching_mode=args.batching_mode,
         batch_wait_timeout_s=args.batch_wait_timeout,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        **request_limits(args),
     )
     container = create_container(
         args.model,
@@ -216,6 +222,7 @@ def _serve(args: argparse.Namespace) -> int:
         tinker_aliases=args.tinker_alias,
         tinker_api_keys=_api_keys(args.tinker_api_key),
         checkpoint_dir=args.checkpoint_dir,
+        tinker_limits=tinker_limits(args, config.max_batch_size),
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
@@ -226,7 +233,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tinker:
         names = ", ".join(container.served_names())
         print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    run_server(app, args.host, args.port, limits)
     return 0
 
 

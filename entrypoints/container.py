@@ -26,6 +26,7 @@ from application.engine import Engine
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from domain.ports import Tokenizer
+from domain.training import TinkerLimits
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -94,12 +95,20 @@ def build_tinker(
     lora: LoraServing | None,
     names: list[str],
     checkpoint_dir: str | None,
+    limits: TinkerLimits | None = None,
 ) -> TinkerService | None:
     if not enabled or lora is None:
         return None
-    sampler = EngineSampler(engine, lora, names, live_state=backend.peft_state)
+    limits = limits or TinkerLimits()
+    sampler = EngineSampler(
+        engine,
+        lora,
+        names,
+        live_state=backend.peft_state,
+        max_in_engine=limits.max_sample_requests,
+    )
     storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
-    return TinkerService(backend, sampler, storage)
+    return TinkerService(backend, sampler, storage, limits=limits)
 
 
 class Container(containers.DeclarativeContainer):
@@ -139,6 +148,7 @@ class Container(containers.DeclarativeContainer):
         lora_serving,
         served_names,
         config.checkpoint_dir,
+        config.tinker_limits,
     )
     http_app = providers.Singleton(
         lambda engine, names, tinker, keys: create_app(
@@ -164,6 +174,7 @@ def create_container(
     tinker_aliases: list[str] | None = None,
     tinker_api_keys: frozenset[str] | None = None,
     checkpoint_dir: str | None = None,
+    tinker_limits: TinkerLimits | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -183,6 +194,7 @@ def create_container(
             "tinker_aliases": tinker_aliases,
             "tinker_api_keys": tinker_api_keys,
             "checkpoint_dir": checkpoint_dir,
+            "tinker_limits": tinker_limits,
         }
     )
     if engine is not None:

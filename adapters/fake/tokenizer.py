@@ -1,5 +1,6 @@
 """A deterministic byte-level tokenizer: fast tests, and dummy-weight models of any vocab size."""
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -9,6 +10,7 @@ PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 BYTE_OFFSET = len(SPECIAL_TOKENS)
 VOCAB_SIZE = BYTE_OFFSET + 256
+_SPECIAL_TEXT = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
 
 
 class ByteTokenizer:
@@ -16,8 +18,10 @@ class ByteTokenizer:
 
     Like a real byte-level tokenizer, decoding part of a multi-byte character gives U+FFFD. Ids
     outside the vocabulary decode to nothing, so a model with a larger vocabulary can sample any
-    id. The chat template is ChatML-like: ``<|role|>\\ncontent<eos>\\n`` per turn, ending turns
-    with the eos token as ChatML's ``<|im_end|>`` does.
+    id. Like a real tokenizer, ``encode`` parses special-token text (``<eos>``) into the special
+    token unless told not to. The chat template is ChatML-like: ``<|role|>\\ncontent<eos>\\n``
+    per turn, ending turns with the eos token as ChatML's ``<|im_end|>`` does; message content
+    is plain text unless ``trust_special_tokens``.
     """
 
     @property
@@ -32,9 +36,16 @@ class ByteTokenizer:
     def has_chat_template(self) -> bool:
         return True
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        prefix = [BOS_ID] if add_special_tokens else []
-        return prefix + [byte + BYTE_OFFSET for byte in text.encode()]
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, parse_special_tokens: bool = True
+    ) -> list[int]:
+        ids = [BOS_ID] if add_special_tokens else []
+        start = 0
+        for match in _SPECIAL_TEXT.finditer(text) if parse_special_tokens else ():
+            ids += _bytes(text[start : match.start()])
+            ids.append(SPECIAL_TOKENS.index(match.group()))
+            start = match.end()
+        return ids + _bytes(text[start:])
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         data = bytearray()
@@ -51,17 +62,26 @@ class ByteTokenizer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        trust_special_tokens: bool = False,
     ) -> list[int]:
+        def turn(role: str, content: str) -> list[int]:
+            text = self.encode(
+                f"<|{role}|>\n{content}",
+                add_special_tokens=False,
+                parse_special_tokens=trust_special_tokens,
+            )
+            return [*text, EOS_ID, *_bytes("\n")]
+
         ids = [BOS_ID]
         if tools:
-            ids += self._turn("tools", ", ".join(tool["function"]["name"] for tool in tools))
+            ids += turn("tools", ", ".join(tool["function"]["name"] for tool in tools))
         for message in messages:
             # An assistant turn that only calls tools has no content.
-            ids += self._turn(message["role"], message.get("content") or "")
+            ids += turn(message["role"], message.get("content") or "")
         if add_generation_prompt:
-            ids += self.encode("<|assistant|>\n", add_special_tokens=False)
+            ids += _bytes("<|assistant|>\n")
         return ids
 
-    def _turn(self, role: str, content: str) -> list[int]:
-        text_ids = self.encode(f"<|{role}|>\n{content}", add_special_tokens=False)
-        return [*text_ids, EOS_ID, *self.encode("\n", add_special_tokens=False)]
+
+def _bytes(text: str) -> list[int]:
+    return [byte + BYTE_OFFSET for byte in text.encode()]

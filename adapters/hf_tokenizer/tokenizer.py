@@ -4,9 +4,21 @@ The Rust ``tokenizers`` library does encoding and decoding (BOS/EOS come from th
 post-processor, as in transformers); the chat template is rendered with the same Jinja
 environment transformers uses. Not importing transformers keeps a model load well under
 a second for the tokenizer (transformers' AutoTokenizer takes ~2 s here).
+
+Encoding goes through ``encode_batch_fast``, which releases the GIL: a long prompt tokenized
+on a worker thread does not stall the event loop's thread (``encode`` holds the GIL).
+
+Special tokens in chat messages: the template is rendered from a copy of its source in
+which every special token it writes is replaced by a marker (a private-use string with a
+random nonce), the text is encoded by a twin tokenizer that reads special-token text as
+plain text and knows each marker as an added token with its special token's strip rules,
+and marker ids are mapped back. So only the template's own special tokens are control
+tokens; the same text in a message is tokenized as the literal characters it is.
 """
 
 import json
+import secrets
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +27,7 @@ from typing import Any
 from jinja2 import Template, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as RustTokenizer
 
 from domain.errors import InvalidParameterError, ModelLoadError
@@ -36,8 +49,11 @@ class HFTokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._eos_token_ids = eos_token_ids
+        self._template_source = chat_template
         self._template = _compile(chat_template) if chat_template else None
         self._special_tokens = dict(special_tokens)
+        self._twin: _PlainTextTwin | None = None  # built on first use (a second or so)
+        self._twin_lock = threading.Lock()
 
     @classmethod
     def from_folder(cls, path: Path) -> "HFTokenizer":
@@ -70,8 +86,15 @@ class HFTokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, parse_special_tokens: bool = True
+    ) -> list[int]:
+        if not parse_special_tokens:
+            return self._plain_text_twin().encode(text, add_special_tokens=add_special_tokens)
+        [encoding] = self._tokenizer.encode_batch_fast(
+            [text], add_special_tokens=add_special_tokens
+        )
+        return list(encoding.ids)
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -82,6 +105,7 @@ class HFTokenizer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        trust_special_tokens: bool = False,
     ) -> list[int]:
         if self._template is None:
             raise InvalidParameterError(
@@ -89,17 +113,89 @@ class HFTokenizer:
                 "this model has no chat template (a base model?): give it a plain-text "
                 "completion prompt instead",
             )
+        if trust_special_tokens:
+            template, special_tokens = self._template, self._special_tokens
+        else:
+            twin = self._plain_text_twin()
+            template, special_tokens = twin.template, twin.special_tokens
         try:
-            text = self._template.render(
+            text = template.render(
                 messages=[dict(m) for m in messages],
                 tools=[dict(t) for t in tools] if tools else None,
                 add_generation_prompt=add_generation_prompt,
-                **self._special_tokens,
+                **special_tokens,
             )
         except TemplateError as exc:  # the template rejects the conversation (raise_exception)
             raise InvalidParameterError("messages", str(exc)) from exc
         # The template writes the special tokens (bos included) itself.
-        return self.encode(text, add_special_tokens=False)
+        if trust_special_tokens:
+            return self.encode(text, add_special_tokens=False)
+        return self._plain_text_twin().encode_marked(text)
+
+    def _plain_text_twin(self) -> "_PlainTextTwin":
+        with self._twin_lock:
+            if self._twin is None:
+                self._twin = _PlainTextTwin(
+                    self._tokenizer, self._template_source or "", self._special_tokens
+                )
+            return self._twin
+
+
+class _PlainTextTwin:
+    """A copy of the tokenizer that reads special-token text as plain text, and the chat
+    template with a marker in place of each special token it writes (see the module doc)."""
+
+    def __init__(
+        self, tokenizer: RustTokenizer, template: str, special_tokens: Mapping[str, str]
+    ) -> None:
+        self._tokenizer = RustTokenizer.from_str(tokenizer.to_str())
+        self._tokenizer.encode_special_tokens = True
+        written = "".join([template, *special_tokens.values()])
+        specials = {
+            token.content: (token_id, token)
+            for token_id, token in tokenizer.get_added_tokens_decoder().items()
+            if token.special and token.content in written
+        }
+        nonce = secrets.token_hex(16)  # a message cannot contain a marker it cannot guess
+        markers = {content: f"\ue000{nonce}.{n}\ue001" for n, content in enumerate(specials)}
+        self._tokenizer.add_tokens(
+            [
+                AddedToken(
+                    markers[content],
+                    single_word=token.single_word,
+                    lstrip=token.lstrip,
+                    rstrip=token.rstrip,
+                    normalized=False,
+                    special=False,
+                )
+                for content, (_, token) in specials.items()
+            ]
+        )
+        self._special_ids = {
+            self._tokenizer.token_to_id(markers[content]): token_id
+            for content, (token_id, _) in specials.items()
+        }
+        self.template = _compile(_marked(template, markers))
+        self.special_tokens = {k: _marked(v, markers) for k, v in special_tokens.items()}
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        [encoding] = self._tokenizer.encode_batch_fast(
+            [text], add_special_tokens=add_special_tokens
+        )
+        return list(encoding.ids)
+
+    def encode_marked(self, text: str) -> list[int]:
+        """Ids of a rendered template: markers become their special tokens' ids."""
+        special = self._special_ids
+        return [special.get(i, i) for i in self.encode(text, add_special_tokens=False)]
+
+
+def _marked(text: str, markers: Mapping[str, str]) -> str:
+    """``text`` with each special token replaced by its marker (the longest first, so one
+    that contains another is replaced whole)."""
+    for content in sorted(markers, key=len, reverse=True):
+        text = text.replace(content, markers[content])
+    return text
 
 
 def _compile(source: str) -> Template:

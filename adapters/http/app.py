@@ -16,13 +16,21 @@ from litestar.exceptions import HTTPException
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from adapters.http.errors import HTTPError, error_response, framework_error_response
+from adapters.http.errors import (
+    HTTPError,
+    check_content_type,
+    error_param,
+    error_response,
+    framework_error_response,
+    generate_error,
+)
 from adapters.http.openai_routes import openai_routes
+from adapters.http.ownership import owning_middleware, request_group
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent, Usage
 from adapters.http.tinker_routes import tinker_router
 from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
-from domain.errors import EmptyPromptError, InvalidParameterError, QueueFullError
+from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 
@@ -53,6 +61,7 @@ def create_app(
 
     @post("/v1/generate", status_code=200)
     async def generate(request: Request) -> ServerSentEvent:
+        check_content_type(request)
         body = _parse(await request.body())
         if body.model != model_name:
             raise HTTPError(
@@ -63,13 +72,16 @@ def create_app(
             )
         params = _sampling_params(body)
         try:
-            outputs = await engine.stream(f"gen-{uuid.uuid4().hex}", body.prompt, params)
-        except EmptyPromptError as e:
-            raise HTTPError(400, str(e), "invalid_request_error", "prompt") from e
-        except InvalidParameterError as e:
-            raise HTTPError(422, str(e), "invalid_request_error", e.param) from e
-        except QueueFullError as e:
-            raise HTTPError(503, str(e), "overloaded_error") from e
+            if isinstance(body.prompt, str):  # cheap checks first: a full engine is a 503 now
+                engine.engine.check_prompt_size([body.prompt])
+            engine.engine.check_params(params)
+            engine.engine.check_room(1)
+            prompt_ids = await engine.prepare(body.prompt, params)
+            [outputs] = request_group(request).admit(
+                [f"gen-{uuid.uuid4().hex}"], [prompt_ids], params
+            )
+        except Exception as e:
+            raise generate_error(e) from e
         return ServerSentEvent(_events(outputs))
 
     @get("/health")
@@ -85,6 +97,7 @@ def create_app(
     return Litestar(
         route_handlers=[generate, health, *openai_routes(engine, model_name), *routers],
         lifespan=[lifespan],
+        middleware=[owning_middleware(engine)],
         exception_handlers={
             HTTPError: error_response,
             HTTPException: framework_error_response,
@@ -98,9 +111,13 @@ def _parse(raw: bytes) -> GenerateRequest:
         return _decoder.decode(raw)
     except msgspec.ValidationError as e:
         status = 422 if "unknown field" in str(e) else 400
-        raise HTTPError(status, str(e), "invalid_request_error") from e
+        raise HTTPError(status, str(e), "invalid_request_error", error_param(str(e))) from e
     except msgspec.DecodeError as e:
         raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
+    except UnicodeDecodeError as e:  # a string's bytes are not UTF-8
+        raise HTTPError(400, "malformed JSON: invalid UTF-8", "invalid_request_error") from e
+    except RecursionError as e:  # msgspec's guard against deeply nested input
+        raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
 
 def _sampling_params(body: GenerateRequest) -> SamplingParams:

@@ -12,7 +12,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from adapters.http.errors import HTTPError
+from adapters.http.errors import HTTPError, check_content_type, error_param, openai_error
 from adapters.http.openai_schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -28,8 +28,9 @@ from adapters.http.openai_schemas import (
     ModelList,
     Usage,
 )
-from application.async_engine import AsyncEngine
-from domain.errors import InvalidParameterError, PromptTooLongError, QueueFullError
+from adapters.http.ownership import request_group
+from application.async_engine import AsyncEngine, RequestGroup
+from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 
@@ -51,19 +52,24 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
-        body = _decode(_completion_decoder, await request.body())
+        body = _decode(_completion_decoder, request, await request.body())
         _check(body.model, model_name)
         _check_stream_options(body)
         _refuse(
             ("best_of", body.best_of not in (None, 1)),
             ("echo", bool(body.echo)),
             ("suffix", body.suffix is not None),
+            # Completions' logprobs is a count (0 included: the chosen token's); unsupported.
+            ("logprobs", body.logprobs is not None),
             *_common_unsupported(body),
         )
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         params = _sampling(body, max_tokens, "max_tokens")
         prompts = _prompts(body.prompt)
-        streams = await _start(engine, "cmpl", prompts, params, "prompt")
+        texts = [p for p in prompts if isinstance(p, str)]
+        _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt")
+        prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
+        streams = _admit(request_group(request), "cmpl", prepared, params, "prompt")
         reply_id = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -76,18 +82,28 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
-        body = _decode(_chat_decoder, await request.body())
+        body = _decode(_chat_decoder, request, await request.body())
         _check(body.model, model_name)
         _check_stream_options(body)
-        _refuse(*_chat_unsupported(body), *_common_unsupported(body))
-        prompt = _render(engine, body.messages)
+        _check_tools(body)
+        _refuse(
+            *_chat_unsupported(body),
+            ("logprobs", body.logprobs not in (None, False)),
+            *_common_unsupported(body),
+        )
+        messages = _messages(body.messages)
+        # The limits that do not depend on max_tokens, before the template runs.
+        checked = _sampling(body, 1, "max_tokens")
+        _precheck(engine, checked, [[m["content"] for m in messages]], 1, "messages")
+        prompt = await _render(engine, messages)
         if body.max_completion_tokens is not None:
             params = _sampling(body, body.max_completion_tokens, "max_completion_tokens")
         elif body.max_tokens is not None:
             params = _sampling(body, body.max_tokens, "max_tokens")
         else:  # as much as the context leaves (at least one token: a full context is a 400)
             params = _sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
-        [stream] = await _start(engine, "chatcmpl", [prompt], params, "messages")
+        prepared = await _prepare(engine, prompt, params, "messages")
+        [stream] = _admit(request_group(request), "chatcmpl", [prepared], params, "messages")
         reply_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -103,7 +119,8 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
     return [models, completions, chat_completions]
 
 
-def _decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
+def _decode(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) -> T:
+    check_content_type(request)
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError as e:
@@ -116,9 +133,11 @@ def _decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
                 "invalid_request_error",
                 field,
             ) from e
-        raise HTTPError(400, message, "invalid_request_error") from e
+        raise HTTPError(400, message, "invalid_request_error", error_param(message)) from e
     except msgspec.DecodeError as e:
         raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
+    except UnicodeDecodeError as e:  # a string's bytes are not UTF-8
+        raise HTTPError(400, "malformed JSON: invalid UTF-8", "invalid_request_error") from e
     except RecursionError as e:  # msgspec's guard against deeply nested input
         raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
@@ -157,8 +176,28 @@ def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list
     return [
         ("n", body.n not in (None, 1)),
         ("logit_bias", bool(body.logit_bias)),
-        ("logprobs", body.logprobs not in (None, False)),
     ]
+
+
+def _check_tools(body: ChatCompletionRequest) -> None:
+    """OpenAI's answers: an empty ``tools`` (or ``functions``) list is too short, and the
+    tool options need tools."""
+    for name, tools in (("tools", body.tools), ("functions", body.functions)):
+        if tools == []:
+            raise HTTPError(400, f"[] is too short - '{name}'", "invalid_request_error", name)
+    if body.tools is not None:
+        return
+    for name, option in (
+        ("tool_choice", body.tool_choice),
+        ("parallel_tool_calls", body.parallel_tool_calls),
+    ):
+        if option is not None:
+            raise HTTPError(
+                400,
+                f"Invalid value for '{name}': '{name}' is only allowed when 'tools' are specified.",
+                "invalid_request_error",
+                name,
+            )
 
 
 def _chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
@@ -169,7 +208,7 @@ def _chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
         ("functions", bool(body.functions)),
         ("function_call", body.function_call is not None),
         ("response_format", not text_format),
-        ("top_logprobs", bool(body.top_logprobs)),
+        ("top_logprobs", body.top_logprobs is not None),
         ("audio", body.audio is not None),
         ("modalities", body.modalities not in (None, ["text"])),
         ("prediction", body.prediction is not None),
@@ -233,7 +272,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 NEEDS_CONTENT = ("system", "developer", "user", "tool", "function")  # assistant: tool calls
 
 
-def _render(engine: AsyncEngine, messages: list[dict[str, Any]]) -> list[int]:
+def _messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages, checked, with text content (parts joined)."""
     if not messages:
         raise HTTPError(400, "messages must not be empty", "invalid_request_error", "messages")
     for i, message in enumerate(messages):
@@ -252,9 +292,12 @@ def _render(engine: AsyncEngine, messages: list[dict[str, Any]]) -> list[int]:
                 "invalid_request_error",
                 f"messages[{i}].content",
             )
-    plain = [{**m, "content": _text_content(m.get("content"))} for m in messages]
+    return [{**m, "content": _text_content(m.get("content"))} for m in messages]
+
+
+async def _render(engine: AsyncEngine, messages: list[dict[str, Any]]) -> list[int]:
     try:
-        return engine.render_chat(plain)
+        return await engine.render_chat(messages)
     except InvalidParameterError as e:
         raise HTTPError(400, str(e), "invalid_request_error", "messages") from e
 
@@ -271,36 +314,49 @@ def _text_content(content: Any) -> str:
     )
 
 
-async def _start(
+def _precheck(
     engine: AsyncEngine,
-    prefix: str,
-    prompts: Sequence[Prompt],
     params: SamplingParams,
-    prompt_field: str,
-) -> list[AsyncIterator[StepOutput]]:
-    """Queue every prompt; if one is refused, the ones already queued are aborted (errors
-    about the prompt name ``prompt_field``)."""
-    streams: list[AsyncIterator[StepOutput]] = []
+    prompts: Sequence[Sequence[str]],
+    count: int,
+    field: str,
+) -> None:
+    """What is cheap to check before any tokenizing: the stop-string limits, each prompt's
+    size (a prompt is a list of texts: a chat's messages), and room for ``count`` requests
+    (a full engine answers 503 at once)."""
     try:
-        for prompt in prompts:
-            streams.append(await engine.stream(f"{prefix}-{uuid.uuid4().hex}", prompt, params))
+        engine.engine.check_params(params)
+        for texts in prompts:
+            engine.engine.check_prompt_size(texts, field)
+        engine.engine.check_room(count)
     except Exception as e:
-        for stream in streams:
-            await stream.aclose()  # type: ignore[attr-defined]
-        raise _as_http(e, prompt_field) from e
-    return streams
+        raise openai_error(e, field) from e
 
 
-def _as_http(e: Exception, prompt_field: str) -> Exception:
-    if isinstance(e, PromptTooLongError):  # OpenAI's code for it; chat names `messages`
-        return HTTPError(
-            400, str(e), "invalid_request_error", prompt_field, "context_length_exceeded"
-        )
-    if isinstance(e, InvalidParameterError):
-        return HTTPError(400, str(e), "invalid_request_error", e.param)
-    if isinstance(e, QueueFullError):
-        return HTTPError(503, str(e), "server_error", code="overloaded")
-    return e
+async def _prepare(
+    engine: AsyncEngine, prompt: Prompt, params: SamplingParams, field: str
+) -> list[int]:
+    """A prompt's token ids, validated, off the event loop (errors name ``field``)."""
+    try:
+        return await engine.prepare(prompt, params)
+    except Exception as e:
+        raise openai_error(e, field) from e
+
+
+def _admit(
+    group: RequestGroup,
+    prefix: str,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    field: str,
+) -> list[AsyncIterator[StepOutput]]:
+    """Queue every prepared prompt or none; the HTTP request's group owns them (its end,
+    however it comes, aborts those still running)."""
+    request_ids = [f"{prefix}-{uuid.uuid4().hex}" for _ in prompts]
+    try:
+        return group.admit(request_ids, prompts, params)
+    except Exception as e:
+        raise openai_error(e, field) from e
 
 
 class ClientDisconnected(HTTPError):

@@ -35,11 +35,11 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
     prompt: str | list[Any]  # a string, strings, token ids, or lists of token ids
+    logprobs: int | None = None  # how many alternatives (0: the chosen token's only)
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -47,6 +47,7 @@ class CompletionRequest(_Sampling, kw_only=True):
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
+    logprobs: bool | None = None
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None

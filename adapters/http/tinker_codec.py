@@ -176,7 +176,7 @@ class TtlIn(_In):
 
 
 class TensorIn(_In):
-    data: list[float]
+    data: list[int | float]
     dtype: str = "float32"
     shape: list[int] | None = None
 
@@ -208,6 +208,10 @@ def decode(body: bytes, schema: type[T]) -> T:
         raise InvalidTrainingRequest(f"invalid request body: {e}") from e
     except (msgspec.DecodeError, RecursionError) as e:
         raise InvalidTrainingRequest(f"request body is not valid JSON: {e}") from e
+    except UnicodeDecodeError as e:
+        raise InvalidTrainingRequest(
+            f"request body is not valid UTF-8 (byte {e.start} of a string)"
+        ) from e
 
 
 # --- to domain values ------------------------------------------------------------------
@@ -249,6 +253,10 @@ def prompt_tokens(model_input: ModelInputIn, what: str = "prompt") -> list[int]:
             isinstance(t, int) and not isinstance(t, bool) for t in ids
         ):
             raise InvalidTrainingRequest(f"{what}.chunks[{i}].tokens must be a list of ints")
+        if not all(0 <= t <= _INT32_MAX for t in ids):
+            raise InvalidTrainingRequest(
+                f"{what}.chunks[{i}].tokens: token ids must be in 0..{_INT32_MAX}"
+            )
         tokens.extend(ids)
     return tokens
 
@@ -289,6 +297,19 @@ def check_sample_features(body: SampleIn) -> None:
 
 
 _TYPECODE = {pb.DTYPE_FLOAT32: ("f", "f"), pb.DTYPE_INT64: ("q", "q"), pb.DTYPE_INT32: ("i", "q")}
+_INT32_MAX = 2**31 - 1
+_INT64 = (-(2**63), 2**63 - 1)
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _frombytes(typecode: str, raw: bytes, what: str) -> array:
+    values = array(typecode)
+    if len(raw) % values.itemsize:
+        raise InvalidTrainingRequest(
+            f"{what}: {len(raw)} bytes is not a whole number of {values.itemsize}-byte values"
+        )
+    values.frombytes(raw)
+    return values
 
 
 def forward_backward_proto(
@@ -313,7 +334,8 @@ def forward_backward_proto(
                 raise UnsupportedFeatureError(
                     f"data[{i}].model_input.chunks[{j}]: {kind!r} chunks are not supported"
                 )
-            tokens.frombytes(chunk.encoded_text.tokens)
+            where = f"data[{i}].model_input.chunks[{j}].tokens"
+            tokens.extend(_frombytes("i", chunk.encoded_text.tokens, where))
         inputs = {
             name: _tensor(t, f"data[{i}].loss_fn_inputs[{name!r}]")
             for name, t in d.loss_fn_inputs.items()
@@ -329,8 +351,7 @@ def _tensor(t: Any, what: str) -> TensorValue:
     codes = _TYPECODE.get(t.dtype)
     if codes is None:
         raise InvalidTrainingRequest(f"{what}: unsupported dtype {t.dtype}")
-    raw = array(codes[0])
-    raw.frombytes(t.dense)
+    raw = _frombytes(codes[0], t.dense, what)
     data = raw if codes[0] == codes[1] else array(codes[1], raw)
     shape = tuple(t.shape) or (len(data),)
     if math.prod(shape) != len(data):
@@ -341,14 +362,42 @@ def _tensor(t: Any, what: str) -> TensorValue:
 def forward_backward_json(body: ForwardBackwardIn) -> list[Datum]:
     data = []
     for i, d in enumerate(body.forward_backward_input.data):
-        tokens = prompt_tokens(d.model_input, f"data[{i}].model_input")
+        tokens = array("i", prompt_tokens(d.model_input, f"data[{i}].model_input"))
         inputs = {}
         for name, t in d.loss_fn_inputs.items():
-            code = "q" if t.dtype == "int64" else "f"
-            values = array(code, [int(v) for v in t.data] if code == "q" else t.data)
-            inputs[name] = TensorValue(values, tuple(t.shape or (len(values),)))
+            values = _json_values(t, f"data[{i}].loss_fn_inputs[{name!r}]")
+            shape = tuple(t.shape) if t.shape else (len(values),)
+            if any(n < 0 for n in shape) or math.prod(shape) != len(values):
+                raise InvalidTrainingRequest(
+                    f"data[{i}].loss_fn_inputs[{name!r}]: shape {list(shape)} holds "
+                    f"{len(values)} values"
+                )
+            inputs[name] = TensorValue(values, shape)
         data.append(Datum(tokens, inputs))
     return data
+
+
+def _json_values(t: TensorIn, what: str) -> array:
+    """A JSON tensor's values in its dtype: int64 data must be integers in range (1.7 is
+    refused, not truncated), float32 data finite once in float32 (1e39 is refused)."""
+    if t.dtype in ("int64", "int32"):
+        low, high = _INT64 if t.dtype == "int64" else (-(2**31), _INT32_MAX)
+        ints = []
+        for v in t.data:
+            if isinstance(v, float):
+                if not v.is_integer():
+                    raise InvalidTrainingRequest(f"{what}: {v!r} is not an integer ({t.dtype})")
+                v = int(v)
+            if not low <= v <= high:
+                raise InvalidTrainingRequest(f"{what}: {v} is out of range for {t.dtype}")
+            ints.append(v)
+        return array("q", ints)
+    if t.dtype != "float32":
+        raise InvalidTrainingRequest(f"{what}: dtype {t.dtype!r} (int64, int32 or float32)")
+    for v in t.data:
+        if not (math.isfinite(v) and abs(v) <= _FLOAT32_MAX):
+            raise InvalidTrainingRequest(f"{what}: {v!r} is not a finite float32")
+    return array("f", t.data)
 
 
 # --- results ----------------------------------------------------------------------------

@@ -3,14 +3,19 @@
 Thin: parse, check the key, call the application, encode. Keys arrive in ``X-API-Key``;
 every session, run, sampler and checkpoint belongs to the key that made it (another key
 gets 404). Errors are 4xx JSON ``{"detail": ..., "error": ..., "category": ...}`` — never
-408/409/429/5xx for a permanent error, which the SDK would retry for minutes. A failed
-future answers ``{"error", "category"}`` with 200, as the SDK expects.
+408/409/429/5xx for a permanent error, which the SDK would retry for minutes (429 only
+when a run's queue of waiting requests is full: retrying is then the right thing). A failed
+future answers ``{"error", "category"}`` with 200, as the SDK expects. Error bodies never
+carry exception text or the server's file paths.
+
+Checkpoint download links are signed with a key kept with the checkpoints (so they outlive
+a restart) over the checkpoint's version (so a link never serves another save under the
+same name).
 """
 
 import hashlib
 import hmac
 import io
-import secrets
 import tarfile
 import time
 from collections.abc import Mapping
@@ -32,6 +37,7 @@ from domain.training import (
     ForwardBackwardResult,
     InvalidTrainingRequest,
     NotFoundError,
+    RetryLaterError,
     RunRecord,
     SampleResult,
     SessionClosedError,
@@ -59,6 +65,8 @@ def _status(e: TrainingError) -> int:
         return 404
     if isinstance(e, SessionClosedError):
         return 410
+    if isinstance(e, RetryLaterError):
+        return 429
     return 400  # invalid, unsupported, sequence conflicts (and backend failures on input)
 
 
@@ -69,11 +77,14 @@ def tinker_error_response(_: Request[Any, Any, Any], exc: Exception) -> Response
         status, message, category = exc.status, exc.message, exc.category
     elif isinstance(exc, HTTPException):
         status, message, category = exc.status_code, str(exc.detail), "user"
-    else:
+    else:  # a bug: the details go to the log only
         log.exception("tinker_internal_error", exc_info=exc)
-        status, message, category = 500, f"internal error: {type(exc).__name__}: {exc}", "server"
+        status, message, category = 500, "internal error (logged)", "server"
     body = {"detail": message, "error": message, "category": category}
-    return Response(_json.encode(body), status_code=status, media_type="application/json")
+    headers = {"retry-after": "1"} if status == 429 else None
+    return Response(
+        _json.encode(body), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 def _ok(value: object) -> Response[bytes]:
@@ -91,8 +102,14 @@ def tinker_router(
     client_config: Mapping[str, object] | None = None,
 ) -> Router:
     """``api_keys``: the keys allowed; None accepts any ``tml-`` key (each its own owner).
-    ``client_config``: what ``/client/config`` tells the SDK (empty: its defaults)."""
-    url_secret = secrets.token_bytes(32)
+    ``client_config``: what ``/client/config`` tells the SDK (besides the chunk size that
+    keeps its forward/backward requests within the server's token limit)."""
+    # The SDK estimates 4 bytes per token and more for the loss inputs: chunks of at most
+    # this many estimated bytes never hold more tokens than one request may.
+    config = {
+        "fwdbwd_max_chunk_bytes_count": 4 * service.limits.max_tokens_per_request,
+        **(client_config or {}),
+    }
 
     def owner(request: Request[Any, Any, Any]) -> str:
         key = request.headers.get("x-api-key") or ""
@@ -114,7 +131,7 @@ def tinker_router(
 
     @post("/client/config", status_code=200)
     async def get_client_config() -> Response[bytes]:
-        return _ok(dict(client_config or {}))
+        return _ok(config)
 
     @get("/get_server_capabilities")
     async def capabilities() -> Response[bytes]:
@@ -425,7 +442,7 @@ def tinker_router(
         body = codec.decode(await request.body(), codec.SampleIn)
         codec.check_sample_features(body)
         if body.sampling_session_id is not None:
-            source = service.sampling.get(who, body.sampling_session_id).source
+            source = service.sampling.source_of(service.sampling.get(who, body.sampling_session_id))
         else:
             source = service.sampling.source_for(
                 who, base_model=body.base_model, model_path=body.model_path
@@ -592,9 +609,10 @@ def tinker_router(
             "user_metadata": run.user_metadata or None,
         }
 
-    def _sign(run_id: str, cid: str, file: str, expires: int) -> str:
-        msg = f"{run_id}\n{cid}\n{file}\n{expires}".encode()
-        return hmac.new(url_secret, msg, hashlib.sha256).hexdigest()
+    def _sign(record: CheckpointRecord, file: str, expires: int) -> str:
+        ident = (record.run_id, record.checkpoint_id, record.version, file, str(expires))
+        msg = "\n".join(ident).encode()
+        return hmac.new(service.storage.secret(), msg, hashlib.sha256).hexdigest()
 
     def _urls(record: CheckpointRecord, request: Request[Any, Any, Any]) -> dict[str, Any]:
         folder = service.checkpoints.folder(record)
@@ -603,7 +621,7 @@ def tinker_router(
         urls = {}
         for f in sorted(folder.iterdir()):
             if f.is_file() and f.name not in ("metadata.json", "optimizer.safetensors"):
-                sig = _sign(record.run_id, record.checkpoint_id, f.name, expires)
+                sig = _sign(record, f.name, expires)
                 urls[f.name] = (
                     f"{base}/api/v1/training_runs/{record.run_id}/checkpoints/"
                     f"{record.checkpoint_id}/files/{f.name}?expires={expires}&sig={sig}"
@@ -619,8 +637,12 @@ def tinker_router(
             expires = 0
         sig = request.query_params.get("sig", "")
         cid = checkpoint_id(ref.kind, ref.name)
-        good = hmac.compare_digest(sig, _sign(ref.run_id, cid, file, expires))
-        if not good or expires < time.time():
+        # Signed over the checkpoint's version: after a delete and a save under the same
+        # name (or an overwrite), links made for the old one are refused.
+        record = service.checkpoints.lookup(ref)
+        if record is None:
+            raise NotFoundError(f"no checkpoint {cid} (deleted?)")
+        if not hmac.compare_digest(sig, _sign(record, file, expires)) or expires < time.time():
             raise TinkerHTTPError(403, "download link invalid or expired: ask for new urls")
         check_checkpoint_name(file)
         path = service.storage.folder(ref.run_id, ref.kind, ref.name) / file

@@ -1,19 +1,34 @@
 """Runs and checkpoints as folders and JSON files under one root directory.
 
     <root>/runs/<run_id>.json
-    <root>/checkpoints/<run_id>/weights/<name>/          (files + metadata.json)
-    <root>/checkpoints/<run_id>/sampler_weights/<name>/   (and external_weights/<name>/)
-    <root>/.scratch/<random>/                            (checkpoints being written)
+    <root>/checkpoints/<run_id>/<segment>/<name> -> @versions/<name>/<version>   (symlink)
+    <root>/checkpoints/<run_id>/<segment>/@versions/<name>/<version>/  (files + metadata.json)
+    <root>/.scratch/<random>/                      (checkpoints being written or deleted)
+    <root>/url-secret                              (the key download links are signed with)
 
-A checkpoint is written into a scratch folder and renamed into place with its
-metadata.json already inside (one ``rename``: readers never see half a checkpoint); run
-files are replaced the same way. Leftover scratch folders of a crashed server are removed
-at start.
+``<segment>`` is ``weights``, ``sampler_weights`` or ``external_weights``; ``@`` never
+appears in a checkpoint name, so the ``@`` entries never clash with one.
+
+Every save is a new version folder: written in scratch with its metadata.json inside, then
+renamed into ``@versions``, then published by pointing the name's link at it — a new link
+renamed over the old one, one atomic ``rename``. Only then is the old version removed. A
+crash at any point leaves the name pointing at a complete checkpoint: the old one, or the
+new one (never neither, never half of one). A delete first moves the version away, then
+removes the link.
+
+At start, leftovers of a crash are tidied: temporary links and dangling links (a delete
+that was cut short) are removed with their versions; a name with versions but no link
+(its first save, or the move from the old one-folder layout, was cut short) gets a link
+to its newest version; versions no link points at are removed; scratch is emptied.
+Checkpoints of the old layout (a plain folder per name) are moved into versions the
+same way. Run files are replaced atomically too.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import uuid
 from pathlib import Path
@@ -22,6 +37,10 @@ from typing import Any
 from domain.training import SEGMENTS, CheckpointKind, CheckpointRecord, LoraSpec, RunRecord
 
 METADATA = "metadata.json"
+VERSIONS = "@versions"
+TMP_LINK = "@link-"
+SECRET = "url-secret"
+_SECRET_BYTES = 32
 
 
 class FileCheckpointStorage:
@@ -34,13 +53,21 @@ class FileCheckpointStorage:
             folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self._scratch, ignore_errors=True)
         self._scratch.mkdir(parents=True)
+        self._secret: bytes | None = None
+        for kind_dir in self._kind_dirs():
+            _recover(kind_dir, self)
 
     def load_all(self) -> tuple[list[RunRecord], list[CheckpointRecord]]:
         runs = [_run(json.loads(p.read_text())) for p in sorted(self._runs.glob("*.json"))]
-        checkpoints = [
-            _checkpoint(json.loads(p.read_text()))
-            for p in sorted(self._checkpoints.glob(f"*/*/*/{METADATA}"))
-        ]
+        checkpoints = []
+        for kind_dir in self._kind_dirs():
+            for link in sorted(kind_dir.iterdir()):
+                if link.name.startswith("@") or not link.is_symlink():
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    record = _checkpoint(json.loads((link / METADATA).read_text()))
+                    record.version = Path(os.readlink(link)).name
+                    checkpoints.append(record)
         return runs, checkpoints
 
     def save_run(self, run: RunRecord) -> None:
@@ -52,18 +79,22 @@ class FileCheckpointStorage:
         return folder
 
     def commit(self, scratch: Path, record: CheckpointRecord, *, overwrite: bool) -> None:
+        if not record.version:
+            record.version = uuid.uuid4().hex
         _write_json(scratch / METADATA, dataclasses.asdict(record))
-        final = self.folder(record.run_id, record.kind, record.name)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():
-            if not overwrite:
-                raise FileExistsError(final)
-            old = self.scratch()
-            os.replace(final, old / "old")
-            os.replace(scratch, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(scratch, final)
+        link = self.folder(record.run_id, record.kind, record.name)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if _is_plain_folder(link):  # the old layout: into versions first
+            _migrate(link, self)
+        if os.path.lexists(link) and not overwrite:
+            raise FileExistsError(link)
+        old = _target(link)
+        version = link.parent / VERSIONS / record.name / record.version
+        version.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(scratch, version)
+        _point(link, version)  # the atomic switch: before it the old one, after it the new
+        if old is not None and old != version:
+            self._remove(old)
 
     def discard(self, scratch: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -72,15 +103,132 @@ class FileCheckpointStorage:
         return self._checkpoints / run_id / SEGMENTS[kind] / name
 
     def delete(self, record: CheckpointRecord) -> None:
-        folder = self.folder(record.run_id, record.kind, record.name)
-        if folder.exists():  # rename first: a reader never sees a half-deleted checkpoint
-            doomed = self.scratch()
-            os.replace(folder, doomed / "doomed")
-            shutil.rmtree(doomed, ignore_errors=True)
+        link = self.folder(record.run_id, record.kind, record.name)
+        if _is_plain_folder(link):
+            self._remove(link)
+            return
+        version = _target(link)
+        if version is not None:  # the version goes first: a crash leaves a dangling link
+            self._remove(version)
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
 
     def update(self, record: CheckpointRecord) -> None:
         folder = self.folder(record.run_id, record.kind, record.name)
         _write_json(folder / METADATA, dataclasses.asdict(record))
+
+    def secret(self) -> bytes:
+        """The link-signing key: random, made once, file mode 0600."""
+        if self._secret is None:
+            self._secret = _read_or_create_secret(self.root / SECRET)
+        return self._secret
+
+    def _remove(self, folder: Path) -> None:
+        """Move ``folder`` out of sight (one rename), then delete it."""
+        if not folder.exists():
+            return
+        doomed = self.scratch()
+        os.replace(folder, doomed / "doomed")
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _kind_dirs(self) -> list[Path]:
+        return sorted(p for p in self._checkpoints.glob("*/*") if p.is_dir())
+
+
+# --- versions and links -----------------------------------------------------------------
+
+
+def _is_plain_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _target(link: Path) -> Path | None:
+    """The version folder ``link`` points at (None: no link)."""
+    if not link.is_symlink():
+        return None
+    return link.parent / os.readlink(link)
+
+
+def _point(link: Path, version: Path) -> None:
+    """Make ``link`` point at ``version`` atomically (a new link renamed over it)."""
+    tmp = link.parent / f"{TMP_LINK}{uuid.uuid4().hex}"
+    os.symlink(version.relative_to(link.parent), tmp)
+    os.replace(tmp, link)
+
+
+def _migrate(folder: Path, storage: FileCheckpointStorage) -> None:
+    """A checkpoint of the old layout (a plain folder) into a version and a link; a crash
+    between the two steps is repaired by :func:`_recover` (a version without a link)."""
+    version = folder.parent / VERSIONS / folder.name / f"v-{uuid.uuid4().hex}"
+    version.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(folder, version)
+    _point(folder, version)
+
+
+def _recover(kind_dir: Path, storage: FileCheckpointStorage) -> None:
+    """Tidy what a crash left in one ``<run>/<segment>`` folder (see the module doc)."""
+    versions_dir = kind_dir / VERSIONS
+    for entry in list(kind_dir.iterdir()):
+        if entry.name.startswith(TMP_LINK):
+            entry.unlink()
+        elif entry.name.startswith("@"):
+            continue
+        elif entry.is_symlink():
+            target = _target(entry)
+            if target is None or not target.is_dir():  # a delete cut short
+                entry.unlink()
+                storage._remove(versions_dir / entry.name)
+        elif entry.is_dir() and (entry / METADATA).is_file():
+            _migrate(entry, storage)
+    if not versions_dir.is_dir():
+        return
+    for name_dir in list(versions_dir.iterdir()):
+        if not name_dir.is_dir():
+            continue
+        link = kind_dir / name_dir.name
+        versions = [v for v in name_dir.iterdir() if (v / METADATA).is_file()]
+        current = _target(link)
+        if current is None and versions:  # a first save or a migration cut short
+            current = max(versions, key=_created_at)
+            _point(link, current)
+        for version in list(name_dir.iterdir()):
+            if current is None or version.name != current.name:
+                storage._remove(version)
+        with contextlib.suppress(OSError):
+            name_dir.rmdir()  # only if empty
+
+
+def _created_at(version: Path) -> float:
+    try:
+        return float(json.loads((version / METADATA).read_text()).get("created_at", 0.0))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _read_or_create_secret(path: Path) -> bytes:
+    with contextlib.suppress(FileNotFoundError):
+        existing = path.read_bytes()
+        if len(existing) >= _SECRET_BYTES:
+            return existing
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, secrets.token_bytes(_SECRET_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:  # complete or absent, never a short key; a concurrent start's key wins if first
+        os.link(tmp, path)
+    except FileExistsError:
+        if len(path.read_bytes()) < _SECRET_BYTES:
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_bytes()
+
+
+# --- files ------------------------------------------------------------------------------
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:

@@ -14,14 +14,17 @@ data are right-padded into micro-batches (padding sits after every real token, s
 attention never sees it) and only real positions enter the loss (see ``lora_losses``).
 """
 
+import ctypes
+import ctypes.util
+import gc
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +46,11 @@ from domain.training import (
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    Steps,
     TensorValue,
+    check_adam,
     loss_config,
+    run_steps,
 )
 
 LORA_ALPHA = 32
@@ -233,16 +239,35 @@ class LoraTrainingBackend:
         *,
         backward: bool,
     ) -> ForwardBackwardResult:
+        return run_steps(
+            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
+        )
+
+    def forward_backward_steps(
+        self,
+        model_id: str,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float],
+        *,
+        backward: bool,
+    ) -> Steps[ForwardBackwardResult]:
+        """One micro-batch per piece. Between pieces nothing of this call is held (the
+        lock, the active adapter, autograd's state): other models run in between."""
         config = loss_config(loss_fn, loss_fn_config)
         with self._lock:
             adapter = self._adapter(model_id)
             if not data:
                 raise InvalidTrainingRequest("data: empty (at least one datum is needed)")
             prepared = [_prepare(adapter.base.config, i, d, loss_fn) for i, d in enumerate(data)]
-            logprobs: list[Tensor] = [torch.empty(0)] * len(data)
-            total = 0.0
-            with adapter.base.active(adapter), torch.set_grad_enabled(backward):
-                for group in _micro_batches(prepared):
+        logprobs: list[Tensor] = [torch.empty(0)] * len(data)
+        total = 0.0
+        for n, group in enumerate(_micro_batches(prepared)):
+            if n:
+                yield  # another model's turn may come here
+            with self._lock:
+                adapter = self._adapter(model_id)  # NotFoundError if released meanwhile
+                with adapter.base.active(adapter), torch.set_grad_enabled(backward):
                     logp = _target_logprobs(adapter.base.model, [prepared[i] for i in group])
                     device = logp.device
                     inputs = {
@@ -256,11 +281,12 @@ class LoraTrainingBackend:
                     pieces = logp.detach().cpu().split([len(prepared[i].tokens) for i in group])
                     for i, piece in zip(group, pieces, strict=True):
                         logprobs[i] = piece
+                del logp, inputs, loss
         outputs = [{"logprobs": _tensor_value(lp)} for lp in logprobs]
         return ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": total})
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        _check_adam(params)
+        check_adam(params)
         with self._lock:
             adapter = self._adapter(model_id)
             for p in adapter.params:
@@ -294,7 +320,7 @@ class LoraTrainingBackend:
             adapter = self._adapter(model_id)
             if (spec.rank, _targets(spec)) != (adapter.spec.rank, adapter.targets):
                 raise InvalidTrainingRequest(
-                    f"{folder}: checkpoint is rank {spec.rank} on {sorted(_targets(spec))}, "
+                    f"the checkpoint is rank {spec.rank} on {sorted(_targets(spec))}, "
                     f"model {model_id!r} is rank {adapter.spec.rank} on {sorted(adapter.targets)}"
                 )
             tensors = _read_tensors(folder / ADAPTER_WEIGHTS)
@@ -309,7 +335,16 @@ class LoraTrainingBackend:
 
     def release(self, model_id: str) -> None:
         with self._lock:
-            self._adapters.pop(model_id, None)
+            adapter = self._adapters.pop(model_id, None)
+            if adapter is None:
+                return
+            device = adapter.base.model.embed_tokens.weight.device
+            # Drop every tensor now (weights, gradients, AdamW moments), not when the last
+            # stray reference goes, then hand the freed memory back to the system.
+            adapter.optimizer.state.clear()
+            adapter.weights.clear()
+            del adapter
+        release_memory(device)
 
     def peft_state(self, model_id: str) -> tuple[dict[str, Tensor], float]:
         """A copy of the adapter's current weights (PEFT names) and its alpha / r scale:
@@ -344,7 +379,7 @@ class LoraTrainingBackend:
 def read_lora_spec(folder: Path) -> LoraSpec:
     """The rank and targets of the PEFT adapter in ``folder`` (``adapter_config.json``)."""
     raw = _read_config(folder / ADAPTER_CONFIG)
-    where = folder / ADAPTER_CONFIG
+    where = ADAPTER_CONFIG  # named by file, never by where the server keeps it
     if raw.get("peft_type") != "LORA":
         raise InvalidTrainingRequest(f"{where}: peft_type is {raw.get('peft_type')!r}, not LORA")
     rank, alpha = raw.get("r"), raw.get("lora_alpha")
@@ -372,6 +407,26 @@ def read_lora_spec(folder: Path) -> LoraSpec:
         train_attn=bool(groups["attn"]),
         train_unembed=bool(groups["unembed"]),
     )
+
+
+def release_memory(device: torch.device | None = None) -> None:
+    """Collect garbage and return freed memory to the system: the CUDA cache, and glibc's
+    free heap pages (freed tensors otherwise stay in the process's RSS)."""
+    gc.collect()
+    if device is not None and device.type == "cuda":
+        torch.cuda.empty_cache()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return cast(Callable[[int], int], libc.malloc_trim)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
 
 
 # --- model surgery ----------------------------------------------------------------------
@@ -547,20 +602,6 @@ def _tensor_value(values: Tensor) -> TensorValue:
 # --- optimizer --------------------------------------------------------------------------
 
 
-def _check_adam(params: AdamParams) -> None:
-    checks = {
-        "learning_rate": params.learning_rate >= 0,
-        "beta1": 0 <= params.beta1 < 1,
-        "beta2": 0 <= params.beta2 < 1,
-        "eps": params.eps >= 0,
-        "weight_decay": params.weight_decay >= 0,
-        "grad_clip_norm": params.grad_clip_norm >= 0,
-    }
-    for name, ok in checks.items():
-        if not ok:
-            raise InvalidTrainingRequest(f"adam_params.{name}: {getattr(params, name)} is invalid")
-
-
 def _optimizer_state(adapter: _Adapter) -> dict[str, Tensor]:
     """AdamW moments and step per LoRA tensor, keyed like the adapter's PEFT weights."""
     state: dict[str, Tensor] = {}
@@ -620,21 +661,21 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError as e:
-        raise InvalidTrainingRequest(f"{path}: missing (not a LoRA checkpoint)") from e
+        raise InvalidTrainingRequest(f"{path.name}: missing (not a LoRA checkpoint)") from e
     except (OSError, ValueError) as e:
-        raise InvalidTrainingRequest(f"{path}: unreadable ({e})") from e
+        raise InvalidTrainingRequest(f"{path.name}: unreadable") from e
     if not isinstance(raw, dict):
-        raise InvalidTrainingRequest(f"{path}: not a JSON object")
+        raise InvalidTrainingRequest(f"{path.name}: not a JSON object")
     return raw
 
 
 def _read_tensors(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
-        raise InvalidTrainingRequest(f"{path}: missing")
+        raise InvalidTrainingRequest(f"{path.name}: missing")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as e:
-        raise InvalidTrainingRequest(f"{path}: unreadable ({e})") from e
+        raise InvalidTrainingRequest(f"{path.name}: unreadable") from e
 
 
 def _checked_state(
@@ -644,12 +685,13 @@ def _checked_state(
     missing, unexpected = set(expected) - set(tensors), set(tensors) - set(expected)
     if missing or unexpected:
         raise InvalidTrainingRequest(
-            f"{path}: tensors do not match the model (missing {sorted(missing)[:3]}, "
+            f"{path.name}: tensors do not match the model (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]})"
         )
     for key, want in expected.items():
         if tensors[key].shape != want.shape:
             raise InvalidTrainingRequest(
-                f"{path}: {key} has shape {list(tensors[key].shape)}, expected {list(want.shape)}"
+                f"{path.name}: {key} has shape {list(tensors[key].shape)}, "
+                f"expected {list(want.shape)}"
             )
     return {key: t.float() for key, t in tensors.items()}

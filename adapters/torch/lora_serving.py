@@ -95,8 +95,8 @@ class LoraServing:
         try:
             config = json.loads((folder / ADAPTER_CONFIG).read_text())
             state = load_file(str(folder / ADAPTER_WEIGHTS))
-        except (OSError, ValueError) as e:
-            raise InvalidTrainingRequest(f"{folder}: not a LoRA adapter ({e})") from e
+        except (OSError, ValueError) as e:  # named without the server's path
+            raise InvalidTrainingRequest("the checkpoint is not a readable LoRA adapter") from e
         scale = float(config.get("lora_alpha", config["r"])) / float(config["r"])
         self.add(adapter_id, state, scale)
 

@@ -5,6 +5,10 @@ the server serves — each naming the LoRA adapter it runs with. A saved checkpo
 adapter is loaded once by folder and kept (least recently used evicted); a live run's
 current weights are copied in for the one call. ``num_samples`` are that many requests
 (seeds ``seed``, ``seed + 1``, ...); the first also scores the prompt when asked.
+
+At most ``max_in_engine`` Tinker requests are in the engine at once (tenants taking turns
+for the slots; the rest wait here and go in as others finish), so a large ``num_samples``
+never fills the engine's waiting queue and OpenAI requests are not refused for it.
 """
 
 import asyncio
@@ -16,6 +20,7 @@ from torch import Tensor
 
 from adapters.torch.lora_serving import ADAPTER_WEIGHTS, LoraServing
 from application.async_engine import AsyncEngine
+from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -42,14 +47,17 @@ class EngineSampler:
         *,
         live_state: LiveState | None = None,
         queue_retry_s: float = 0.05,
+        max_in_engine: int = 8,
     ) -> None:
         """``model_names``: the names the engine's model answers to; ``live_state``: a
-        training run's current adapter (PEFT tensors, scale) by model id."""
+        training run's current adapter (PEFT tensors, scale) by model id;
+        ``max_in_engine``: Tinker requests in the engine at once."""
         self.engine = engine
         self.lora = lora
         self.model_names = frozenset(model_names)
         self.live_state = live_state
         self.queue_retry_s = queue_retry_s
+        self.slots = FairSlots(max_in_engine)
         self._ids = itertools.count()
 
     async def sample(
@@ -62,6 +70,7 @@ class EngineSampler:
         prompt_logprobs: bool,
         topk_prompt: int = 0,
         topk_sample: int = 0,
+        tenant: str = "",
     ) -> SampleResult:
         if source.base_model not in self.model_names:
             raise InvalidTrainingRequest(
@@ -81,6 +90,7 @@ class EngineSampler:
                         topk_sample=topk_sample,
                     ),
                     adapter,
+                    tenant,
                 )
                 for i in range(num_samples)
             ]
@@ -98,9 +108,10 @@ class EngineSampler:
             # (overwrite) is a new adapter, not the cached one.
             try:
                 stat = (source.path / ADAPTER_WEIGHTS).stat()
-            except OSError as e:
-                raise NotFoundError(f"checkpoint folder {source.path} is gone") from e
-            adapter_id = f"path:{source.path}:{stat.st_mtime_ns}:{stat.st_size}"
+                real = source.path.resolve(strict=True)  # a checkpoint's version folder
+            except OSError as e:  # never name the folder: it is the server's business
+                raise NotFoundError("the checkpoint this sampler uses was deleted") from e
+            adapter_id = f"path:{real}:{stat.st_mtime_ns}:{stat.st_size}"
             if adapter_id not in self.lora:
                 self.lora.load_folder(adapter_id, source.path)
         elif source.model_id is not None:
@@ -116,9 +127,15 @@ class EngineSampler:
         return adapter_id
 
     async def _one(
-        self, prompt: list[int], params: SamplingParams, adapter: str | None
+        self, prompt: list[int], params: SamplingParams, adapter: str | None, tenant: str
     ) -> tuple[SampledSequence, StepOutput]:
         """The sampled sequence, and the first output (which carries prompt scores)."""
+        async with self.slots.slot(tenant):
+            return await self._run(prompt, params, adapter)
+
+    async def _run(
+        self, prompt: list[int], params: SamplingParams, adapter: str | None
+    ) -> tuple[SampledSequence, StepOutput]:
         request_id = f"tinker-sample-{next(self._ids)}"
         while True:
             try:

@@ -30,12 +30,14 @@ from domain.training import (
     SampledSequence,
     SampleParams,
     SampleResult,
+    Steps,
     TensorValue,
     TopK,
     UnsupportedFeatureError,
     WeightsSource,
     check_data,
     loss_config,
+    run_steps,
 )
 
 ADAPTER = "adapter_model.safetensors"
@@ -104,17 +106,33 @@ class ToyBackend:
         *,
         backward: bool,
     ) -> ForwardBackwardResult:
+        return run_steps(
+            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
+        )
+
+    def forward_backward_steps(
+        self,
+        model_id: str,
+        data: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float],
+        *,
+        backward: bool,
+    ) -> Steps[ForwardBackwardResult]:
+        """One datum per piece (the gradient is added to the adapter's at the end)."""
         check_data(data, loss_fn)  # inputs present, one value per input position
-        with self._lock:
-            ad = self._get(model_id)
-            w = self._unembed + ad.a @ ad.b
-            outputs: list[dict[str, TensorValue]] = []
-            total = 0.0
-            grad_w = np.zeros_like(w)
-            for i, datum in enumerate(data):
+        outputs: list[dict[str, TensorValue]] = []
+        total = 0.0
+        grad_w: np.ndarray | None = None
+        for i, datum in enumerate(data):
+            if i:
+                yield  # another model's turn may come here
+            with self._lock:
+                ad = self._get(model_id)
+                w = self._unembed + ad.a @ ad.b
                 x = self._tokens(datum.tokens, f"data[{i}].model_input")
                 inputs = _inputs(datum, loss_fn, len(x))
-                y = self._tokens(inputs["target_tokens"].astype(np.int64), f"data[{i}].targets")
+                y = self._tokens(inputs["target_tokens"], f"data[{i}].targets")
                 h = self._embed[x]  # [T, dim]
                 logits = h @ w
                 logp_all = logits - _logsumexp(logits)
@@ -126,11 +144,13 @@ class ToyBackend:
                     probs = np.exp(logp_all)
                     dz = -probs * g[:, None]
                     dz[np.arange(len(y)), y] += g
-                    grad_w += h.T @ dz
-            if backward:
+                    grad_w = h.T @ dz if grad_w is None else grad_w + h.T @ dz
+        if grad_w is not None:
+            with self._lock:
+                ad = self._get(model_id)
                 ad.grad_a += grad_w @ ad.b.T
                 ad.grad_b += ad.a.T @ grad_w
-            return ForwardBackwardResult(outputs, {"loss:sum": float(total)})
+        return ForwardBackwardResult(outputs, {"loss:sum": float(total)})
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         with self._lock:
@@ -201,6 +221,7 @@ class ToyBackend:
         prompt_logprobs: bool,
         topk_prompt: int = 0,
         topk_sample: int = 0,
+        tenant: str = "",
     ) -> SampleResult:
         self._check_base(source.base_model)
         w = self._weights(source)

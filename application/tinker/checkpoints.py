@@ -6,6 +6,7 @@ made them: another key gets ``NotFoundError``, as if they did not exist.
 """
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,10 @@ class CheckpointStore:
         )
 
     # --- checkpoints ------------------------------------------------------------------
+
+    def lookup(self, ref: CheckpointRef) -> CheckpointRecord | None:
+        """The checkpoint at ``ref`` whoever owns it (for links signed by the server)."""
+        return self._checkpoints.get((ref.run_id, checkpoint_id(ref.kind, ref.name)))
 
     def get(self, owner: str, ref: CheckpointRef) -> CheckpointRecord:
         record = self._checkpoints.get((ref.run_id, checkpoint_id(ref.kind, ref.name)))
@@ -131,6 +136,7 @@ class CheckpointStore:
                 size_bytes=sum(f.stat().st_size for f in scratch.rglob("*") if f.is_file()),
                 user_metadata=dict(user_metadata or {}),
                 expires_at=now + ttl_seconds if ttl_seconds else None,
+                version=uuid.uuid4().hex,
             )
             self._storage.commit(scratch, record, overwrite=overwrite)
         except BaseException:

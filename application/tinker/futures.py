@@ -66,13 +66,19 @@ class FutureStore:
         try:
             result = await work()
         except TrainingError as e:
-            self.fail(future, e)
+            # Kept without its traceback: the frames would hold the request's tensors (and
+            # a released run's adapter) for as long as the future is kept.
+            self.fail(future, _bare(e))
         except asyncio.CancelledError:
             self.fail(future, BackendFailure("the server shut down before this finished"))
             raise
-        except Exception as e:
+        except Exception:
+            # The details (exception text, file paths) go to the log, not to the client.
             log.exception("tinker_request_failed", request_id=future.id, kind=future.kind)
-            self.fail(future, BackendFailure(f"{type(e).__name__}: {e}"))
+            self.fail(
+                future,
+                BackendFailure(f"internal error in {future.kind} (request {future.id}; logged)"),
+            )
         else:
             self.resolve(future, result)
 
@@ -113,3 +119,8 @@ class FutureStore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _bare(error: TrainingError) -> TrainingError:
+    error.__traceback__ = error.__cause__ = error.__context__ = None
+    return error

@@ -90,6 +90,13 @@ class SamplingController:
             raise NotFoundError(f"no sampling session {sampler_id!r}")
         return sampler
 
+    def source_of(self, sampler: Sampler) -> WeightsSource:
+        """What ``sampler`` samples now: its checkpoint must still exist (named by its
+        ``tinker://`` path, never by where the server keeps it)."""
+        if sampler.model_path is not None:
+            return self.source_for(sampler.owner, base_model=None, model_path=sampler.model_path)
+        return sampler.source
+
     def sample(
         self,
         owner: str,
@@ -119,6 +126,7 @@ class SamplingController:
         if source.model_id is not None and not self.training.is_live(source.model_id):
             raise NotFoundError(f"training run {source.model_id!r} is no longer loaded")
         tokens = list(prompt)
+        tenant = owner
 
         async def work() -> object:
             result = await self.backend.sample(
@@ -129,6 +137,7 @@ class SamplingController:
                 prompt_logprobs=prompt_logprobs or topk_prompt > 0,
                 topk_prompt=topk_prompt,
                 topk_sample=topk_sample,
+                tenant=tenant,
             )
             scored, alternatives = result.prompt_logprobs, result.topk_prompt
             if not prompt_logprobs:

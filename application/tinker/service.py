@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.fair import FairScheduler
 from application.tinker.futures import FutureStore
 from application.tinker.sampling import SamplingController
 from application.tinker.sessions import Session, SessionManager
@@ -18,6 +19,7 @@ from application.tinker.training import TrainingController
 from domain.training import (
     CheckpointStorage,
     SamplingBackend,
+    TinkerLimits,
     TrainingBackend,
 )
 
@@ -36,12 +38,17 @@ class TinkerService:
         maintenance_interval_s: float = 5.0,
         long_poll_s: float = 30.0,
         ended_session_retention_s: float = 24 * 3600.0,
+        limits: TinkerLimits | None = None,
     ) -> None:
         self.storage = storage
+        self.limits = limits or TinkerLimits()
         self.futures = FutureStore(ttl_s=future_ttl_s)
         self.sessions = SessionManager(timeout_s=session_timeout_s)
         self.checkpoints = CheckpointStore(storage)
-        self.training = TrainingController(backend, self.checkpoints, self.futures)
+        self.scheduler = FairScheduler()
+        self.training = TrainingController(
+            backend, self.checkpoints, self.futures, limits=self.limits, scheduler=self.scheduler
+        )
         self.sampling = SamplingController(
             sampler, self.training, self.checkpoints, self.futures, discard_folder=storage.discard
         )
@@ -65,6 +72,7 @@ class TinkerService:
         for session in self.sessions.all():
             if session.ended is None:
                 self._end(session, "stopped")
+        await self.scheduler.close()
         await self.futures.close()
 
     async def _maintain(self) -> None:

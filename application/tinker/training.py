@@ -4,7 +4,13 @@ The SDK numbers every request of a training client (each forward/backward chunk,
 step, save, load) from 1 and sends chunks of one call in parallel, the first one last. The
 sequence guard runs a run's requests strictly in ``seq_id`` order and holds later ones
 until the gap before them fills; a repeated ``seq_id`` (a client retry) gets the future of
-the first. Backend work runs in a worker thread, one request per run at a time.
+the first. Backend work runs through the :class:`FairScheduler`, one request per run at a
+time, tenants (API keys) taking turns piece by piece (a long forward/backward runs in
+micro-batches), so one tenant's long step does not hold up the others'.
+
+Per-key limits (:class:`~domain.training.TinkerLimits`): live runs, LoRA rank, tokens per
+forward/backward, requests (and their bytes) waiting per run, and how far ahead of the
+next expected ``seq_id`` a request may be numbered.
 """
 
 import asyncio
@@ -12,11 +18,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.fair import FairScheduler
 from application.tinker.futures import Future, FutureStore
 from domain.training import (
     AdamParams,
@@ -28,18 +35,26 @@ from domain.training import (
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    RetryLaterError,
     RunRecord,
     SequenceConflictError,
     SessionClosedError,
+    Steps,
+    TinkerLimits,
     TrainingBackend,
+    check_adam,
     check_checkpoint_name,
     check_data,
+    data_bytes,
+    data_tokens,
     loss_config,
+    one_step,
 )
 
 log = structlog.get_logger(__name__)
 
 Work = Callable[[], Awaitable[object]]
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -47,7 +62,8 @@ class _Sequencer:
     """Runs submitted work in ``seq_id`` order, one at a time."""
 
     last: int  # the seq_id of the last request started
-    waiting: dict[int, tuple[Future, Work]] = field(default_factory=dict)
+    waiting: dict[int, tuple[Future, Work, int]] = field(default_factory=dict)  # + its bytes
+    waiting_bytes: int = 0
     seen: dict[int, Future] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 
@@ -83,12 +99,16 @@ class TrainingController:
         checkpoints: CheckpointStore,
         futures: FutureStore,
         *,
+        limits: TinkerLimits | None = None,
+        scheduler: FairScheduler | None = None,
         max_seen: int = 4096,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.backend = backend
         self.checkpoints = checkpoints
         self.futures = futures
+        self.limits = limits or TinkerLimits()
+        self.scheduler = scheduler or FairScheduler()
         self._live: dict[str, _Live] = {}
         self._max_seen = max_seen
         self._clock = wall_clock
@@ -118,12 +138,12 @@ class TrainingController:
         """A new run (``{session}:train:{n}``) with a fresh adapter; the future's result is
         the model id."""
         info = self.base_model(base_model)
-        _check_lora(lora)
+        self._check_lora(lora)
         live = self._new_run(owner, session_id, model_seq_id, info.name, lora, user_metadata)
         run_id = live.record.run_id
 
         async def work() -> object:
-            await asyncio.to_thread(self.backend.create, run_id, info.name, lora)
+            await self._run(live, one_step(lambda: self.backend.create(run_id, info.name, lora)))
             live.loaded = True
             return ModelReady(run_id)
 
@@ -147,6 +167,7 @@ class TrainingController:
                 f"{path} is a sampler checkpoint (weights only): optimizer state is only "
                 "saved by save_state"
             )
+        self._check_lora(ckpt.lora)
         live = self._new_run(
             owner, session_id, model_seq_id, ckpt.base_model, ckpt.lora, user_metadata
         )
@@ -157,7 +178,7 @@ class TrainingController:
                 self.backend.create(run_id, ckpt.base_model, ckpt.lora)
                 self.backend.load(run_id, folder, optimizer=optimizer)
 
-            await asyncio.to_thread(create_and_load)
+            await self._run(live, one_step(create_and_load))
             live.loaded = True
             return ModelReady(run_id, path)
 
@@ -175,6 +196,12 @@ class TrainingController:
         run_id = f"{session_id}:train:{model_seq_id}"
         if run_id in self._live or run_id in self.checkpoints.runs:
             raise SequenceConflictError(f"training run {run_id!r} exists (model_seq_id reused)")
+        owned = sum(1 for live in self._live.values() if live.record.owner == owner)
+        if owned >= self.limits.max_runs_per_key:
+            raise InvalidTrainingRequest(
+                f"this API key has {owned} training runs loaded, the most allowed "
+                f"({self.limits.max_runs_per_key}): unload_model one, or end its session"
+            )
         now = self._clock()
         record = RunRecord(
             run_id=run_id,
@@ -218,9 +245,11 @@ class TrainingController:
 
     def _unload(self, run_id: str, why: str) -> None:
         live = self._live.pop(run_id)
-        for future, _ in live.seq.waiting.values():
+        for future, _, _ in live.seq.waiting.values():
             self.futures.fail(future, SessionClosedError(f"training run {run_id!r} {why}"))
         live.seq.waiting.clear()
+        live.seq.waiting_bytes = 0
+        live.seq.seen.clear()
 
         async def release() -> None:
             if live.seq.task is not None:  # let a running step finish first
@@ -248,27 +277,31 @@ class TrainingController:
         live = self._get(owner, model_id)
         check_data(data, loss_fn)
         config = loss_config(loss_fn, loss_fn_config)
-
-        async def work() -> ForwardBackwardResult:
-            return await asyncio.to_thread(
-                self.backend.forward_backward,
-                model_id,
-                data,
-                loss_fn,
-                config,
-                backward=not forward_only,
+        tokens = data_tokens(data)
+        if tokens > self.limits.max_tokens_per_request:
+            raise InvalidTrainingRequest(
+                f"forward_backward: {tokens} tokens in one request, the most allowed is "
+                f"{self.limits.max_tokens_per_request} (send the data in smaller chunks)"
             )
 
-        return self._submit(live, seq_id, "Forward" if forward_only else "ForwardBackward", work)
+        async def work() -> ForwardBackwardResult:
+            steps = self.backend.forward_backward_steps(
+                model_id, data, loss_fn, config, backward=not forward_only
+            )
+            return await self._run(live, steps)
+
+        kind = "Forward" if forward_only else "ForwardBackward"
+        return self._submit(live, seq_id, kind, work, size=data_bytes(data))
 
     def optim_step(
         self, owner: str, model_id: str, seq_id: int | None, params: AdamParams
     ) -> Future:
         live = self._get(owner, model_id)
-        _check_adam(params)
+        check_adam(params)
 
         async def work() -> OptimStepped:
-            return OptimStepped(await asyncio.to_thread(self.backend.optim_step, model_id, params))
+            steps = one_step(lambda: self.backend.optim_step(model_id, params))
+            return OptimStepped(await self._run(live, steps))
 
         return self._submit(live, seq_id, "OptimStep", work)
 
@@ -301,17 +334,18 @@ class TrainingController:
             self.backend.save(model_id, folder, optimizer=kind == "training")
 
         async def work() -> SavedCheckpoint:
-            record = await asyncio.to_thread(
-                self.checkpoints.write,
-                live.record,
-                kind,
-                name,
-                write,
-                ttl_seconds=ttl_seconds,
-                user_metadata=meta,
-                overwrite=overwrite,
-            )
-            return SavedCheckpoint(record)
+            def save() -> CheckpointRecord:
+                return self.checkpoints.write(
+                    live.record,
+                    kind,
+                    name,
+                    write,
+                    ttl_seconds=ttl_seconds,
+                    user_metadata=meta,
+                    overwrite=overwrite,
+                )
+
+            return SavedCheckpoint(await self._run(live, one_step(save)))
 
         try:
             return self._submit(live, seq_id, "SaveWeights", work)
@@ -332,7 +366,9 @@ class TrainingController:
         live = self._get(owner, model_id)
 
         async def work() -> object:
-            await asyncio.to_thread(self.backend.save, model_id, folder, optimizer=False)
+            await self._run(
+                live, one_step(lambda: self.backend.save(model_id, folder, optimizer=False))
+            )
             return then()
 
         return self._submit(live, seq_id, "SaveWeightsForSampler", work)
@@ -352,7 +388,9 @@ class TrainingController:
             raise InvalidTrainingRequest(f"{path} holds no optimizer state (a sampler checkpoint)")
 
         async def work() -> object:
-            await asyncio.to_thread(self.backend.load, model_id, folder, optimizer=optimizer)
+            await self._run(
+                live, one_step(lambda: self.backend.load(model_id, folder, optimizer=optimizer))
+            )
             return ModelReady(model_id, path)
 
         return self._submit(live, seq_id, "LoadWeights", work)
@@ -363,25 +401,59 @@ class TrainingController:
         self.live_run(owner, model_id)
         return self._live[model_id]
 
-    def _submit(self, live: _Live, seq_id: int | None, kind: str, work: Work) -> Future:
+    def _run(self, live: _Live, steps: Steps[T]) -> Awaitable[T]:
+        """Backend work of ``live``'s run, taking turns with other tenants' work."""
+        return self.scheduler.run(live.record.owner, steps)
+
+    def _check_lora(self, lora: LoraSpec) -> None:
+        top = self.limits.max_lora_rank
+        if not 1 <= lora.rank <= top:
+            raise InvalidTrainingRequest(f"lora_config.rank must be in 1..{top}, got {lora.rank}")
+        if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
+            raise InvalidTrainingRequest(
+                "lora_config: at least one of train_attn, train_mlp, train_unembed must be true"
+            )
+
+    def _submit(
+        self, live: _Live, seq_id: int | None, kind: str, work: Work, *, size: int = 0
+    ) -> Future:
         seq = live.seq
+        run_id = live.record.run_id
         if seq_id is None:  # not numbered: after everything submitted so far
             seq_id = max([seq.last, *seq.waiting]) + 1
         if seq_id in seq.seen:
             earlier = seq.seen[seq_id]
             if earlier.kind != kind:
                 raise SequenceConflictError(
-                    f"seq_id {seq_id} of {live.record.run_id!r} was used by a {earlier.kind} "
+                    f"seq_id {seq_id} of {run_id!r} was used by a {earlier.kind} "
                     f"request; this {kind} request needs a new, increasing seq_id"
                 )
             return earlier  # a retry of a request already accepted
         if seq_id <= seq.last:
             raise SequenceConflictError(
-                f"seq_id {seq_id} of {live.record.run_id!r} is behind the last one run "
+                f"seq_id {seq_id} of {run_id!r} is behind the last one run "
                 f"({seq.last}); each training request needs a new, increasing seq_id"
             )
+        limits = self.limits
+        if seq_id > seq.last + limits.max_seq_ahead:
+            raise SequenceConflictError(
+                f"seq_id {seq_id} of {run_id!r} is too far ahead: the next expected is "
+                f"{seq.last + 1} and at most {limits.max_seq_ahead} may be outstanding"
+            )
+        # The next request in line is always taken (it is never stuck behind a gap).
+        if seq_id != seq.last + 1 and (
+            len(seq.waiting) >= limits.max_pending_requests
+            or seq.waiting_bytes + size > limits.max_pending_bytes
+        ):
+            raise RetryLaterError(
+                f"run {run_id!r} has {len(seq.waiting)} requests ({seq.waiting_bytes} bytes) "
+                f"waiting for seq_id {seq.last + 1}, the most allowed "
+                f"({limits.max_pending_requests} requests, {limits.max_pending_bytes} bytes): "
+                "retry once earlier ones have run"
+            )
         future = self.futures.create(live.record.owner, kind)
-        seq.waiting[seq_id] = (future, work)
+        seq.waiting[seq_id] = (future, work, size)
+        seq.waiting_bytes += size
         if seq_id > 0:  # 0 is the run's creation, never a client's request
             seq.seen[seq_id] = future
         if len(seq.seen) > self._max_seen:
@@ -396,28 +468,6 @@ class TrainingController:
         seq = live.seq
         while seq.last + 1 in seq.waiting:
             seq.last += 1
-            future, work = seq.waiting.pop(seq.last)
+            future, work, size = seq.waiting.pop(seq.last)
+            seq.waiting_bytes -= size
             await self.futures.settle(future, work)
-
-
-def _check_lora(lora: LoraSpec) -> None:
-    if not 1 <= lora.rank <= 1024:
-        raise InvalidTrainingRequest(f"lora_config.rank must be in 1..1024, got {lora.rank}")
-    if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
-        raise InvalidTrainingRequest(
-            "lora_config: at least one of train_attn, train_mlp, train_unembed must be true"
-        )
-
-
-def _check_adam(p: AdamParams) -> None:
-    checks = [
-        ("learning_rate", p.learning_rate >= 0),
-        ("beta1", 0 <= p.beta1 < 1),
-        ("beta2", 0 <= p.beta2 < 1),
-        ("eps", p.eps >= 0),
-        ("weight_decay", p.weight_decay >= 0),
-        ("grad_clip_norm", p.grad_clip_norm >= 0),
-    ]
-    for name, ok in checks:
-        if not ok:
-            raise InvalidTrainingRequest(f"adam_params.{name} is out of range: {getattr(p, name)}")

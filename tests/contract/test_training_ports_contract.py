@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
+from adapters.torch import lora as lora_module
 from adapters.torch.loader import load_model
 from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.lora_serving import LoraServing
@@ -124,6 +125,48 @@ def test_gradients_accumulate_until_the_optimizer_step_lowers_the_loss(backends)
     assert logprobs(trainer, "fresh-m", ce_datum()) == pytest.approx(
         logprobs(trainer, "fresh-n", ce_datum()), abs=1e-6
     )
+
+
+def test_forward_backward_in_pieces_interleaves_models_with_the_same_result(
+    backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces of two models' calls alternate (as the FairScheduler runs them) and each
+    model ends where one whole call would have: same outputs, same step."""
+    trainer, _ = backends
+    monkeypatch.setattr(lora_module, "TOKENS_PER_MICRO_BATCH", 8)  # a datum per piece
+    data = [ce_datum(SEQ), ce_datum(SEQ[::-1]), ce_datum(SEQ[2:])]
+    for model_id in ("whole", "piece-a", "piece-b"):
+        trainer.create(model_id, BASE, LoraSpec(rank=4, seed=5))
+    whole = trainer.forward_backward("whole", data, "cross_entropy", {}, backward=True)
+    steps = [
+        trainer.forward_backward_steps(m, data, "cross_entropy", {}, backward=True)
+        for m in ("piece-a", "piece-b")
+    ]
+    results: dict[int, Any] = {}
+    pieces = 0
+    while len(results) < 2:  # round-robin, one piece each
+        for i, s in enumerate(steps):
+            if i in results:
+                continue
+            try:
+                next(s)
+                pieces += 1
+            except StopIteration as done:
+                results[i] = done.value
+    assert pieces >= 4  # more than one piece per call
+    for result in results.values():
+        assert result.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-5)
+    for model_id in ("whole", "piece-a", "piece-b"):
+        trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
+    expected = logprobs(trainer, "whole", ce_datum())
+    for model_id in ("piece-a", "piece-b"):
+        assert logprobs(trainer, model_id, ce_datum()) == pytest.approx(expected, abs=1e-5)
+    # A released model is gone, and a piece of it afterwards says so.
+    late = trainer.forward_backward_steps("piece-a", data, "cross_entropy", {}, backward=False)
+    next(late)
+    trainer.release("piece-a")
+    with pytest.raises(NotFoundError):
+        next(late)
 
 
 def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:

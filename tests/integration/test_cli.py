@@ -64,3 +64,41 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
 def test_serve_refuses_two_different_models(capsys) -> None:
     assert main(["serve", "dummy:SmolLM2-135M", "--model", "dummy:Qwen3-0.6B"]) == 2
     assert "given twice" in capsys.readouterr().err
+
+
+def test_serve_takes_the_request_limits_as_flags(monkeypatch) -> None:
+    from entrypoints import cli
+
+    seen = {}
+
+    def fake_create_container(model, **kwargs):
+        seen["engine"] = kwargs["engine"]
+        raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
+
+    monkeypatch.setattr(cli, "create_container", fake_create_container)
+    flags = {
+        "--max-prompt-bytes": 1000,
+        "--max-prompts-per-request": 3,
+        "--max-stop-strings": 4,
+        "--max-stop-bytes": 50,
+        "--prepare-threads": 1,
+    }
+    argv = [str(a) for flag, value in flags.items() for a in (flag, value)]
+    assert main(["serve", *argv, "--trust-chat-special-tokens"]) == 2
+    engine = seen["engine"]
+    assert (engine.max_prompt_bytes, engine.max_prompts_per_request) == (1000, 3)
+    assert (engine.max_stop_strings, engine.max_stop_bytes) == (4, 50)
+    assert engine.prepare_threads == 1 and engine.trust_chat_special_tokens
+
+
+@pytest.mark.parametrize(
+    "flag", ["--max-prompt-bytes", "--max-prompts-per-request", "--prepare-threads"]
+)
+def test_a_bad_request_limit_is_refused_by_its_flag_before_the_model_loads(
+    flag, monkeypatch, capsys
+) -> None:
+    from entrypoints import cli
+
+    monkeypatch.setattr(cli, "create_container", lambda *a, **k: pytest.fail("loaded"))
+    assert main(["serve", flag, "0"]) == 2
+    assert f"error: {flag}: must be >= 1" in capsys.readouterr().err

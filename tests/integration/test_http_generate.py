@@ -9,7 +9,7 @@ from litestar.testing import AsyncTestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
-from application.async_engine import AsyncEngine, QueueOutputSink
+from application.async_engine import LOOP_CRASHED, AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
@@ -104,18 +104,30 @@ async def test_malformed_json_is_a_400(client) -> None:
     assert response.status_code == 400
 
 
-async def test_a_full_queue_answers_503_and_queues_nothing() -> None:
-    # A static batch waiting to fill keeps requests in the queue.
-    engine, _ = build(
-        batching_mode="static", batch_wait_timeout_s=60.0, max_waiting_requests=1, max_batch_size=4
+async def test_a_full_queue_answers_503_at_once_with_retry_after_and_queues_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The engine holds max_batch_size running + max_waiting_requests waiting requests;
+    # these run for seconds (the fake runner sleeps 10 ms a step).
+    engine, runner = build(max_waiting_requests=1, max_batch_size=2)
+    runner.step_latency_s = 0.01
+    for name in ("a", "b", "c"):
+        occupant = SamplingParams(max_new_tokens=200, ignore_eos=True)
+        engine.engine.add_request(name, [1, 2], occupant)
+    tokenized: list[str] = []
+    encode = TOKENIZER.encode
+    monkeypatch.setattr(
+        TOKENIZER, "encode", lambda text, **kw: tokenized.append(text) or encode(text, **kw)
     )
-    engine.engine.add_request("occupant", [1, 2], SamplingParams(max_new_tokens=4))
     async with AsyncTestClient(app=create_app(engine, MODEL)) as client:
         response = await client.post("/v1/generate", json=body())
         assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
         assert response.json()["error"]["type"] == "overloaded_error"
+        assert tokenized == []  # refused before any preparation work
         assert len(engine.sink) == 0
-        assert len(engine.engine.scheduler.waiting) == 1  # type: ignore[attr-defined]
+        assert engine.engine.scheduler.room() == 0
+        assert len(engine.engine._text) == 3
 
 
 async def test_a_dead_engine_loop_ends_streams_with_an_error_and_fails_health() -> None:
@@ -128,7 +140,5 @@ async def test_a_dead_engine_loop_ends_streams_with_an_error_and_fails_health() 
         assert (await client.get("/health")).status_code == 200
         engine.engine.step = broken_step  # type: ignore[method-assign]
         response = await client.post("/v1/generate", json=body())
-        assert events(response.text) == [
-            ("error", {"error": "engine loop crashed: RuntimeError: bug"})
-        ]
+        assert events(response.text) == [("error", {"error": LOOP_CRASHED})]
         assert (await client.get("/health")).status_code == 503

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
+from adapters.torch.kernels import cpu_kernels
 from adapters.torch.loader import load_model
 from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.lora_serving import LoraServing
@@ -156,6 +157,7 @@ async def test_engine_sampler_reloads_a_checkpoint_saved_again(setup, tmp_path) 
     assert first.prompt_logprobs != second.prompt_logprobs
 
 
+@pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 or no C++ toolchain")
 async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) -> None:
     """On the default CPU path (bf16, packed linears, the fused C++ decode layer), steps with
     adapter rows take the module path; a base-model request in such steps decodes exactly as

@@ -63,12 +63,13 @@ def test_greedy_breaks_ties_toward_the_lowest_id_even_in_a_sampled_batch() -> No
     assert _sample(logits, [GREEDY, SamplingParams()]).token_ids[0] == 3
 
 
-def test_the_same_seed_gives_the_same_tokens() -> None:
+@pytest.mark.parametrize("seed", [1234, -1, -(2**63), 2**63 - 1])  # any 64-bit signed seed
+def test_the_same_seed_gives_the_same_tokens(seed: int) -> None:
     logits = _logits(1, 500, scale=1.0)
-    params = [SamplingParams(temperature=1.0, top_p=0.95)]
+    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=seed)]
 
     def run() -> list[int]:
-        generator = make_generator(1234, "cpu")
+        generator = make_generator(seed, "cpu")
         return [_sample(logits, params, [generator]).token_ids[0] for _ in range(20)]
 
     assert run() == run()

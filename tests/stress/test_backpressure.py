@@ -56,22 +56,23 @@ def serving(engine: AsyncEngine) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-async def test_requests_beyond_the_queue_limit_get_503_and_the_rest_complete() -> None:
-    limit = 8
-    # A static batch that waits to fill keeps every accepted request in the queue meanwhile.
-    engine, _runner = build(
+async def test_requests_beyond_the_engines_capacity_get_503_and_the_rest_complete() -> None:
+    capacity = 4 + 8  # max_batch_size running + max_waiting_requests waiting
+    engine, runner = build(
         batching_mode="static",
-        max_waiting_requests=limit,
-        max_batch_size=64,
+        max_waiting_requests=8,
+        max_batch_size=4,
         batch_wait_timeout_s=1.0,
     )
+    runner.step_latency_s = 0.02  # the first batch runs ~0.8 s while the others arrive
     with serving(engine) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             responses = await asyncio.gather(
-                *(client.post("/v1/generate", json=BODY) for _ in range(limit + 10))
+                *(client.post("/v1/generate", json=BODY) for _ in range(capacity + 10))
             )
     statuses = sorted(r.status_code for r in responses)
-    assert statuses == [200] * limit + [503] * 10
+    assert statuses == [200] * capacity + [503] * 10
+    assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 503)
     done = [r for r in responses if r.status_code == 200]
     assert all("event: done" in r.text for r in done)
     assert not engine.engine.has_work() and len(engine.sink) == 0

@@ -1,13 +1,14 @@
 """Engine and AsyncEngine with the fake runner and the byte tokenizer (no torch)."""
 
 import asyncio
+import threading
 
 import pytest
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.engine import STEP_FAILED, Engine
 from domain.config import EngineConfig
 from domain.errors import (
     EmptyPromptError,
@@ -123,12 +124,68 @@ def test_token_ids_are_checked_against_the_models_vocabulary_when_given() -> Non
     assert [r.request_id for r in engine.scheduler.waiting] == ["in"]  # type: ignore[attr-defined]
 
 
-def test_a_full_queue_refuses_with_queue_full() -> None:
-    engine, _, _ = make_engine(max_waiting_requests=1)
+def test_a_full_engine_refuses_with_queue_full() -> None:
+    """It holds max_batch_size running plus max_waiting_requests waiting."""
+    engine, _, _ = make_engine(max_waiting_requests=1, max_batch_size=1)
+    engine.add_request("a", "x", params())
+    engine.add_request("b", "x", params())
+    with pytest.raises(QueueFullError):
+        engine.add_request("c", "x", params())
+    assert list(engine._text) == ["a", "b"]
+    engine.step()  # "a" runs, "b" waits: still full
+    with pytest.raises(QueueFullError):
+        engine.add_request("c", "x", params())
+
+
+def test_prompts_are_admitted_all_together_or_none() -> None:
+    engine, _, _ = make_engine(max_waiting_requests=2, max_batch_size=2)
     engine.add_request("a", "x", params())
     with pytest.raises(QueueFullError):
-        engine.add_request("b", "x", params())
-    assert list(engine._text) == ["a"]
+        engine.admit(["b", "c", "d", "e"], [[5]] * 4, params())
+    assert list(engine._text) == ["a"] and engine.scheduler.room() == 3
+    engine.admit(["b", "c", "d"], [[5]] * 3, params())
+    assert engine.scheduler.room() == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "count"),
+    [
+        ({"max_batch_size": 2, "max_waiting_requests": 3}, 6),  # beyond the capacity
+        ({"max_prompts_per_request": 2}, 3),
+    ],
+)
+def test_more_prompts_than_can_ever_fit_are_invalid_not_a_full_queue(config, count) -> None:
+    engine, _, _ = make_engine(**config)
+    with pytest.raises(InvalidParameterError) as error:
+        engine.admit([f"r{i}" for i in range(count)], [[5]] * count, params())
+    assert error.value.param == "prompt"
+    assert not engine.has_work()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sampling", "param"),
+    [
+        ("é" * 6, {}, "prompt"),  # 12 bytes of UTF-8, 6 characters
+        ("x" * 11, {}, "prompt"),
+        ("x", {"stop": ("a",) * 4}, "stop"),
+        ("x", {"stop_token_ids": (5,) * 4}, "stop_token_ids"),
+        ("x", {"stop": ("abcdef", "ghijk")}, "stop"),  # 11 bytes
+    ],
+)
+def test_request_limits_are_refused_by_name_before_tokenizing(
+    prompt, sampling, param, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _, _ = make_engine(max_prompt_bytes=10, max_stop_strings=3, max_stop_bytes=10)
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
+    with pytest.raises(InvalidParameterError) as error:
+        engine.prepare(prompt, params(**sampling))
+    assert error.value.param == param
+
+
+def test_requests_at_the_limits_are_accepted() -> None:
+    engine, _, _ = make_engine(max_prompt_bytes=10, max_stop_strings=3, max_stop_bytes=10)
+    sampling = params(stop=("abcde", "fghij"), stop_token_ids=(5, 6, 7))
+    assert engine.prepare("é" * 5, sampling) == TOKENIZER.encode("é" * 5)
 
 
 def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
@@ -147,9 +204,10 @@ def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
     engine.add_request("b", "x", params())
     engine.step()
     assert [(o.request_id, o.error) for o in sink.outputs] == [
-        ("a", "RuntimeError: out of memory"),
-        ("b", "RuntimeError: out of memory"),
+        ("a", STEP_FAILED),
+        ("b", STEP_FAILED),
     ]
+    assert "out of memory" not in STEP_FAILED  # no exception text reaches clients
     engine.add_request("c", "x", params())
     run(engine)
     assert "".join(o.text_delta for o in sink.of("c")) == "ok"
@@ -257,6 +315,56 @@ async def test_validation_errors_raise_before_streaming() -> None:
     with pytest.raises(InvalidParameterError):
         await engine.stream("a", "", params())
     assert len(sink) == 0
+
+
+async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> None:
+    """A generator that never started cannot clean up after itself: the group does."""
+    runner = FakeModelRunner(script=scripted("x" * 500), step_latency_s=0.001)
+    sink = QueueOutputSink()
+    core = Engine(EngineConfig(max_batch_size=2, max_waiting_requests=2), runner, TOKENIZER, sink)
+    engine = AsyncEngine(core, sink)
+    engine.start()
+    try:
+        group = engine.group()
+        streams = group.admit(["a", "b", "c"], [[5], [6], [7]], params(max_new_tokens=400))
+        for _ in range(400):  # until two run
+            if len(runner.live) == 2:
+                break
+            await asyncio.sleep(0.005)
+        await streams[0].aclose()  # closing a stream never started does nothing
+        assert core.has_work()
+        group.close()
+        assert len(sink) == 0
+        for _ in range(400):  # the slots are released at the loop's next step
+            if not core.has_work() and not runner.live:
+                break
+            await asyncio.sleep(0.005)
+        assert not core.has_work() and runner.live == set()
+        assert core.scheduler.room() == 4
+    finally:
+        await engine.stop()
+
+
+async def test_prompts_are_tokenized_off_the_event_loop() -> None:
+    threads: list[str] = []
+
+    class Recording(ByteTokenizer):
+        def encode(self, text, **kwargs):
+            threads.append(threading.current_thread().name)
+            return super().encode(text, **kwargs)
+
+        def render_chat(self, messages, **kwargs):
+            threads.append(threading.current_thread().name)
+            return super().render_chat(messages, **kwargs)
+
+    sink = QueueOutputSink()
+    engine = AsyncEngine(Engine(EngineConfig(), FakeModelRunner(), Recording(), sink), sink)
+    try:
+        assert await engine.prepare("hi", params()) == TOKENIZER.encode("hi")
+        await engine.render_chat([{"role": "user", "content": "hi"}])
+    finally:
+        await engine.stop()
+    assert threads and threading.main_thread().name not in threads
 
 
 def test_request_ids_are_kept_on_requests() -> None:

@@ -18,7 +18,8 @@ from domain.sampling import SamplingParams
         ("repetition_penalty", 0.0),
         ("presence_penalty", 2.5),
         ("frequency_penalty", -3.0),
-        ("seed", -1),
+        ("seed", -(2**63) - 1),
+        ("seed", 2**63),
         ("stop", ("",)),
         ("stop_token_ids", (-1,)),
         ("logprobs", 21),
@@ -29,6 +30,11 @@ def test_out_of_range_values_are_rejected_by_name(field: str, value: object) -> 
         SamplingParams(**{field: value})  # type: ignore[arg-type]
     assert error.value.param == field
     assert field in str(error.value)
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1])
+def test_any_64_bit_signed_seed_is_accepted_as_openai_and_vllm_do(seed: int) -> None:
+    assert SamplingParams(seed=seed).seed == seed
 
 
 def test_defaults_are_valid_and_sample_without_penalties() -> None:

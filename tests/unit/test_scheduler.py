@@ -94,11 +94,27 @@ def test_static_keeps_a_partially_finished_batch() -> None:
     assert sorted(scheduler.schedule().released) == ["a", "b", "c"]
 
 
-def test_static_refuses_requests_beyond_the_waiting_limit() -> None:
-    scheduler, _ = static(max_waiting=2)
-    assert scheduler.add_request(request("a"))
-    assert scheduler.add_request(request("b"))
-    assert not scheduler.add_request(request("c"))
+def test_static_refuses_requests_beyond_the_batch_and_waiting_limits() -> None:
+    scheduler, _ = static(max_batch_size=2, max_waiting=1)
+    for name in "abc":
+        assert scheduler.add_request(request(name))
+    assert not scheduler.add_request(request("d"))
+    step(scheduler)  # a batch of two runs, one waits: still full
+    assert scheduler.room() == 0 and not scheduler.add_request(request("d"))
+    scheduler.abort("a")  # an aborted request leaves room at once
+    assert scheduler.room() == 1
+
+
+def test_continuous_counts_running_and_waiting_requests_against_its_capacity() -> None:
+    config = EngineConfig(max_batch_size=2, max_waiting_requests=1)
+    scheduler = ContinuousScheduler(config, [EOS])
+    for name in "abc":
+        assert scheduler.add_request(request(name, max_new_tokens=2))
+    assert scheduler.room() == 0
+    step(scheduler)
+    assert scheduler.room() == 0 and not scheduler.add_request(request("d"))
+    step(scheduler)  # a and b reach max_new_tokens
+    assert scheduler.room() == 2
 
 
 def test_static_batches_at_most_max_batch_size_in_arrival_order() -> None:

@@ -1,5 +1,8 @@
 """StopStringMatcher on streamed text deltas."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from adapters.fake import ByteTokenizer
 from domain.detokenizer import IncrementalDetokenizer
 from domain.stop import StopStringMatcher
@@ -76,3 +79,25 @@ def test_finds_a_stop_string_spread_over_byte_tokens() -> None:
         detokenizer.push(i) for i in tokenizer.encode("你好，世界。", add_special_tokens=False)
     ]
     assert _feed_all(StopStringMatcher(["世界"]), deltas) == ("你好，", True)
+
+
+def _held_back_naively(text: str, stops: list[str]) -> int:
+    """The longest suffix of ``text`` that is a proper prefix of a stop string, by brute force."""
+    return max(
+        (
+            k
+            for k in range(1, len(text) + 1)
+            for s in stops
+            if len(s) > k and s.startswith(text[-k:])
+        ),
+        default=0,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="abc", max_size=12),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), min_size=1, max_size=4),
+)
+def test_what_is_held_back_matches_a_brute_force_search(text: str, stops: list[str]) -> None:
+    assert StopStringMatcher(stops)._partial_stop_length(text) == _held_back_naively(text, stops)

@@ -1,0 +1,167 @@
+"""The app on the fake model (and the toy Tinker backend), in process or under a real uvicorn
+server with ``entrypoints.server``'s limits, and checks that nothing is left running."""
+
+import asyncio
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner, reply_script
+from adapters.http import create_app
+from adapters.storage.checkpoints import FileCheckpointStorage
+from adapters.toy_backend.backend import ToyBackend
+from application.async_engine import AsyncEngine, QueueOutputSink
+from application.engine import Engine
+from application.tinker.service import TinkerService
+from domain.config import EngineConfig
+from entrypoints.server import ConnectionLimits, LimitedServer, server_config
+
+MODEL = "test/fake-model"
+TINKER_BASE_MODEL = "test/base"
+TOKENIZER = ByteTokenizer()
+# Far from what a test waits for: a request that is not aborted is still running then.
+ENDLESS = 1500
+
+
+@dataclass
+class Stack:
+    engine: AsyncEngine
+    runner: FakeModelRunner
+    tinker: TinkerService | None
+
+    def app(self) -> Litestar:
+        return create_app(self.engine, MODEL, tinker=self.tinker)
+
+    def leftovers(self) -> dict[str, Any]:
+        """What the engine still holds: empty when every request has ended."""
+        engine = self.engine.engine
+        left: dict[str, Any] = {}
+        if engine.has_work():
+            left["scheduled"] = True
+        if self.runner.live:
+            left["kv_slots"] = sorted(self.runner.live)
+        if len(self.engine.sink):
+            left["open_streams"] = len(self.engine.sink)
+        return left
+
+    def wait_idle(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        """Poll until nothing is left (empty dict) or ``timeout_s`` passes (what is left)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return left
+
+    def wait_busy(self, timeout_s: float = 5.0) -> None:
+        """Until some request holds a KV slot (it is running)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.runner.live:
+            assert time.monotonic() < deadline, "no request started"
+            time.sleep(0.005)
+
+
+def fake_stack(
+    checkpoints: Path | None = None,
+    *,
+    reply: str = "Paris is the capital.",
+    endless: bool = False,
+    step_latency_s: float = 0.0,
+    **config: Any,
+) -> Stack:
+    """The engine on the fake runner; ``endless``: every request generates until
+    ``max_tokens`` (no EOS); ``checkpoints``: also the toy Tinker backend, stored there."""
+    runner = FakeModelRunner(
+        script=reply_script(TOKENIZER, reply, then_eos=not endless),
+        step_latency_s=step_latency_s,
+    )
+    sink = QueueOutputSink()
+    engine_config = EngineConfig(**{"max_seq_len": 2048, **config})
+    engine = AsyncEngine(Engine(engine_config, runner, TOKENIZER, sink), sink)
+    tinker = None
+    if checkpoints is not None:
+        backend = ToyBackend(TINKER_BASE_MODEL)
+        tinker = TinkerService(
+            backend, backend, FileCheckpointStorage(checkpoints), long_poll_s=0.2
+        )
+    return Stack(engine, runner, tinker)
+
+
+@dataclass
+class Served:
+    server: LimitedServer
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def connect(self, timeout_s: float = 5.0) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s)
+        return sock
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.server.server_state.connections)
+
+
+@contextmanager
+def serving(app: Litestar, limits: ConnectionLimits | None = None) -> Iterator[Served]:
+    """``app`` under a real uvicorn server (``entrypoints.server``'s) on 127.0.0.1."""
+    config = server_config(app, "127.0.0.1", 0, limits or ConnectionLimits(), log_level="warning")
+    server = LimitedServer(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server failed to start"
+        time.sleep(0.01)
+    try:
+        yield Served(server, server.servers[0].sockets[0].getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and how long it took
+    (``timeout_s`` at most: then the connection was still open)."""
+    start = time.monotonic()
+    sock.settimeout(0.1)
+    data = b""
+    while time.monotonic() - start < timeout_s:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - start
+
+
+def status_of(raw: bytes) -> int | None:
+    """The status code of a raw HTTP/1.1 response (None: no response)."""
+    if not raw.startswith(b"HTTP/1.1 "):
+        return None
+    return int(raw.split(b" ", 2)[1])
+
+
+def json_body(raw: bytes) -> Any:
+    return json.loads(raw.split(b"\r\n\r\n", 1)[1])
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a client killed mid-request does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
