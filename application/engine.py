@@ -109,10 +109,8 @@ class Engine:
             prompt_ids = self.tokenizer.encode(prompt)
         else:
             prompt_ids = list(prompt)
-        if len(prompt_ids) + params.max_new_tokens > self.config.max_seq_len:
-            raise PromptTooLongError(
-                len(prompt_ids), params.max_new_tokens, self.config.max_seq_len
-            )
+        if len(prompt_ids) + params.max_tokens > self.config.max_seq_len:
+            raise PromptTooLongError(len(prompt_ids), params.max_tokens, self.config.max_seq_len)
         bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidParameterError(

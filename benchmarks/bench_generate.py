@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
-from adapters.torch.generate import stream_generate
+from adapters.torch.runtime.generate import stream_generate
 from domain.sampling import SamplingParams
 from entrypoints.container import DTYPES, create_container
 
@@ -41,7 +41,7 @@ def main() -> None:
     folder = container.resolved_model().path
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[args.dtype]).eval()
     prompt_ids = tokenizer.encode(PROMPT)
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     for _ in range(args.warmup):
         _time_ours(model, tokenizer, prompt_ids, params)
         _time_hf(reference, prompt_ids, args.new_tokens)
@@ -80,7 +80,7 @@ def _time_hf(model, prompt_ids, new_tokens: int) -> tuple[float, float]:
         start = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(
-                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+                ids, max_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
             )
         assert out.shape[1] == ids.shape[1] + n
         return time.perf_counter() - start

@@ -61,16 +61,16 @@ def main() -> None:
     ]
     params = [
         SamplingParams(
-            temperature=0.6, ignore_eos=True, max_new_tokens=rng.randint(args.min_len, args.max_len)
+            temperature=0.6, ignore_eos=True, max_tokens=rng.randint(args.min_len, args.max_len)
         )
         for _ in range(args.num_seqs)
     ]
-    llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, ignore_eos=True))  # warm-up
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     start = time.perf_counter()
     results = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     output_tokens = sum(len(r.token_ids) for r in results)
-    assert output_tokens == sum(q.max_new_tokens for q in params), "a sequence stopped early"
+    assert output_tokens == sum(q.max_tokens for q in params), "a sequence stopped early"
     input_tokens = sum(len(q) for q in prompts)
     row = {
         "model": args.model,

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from adapters.torch.sampler import Sampler, make_generator
+from adapters.torch.runtime.sampler import Sampler, make_generator
 from domain.sampling import SamplingParams
 
 CASES = {

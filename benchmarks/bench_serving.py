@@ -14,7 +14,7 @@ Workloads (prompts: random token ids in [100, vocab_size - 1000), seeded per wor
 
 By default each batching mode gets its own freshly launched server (``infer serve`` on a
 free port, one warm-up request, all workloads, then stopped). The baseline runs the W1 and
-W2 prompts one at a time through ``adapters.torch.generate.generate()`` in this process,
+W2 prompts one at a time through ``adapters.torch.runtime.generate.generate()`` in this process,
 while no server is running; ``--hf-baseline`` also runs them one at a time through
 transformers' ``generate`` on the same weights (greedy only). Usage:
 
@@ -441,15 +441,13 @@ def sampling_line(args: argparse.Namespace) -> str:
 
 def run_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[str, Any]]:
     """Each workload's requests one after another through ``generate()``; wall-clock."""
-    from adapters.torch.generate import generate
+    from adapters.torch.runtime.generate import generate
     from domain.sampling import SamplingParams
 
     model, tokenizer = container.model(), container.tokenizer()
 
     def params(n: int, temperature: float = 0.0, top_p: float = 1.0) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=n, temperature=temperature, top_p=top_p, ignore_eos=True
-        )
+        return SamplingParams(max_tokens=n, temperature=temperature, top_p=top_p, ignore_eos=True)
 
     def one(spec: RequestSpec) -> int:
         p = params(spec.output_len, spec.temperature, spec.top_p)
@@ -477,7 +475,7 @@ def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict
         ids = torch.tensor([prompt])
         with torch.inference_mode():
             out = model.generate(
-                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+                ids, max_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
             )
         return out.shape[1] - ids.shape[1]
 

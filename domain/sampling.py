@@ -20,7 +20,7 @@ class SamplingParams:
     ``prompt_top_logprobs`` N the top-N alternatives at each of those positions.
     """
 
-    max_new_tokens: int = 128
+    max_tokens: int = 128
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -37,7 +37,7 @@ class SamplingParams:
     prompt_top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        _check(self.max_tokens >= 1, "max_tokens", "must be >= 1")
         _check(0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
         _check(self.top_k >= -1, "top_k", "must be -1, 0 (disabled) or a positive integer")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")

@@ -127,7 +127,7 @@ class _QueueingScheduler:
             request.finish("eos")
         elif token in params.stop_token_ids:
             request.finish("stop")
-        elif len(request.generated_token_ids) >= params.max_new_tokens:
+        elif len(request.generated_token_ids) >= params.max_tokens:
             request.finish("length")
 
     def _remove_waiting(self, request_id: str) -> Request | None:

@@ -6,7 +6,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from adapters.torch.generate import encode_prompt, stream_generate
+from adapters.torch.runtime.generate import encode_prompt, stream_generate
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except InvalidParameterError as e:  # named as the flag that sets it
-        flag = "--max-tokens" if e.param == "max_new_tokens" else f"--{e.param.replace('_', '-')}"
+        flag = f"--{e.param.replace('_', '-')}"
         known = any(flag in a.option_strings for a in _all_actions(parser))
         message = str(e).replace(e.param, flag, 1) if known else str(e)
         print(f"error: {message}", file=sys.stderr)
@@ -146,7 +146,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
-        max_new_tokens=args.max_tokens,
+        max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,

@@ -13,12 +13,12 @@ from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
-from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.lora_serving import LoraServing
-from adapters.torch.runner import TorchModelRunner
-from adapters.torch.sampler import Sampler
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.models.transformer import Transformer
+from adapters.torch.runtime.runner import TorchModelRunner
+from adapters.torch.runtime.sampler import Sampler
 from adapters.torch.tinker_sampler import EngineSampler
-from adapters.torch.transformer import Transformer
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.async_engine import AsyncEngine, QueueOutputSink

@@ -4,10 +4,10 @@
     from domain.sampling import SamplingParams
 
     llm = LLM()                                   # default model; LLM("gemma-3-270m"), ...
-    for r in llm.generate(["Hello", "The sky is"], SamplingParams(max_new_tokens=16)):
+    for r in llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=16)):
         print(r.text, r.finish_reason)
 
-    async for delta in llm.stream("Tell me a story", SamplingParams(max_new_tokens=64)):
+    async for delta in llm.stream("Tell me a story", SamplingParams(max_tokens=64)):
         print(delta, end="", flush=True)
 
 ``generate`` batches the prompts through the engine's scheduler (continuous batching by

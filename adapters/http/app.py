@@ -124,7 +124,7 @@ def _sampling_params(body: GenerateRequest) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
         return SamplingParams(
-            max_new_tokens=body.max_tokens,
+            max_tokens=body.max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k or 0,
@@ -133,10 +133,7 @@ def _sampling_params(body: GenerateRequest) -> SamplingParams:
             seed=body.seed,
         )
     except InvalidParameterError as e:
-        param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
-        raise HTTPError(
-            422, str(e).replace(e.param, param, 1), "invalid_request_error", param
-        ) from e
+        raise HTTPError(422, str(e), "invalid_request_error", e.param) from e
 
 
 async def _events(outputs: AsyncIterator[StepOutput]) -> AsyncIterator[ServerSentEventMessage]:

@@ -227,7 +227,7 @@ def _sampling(
         )
     try:
         return SamplingParams(
-            max_new_tokens=max_tokens,
+            max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
@@ -241,7 +241,7 @@ def _sampling(
             seed=body.seed,
         )
     except InvalidParameterError as e:
-        param = max_tokens_field if e.param == "max_new_tokens" else e.param
+        param = max_tokens_field if e.param == "max_tokens" else e.param
         message = str(e).replace(e.param, param, 1)
         raise HTTPError(400, message, "invalid_request_error", param) from e
 

@@ -14,12 +14,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.cpu_inference import can_optimize, optimize_for_cpu
-from adapters.torch.gemma3 import Gemma3Model
-from adapters.torch.llama import LlamaModel
-from adapters.torch.qwen3 import Qwen3Model
-from adapters.torch.transformer import Transformer
+from adapters.torch.cpu.fused_decode import can_optimize, optimize_for_cpu
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.gemma3 import Gemma3Model
+from adapters.torch.models.llama import LlamaModel
+from adapters.torch.models.qwen3 import Qwen3Model
+from adapters.torch.models.transformer import Transformer
 from domain.errors import ModelLoadError
 
 FAMILIES: dict[str, Callable[[ModelConfig], Transformer]] = {

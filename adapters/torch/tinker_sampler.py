@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 from torch import Tensor
 
-from adapters.torch.lora_serving import ADAPTER_WEIGHTS, LoraServing
+from adapters.torch.lora.serving import ADAPTER_WEIGHTS, LoraServing
 from application.async_engine import AsyncEngine
 from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
@@ -174,7 +174,7 @@ def _engine_params(
     explicit = p.stop_strings is not None or p.stop_token_ids is not None
     try:
         return SamplingParams(
-            max_new_tokens=p.max_tokens,
+            max_tokens=p.max_tokens,
             temperature=p.temperature,
             top_k=max(p.top_k, 0),
             top_p=p.top_p,

@@ -21,12 +21,12 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.generate import stream_generate
-from adapters.torch.kv_cache import KVCache
 from adapters.torch.loader import load_model
-from adapters.torch.lora import ADAPTER_WEIGHTS, BaseModelEntry, LoraTrainingBackend
-from adapters.torch.lora_serving import LoraServing
-from adapters.torch.runner import TorchModelRunner
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.lora.training import ADAPTER_WEIGHTS, BaseModelEntry, LoraTrainingBackend
+from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.runtime.generate import stream_generate
+from adapters.torch.runtime.runner import TorchModelRunner
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
@@ -154,7 +154,7 @@ def test_batched_greedy_equals_each_request_alone_float32(folders, arch, mode, b
         max_seq_len=96,
     )
     params = [
-        SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
     ]
     got = _run_engine(model, config, params)
     for i, prompt in enumerate(PROMPTS):
@@ -168,13 +168,13 @@ def test_batched_greedy_bf16_tracks_each_request_alone(folders, arch) -> None:
     model = load_model(folders[arch], dtype=torch.bfloat16, device=CUDA)
     config = EngineConfig(max_batch_size=4, max_seq_len=96, max_num_batched_tokens=16)
     params = [
-        SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
     ]
     got = _run_engine(model, config, params)
     same = total = 0
     for i, prompt in enumerate(PROMPTS):
         want = _alone(model, prompt, params[i])
-        assert len(got[f"r{i}"]) == len(want) == params[i].max_new_tokens
+        assert len(got[f"r{i}"]) == len(want) == params[i].max_tokens
         prefix = next(
             (j for j, (a, b) in enumerate(zip(got[f"r{i}"], want, strict=True)) if a != b),
             len(want),
@@ -187,8 +187,8 @@ def test_batched_greedy_bf16_tracks_each_request_alone(folders, arch) -> None:
 def test_seeded_sampling_is_the_same_batched_or_alone_on_cuda(folders, arch) -> None:
     model = load_model(folders[arch], dtype=torch.float32, device=CUDA)
     config = EngineConfig(max_batch_size=4, max_seq_len=96)
-    seeded = SamplingParams(temperature=1.0, seed=11, max_new_tokens=10, ignore_eos=True)
-    other = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=10, ignore_eos=True)
+    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=10, ignore_eos=True)
     sink = ListSink()
     engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink)
     engine.add_request("seeded", PROMPTS[0], seeded)
@@ -197,7 +197,7 @@ def test_seeded_sampling_is_the_same_batched_or_alone_on_cuda(folders, arch) -> 
         engine.step()
     got = [o.token_id for o in sink.outputs if o.request_id == "seeded"]
     assert got == _alone(model, PROMPTS[0], seeded)
-    reseeded = SamplingParams(temperature=1.0, seed=12, max_new_tokens=10, ignore_eos=True)
+    reseeded = SamplingParams(temperature=1.0, seed=12, max_tokens=10, ignore_eos=True)
     assert _alone(model, PROMPTS[0], reseeded) != got
 
 
@@ -303,7 +303,7 @@ async def test_multi_lora_serving_on_cuda_matches_the_training_forward(
     engine = AsyncEngine(
         Engine(config, TorchModelRunner(model, config, lora=lora), TOKENIZER, sink), sink
     )
-    params = SamplingParams(max_new_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=True)
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=True)
 
     async def run(rid: str, adapter: str | None) -> list[StepOutput]:
         outputs = await engine.stream(rid, prompt, params, adapter_id=adapter)
@@ -357,11 +357,11 @@ def test_real_weights_greedy_tokens_match_transformers_on_cuda(spec, package, pr
         reference = _reference(resolved.path, dtype)
         with torch.inference_mode():
             out = reference.generate(
-                torch.tensor([prompt_ids], device=CUDA), max_new_tokens=new, do_sample=False
+                torch.tensor([prompt_ids], device=CUDA), max_tokens=new, do_sample=False
             )
         expected = out[0, len(prompt_ids) :].tolist()
         model = load_model(resolved.path, dtype=dtype, device=CUDA)
-        params = SamplingParams(max_new_tokens=new, temperature=0.0)
+        params = SamplingParams(max_tokens=new, temperature=0.0)
         ours = [c.token_id for c in stream_generate(model, tokenizer, prompt_ids, params)]
         if dtype == torch.float32:
             assert ours == expected

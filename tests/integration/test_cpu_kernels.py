@@ -8,16 +8,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.testing import assert_close
 
-from adapters.torch.config import RopeConfig
-from adapters.torch.cpu_inference import (
+from adapters.torch.cpu.fused_decode import (
     FusedDecodeLayer,
     KernelGatedMLP,
     KernelRMSNorm,
     PackedLinear,
 )
-from adapters.torch.kernels import cpu_kernels
-from adapters.torch.kv_cache import KVCache, SlotKVCache
-from adapters.torch.layers import (
+from adapters.torch.cpu.kernels import cpu_kernels
+from adapters.torch.loader import load_model
+from adapters.torch.models.config import RopeConfig
+from adapters.torch.models.kv_cache import KVCache, SlotKVCache
+from adapters.torch.models.layers import (
     Attention,
     MixedBatch,
     RMSNorm,
@@ -25,7 +26,6 @@ from adapters.torch.layers import (
     apply_rope,
     gelu_tanh,
 )
-from adapters.torch.loader import load_model
 from tests.integration.tiny_models import save_tiny_model
 
 kernels = cpu_kernels()

@@ -7,10 +7,10 @@ import torch
 from torch import Tensor, nn
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.config import ModelConfig
-from adapters.torch.generate import generate, stream_generate
-from adapters.torch.kv_cache import KVCache
 from adapters.torch.loader import load_model
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.runtime.generate import generate, stream_generate
 from domain.errors import InvalidParameterError
 from domain.sampling import SamplingParams
 from tests.integration.tiny_models import save_tiny_model
@@ -67,7 +67,7 @@ def test_stops_at_eos_without_emitting_it() -> None:
 
 
 def test_stops_at_max_tokens() -> None:
-    chunks = run("Hello world", max_new_tokens=4)
+    chunks = run("Hello world", max_tokens=4)
     assert len(chunks) == 4
     assert "".join(c.text for c in chunks) == "Hell"
     assert chunks[-1].finish_reason == "length"
@@ -97,7 +97,7 @@ def test_streamed_deltas_never_split_a_multibyte_character() -> None:
 
 def test_ignore_eos_generates_through_eos() -> None:
     model = ScriptedModel([*script_of("ab"), EOS, *script_of("cd")])
-    params = SamplingParams(temperature=0.0, max_new_tokens=5, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     prompt = TOKENIZER.encode("p")
     chunks = list(stream_generate(model, TOKENIZER, prompt, params))  # type: ignore[arg-type]
     assert [c.finish_reason for c in chunks][-1] == "length"
@@ -118,7 +118,7 @@ def test_generate_reports_text_tokens_and_reason() -> None:
     [
         ([], SamplingParams(), "prompt"),
         ([1, 999], SamplingParams(), "prompt"),
-        ([1, 2], SamplingParams(max_new_tokens=511), "max_new_tokens"),
+        ([1, 2], SamplingParams(max_tokens=511), "max_tokens"),
     ],
 )
 def test_bad_prompts_are_rejected_before_generating(prompt, params, param) -> None:
@@ -132,10 +132,10 @@ def test_bad_prompts_are_rejected_before_generating(prompt, params, param) -> No
 def test_seeded_sampling_on_a_real_model_is_reproducible(tmp_path: Path) -> None:
     save_tiny_model("llama", tmp_path)
     model = load_model(tmp_path, dtype=torch.float32)
-    params = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_new_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True)
     first = [c.token_id for c in stream_generate(model, TOKENIZER, [1, 5, 9], params)]
     second = [c.token_id for c in stream_generate(model, TOKENIZER, [1, 5, 9], params)]
-    other = SamplingParams(temperature=1.0, top_p=0.9, seed=8, max_new_tokens=12, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, top_p=0.9, seed=8, max_tokens=12, ignore_eos=True)
     third = [c.token_id for c in stream_generate(model, TOKENIZER, [1, 5, 9], other)]
     assert first == second
     assert first != third

@@ -112,7 +112,7 @@ async def test_a_full_queue_answers_503_at_once_with_retry_after_and_queues_noth
     engine, runner = build(max_waiting_requests=1, max_batch_size=2)
     runner.step_latency_s = 0.01
     for name in ("a", "b", "c"):
-        occupant = SamplingParams(max_new_tokens=200, ignore_eos=True)
+        occupant = SamplingParams(max_tokens=200, ignore_eos=True)
         engine.engine.add_request(name, [1, 2], occupant)
     tokenized: list[str] = []
     encode = TOKENIZER.encode

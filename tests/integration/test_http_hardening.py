@@ -74,7 +74,7 @@ class Stack:
     def occupy(self, count: int) -> None:
         """``count`` requests that run for a long time."""
         for i in range(count):
-            params = SamplingParams(max_new_tokens=1500, ignore_eos=True)
+            params = SamplingParams(max_tokens=1500, ignore_eos=True)
             self.core.add_request(f"occupant-{i}", [5], params)
 
 

@@ -16,7 +16,7 @@ def llm(tmp_path_factory) -> LLM:
 
 
 def test_generate_batches_prompts_and_keeps_their_order(llm: LLM) -> None:
-    params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     results = llm.generate(["first prompt", "second", [1, 70, 71]], params)
     assert [r.prompt for r in results] == ["first prompt", "second", [1, 70, 71]]
     assert all(len(r.token_ids) == 6 and r.finish_reason == "length" for r in results)
@@ -26,7 +26,7 @@ def test_generate_batches_prompts_and_keeps_their_order(llm: LLM) -> None:
 
 def test_generate_takes_one_sampling_params_per_prompt(llm: LLM) -> None:
     lengths = [3, 7, 5]
-    params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     results = llm.generate(["a", "b", "c"], params)
     assert [len(r.token_ids) for r in results] == lengths
     with pytest.raises(ValueError, match="2 params for 3 prompts"):
@@ -34,21 +34,21 @@ def test_generate_takes_one_sampling_params_per_prompt(llm: LLM) -> None:
 
 
 async def test_stream_yields_the_same_text_as_generate(llm: LLM) -> None:
-    params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     streamed = "".join([delta async for delta in llm.stream("hello", params)])
     assert streamed == llm.generate(["hello"], params)[0].text
 
 
 def test_bad_input_raises_the_domain_error(llm: LLM) -> None:
     with pytest.raises(InvalidParameterError):
-        llm.generate([""], SamplingParams(max_new_tokens=4))
+        llm.generate([""], SamplingParams(max_tokens=4))
     assert not llm._container.engine().has_work()
 
 
 def test_generate_takes_more_prompts_than_the_waiting_queue_holds(llm: LLM) -> None:
     limit = llm._container.engine().config.max_waiting_requests
     prompts: list[str | list[int]] = [[1, 60 + i % 50, 70] for i in range(limit + 9)]
-    params = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     results = llm.generate(prompts, params)
     assert [r.prompt for r in results] == prompts
     assert all(len(r.token_ids) == 1 for r in results)
@@ -58,12 +58,12 @@ def test_generate_takes_more_prompts_than_the_waiting_queue_holds(llm: LLM) -> N
 
 def test_a_bad_prompt_anywhere_raises_and_leaves_nothing_queued(llm: LLM) -> None:
     with pytest.raises(InvalidParameterError, match="out of vocabulary"):
-        llm.generate(["fine", [1, 10**9]], SamplingParams(max_new_tokens=4))
+        llm.generate(["fine", [1, 10**9]], SamplingParams(max_tokens=4))
     assert not llm._container.engine().has_work() and len(llm._container.sink()) == 0
 
 
 async def test_concurrent_streams_share_one_engine_loop(llm: LLM) -> None:
-    params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     engine = llm._container.async_engine()
 
     async def text(prompt: str) -> str:

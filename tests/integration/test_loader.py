@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from adapters.torch.cpu_inference import PackedLinear
+from adapters.torch.cpu.fused_decode import PackedLinear
 from adapters.torch.loader import load_model
 from adapters.weights import resolve_model
 from domain.errors import ModelLoadError

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
-from adapters.torch.lora import (
+from adapters.torch.lora.training import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     OPTIMIZER_STATE,
@@ -425,7 +425,7 @@ def test_unknown_models_and_released_adapters_are_not_found(backend) -> None:
 def test_chunked_logits_with_recomputation_give_the_same_step(backend, monkeypatch) -> None:
     """Past LOGIT_ELEMENTS logits, the LM head runs in checkpointed chunks: the same
     logprobs, loss and update as all at once (only the memory differs)."""
-    import adapters.torch.lora as lora
+    import adapters.torch.lora.training as lora
 
     data = _data()
     whole, chunked = _create(backend, seed=3), _create(backend, seed=3)
@@ -459,7 +459,7 @@ def test_bf16_mixed_precision_update_is_as_accurate_as_float32_math(
 ) -> None:
     """With bf16 base weights, the LoRA update runs its wide products in bf16: three steps
     of training land as close to the float32 model as doing the update in float32 does."""
-    import adapters.torch.lora as lora
+    import adapters.torch.lora.training as lora
 
     def train(trainer: LoraTrainingBackend, name: str, arch: str) -> tuple[float, np.ndarray]:
         trainer.create(name, arch, LoraSpec(rank=4, seed=11))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from domain.training import AdamParams, Datum, LoraSpec, TensorValue
 from tests.integration.tiny_models import save_tiny_model
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.kernels import cpu_kernels
+from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.loader import load_model
-from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.lora_serving import LoraServing
-from adapters.torch.runner import TorchModelRunner
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
@@ -83,7 +83,7 @@ async def run(engine: AsyncEngine, rid: str, adapter: str | None, **params: obje
 
 async def test_adapters_and_base_share_steps_and_each_gets_its_own_weights(setup) -> None:
     backend, engine, _, _ = setup
-    params = dict(max_new_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=True)
+    params = dict(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=True)
     engine.start()
     try:
         # Chunked prefill (7 tokens a step) interleaves the three requests' prompts and
@@ -175,7 +175,7 @@ async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) 
     engine = AsyncEngine(
         Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
     )
-    params = dict(max_new_tokens=8, temperature=0.0, logprobs=0, prompt_logprobs=True)
+    params = dict(max_tokens=8, temperature=0.0, logprobs=0, prompt_logprobs=True)
     engine.start()
     try:
         alone = await run(engine, "alone", None, **params)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from adapters.torch.kv_cache import KVCache
 from adapters.torch.loader import load_model
-from adapters.torch.transformer import Transformer
+from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.models.transformer import Transformer
 from tests.integration.tiny_models import VOCAB, save_tiny_model
 
 ARCHS = ["llama", "qwen3", "gemma3"]

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from adapters.hf_tokenizer import HFTokenizer
-from adapters.torch.generate import stream_generate
 from adapters.torch.loader import load_model
+from adapters.torch.runtime.generate import stream_generate
 from adapters.weights import resolve_model
 from domain.sampling import SamplingParams
 
@@ -29,13 +29,11 @@ def test_greedy_tokens_match_transformers(spec: str, prompt: str) -> None:
     prompt_ids = tokenizer.encode(prompt)
     reference = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
     with torch.inference_mode():
-        out = reference.generate(
-            torch.tensor([prompt_ids]), max_new_tokens=NEW_TOKENS, do_sample=False
-        )
+        out = reference.generate(torch.tensor([prompt_ids]), max_tokens=NEW_TOKENS, do_sample=False)
     expected = out[0, len(prompt_ids) :].tolist()
 
     model = load_model(resolved.path, dtype=torch.float32)
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     ours = [c.token_id for c in stream_generate(model, tokenizer, prompt_ids, params)]
 
     assert len(expected) == NEW_TOKENS  # no early EOS: the comparison covers 32 tokens

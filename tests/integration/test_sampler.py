@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from adapters.torch.kernels import cpu_kernels
-from adapters.torch.sampler import (
+from adapters.torch.cpu.kernels import cpu_kernels
+from adapters.torch.runtime.sampler import (
     Sampler,
     SampleResult,
     _sample_rows,

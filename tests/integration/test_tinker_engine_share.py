@@ -10,8 +10,8 @@ import torch
 
 from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
-from adapters.torch.lora_serving import LoraServing
-from adapters.torch.runner import TorchModelRunner
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
@@ -52,7 +52,7 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
 
         async def openai_like(i: int) -> int:
             stream = await engine.stream(
-                f"openai-{i}", PROMPT, SamplingParams(max_new_tokens=4, temperature=0.0)
+                f"openai-{i}", PROMPT, SamplingParams(max_tokens=4, temperature=0.0)
             )
             return len([o async for o in stream])
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.generate import stream_generate
 from adapters.torch.loader import load_model
-from adapters.torch.runner import TorchModelRunner
+from adapters.torch.runtime.generate import stream_generate
+from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine import Engine
 from domain.config import EngineConfig
 from domain.request import StepOutput
@@ -68,7 +68,7 @@ def test_batched_greedy_outputs_equal_each_request_alone(model, mode, budget) ->
     sink = ListSink()
     engine = Engine(config, runner, TOKENIZER, sink)
     lengths = [12, 20, 7, 15]
-    params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     engine.add_request("r0", PROMPTS[0], params[0])
     engine.add_request("r1", PROMPTS[1], params[1])
     for step in range(200):
@@ -90,8 +90,8 @@ def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
     runner = TorchModelRunner(model, config)
     sink = ListSink()
     engine = Engine(config, runner, TOKENIZER, sink)
-    seeded = SamplingParams(temperature=1.0, seed=11, max_new_tokens=10, ignore_eos=True)
-    other = SamplingParams(temperature=1.0, max_new_tokens=10, ignore_eos=True)
+    seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
     engine.add_request("seeded", PROMPTS[0], seeded)
     engine.add_request("other", PROMPTS[1], other)
     while engine.has_work():

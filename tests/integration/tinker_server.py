@@ -11,14 +11,14 @@ import uvicorn
 from litestar import Litestar
 
 from adapters.fake import ByteTokenizer
+from adapters.fake.toy_backend import ToyBackend
 from adapters.http.tinker_routes import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
-from adapters.torch.lora import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.lora_serving import LoraServing
-from adapters.torch.runner import TorchModelRunner
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
-from adapters.toy_backend.backend import ToyBackend
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from application.tinker.service import TinkerService

@@ -17,9 +17,9 @@ from litestar import Litestar
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
+from adapters.fake.toy_backend import ToyBackend
 from adapters.http import create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
-from adapters.toy_backend.backend import ToyBackend
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from application.tinker.service import TinkerService

@@ -87,7 +87,7 @@ def test_a_stop_string_across_tokens_ends_the_request_without_its_text() -> None
 
 def test_max_tokens_ends_with_length() -> None:
     engine, _, sink = make_engine("Hello world")
-    engine.add_request("a", "q", params(max_new_tokens=4))
+    engine.add_request("a", "q", params(max_tokens=4))
     run(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "Hell"
@@ -97,11 +97,11 @@ def test_max_tokens_ends_with_length() -> None:
 @pytest.mark.parametrize(
     ("prompt", "sampling", "error"),
     [
-        ("", params(max_new_tokens=4), EmptyPromptError),
-        ([], params(max_new_tokens=4), EmptyPromptError),
-        ("x" * 60, params(max_new_tokens=10), PromptTooLongError),
-        ([1, TOKENIZER.vocab_size], params(max_new_tokens=4), InvalidParameterError),
-        ([-1, 2], params(max_new_tokens=4), InvalidParameterError),
+        ("", params(max_tokens=4), EmptyPromptError),
+        ([], params(max_tokens=4), EmptyPromptError),
+        ("x" * 60, params(max_tokens=10), PromptTooLongError),
+        ([1, TOKENIZER.vocab_size], params(max_tokens=4), InvalidParameterError),
+        ([-1, 2], params(max_tokens=4), InvalidParameterError),
     ],
 )
 def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> None:
@@ -118,9 +118,9 @@ def test_token_ids_are_checked_against_the_models_vocabulary_when_given() -> Non
     sink = ListSink()
     vocab = TOKENIZER.vocab_size + 8
     engine = Engine(EngineConfig(), FakeModelRunner(), TOKENIZER, sink, vocab_size=vocab)
-    engine.add_request("in", [vocab - 1], params(max_new_tokens=1))
+    engine.add_request("in", [vocab - 1], params(max_tokens=1))
     with pytest.raises(InvalidParameterError, match=f"token id {vocab} is out of vocabulary"):
-        engine.add_request("out", [1, vocab], params(max_new_tokens=1))
+        engine.add_request("out", [1, vocab], params(max_tokens=1))
     assert [r.request_id for r in engine.scheduler.waiting] == ["in"]  # type: ignore[attr-defined]
 
 
@@ -231,7 +231,7 @@ def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
 def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
     engine, runner, sink = make_engine("hey", batching_mode="static", batch_wait_timeout_s=0.0)
     engine.add_request("short", "a", params())
-    engine.add_request("long", "a much longer prompt", params(max_new_tokens=2))
+    engine.add_request("long", "a much longer prompt", params(max_tokens=2))
     run(engine)
     assert runner.steps[0].new_batch
     assert [c.num_tokens for c in runner.steps[0].chunks] == [2, 21]
@@ -326,7 +326,7 @@ async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> 
     engine.start()
     try:
         group = engine.group()
-        streams = group.admit(["a", "b", "c"], [[5], [6], [7]], params(max_new_tokens=400))
+        streams = group.admit(["a", "b", "c"], [[5], [6], [7]], params(max_tokens=400))
         for _ in range(400):  # until two run
             if len(runner.live) == 2:
                 break

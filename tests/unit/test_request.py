@@ -9,7 +9,7 @@ from domain.sampling import SamplingParams
 
 
 def make_request(request_id: str = "r", prompt: list[int] | None = None) -> Request:
-    return Request(request_id, prompt or [1, 2, 3], SamplingParams(max_new_tokens=4), 0.0)
+    return Request(request_id, prompt or [1, 2, 3], SamplingParams(max_tokens=4), 0.0)
 
 
 def test_a_new_request_waits_with_nothing_generated() -> None:

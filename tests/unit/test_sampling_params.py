@@ -9,7 +9,7 @@ from domain.sampling import SamplingParams
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("max_new_tokens", 0),
+        ("max_tokens", 0),
         ("temperature", -0.1),
         ("top_k", -2),
         ("top_p", 0.0),

@@ -21,8 +21,8 @@ class FakeClock:
         return self.now
 
 
-def request(request_id: str, prompt_len: int = 3, max_new_tokens: int = 8) -> Request:
-    params = SamplingParams(max_new_tokens=max_new_tokens)
+def request(request_id: str, prompt_len: int = 3, max_tokens: int = 8) -> Request:
+    params = SamplingParams(max_tokens=max_tokens)
     return Request(request_id, list(range(1, prompt_len + 1)), params, 0.0)
 
 
@@ -109,11 +109,11 @@ def test_continuous_counts_running_and_waiting_requests_against_its_capacity() -
     config = EngineConfig(max_batch_size=2, max_waiting_requests=1)
     scheduler = ContinuousScheduler(config, [EOS])
     for name in "abc":
-        assert scheduler.add_request(request(name, max_new_tokens=2))
+        assert scheduler.add_request(request(name, max_tokens=2))
     assert scheduler.room() == 0
     step(scheduler)
     assert scheduler.room() == 0 and not scheduler.add_request(request("d"))
-    step(scheduler)  # a and b reach max_new_tokens
+    step(scheduler)  # a and b reach max_tokens
     assert scheduler.room() == 2
 
 
@@ -187,9 +187,9 @@ def test_eos_in_a_batch_finishes_only_that_request() -> None:
     assert b.state is RequestState.DECODE and b.generated_token_ids == [7]
 
 
-def test_max_new_tokens_finishes_with_length() -> None:
+def test_max_tokens_finishes_with_length() -> None:
     scheduler, _ = static()
-    scheduler.add_request(request("a", max_new_tokens=3))
+    scheduler.add_request(request("a", max_tokens=3))
     for _ in range(3):
         step(scheduler)
     r = scheduler.active[0]

@@ -19,11 +19,11 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor
 
-from adapters.torch.kv_cache import SlotKVCache
-from adapters.torch.layers import MixedBatch
-from adapters.torch.lora_serving import LoraServing
-from adapters.torch.sampler import Sampler, make_generator
-from adapters.torch.transformer import Transformer
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.models.kv_cache import SlotKVCache
+from adapters.torch.models.layers import MixedBatch
+from adapters.torch.models.transformer import Transformer
+from adapters.torch.runtime.sampler import Sampler, make_generator
 from domain.config import EngineConfig
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 

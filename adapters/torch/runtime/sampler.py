@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from adapters.torch.kernels import cpu_kernels, for_bf16_cpu
+from adapters.torch.cpu.kernels import cpu_kernels, for_bf16_cpu
 from domain.sampling import SamplingParams
 
 # Probabilities as integers (units of 2**-40): exact, order-independent sums, so the nucleus and

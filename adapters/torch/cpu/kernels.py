@@ -2,7 +2,7 @@
 
 They need AVX512-BF16 and a C++ toolchain (torch's cpp_extension with ninja); where either
 is missing, or ``INFER_CPU_KERNELS=0``, :func:`cpu_kernels` is None and callers keep their
-PyTorch path. See :mod:`adapters.torch.cpu_inference` for what they replace.
+PyTorch path. See :mod:`adapters.torch.cpu.fused_decode` for what they replace.
 """
 
 import functools

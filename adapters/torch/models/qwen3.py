@@ -1,8 +1,8 @@
 """Qwen3: the Llama block with RMSNorm on each query and key head before RoPE (QK-norm)."""
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.llama import LlamaBlock
-from adapters.torch.transformer import Block, Transformer
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.llama import LlamaBlock
+from adapters.torch.models.transformer import Block, Transformer
 
 
 class Qwen3Model(Transformer):

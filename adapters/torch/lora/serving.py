@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.transformer import Block, Transformer
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.transformer import Block, Transformer
 from domain.training import InvalidTrainingRequest
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

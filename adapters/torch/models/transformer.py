@@ -9,9 +9,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.kv_cache import DecodeRows, KVCache
-from adapters.torch.layers import (
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.kv_cache import DecodeRows, KVCache
+from adapters.torch.models.layers import (
     AttnMask,
     Cache,
     MixedBatch,

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adapters.torch.kv_cache import KVCache
-from adapters.torch.sampler import Sampler, make_generator
-from adapters.torch.transformer import Transformer
+from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.models.transformer import Transformer
+from adapters.torch.runtime.sampler import Sampler, make_generator
 from domain.detokenizer import IncrementalDetokenizer
 from domain.errors import InvalidParameterError
 from domain.ports import Tokenizer
@@ -55,7 +55,7 @@ def stream_generate(
     generator = make_generator(params.seed, device) if params.seed is not None else None
     cache = KVCache.from_model_config(
         model.config,
-        len(prompt_ids) + params.max_new_tokens,
+        len(prompt_ids) + params.max_tokens,
         dtype=model.embed_tokens.weight.dtype,
         device=device,
     )
@@ -118,10 +118,10 @@ def _validate(
     if any(not 0 <= t < vocab for t in prompt_ids):
         raise InvalidParameterError("prompt", f"token ids must be in [0, {vocab})")
     limit = model.config.max_position_embeddings
-    if len(prompt_ids) + params.max_new_tokens > limit:
+    if len(prompt_ids) + params.max_tokens > limit:
         raise InvalidParameterError(
-            "max_new_tokens",
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+            "max_tokens",
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
             f"exceeds the model's context length {limit}",
         )
 
@@ -150,7 +150,7 @@ class _StopState:
         text, hit = self.matcher.feed(self.detokenizer.push(token))
         if hit:
             return GenerationChunk(text, token, logprob, alternatives, "stop")
-        if count >= self.params.max_new_tokens:
+        if count >= self.params.max_tokens:
             return GenerationChunk(text + self._tail(), token, logprob, alternatives, "length")
         return GenerationChunk(text, token, logprob, alternatives)
 

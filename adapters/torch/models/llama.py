@@ -3,9 +3,9 @@
 import torch.nn.functional as F
 from torch import Tensor
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, decode_rows
-from adapters.torch.transformer import Block, Transformer
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, decode_rows
+from adapters.torch.models.transformer import Block, Transformer
 
 
 class LlamaBlock(Block):

@@ -33,10 +33,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from adapters.torch.config import ModelConfig
 from adapters.torch.loader import load_model
-from adapters.torch.lora_losses import loss_sum
-from adapters.torch.transformer import Transformer
+from adapters.torch.lora.losses import loss_sum
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.transformer import Transformer
 from domain.training import (
     LOSS_INPUTS,
     AdamParams,

@@ -6,8 +6,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.kernels import for_bf16_cpu
+from adapters.torch.cpu.kernels import for_bf16_cpu
+from adapters.torch.models.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adapters.torch.config import ModelConfig, RopeConfig
-from adapters.torch.kv_cache import DecodeRows, KVCache, KVStore, SlotKVCache
+from adapters.torch.models.config import ModelConfig, RopeConfig
+from adapters.torch.models.kv_cache import DecodeRows, KVCache, KVStore, SlotKVCache
 
 
 class RMSNorm(nn.Module):

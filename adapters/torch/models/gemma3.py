@@ -5,8 +5,8 @@ scaled by ``sqrt(hidden)``, tanh-GELU MLP, tied embeddings."""
 import torch
 from torch import Tensor
 
-from adapters.torch.config import ModelConfig
-from adapters.torch.layers import (
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.layers import (
     Attention,
     AttnMask,
     Cache,
@@ -15,7 +15,7 @@ from adapters.torch.layers import (
     decode_rows,
     gelu_tanh,
 )
-from adapters.torch.transformer import Block, Transformer
+from adapters.torch.models.transformer import Block, Transformer
 
 
 class Gemma3Block(Block):

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adapters.torch.gemma3 import Gemma3Block
-from adapters.torch.kernels import cpu_kernels
-from adapters.torch.kv_cache import DecodeRows
-from adapters.torch.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
-from adapters.torch.llama import LlamaBlock
+from adapters.torch.cpu.kernels import cpu_kernels
+from adapters.torch.models.gemma3 import Gemma3Block
+from adapters.torch.models.kv_cache import DecodeRows
+from adapters.torch.models.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
+from adapters.torch.models.llama import LlamaBlock
 
 _ACTS = (F.silu, gelu_tanh)  # the gating activations the kernels have
 

@@ -1,0 +1,1 @@
+"""LoRA: training backend (modules, losses) and multi-adapter serving."""

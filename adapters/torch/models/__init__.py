@@ -1,0 +1,1 @@
+"""Our models: config, layers, KV storage, the shared transformer and the three families."""

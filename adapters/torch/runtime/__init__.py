@@ -1,0 +1,1 @@
+"""Running models: the batched ModelRunner, the sampler, single-request generate()."""
