@@ -16,12 +16,11 @@ for one request and yields text deltas as they are produced.
 """
 
 import asyncio
-import itertools
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.request import StepOutput
@@ -77,7 +76,7 @@ class LLM:
             if len(per_prompt) != len(prompts):
                 raise ValueError(f"{len(per_prompt)} params for {len(prompts)} prompts")
         pending = deque(
-            (f"llm-{next(_counter)}", engine.prepare(prompt, p), p)
+            (new_request_id("llm"), engine.prepare(prompt, p), p)
             for prompt, p in zip(prompts, per_prompt, strict=True)
         )
         ids = [request_id for request_id, _, _ in pending]
@@ -110,9 +109,7 @@ class LLM:
             engine.start()
         self._streams += 1
         try:
-            outputs = await engine.stream(
-                f"llm-{uuid.uuid4().hex}", prompt, params or SamplingParams()
-            )
+            outputs = await engine.stream(new_request_id("llm"), prompt, params or SamplingParams())
             async for output in outputs:
                 if output.error is not None:
                     raise RuntimeError(output.error)
@@ -122,9 +119,6 @@ class LLM:
             self._streams -= 1
             if self._streams == 0:
                 await engine.stop()
-
-
-_counter = itertools.count()
 
 
 def _drain(queue: "asyncio.Queue[StepOutput]") -> list[StepOutput]:

@@ -6,7 +6,6 @@ values (wrong model, out-of-range parameters, unknown fields, prompt too long), 
 full.
 """
 
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -29,6 +28,7 @@ from adapters.http.ownership import owning_middleware, request_group
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent, Usage
 from adapters.http.tinker_routes import tinker_router
 from application.async_engine import AsyncEngine
+from application.request_ids import new_request_id
 from application.tinker.service import TinkerService
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
@@ -77,9 +77,7 @@ def create_app(
             engine.engine.check_params(params)
             engine.engine.check_room(1)
             prompt_ids = await engine.prepare(body.prompt, params)
-            [outputs] = request_group(request).admit(
-                [f"gen-{uuid.uuid4().hex}"], [prompt_ids], params
-            )
+            [outputs] = request_group(request).admit([new_request_id("gen")], [prompt_ids], params)
         except Exception as e:
             raise generate_error(e) from e
         return ServerSentEvent(_events(outputs))

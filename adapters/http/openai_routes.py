@@ -2,7 +2,6 @@
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from adapters.http.openai_schemas import (
 )
 from adapters.http.ownership import request_group
 from application.async_engine import AsyncEngine, RequestGroup
+from application.request_ids import new_request_id
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -70,7 +70,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt")
         prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
         streams = _admit(request_group(request), "cmpl", prepared, params, "prompt")
-        reply_id = f"cmpl-{uuid.uuid4().hex}"
+        reply_id = new_request_id("cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(_completion_chunks(reply_id, model_name, streams, usage))
@@ -104,7 +104,7 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
             params = _sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
         prepared = await _prepare(engine, prompt, params, "messages")
         [stream] = _admit(request_group(request), "chatcmpl", [prepared], params, "messages")
-        reply_id = f"chatcmpl-{uuid.uuid4().hex}"
+        reply_id = new_request_id("chatcmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(_chat_chunks(reply_id, model_name, stream, usage))
@@ -352,7 +352,7 @@ def _admit(
 ) -> list[AsyncIterator[StepOutput]]:
     """Queue every prepared prompt or none; the HTTP request's group owns them (its end,
     however it comes, aborts those still running)."""
-    request_ids = [f"{prefix}-{uuid.uuid4().hex}" for _ in prompts]
+    request_ids = [new_request_id(prefix) for _ in prompts]
     try:
         return group.admit(request_ids, prompts, params)
     except Exception as e:

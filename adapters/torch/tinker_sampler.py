@@ -20,6 +20,7 @@ from torch import Tensor
 
 from adapters.torch.lora.serving import ADAPTER_WEIGHTS, LoraServing
 from application.async_engine import AsyncEngine
+from application.request_ids import new_request_id
 from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
@@ -136,7 +137,7 @@ class EngineSampler:
     async def _run(
         self, prompt: list[int], params: SamplingParams, adapter: str | None
     ) -> tuple[SampledSequence, StepOutput]:
-        request_id = f"tinker-sample-{next(self._ids)}"
+        request_id = new_request_id("tinker-sample")
         while True:
             try:
                 outputs = await self.engine.stream(request_id, prompt, params, adapter_id=adapter)
