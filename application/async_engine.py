@@ -22,7 +22,7 @@ ended the caller (an error after queueing, a client gone before its stream was r
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -104,6 +104,15 @@ class AsyncEngine:
     def healthy(self) -> bool:
         """The loop task is running (not crashed, not stopped)."""
         return self._task is not None and not self._task.done()
+
+    def check_params(self, params: SamplingParams) -> None:
+        self.engine.check_params(params)
+
+    def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None:
+        self.engine.check_prompt_size(texts, param)
+
+    def check_room(self, count: int) -> None:
+        self.engine.check_room(count)
 
     async def render_chat(
         self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None

@@ -1,4 +1,4 @@
-"""Time one ``Sampler.sample()`` call per batch size and parameter mix, on the CPU.
+"""Time one ``TokenSampler.sample()`` call per batch size and parameter mix, on the CPU.
 
 Side by side in one run: a sort-based top-p (what transformers' TopPLogitsWarper and
 ``torch.multinomial`` do) on the same logits, as the reference for the radix-select top-p.
@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from adapters.torch.runtime.sampler import Sampler, make_generator
+from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from domain.sampling import SamplingParams
 
 CASES = {
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    sampler = Sampler()
+    sampler = TokenSampler()
     print(f"torch {torch.__version__}, {args.threads} threads, V={args.vocab}; ms per call")
     for batch in (1, 64):
         logits = torch.randn(batch, args.vocab) * 3

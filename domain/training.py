@@ -170,7 +170,7 @@ class ForwardBackwardResult:
 
 
 @dataclass(frozen=True, slots=True)
-class SampleParams:
+class TinkerSamplingParams:
     """Tinker's SamplingParams. ``stop_strings``/``stop_token_ids`` both None: stop at EOS."""
 
     max_tokens: int
@@ -194,7 +194,7 @@ class SampledSequence:
 
 
 @dataclass(frozen=True, slots=True)
-class SampleResult:
+class TinkerSampleResult:
     sequences: list[SampledSequence]
     # One entry per prompt token; the first is None (nothing predicts it).
     prompt_logprobs: list[float | None] | None = None
@@ -502,14 +502,14 @@ class SamplingBackend(Protocol):
         self,
         source: WeightsSource,
         prompt: Sequence[int],
-        params: SampleParams,
+        params: TinkerSamplingParams,
         num_samples: int,
         *,
         prompt_logprobs: bool,
         topk_prompt: int = 0,
         topk_sample: int = 0,
         tenant: str = "",
-    ) -> SampleResult:
+    ) -> TinkerSampleResult:
         """``topk_prompt`` / ``topk_sample``: also the top-k alternatives at each prompt
         position / each sampled token (0: none). ``tenant``: who asks (an API key's owner
         id), so backends that share capacity can let tenants take turns."""

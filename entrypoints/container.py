@@ -17,7 +17,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.runner import TorchModelRunner
-from adapters.torch.runtime.sampler import Sampler
+from adapters.torch.runtime.sampler import TokenSampler
 from adapters.torch.tinker_sampler import EngineSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
@@ -119,7 +119,7 @@ class Container(containers.DeclarativeContainer):
     )
     model = providers.Singleton(build_model, resolved_model, config.dtype, config.device)
     tokenizer = providers.Singleton(build_tokenizer, resolved_model)
-    sampler = providers.Singleton(Sampler)
+    sampler = providers.Singleton(TokenSampler)
 
     engine_config = providers.Singleton(EngineConfig)
     lora_serving = providers.Singleton(build_lora_serving, model, config.tinker.as_(bool))

@@ -28,10 +28,10 @@ from domain.training import (
     LoraSpec,
     NotFoundError,
     SampledSequence,
-    SampleParams,
-    SampleResult,
     Steps,
     TensorValue,
+    TinkerSampleResult,
+    TinkerSamplingParams,
     TopK,
     UnsupportedFeatureError,
     WeightsSource,
@@ -46,7 +46,7 @@ OPTIMIZER = "optimizer.safetensors"
 
 
 @dataclass
-class _Adapter:
+class _ToyAdapter:
     base: str
     lora: LoraSpec
     a: np.ndarray
@@ -78,7 +78,7 @@ class ToyBackend:
         self._embed = rng.standard_normal((vocab_size, dim)).astype(np.float32)
         self._unembed = (rng.standard_normal((dim, vocab_size)) / np.sqrt(dim)).astype(np.float32)
         self._decode = decode
-        self._adapters: dict[str, _Adapter] = {}
+        self._adapters: dict[str, _ToyAdapter] = {}
         self._lock = threading.Lock()
 
     @property
@@ -93,7 +93,7 @@ class ToyBackend:
         a = (rng.standard_normal((self.dim, lora.rank)) / np.sqrt(self.dim)).astype(np.float32)
         b = np.zeros((lora.rank, self.vocab_size), np.float32)
         with self._lock:
-            self._adapters[model_id] = _Adapter(
+            self._adapters[model_id] = _ToyAdapter(
                 base_model, lora, a, b, np.zeros_like(a), np.zeros_like(b)
             )
 
@@ -215,14 +215,14 @@ class ToyBackend:
         self,
         source: WeightsSource,
         prompt: Sequence[int],
-        params: SampleParams,
+        params: TinkerSamplingParams,
         num_samples: int,
         *,
         prompt_logprobs: bool,
         topk_prompt: int = 0,
         topk_sample: int = 0,
         tenant: str = "",
-    ) -> SampleResult:
+    ) -> TinkerSampleResult:
         self._check_base(source.base_model)
         w = self._weights(source)
         x = self._tokens(prompt, "prompt")
@@ -252,13 +252,13 @@ class ToyBackend:
             scored = [None, *(float(v) for v in lp)]
             if topk_prompt:
                 alternatives = [None, *(_top(row, topk_prompt) for row in all_lp)]
-        return SampleResult(sequences, scored, alternatives)
+        return TinkerSampleResult(sequences, scored, alternatives)
 
     def _sample_one(
         self,
         w: np.ndarray,
         last: int,
-        params: SampleParams,
+        params: TinkerSamplingParams,
         stops: set[int],
         rng: np.random.Generator,
         topk: int,
@@ -297,7 +297,7 @@ class ToyBackend:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _get(self, model_id: str) -> _Adapter:
+    def _get(self, model_id: str) -> _ToyAdapter:
         ad = self._adapters.get(model_id)
         if ad is None:
             raise NotFoundError(f"model {model_id!r} is not loaded")
@@ -367,7 +367,7 @@ def _top(logp: np.ndarray, k: int) -> TopK:
     return [(int(i), float(logp[i])) for i in order]
 
 
-def _pick(logp: np.ndarray, params: SampleParams, rng: np.random.Generator) -> int:
+def _pick(logp: np.ndarray, params: TinkerSamplingParams, rng: np.random.Generator) -> int:
     if params.temperature == 0:
         return int(logp.argmax())
     z = logp / params.temperature

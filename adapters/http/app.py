@@ -25,7 +25,7 @@ from adapters.http.errors import (
 )
 from adapters.http.openai_routes import openai_routes
 from adapters.http.ownership import owning_middleware, request_group
-from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, TokenEvent, Usage
+from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, GenerateUsage, TokenEvent
 from adapters.http.tinker_routes import tinker_router
 from application.async_engine import AsyncEngine
 from application.request_ids import new_request_id
@@ -143,7 +143,7 @@ async def _events(outputs: AsyncIterator[StepOutput]) -> AsyncIterator[ServerSen
             assert out.token_id is not None
             yield _event("token", TokenEvent(out.text_delta, out.token_id))
         if out.finished:
-            usage = Usage(
+            usage = GenerateUsage(
                 out.prompt_tokens, out.completion_tokens, out.prompt_tokens + out.completion_tokens
             )
             yield _event("done", DoneEvent(out.finish_reason, usage))

@@ -21,7 +21,7 @@ class TokenEvent(msgspec.Struct):
     token_id: int
 
 
-class Usage(msgspec.Struct):
+class GenerateUsage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -29,7 +29,7 @@ class Usage(msgspec.Struct):
 
 class DoneEvent(msgspec.Struct):
     finish_reason: str | None
-    usage: Usage
+    usage: GenerateUsage
 
 
 class ErrorEvent(msgspec.Struct):

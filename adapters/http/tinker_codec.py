@@ -19,9 +19,9 @@ from domain.training import (
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
-    SampleParams,
-    SampleResult,
     TensorValue,
+    TinkerSampleResult,
+    TinkerSamplingParams,
     TopK,
     UnsupportedFeatureError,
 )
@@ -261,7 +261,7 @@ def prompt_tokens(model_input: ModelInputIn, what: str = "prompt") -> list[int]:
     return tokens
 
 
-def sample_params(p: SamplingParamsIn, max_tokens: int) -> SampleParams:
+def sample_params(p: SamplingParamsIn, max_tokens: int) -> TinkerSamplingParams:
     stop_strings: tuple[str, ...] | None = None
     stop_ids: tuple[int, ...] | None = None
     if isinstance(p.stop, str):
@@ -275,7 +275,7 @@ def sample_params(p: SamplingParamsIn, max_tokens: int) -> SampleParams:
             raise InvalidTrainingRequest("sampling_params.stop mixes strings and token ids")
         if not p.stop:  # [] = never stop early
             stop_strings, stop_ids = None, ()
-    return SampleParams(
+    return TinkerSamplingParams(
         max_tokens=p.max_tokens if p.max_tokens is not None else max_tokens,
         temperature=p.temperature,
         top_k=p.top_k,
@@ -442,7 +442,7 @@ def forward_backward_output_json(result: ForwardBackwardResult) -> dict[str, Any
     }
 
 
-def sample_response_proto(result: SampleResult) -> bytes:
+def sample_response_proto(result: TinkerSampleResult) -> bytes:
     msg = pb.SampleResponse()
     for seq in result.sequences:
         s = msg.sequences.add()
@@ -476,7 +476,7 @@ def _topk_proto(msg: Any, rows: Sequence[TopK | None]) -> None:
     msg.k, msg.length = k, len(rows)
 
 
-def sample_response_json(result: SampleResult) -> dict[str, Any]:
+def sample_response_json(result: TinkerSampleResult) -> dict[str, Any]:
     return {
         "type": "sample",
         "sequences": [

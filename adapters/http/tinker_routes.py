@@ -39,8 +39,8 @@ from domain.training import (
     NotFoundError,
     RetryLaterError,
     RunRecord,
-    SampleResult,
     SessionClosedError,
+    TinkerSampleResult,
     TrainingError,
     UnsupportedFeatureError,
     WeightsSource,
@@ -488,7 +488,7 @@ def tinker_router(
             if proto:
                 return Response(codec.forward_backward_output_proto(result), media_type=PROTOBUF)
             return _ok(codec.forward_backward_output_json(result))
-        if isinstance(result, SampleResult):
+        if isinstance(result, TinkerSampleResult):
             if proto:
                 return Response(codec.sample_response_proto(result), media_type=PROTOBUF)
             return _ok(codec.sample_response_json(result))

@@ -30,8 +30,8 @@ from domain.training import (
     InvalidTrainingRequest,
     NotFoundError,
     SampledSequence,
-    SampleParams,
-    SampleResult,
+    TinkerSampleResult,
+    TinkerSamplingParams,
     TopK,
     WeightsSource,
 )
@@ -65,14 +65,14 @@ class EngineSampler:
         self,
         source: WeightsSource,
         prompt: Sequence[int],
-        params: SampleParams,
+        params: TinkerSamplingParams,
         num_samples: int,
         *,
         prompt_logprobs: bool,
         topk_prompt: int = 0,
         topk_sample: int = 0,
         tenant: str = "",
-    ) -> SampleResult:
+    ) -> TinkerSampleResult:
         if source.base_model not in self.model_names:
             raise InvalidTrainingRequest(
                 f"base model {source.base_model!r} is not the one the engine serves "
@@ -101,7 +101,7 @@ class EngineSampler:
         alternatives: list[TopK | None] | None = None
         if topk_prompt and first.prompt_top_logprobs is not None:
             alternatives = [None, *(list(row) for row in first.prompt_top_logprobs)]
-        return SampleResult([seq for seq, _ in outputs], scored, alternatives)
+        return TinkerSampleResult([seq for seq, _ in outputs], scored, alternatives)
 
     def _adapter(self, source: WeightsSource, stack: ExitStack) -> str | None:
         if source.path is not None:
@@ -168,7 +168,12 @@ class EngineSampler:
 
 
 def _engine_params(
-    p: SampleParams, index: int, *, prompt_logprobs: bool, topk_prompt: int, topk_sample: int
+    p: TinkerSamplingParams,
+    index: int,
+    *,
+    prompt_logprobs: bool,
+    topk_prompt: int,
+    topk_sample: int,
 ) -> SamplingParams:
     """Tinker's parameters as the engine's. Explicit stops replace EOS (``[]``: never stop
     early), as in Tinker; ``top_k`` -1 is off."""

@@ -3,7 +3,7 @@
 A sampler samples a base model with optional adapter weights: a saved checkpoint
 (``model_path``), an unnamed snapshot of a run's weights (``save_weights_for_sampler``
 without a name), or a live run's current weights. Samples run concurrently through the
-SamplingBackend; their futures resolve to a :class:`SampleResult`.
+SamplingBackend; their futures resolve to a :class:`TinkerSampleResult`.
 """
 
 from collections.abc import Callable, Sequence
@@ -16,9 +16,9 @@ from application.tinker.training import TrainingController
 from domain.training import (
     InvalidTrainingRequest,
     NotFoundError,
-    SampleParams,
-    SampleResult,
     SamplingBackend,
+    TinkerSampleResult,
+    TinkerSamplingParams,
     TopK,
     WeightsSource,
 )
@@ -28,7 +28,7 @@ MAX_TOPK = 20
 
 
 @dataclass(eq=False)
-class Sampler:
+class SamplerRecord:
     id: str
     owner: str
     session_id: str
@@ -53,7 +53,7 @@ class SamplingController:
         self.checkpoints = checkpoints
         self.futures = futures
         self._discard = discard_folder
-        self._samplers: dict[str, Sampler] = {}
+        self._samplers: dict[str, SamplerRecord] = {}
 
     def source_for(
         self, owner: str, *, base_model: str | None, model_path: str | None
@@ -74,23 +74,23 @@ class SamplingController:
         *,
         model_path: str | None = None,
         scratch: Path | None = None,
-    ) -> Sampler:
+    ) -> SamplerRecord:
         sampler_id = f"{session_id}:sample:{seq}"
         if sampler_id in self._samplers:
             raise InvalidTrainingRequest(
                 f"sampling session {sampler_id!r} exists (sampling_session_seq_id reused)"
             )
-        sampler = Sampler(sampler_id, owner, session_id, source, model_path, scratch)
+        sampler = SamplerRecord(sampler_id, owner, session_id, source, model_path, scratch)
         self._samplers[sampler_id] = sampler
         return sampler
 
-    def get(self, owner: str, sampler_id: str) -> Sampler:
+    def get(self, owner: str, sampler_id: str) -> SamplerRecord:
         sampler = self._samplers.get(sampler_id)
         if sampler is None or sampler.owner != owner:
             raise NotFoundError(f"no sampling session {sampler_id!r}")
         return sampler
 
-    def source_of(self, sampler: Sampler) -> WeightsSource:
+    def source_of(self, sampler: SamplerRecord) -> WeightsSource:
         """What ``sampler`` samples now: its checkpoint must still exist (named by its
         ``tinker://`` path, never by where the server keeps it)."""
         if sampler.model_path is not None:
@@ -102,7 +102,7 @@ class SamplingController:
         owner: str,
         source: WeightsSource,
         prompt: Sequence[int],
-        params: SampleParams,
+        params: TinkerSamplingParams,
         num_samples: int,
         *,
         prompt_logprobs: bool,
@@ -150,7 +150,7 @@ class SamplingController:
                 if alternatives is not None:
                     none: list[TopK | None] = [None] * cut
                     alternatives = none + alternatives[cut:]
-            return SampleResult(result.sequences, scored, alternatives)
+            return TinkerSampleResult(result.sequences, scored, alternatives)
 
         return self.futures.run(owner, "Sample", work)
 
@@ -164,7 +164,7 @@ class SamplingController:
         return [s for s, v in self._samplers.items() if v.session_id == session_id]
 
 
-def _check_params(p: SampleParams) -> None:
+def _check_params(p: TinkerSamplingParams) -> None:
     checks = [
         ("max_tokens", p.max_tokens >= 1, "must be at least 1"),
         ("temperature", p.temperature >= 0, "must be >= 0"),

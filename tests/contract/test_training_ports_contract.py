@@ -28,8 +28,8 @@ from domain.training import (
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
-    SampleParams,
     TensorValue,
+    TinkerSamplingParams,
     WeightsSource,
 )
 from tests.integration.tiny_models import save_tiny_model
@@ -237,10 +237,10 @@ def test_samples_carry_logprobs_stop_reasons_and_prompt_logprobs(backends, tmp_p
         trainer.optim_step("m", AdamParams(learning_rate=0.05))
     trainer.save("m", tmp_path, optimizer=False)
 
-    async def run(source: WeightsSource, params: SampleParams, n: int = 2) -> Any:
+    async def run(source: WeightsSource, params: TinkerSamplingParams, n: int = 2) -> Any:
         return await sampler.sample(source, SEQ, params, n, prompt_logprobs=True)
 
-    params = SampleParams(max_tokens=6, temperature=1.0, seed=11)
+    params = TinkerSamplingParams(max_tokens=6, temperature=1.0, seed=11)
     saved = asyncio.run(run(WeightsSource(BASE, path=tmp_path), params))
     live = asyncio.run(run(WeightsSource(BASE, model_id="m"), params))
     assert len(saved.sequences) == 2
@@ -255,11 +255,11 @@ def test_samples_carry_logprobs_stop_reasons_and_prompt_logprobs(backends, tmp_p
     assert scored[1:] == pytest.approx(logprobs(trainer, "m", ce_datum()), abs=1e-4)
     # A stop token ends a sequence with reason "stop", the token included.
     first = saved.sequences[0].tokens[0]
-    stop = SampleParams(max_tokens=6, temperature=1.0, seed=11, stop_token_ids=(first,))
+    stop = TinkerSamplingParams(max_tokens=6, temperature=1.0, seed=11, stop_token_ids=(first,))
     stopped = asyncio.run(run(WeightsSource(BASE, path=tmp_path), stop, 1))
     assert stopped.sequences[0].tokens == [first] and stopped.sequences[0].stop_reason == "stop"
     # The base model samples differently from the trained adapter (greedy, same prompt).
-    greedy = SampleParams(max_tokens=6, temperature=0.0)
+    greedy = TinkerSamplingParams(max_tokens=6, temperature=0.0)
     base = asyncio.run(run(WeightsSource(BASE), greedy, 1))
     tuned = asyncio.run(run(WeightsSource(BASE, path=tmp_path), greedy, 1))
     assert base.prompt_logprobs != tuned.prompt_logprobs

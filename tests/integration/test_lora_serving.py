@@ -24,8 +24,8 @@ from domain.training import (
     Datum,
     InvalidTrainingRequest,
     LoraSpec,
-    SampleParams,
     TensorValue,
+    TinkerSamplingParams,
     WeightsSource,
 )
 from tests.integration.tiny_models import save_tiny_model
@@ -113,7 +113,7 @@ async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
     sampler = EngineSampler(engine, lora, ["tiny"], live_state=backend.peft_state)
     engine.start()
     try:
-        params = SampleParams(max_tokens=5, temperature=1.0, seed=7)
+        params = TinkerSamplingParams(max_tokens=5, temperature=1.0, seed=7)
         from_path = await sampler.sample(
             WeightsSource("tiny", path=saved["a"]), PROMPT, params, 3, prompt_logprobs=True
         )
@@ -140,7 +140,7 @@ async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
 async def test_engine_sampler_reloads_a_checkpoint_saved_again(setup, tmp_path) -> None:
     backend, engine, lora, _ = setup
     sampler = EngineSampler(engine, lora, ["tiny"], live_state=backend.peft_state)
-    params = SampleParams(max_tokens=1, temperature=0.0)
+    params = TinkerSamplingParams(max_tokens=1, temperature=0.0)
     source = WeightsSource("tiny", path=tmp_path)
     engine.start()
     try:

@@ -8,8 +8,8 @@ from torch.testing import assert_close
 
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.runtime.sampler import (
-    Sampler,
-    SampleResult,
+    SampledTokens,
+    TokenSampler,
     _sample_rows,
     apply_min_p,
     apply_penalties,
@@ -33,9 +33,9 @@ def _sample(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None] | None = None,
     output_ids: Sequence[Sequence[int]] | None = None,
-) -> SampleResult:
+) -> SampledTokens:
     rows = len(params)
-    return Sampler().sample(
+    return TokenSampler().sample(
         logits,
         params,
         prompt_ids=[[] for _ in range(rows)],
@@ -189,7 +189,7 @@ def test_penalties_touch_only_the_rows_that_ask_for_them() -> None:
 def test_repetition_penalty_counts_prompt_tokens() -> None:
     logits = torch.tensor([[3.0, 2.0, 0.0]])
     penalized = SamplingParams(temperature=0.0, repetition_penalty=2.0)
-    result = Sampler().sample(
+    result = TokenSampler().sample(
         logits, [penalized], prompt_ids=[[0]], output_ids=[[]], generators=[None]
     )
     assert result.token_ids == [1]  # 3.0 / 2 < 2.0
@@ -261,7 +261,7 @@ def test_the_input_logits_are_left_untouched() -> None:
 def test_the_cpu_kernel_draws_what_the_tensor_pipeline_draws(
     dtype: torch.dtype, vocab: int
 ) -> None:
-    # Sampler.sample runs the fused CPU kernel on CPUs that have it; the tensor pipeline
+    # TokenSampler.sample runs the fused CPU kernel on CPUs that have it; the tensor pipeline
     # (GPUs, other CPUs) must pick the same token from the same uniform.
     kinds = [
         SamplingParams(temperature=0.7),

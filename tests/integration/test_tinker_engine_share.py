@@ -17,7 +17,7 @@ from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
-from domain.training import SampleParams, WeightsSource
+from domain.training import TinkerSamplingParams, WeightsSource
 from tests.integration.tiny_models import save_tiny_model
 
 PROMPT = [3, 14, 15, 92, 65]
@@ -33,7 +33,7 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
         Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
     )
     sampler = EngineSampler(engine, lora, ["tiny"], max_in_engine=2)
-    params = SampleParams(max_tokens=12, temperature=1.0, seed=1, stop_token_ids=())
+    params = TinkerSamplingParams(max_tokens=12, temperature=1.0, seed=1, stop_token_ids=())
     engine.start()
     try:
         tinker = [

@@ -55,7 +55,7 @@ class MultiLoraLinear(nn.Module):
         return flat_y.view(y.shape)
 
 
-class _Adapter:
+class _ServedAdapter:
     """One adapter's fused (A, B) per site path; B carries the alpha / r scale."""
 
     def __init__(self, sites: dict[str, tuple[Tensor, Tensor]]) -> None:
@@ -77,7 +77,7 @@ class LoraServing:
             site = MultiLoraLinear(model.get_submodule(path))
             model.set_submodule(path, site)
             self.sites[path] = site
-        self._adapters: OrderedDict[str, _Adapter] = OrderedDict()
+        self._adapters: OrderedDict[str, _ServedAdapter] = OrderedDict()
         self._pinned: dict[str, int] = {}
         weight = model.embed_tokens.weight
         self.device = weight.device
@@ -120,7 +120,7 @@ class LoraServing:
                 sites[path] = fused
         if not sites:
             raise InvalidTrainingRequest(f"adapter {adapter_id!r} targets no module of this model")
-        self._adapters[adapter_id] = _Adapter(sites)
+        self._adapters[adapter_id] = _ServedAdapter(sites)
         self._adapters.move_to_end(adapter_id)
         self._evict()
 

@@ -131,7 +131,7 @@ class _Base:
                 self.shapes[name] = (site.base.in_features, out)
 
     @contextmanager
-    def active(self, adapter: "_Adapter") -> Iterator[None]:
+    def active(self, adapter: "_TrainedAdapter") -> Iterator[None]:
         for site in self.sites:
             weights = [adapter.weights[name] for name in site.parts if name in adapter.weights]
             site.lora = weights or None
@@ -143,7 +143,7 @@ class _Base:
                 site.lora = None
 
 
-class _Adapter:
+class _TrainedAdapter:
     """One model id's trainable weights (PEFT name -> (A, B)) and its AdamW state."""
 
     def __init__(self, base: _Base, spec: LoraSpec) -> None:
@@ -196,7 +196,7 @@ class LoraTrainingBackend:
         self._entries = {name: e for e in models for name in (e.name, *e.aliases)}
         self._models = list(models)
         self._bases: dict[str, _Base] = {}
-        self._adapters: dict[str, _Adapter] = {}
+        self._adapters: dict[str, _TrainedAdapter] = {}
         self._lock = threading.Lock()
 
     @cached_property
@@ -228,7 +228,7 @@ class LoraTrainingBackend:
         with self._lock:
             if model_id in self._adapters:
                 raise InvalidTrainingRequest(f"model {model_id!r} already exists")
-            self._adapters[model_id] = _Adapter(self._base(base_model), lora)
+            self._adapters[model_id] = _TrainedAdapter(self._base(base_model), lora)
 
     def forward_backward(
         self,
@@ -353,7 +353,7 @@ class LoraTrainingBackend:
             adapter = self._adapter(model_id)
             return adapter.state_dict(), adapter.scale
 
-    def _adapter(self, model_id: str) -> _Adapter:
+    def _adapter(self, model_id: str) -> _TrainedAdapter:
         adapter = self._adapters.get(model_id)
         if adapter is None:
             raise NotFoundError(f"no training model {model_id!r}")
@@ -602,7 +602,7 @@ def _tensor_value(values: Tensor) -> TensorValue:
 # --- optimizer --------------------------------------------------------------------------
 
 
-def _optimizer_state(adapter: _Adapter) -> dict[str, Tensor]:
+def _optimizer_state(adapter: _TrainedAdapter) -> dict[str, Tensor]:
     """AdamW moments and step per LoRA tensor, keyed like the adapter's PEFT weights."""
     state: dict[str, Tensor] = {}
     for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
@@ -613,7 +613,7 @@ def _optimizer_state(adapter: _Adapter) -> dict[str, Tensor]:
     return state
 
 
-def _load_optimizer(adapter: _Adapter, tensors: dict[str, Tensor], folder: Path) -> None:
+def _load_optimizer(adapter: _TrainedAdapter, tensors: dict[str, Tensor], folder: Path) -> None:
     expected: dict[str, Tensor] = {}
     for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
         expected |= {f"{key}.exp_avg": p, f"{key}.exp_avg_sq": p, f"{key}.step": torch.zeros(1)}
@@ -637,7 +637,7 @@ def _peft_key(name: str, matrix: str) -> str:
     return f"base_model.model.{name}.lora_{matrix}.weight"
 
 
-def _write_peft(adapter: _Adapter, folder: Path) -> None:
+def _write_peft(adapter: _TrainedAdapter, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save_file(adapter.state_dict(), str(folder / ADAPTER_WEIGHTS))
     config = {

@@ -11,7 +11,7 @@ import torch
 
 from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.runtime.sampler import Sampler, make_generator
+from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from domain.detokenizer import IncrementalDetokenizer
 from domain.errors import InvalidParameterError
 from domain.ports import Tokenizer
@@ -46,12 +46,12 @@ def stream_generate(
     prompt_ids: list[int],
     params: SamplingParams,
     *,
-    sampler: Sampler | None = None,
+    sampler: TokenSampler | None = None,
 ) -> Iterator[GenerationChunk]:
     """Yield a chunk per generated token until EOS, a stop string / token, or max tokens."""
     _validate(model, tokenizer, prompt_ids, params)
     device = model.embed_tokens.weight.device
-    sampler = sampler or Sampler()
+    sampler = sampler or TokenSampler()
     generator = make_generator(params.seed, device) if params.seed is not None else None
     cache = KVCache.from_model_config(
         model.config,

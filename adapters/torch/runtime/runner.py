@@ -23,7 +23,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.kv_cache import SlotKVCache
 from adapters.torch.models.layers import MixedBatch
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.runtime.sampler import Sampler, make_generator
+from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from domain.config import EngineConfig
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 
@@ -33,11 +33,11 @@ class TorchModelRunner:
         self,
         model: Transformer,
         config: EngineConfig,
-        sampler: Sampler | None = None,
+        sampler: TokenSampler | None = None,
         lora: LoraServing | None = None,
     ):
         self.model = model
-        self.sampler = sampler or Sampler()
+        self.sampler = sampler or TokenSampler()
         self.lora = lora
         weight = model.embed_tokens.weight
         self.device = weight.device

@@ -30,7 +30,7 @@ _RADIX_WIDTHS = (11, 10, 10)
 
 
 @dataclass(frozen=True, slots=True)
-class SampleResult:
+class SampledTokens:
     """Per row: the chosen id; when any row asked, its logprob and the top-N alternatives.
 
     Logprobs come from the model's raw distribution (log-softmax of the logits before
@@ -48,7 +48,7 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-class Sampler:
+class TokenSampler:
     """Samples a whole batch in one call, each row with its own :class:`SamplingParams`."""
 
     def sample(
@@ -59,7 +59,7 @@ class Sampler:
         prompt_ids: Sequence[Sequence[int]],
         output_ids: Sequence[Sequence[int]],
         generators: Sequence[torch.Generator | None],
-    ) -> SampleResult:
+    ) -> SampledTokens:
         """``logits`` ``[B, V]`` (any float dtype); the other arguments have one entry per row.
 
         ``generators[i]`` is row i's own generator (seeded requests) or ``None`` (global RNG).
@@ -286,12 +286,12 @@ def _row_values(values: Sequence[float], like: Tensor) -> Tensor:
     return torch.tensor(values, dtype=torch.float32, device=like.device)
 
 
-def _collect(token_ids: Tensor, raw: Tensor, params: Sequence[SamplingParams]) -> SampleResult:
+def _collect(token_ids: Tensor, raw: Tensor, params: Sequence[SamplingParams]) -> SampledTokens:
     """Bring ids ``[B]`` (and, if asked, logprobs of the logits ``raw`` ``[B, V]``, computed
     in float32) to the host at once."""
     wanted = [p.logprobs for p in params]
     if all(n is None for n in wanted):
-        return SampleResult(token_ids.tolist(), None, None)
+        return SampledTokens(token_ids.tolist(), None, None)
     logprobs = torch.log_softmax(raw.float(), dim=-1)
     n_max = max(n or 0 for n in wanted)
     top = logprobs.topk(n_max, dim=-1)
@@ -299,7 +299,7 @@ def _collect(token_ids: Tensor, raw: Tensor, params: Sequence[SamplingParams]) -
     # float64 holds every vocabulary id exactly, so one tensor carries ids and logprobs.
     columns = [token_ids[:, None], chosen, top.indices, top.values]
     rows = torch.cat([c.double() for c in columns], dim=1).tolist()
-    return SampleResult(
+    return SampledTokens(
         token_ids=[int(row[0]) for row in rows],
         logprobs=[row[1] for row in rows],
         top_logprobs=[

@@ -1,0 +1,60 @@
+"""EngineClient: what the driving adapters (HTTP faces, the Tinker sampler) need from the
+engine loop. :class:`application.async_engine.AsyncEngine` implements it; faces depend on
+this protocol only, so a test or another engine (a remote one, a fake) can stand in."""
+
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from domain.ports import ChatMessage
+from domain.request import StepOutput
+from domain.sampling import SamplingParams
+
+
+class OwnedRequests(Protocol):
+    """The engine requests one caller (an HTTP request) queued; ``close`` aborts the rest."""
+
+    def admit(
+        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
+    ) -> list[AsyncIterator[StepOutput]]: ...
+
+    def close(self) -> None: ...
+
+
+class EngineClient(Protocol):
+    @property
+    def healthy(self) -> bool:
+        """The engine loop runs (not crashed, not stopped)."""
+        ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    # Cheap checks before any tokenizing: raise InvalidParameterError / QueueFullError.
+    def check_params(self, params: SamplingParams) -> None: ...
+
+    def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None: ...
+
+    def check_room(self, count: int) -> None: ...
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]: ...
+
+    async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]: ...
+
+    def group(self) -> OwnedRequests: ...
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+    ) -> AsyncIterator[StepOutput]: ...
+
+    def abort(self, request_ids: Sequence[str]) -> None: ...
