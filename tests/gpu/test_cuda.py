@@ -33,6 +33,7 @@ from domain.config import EngineConfig
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 from domain.training import AdamParams, Datum, LoraSpec, TensorValue
+from tests.fakes import ListSink
 from tests.integration.tiny_models import VOCAB, save_tiny_model
 
 pytestmark = [
@@ -104,14 +105,6 @@ def test_decoding_with_the_cache_equals_the_full_forward_on_cuda(folders, arch, 
 
 
 # --- the engine on CUDA ------------------------------------------------------------------
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-
-    def publish(self, output: StepOutput) -> None:
-        self.outputs.append(output)
 
 
 def _alone(model, prompt: str, params: SamplingParams) -> list[int]:

@@ -11,20 +11,12 @@ from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine import Engine
 from domain.config import EngineConfig
-from domain.request import StepOutput
 from domain.sampling import SamplingParams
+from tests.fakes import ListSink
 from tests.integration.tiny_models import save_tiny_model
 
 TOKENIZER = ByteTokenizer()
 PROMPTS = ["Hello there", "A much longer prompt about many things", "Hi", "Sliding windows!"]
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-
-    def publish(self, output: StepOutput) -> None:
-        self.outputs.append(output)
 
 
 @pytest.fixture(

@@ -18,20 +18,10 @@ from domain.errors import (
 )
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
+from tests.fakes import ListSink
 
 TOKENIZER = ByteTokenizer()
 EOS = next(iter(TOKENIZER.eos_token_ids))
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-
-    def publish(self, output: StepOutput) -> None:
-        self.outputs.append(output)
-
-    def of(self, request_id: str) -> list[StepOutput]:
-        return [o for o in self.outputs if o.request_id == request_id]
 
 
 def scripted(text: str):
