@@ -1,7 +1,11 @@
-"""One mapping from failures to HTTP responses: OpenAI's error schema everywhere."""
+"""Failures as HTTP responses: :class:`HTTPError`, the OpenAI error schema (the OpenAI and
+native faces answer in it), and one :class:`ErrorTable` per face mapping domain errors to
+a status, an error type and a param (the Tinker face's table is in ``adapters.http.tinker``).
+"""
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -21,6 +25,9 @@ log = structlog.get_logger(__name__)
 
 
 class HTTPError(Exception):
+    """An answer in the face's error format: ``kind`` is the error type (OpenAI's
+    ``type``, Tinker's ``category``)."""
+
     def __init__(
         self,
         status: int,
@@ -41,12 +48,92 @@ class HTTPError(Exception):
         self.headers = dict(headers or {})
 
 
-# A full engine frees places as its requests finish: a client may retry soon.
-RETRY_AFTER = {"Retry-After": "1"}
 # Content types whose body is not JSON whatever it looks like (curl -d sends the first).
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+# How a rule names the failing field: from the error and the request field the caller
+# says the prompt came from (``prompt``, or ``messages`` for chat).
+ParamOf = Callable[[Exception, str], str | None]
+
+
+def own_param(e: Exception, _: str) -> str | None:
+    """The parameter the error names."""
+    return getattr(e, "param", None)
+
+
+def prompt_as_field(e: Exception, field: str) -> str | None:
+    """The parameter the error names, the prompt's under the caller's field name."""
+    param = getattr(e, "param", None)
+    return field if param == "prompt" else param
+
+
+def the_field(_: Exception, field: str) -> str | None:
+    return field
+
+
+def no_param(_: Exception, __: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRule:
+    """How a face answers one exception type. ``kind``: the error type, or a function of
+    the exception giving it."""
+
+    status: int
+    kind: str | Callable[[Exception], str]
+    param: ParamOf = no_param
+    code: str | None = None
+    headers: Mapping[str, str] | None = None
+
+
+class ErrorTable:
+    """A face's exception -> answer mapping; an exception's nearest listed class wins."""
+
+    def __init__(self, rules: Mapping[type[Exception], ErrorRule]) -> None:
+        self.rules = dict(rules)
+
+    def rule(self, e: Exception) -> ErrorRule | None:
+        for cls in type(e).__mro__:
+            if (rule := self.rules.get(cls)) is not None:
+                return rule
+        return None
+
+    def error(self, e: Exception, field: str = "prompt") -> Exception:
+        """``e`` as an :class:`HTTPError`, or ``e`` itself when the table has no rule."""
+        rule = self.rule(e)
+        if rule is None or isinstance(e, HTTPError):
+            return e
+        kind = rule.kind if isinstance(rule.kind, str) else rule.kind(e)
+        return HTTPError(rule.status, str(e), kind, rule.param(e, field), rule.code, rule.headers)
+
+
+# A full engine frees places as its requests finish: a client may retry soon.
+RETRY_AFTER = {"Retry-After": "1"}
+
+# The OpenAI endpoints (as OpenAI answers: invalid values are 400).
+OPENAI_ERRORS = ErrorTable(
+    {
+        PromptTooLongError: ErrorRule(
+            400, "invalid_request_error", the_field, "context_length_exceeded"
+        ),
+        InvalidParameterError: ErrorRule(400, "invalid_request_error", prompt_as_field),
+        QueueFullError: ErrorRule(503, "server_error", code="overloaded", headers=RETRY_AFTER),
+    }
+)
+
+# ``/v1/generate`` (seed 000 §7: an empty prompt 400, other invalid values 422, a full
+# engine 503).
+GENERATE_ERRORS = ErrorTable(
+    {
+        EmptyPromptError: ErrorRule(400, "invalid_request_error", own_param),
+        InvalidParameterError: ErrorRule(422, "invalid_request_error", own_param),
+        QueueFullError: ErrorRule(503, "overloaded_error", headers=RETRY_AFTER),
+    }
+)
 
 
 def error_response(_: Request, exc: HTTPError) -> Response[bytes]:
@@ -78,31 +165,6 @@ def error_param(message: str) -> str | None:
     if missing := _MISSING.search(message):
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
     return path or None
-
-
-def openai_error(e: Exception, field: str) -> Exception:
-    """A domain error as the OpenAI endpoints answer it (errors about the prompt name
-    ``field``: ``prompt``, or ``messages`` for chat); anything else is left as it is."""
-    if isinstance(e, PromptTooLongError):  # OpenAI's code for it
-        return HTTPError(400, str(e), "invalid_request_error", field, "context_length_exceeded")
-    if isinstance(e, InvalidParameterError):
-        param = field if e.param == "prompt" else e.param
-        return HTTPError(400, str(e), "invalid_request_error", param)
-    if isinstance(e, QueueFullError):
-        return HTTPError(503, str(e), "server_error", code="overloaded", headers=RETRY_AFTER)
-    return e
-
-
-def generate_error(e: Exception) -> Exception:
-    """A domain error as ``/v1/generate`` answers it (seed 000 §7: an empty prompt 400,
-    other invalid values 422, a full engine 503)."""
-    if isinstance(e, EmptyPromptError):
-        return HTTPError(400, str(e), "invalid_request_error", "prompt")
-    if isinstance(e, InvalidParameterError):
-        return HTTPError(422, str(e), "invalid_request_error", e.param)
-    if isinstance(e, QueueFullError):
-        return HTTPError(503, str(e), "overloaded_error", headers=RETRY_AFTER)
-    return e
 
 
 def framework_error_response(request: Request, exc: Exception) -> Response[bytes]:

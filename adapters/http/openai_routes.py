@@ -1,17 +1,17 @@
-"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions over AsyncEngine."""
+"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions over an engine
+client."""
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import ServerSentEvent
-from litestar.response.sse import ServerSentEventMessage
 
-from adapters.http.errors import HTTPError, check_content_type, error_param, openai_error
+from adapters.http.errors import OPENAI_ERRORS, HTTPError, check_content_type, error_param
 from adapters.http.openai_schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -28,7 +28,8 @@ from adapters.http.openai_schemas import (
     Usage,
 )
 from adapters.http.ownership import request_group
-from application.async_engine import AsyncEngine, RequestGroup
+from adapters.http.streaming import merge_streams, sse, unless_disconnected
+from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
@@ -43,7 +44,7 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 Prompt = str | list[int]
 
 
-def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler]:
+def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandler]:
     created = int(time.time())
 
     @get("/v1/models")
@@ -73,8 +74,8 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         reply_id = new_request_id("cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_completion_chunks(reply_id, model_name, streams, usage))
-        outputs = await _unless_disconnected(
+            return sse(_completion_chunks(reply_id, model_name, streams, usage))
+        outputs = await unless_disconnected(
             request, asyncio.gather(*(_collect(s) for s in streams))
         )
         choices = [CompletionChoice(i, text, reason) for i, (text, reason, _) in enumerate(outputs)]
@@ -107,8 +108,8 @@ def openai_routes(engine: AsyncEngine, model_name: str) -> list[HTTPRouteHandler
         reply_id = new_request_id("chatcmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_chat_chunks(reply_id, model_name, stream, usage))
-        text, reason, counts = await _unless_disconnected(request, _collect(stream))
+            return sse(_chat_chunks(reply_id, model_name, stream, usage))
+        text, reason, counts = await unless_disconnected(request, _collect(stream))
         choice = ChatChoice(0, ChatMessageOut(text), reason)
         return _json(
             ChatCompletion(
@@ -295,11 +296,11 @@ def _messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**m, "content": _text_content(m.get("content"))} for m in messages]
 
 
-async def _render(engine: AsyncEngine, messages: list[dict[str, Any]]) -> list[int]:
+async def _render(engine: EngineClient, messages: list[dict[str, Any]]) -> list[int]:
     try:
         return await engine.render_chat(messages)
     except InvalidParameterError as e:
-        raise HTTPError(400, str(e), "invalid_request_error", "messages") from e
+        raise OPENAI_ERRORS.error(e, "messages") from e
 
 
 def _text_content(content: Any) -> str:
@@ -315,7 +316,7 @@ def _text_content(content: Any) -> str:
 
 
 def _precheck(
-    engine: AsyncEngine,
+    engine: EngineClient,
     params: SamplingParams,
     prompts: Sequence[Sequence[str]],
     count: int,
@@ -325,26 +326,26 @@ def _precheck(
     size (a prompt is a list of texts: a chat's messages), and room for ``count`` requests
     (a full engine answers 503 at once)."""
     try:
-        engine.engine.check_params(params)
+        engine.check_params(params)
         for texts in prompts:
-            engine.engine.check_prompt_size(texts, field)
-        engine.engine.check_room(count)
+            engine.check_prompt_size(texts, field)
+        engine.check_room(count)
     except Exception as e:
-        raise openai_error(e, field) from e
+        raise OPENAI_ERRORS.error(e, field) from e
 
 
 async def _prepare(
-    engine: AsyncEngine, prompt: Prompt, params: SamplingParams, field: str
+    engine: EngineClient, prompt: Prompt, params: SamplingParams, field: str
 ) -> list[int]:
     """A prompt's token ids, validated, off the event loop (errors name ``field``)."""
     try:
         return await engine.prepare(prompt, params)
     except Exception as e:
-        raise openai_error(e, field) from e
+        raise OPENAI_ERRORS.error(e, field) from e
 
 
 def _admit(
-    group: RequestGroup,
+    group: OwnedRequests,
     prefix: str,
     prompts: Sequence[list[int]],
     params: SamplingParams,
@@ -356,38 +357,7 @@ def _admit(
     try:
         return group.admit(request_ids, prompts, params)
     except Exception as e:
-        raise openai_error(e, field) from e
-
-
-class ClientDisconnected(HTTPError):
-    """The client left before its non-streamed reply was ready (nobody reads the answer;
-    499 is nginx's "client closed request")."""
-
-    def __init__(self) -> None:
-        super().__init__(499, "client disconnected", "invalid_request_error")
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` (collecting a non-streamed reply); if the client disconnects first,
-    cancel it — the streams' cleanup aborts the requests, freeing their KV slots — as a
-    disconnect mid-stream does."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
-    try:
-        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, watcher):
-            pending.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-    if task in done:
-        return task.result()  # raises what the work raised
-    raise ClientDisconnected()
-
-
-async def _disconnect(request: Request) -> None:
-    """Return when the client disconnects (the body was read: nothing else can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+        raise OPENAI_ERRORS.error(e, field) from e
 
 
 async def _collect(stream: AsyncIterator[StepOutput]) -> tuple[str, str | None, tuple[int, int]]:
@@ -408,40 +378,15 @@ def _usage(outputs: Sequence[tuple[str, str | None, tuple[int, int]]]) -> Usage:
     return Usage(prompt, completion, prompt + completion)
 
 
-async def _merge(streams: list[AsyncIterator[StepOutput]]) -> AsyncIterator[tuple[int, StepOutput]]:
-    """Outputs of several streams as they come, tagged with the stream's index."""
-    queue: asyncio.Queue[tuple[int, StepOutput] | None] = asyncio.Queue()
-
-    async def pump(index: int, stream: AsyncIterator[StepOutput]) -> None:
-        try:
-            async for out in stream:
-                queue.put_nowait((index, out))
-        finally:
-            queue.put_nowait(None)
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-            else:
-                yield item
-    finally:
-        # Stop the pumps first: a stream cannot be closed while a pump is iterating it.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for stream in streams:
-            await stream.aclose()  # type: ignore[attr-defined]
+# The old name (tests/integration/test_http_openai.py imports it).
+_merge = merge_streams
 
 
 async def _completion_chunks(
     reply_id: str, model: str, streams: list[AsyncIterator[StepOutput]], include_usage: bool
 ) -> AsyncIterator[bytes]:
     created, totals = int(time.time()), [0, 0]
-    async for index, out in _merge(streams):
+    async for index, out in merge_streams(streams):
         if out.error is not None:
             yield _error_chunk(out.error)
             return
@@ -493,14 +438,6 @@ def _error_chunk(message: str) -> bytes:
     return _encoder.encode(
         {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
     )
-
-
-def _sse(chunks: AsyncIterator[bytes]) -> ServerSentEvent:
-    async def messages() -> AsyncIterator[ServerSentEventMessage]:
-        async for data in chunks:
-            yield ServerSentEventMessage(data=data.decode())
-
-    return ServerSentEvent(messages())
 
 
 def _json(payload: msgspec.Struct) -> Response[bytes]:

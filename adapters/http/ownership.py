@@ -1,6 +1,6 @@
 """Engine work is owned by the HTTP request that queued it.
 
-An ASGI middleware gives every HTTP request a :class:`RequestGroup` and closes it when the
+An ASGI middleware gives every HTTP request its :class:`OwnedRequests` group and closes it when the
 request ends, however it ends: the reply sent, an error after part of the work was queued,
 a client gone before its stream was ever read, a cancellation. Closing aborts every engine
 request of the group still queued or running, at once. (A stream's own cleanup cannot do
@@ -11,18 +11,18 @@ from litestar import Request
 from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from application.async_engine import AsyncEngine, RequestGroup
+from application.engine_client import EngineClient, OwnedRequests
 
 _KEY = "infer.request_group"
 
 
-def owning_middleware(engine: AsyncEngine) -> DefineMiddleware:
+def owning_middleware(engine: EngineClient) -> DefineMiddleware:
     """The Litestar middleware giving each HTTP request its group."""
     return DefineMiddleware(OwningMiddleware, engine=engine)
 
 
 class OwningMiddleware:
-    def __init__(self, app: ASGIApp, engine: AsyncEngine) -> None:
+    def __init__(self, app: ASGIApp, engine: EngineClient) -> None:
         self.app, self.engine = app, engine
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -38,8 +38,9 @@ class OwningMiddleware:
             group.close()
 
 
-def request_group(request: Request) -> RequestGroup:
+def request_group(request: Request) -> OwnedRequests:
     """The group of the HTTP request being served."""
-    group = request.scope["state"][_KEY]
-    assert isinstance(group, RequestGroup), "owning_middleware is not installed"
+    state = request.scope["state"]
+    assert _KEY in state, "owning_middleware is not installed"
+    group: OwnedRequests = state[_KEY]
     return group

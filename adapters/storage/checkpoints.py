@@ -26,10 +26,12 @@ same way. Run files are replaced atomically too.
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import secrets
 import shutil
+import tarfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,22 @@ class FileCheckpointStorage:
     def update(self, record: CheckpointRecord) -> None:
         folder = self.folder(record.run_id, record.kind, record.name)
         _write_json(folder / METADATA, dataclasses.asdict(record))
+
+    def files(self, record: CheckpointRecord) -> list[str]:
+        folder = self.folder(record.run_id, record.kind, record.name)
+        return sorted(f.name for f in folder.iterdir() if f.is_file() and f.name != METADATA)
+
+    def read_file(self, record: CheckpointRecord, name: str) -> bytes | None:
+        path = self.folder(record.run_id, record.kind, record.name) / name
+        return path.read_bytes() if path.is_file() else None
+
+    def archive(self, record: CheckpointRecord) -> bytes:
+        folder = self.folder(record.run_id, record.kind, record.name)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name in self.files(record):
+                tar.add(folder / name, arcname=name)
+        return buffer.getvalue()
 
     def secret(self) -> bytes:
         """The link-signing key: random, made once, file mode 0600."""

@@ -157,6 +157,9 @@ class CheckpointStore:
         log.info("tinker_checkpoint_deleted", path=record.tinker_path)
 
     def set_ttl(self, owner: str, ref: CheckpointRef, ttl_seconds: int | None) -> None:
+        """``ttl_seconds`` from now (None: kept until deleted)."""
+        if ttl_seconds is not None and ttl_seconds <= 0:
+            raise InvalidTrainingRequest("ttl_seconds must be positive (or null for none)")
         record = self._own(owner, ref)
         record.expires_at = self._clock() + ttl_seconds if ttl_seconds else None
         self._storage.update(record)

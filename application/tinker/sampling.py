@@ -38,6 +38,13 @@ class SamplerRecord:
     requests: int = field(default=0)
 
 
+@dataclass(frozen=True, slots=True)
+class SamplerReady:
+    """What an unnamed ``save_weights_for_sampler`` resolves to: the sampler made."""
+
+    sampler_id: str
+
+
 class SamplingController:
     def __init__(
         self,
@@ -112,6 +119,9 @@ class SamplingController:
     ) -> Future:
         """Samples; with ``prompt_logprobs_last_n`` only the last n prompt logprobs are
         reported (the others are None)."""
+        last_n = prompt_logprobs_last_n
+        if last_n is not None and not 1 <= last_n < max(2, len(prompt)):
+            raise InvalidTrainingRequest("prompt_logprobs_last_n must be in 1..len(prompt)-1")
         if not prompt:
             raise InvalidTrainingRequest("prompt: must hold at least one token")
         if not 1 <= num_samples <= MAX_SAMPLES:

@@ -1,29 +1,74 @@
 """TinkerService: the one object the HTTP adapter talks to (seed 002's ServerState).
 
 It holds the components, checks that a session is live before work is accepted for it,
-and ends what hangs off a session when the session finishes or stops sending heartbeats.
+orchestrates what spans components (a save for a sampler, loading into a new run, a
+session's listing, a run's summary), and ends what hangs off a session when the session
+finishes or stops sending heartbeats. Every lookup takes the caller's tenant (``owner``):
+another tenant's session, run, sampler, checkpoint or future is a ``NotFoundError``.
 """
 
 import asyncio
 import contextlib
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.downloads import CheckpointDownloads, DownloadableStorage
 from application.tinker.fair import FairScheduler
-from application.tinker.futures import FutureStore
-from application.tinker.sampling import SamplingController
+from application.tinker.futures import Future, FutureStore
+from application.tinker.sampling import SamplerReady, SamplerRecord, SamplingController
 from application.tinker.sessions import Session, SessionManager
-from application.tinker.training import TrainingController
+from application.tinker.training import ModelReady, TrainingController, run_id_of
 from domain.training import (
-    CheckpointStorage,
+    BaseModelInfo,
+    CheckpointRecord,
+    InvalidTrainingRequest,
+    LoraSpec,
+    RunRecord,
     SamplingBackend,
     TinkerLimits,
     TrainingBackend,
+    WeightsSource,
 )
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """A model name (a base model's, or an alias) clients may train and sample."""
+
+    name: str
+    max_context_length: int
+    trainable: bool = True
+    sampleable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session: Session
+    training_run_ids: list[str]
+    sampler_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A training run as listed: with its newest checkpoint of each kind."""
+
+    run: RunRecord
+    last_checkpoint: CheckpointRecord | None
+    last_sampler_checkpoint: CheckpointRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleTarget:
+    """What an ``asample`` samples, and the context its prompt and tokens must fit."""
+
+    source: WeightsSource
+    max_context_length: int
 
 
 class TinkerService:
@@ -31,7 +76,7 @@ class TinkerService:
         self,
         backend: TrainingBackend,
         sampler: SamplingBackend,
-        storage: CheckpointStorage,
+        storage: DownloadableStorage,
         *,
         session_timeout_s: float = 120.0,
         future_ttl_s: float = 900.0,
@@ -45,6 +90,7 @@ class TinkerService:
         self.futures = FutureStore(ttl_s=future_ttl_s)
         self.sessions = SessionManager(timeout_s=session_timeout_s)
         self.checkpoints = CheckpointStore(storage)
+        self.downloads = CheckpointDownloads(self.checkpoints, storage)
         self.scheduler = FairScheduler()
         self.training = TrainingController(
             backend, self.checkpoints, self.futures, limits=self.limits, scheduler=self.scheduler
@@ -91,10 +137,25 @@ class TinkerService:
         self.checkpoints.delete_expired()
         self.futures.evict_expired()
 
+    # --- the server ---------------------------------------------------------------------
+
+    def served_models(self) -> list[ServedModel]:
+        """Every name a base model is served under (its own and its aliases)."""
+        return [
+            ServedModel(name, info.max_context_length)
+            for info in self.training.base_models
+            for name in (info.name, *info.aliases)
+        ]
+
     # --- sessions ---------------------------------------------------------------------
 
     def live_session(self, owner: str, session_id: str) -> Session:
         return self.sessions.live(owner, session_id)
+
+    def session_info(self, owner: str, session_id: str) -> SessionInfo:
+        session = self.sessions.get(owner, session_id)
+        runs = [r.run_id for r in self.checkpoints.runs.values() if r.session_id == session_id]
+        return SessionInfo(session, runs, self.sampling.of_session(session_id))
 
     def finish_session(self, owner: str, session_id: str) -> None:
         session = self.sessions.get(owner, session_id)
@@ -107,5 +168,163 @@ class TinkerService:
         self.training.end_session(session.id, why)
         self.sampling.end_session(session.id)
 
-    def scratch_folder(self) -> Path:
-        return self.storage.scratch()
+    # --- training runs ----------------------------------------------------------------
+
+    def create_model(
+        self,
+        owner: str,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        lora: LoraSpec,
+        user_metadata: Mapping[str, Any] | None,
+    ) -> tuple[Future, str]:
+        """A new run in a live session: its future and its model id."""
+        self.live_session(owner, session_id)
+        future = self.training.create(
+            owner, session_id, model_seq_id, base_model, lora, user_metadata
+        )
+        return future, run_id_of(session_id, model_seq_id)
+
+    def model_info(self, owner: str, model_id: str) -> tuple[RunRecord, BaseModelInfo]:
+        run = self.checkpoints.run(owner, model_id)
+        return run, self.training.base_model(run.base_model)
+
+    def unload(self, owner: str, model_id: str) -> Future:
+        """Unload a live run now (its waiting requests fail); a resolved future."""
+        self.training.unload(owner, model_id)
+        future = self.futures.create(owner, "UnloadModel")
+        self.futures.resolve(future, ModelReady(model_id))
+        return future
+
+    def load_weights(
+        self,
+        owner: str,
+        path: str,
+        *,
+        optimizer: bool,
+        model_id: str | None = None,
+        seq_id: int | None = None,
+        session_id: str | None = None,
+        model_seq_id: int | None = None,
+        user_metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[Future, str]:
+        """A checkpoint into the live run ``model_id``, or into a new run of a live session
+        (``session_id`` + ``model_seq_id``): the future and the model id."""
+        if model_id is not None:
+            future = self.training.load(owner, model_id, seq_id, path, optimizer=optimizer)
+            return future, model_id
+        if session_id is None or model_seq_id is None:
+            raise InvalidTrainingRequest(
+                "load_weights needs model_id, or session_id + model_seq_id"
+            )
+        self.live_session(owner, session_id)
+        future = self.training.create_from_checkpoint(
+            owner,
+            session_id,
+            model_seq_id,
+            path,
+            optimizer=optimizer,
+            user_metadata=user_metadata,
+        )
+        return future, run_id_of(session_id, model_seq_id)
+
+    def save_for_sampler(
+        self,
+        owner: str,
+        model_id: str,
+        seq_id: int | None,
+        *,
+        path: str | None,
+        kind: str | None = None,
+        sampling_session_seq_id: int | None = None,
+        ttl_seconds: int | None = None,
+        user_metadata: Mapping[str, Any] | None = None,
+    ) -> Future:
+        """A named save (``path``: a sampler checkpoint), or an unnamed one: a sampler on a
+        snapshot of the weights now (``kind`` snapshot) or on the live weights (inflight);
+        an unnamed save's future resolves to a :class:`SamplerReady`."""
+        if path is not None:
+            return self.training.save(
+                owner,
+                model_id,
+                seq_id,
+                "sampler",
+                path,
+                ttl_seconds=ttl_seconds,
+                user_metadata=user_metadata,
+            )
+        run = self.training.live_run(owner, model_id)
+        if sampling_session_seq_id is None:
+            raise InvalidTrainingRequest("an unnamed save needs sampling_session_seq_id")
+        if kind not in ("snapshot", "inflight"):
+            raise InvalidTrainingRequest(f"kind must be 'snapshot' or 'inflight', not {kind!r}")
+        seq = sampling_session_seq_id
+        if kind == "inflight":
+            source = WeightsSource(run.base_model, model_id=run.run_id)
+            sampler = self.sampling.create(owner, run.session_id, seq, source)
+            future = self.futures.create(owner, "SaveWeightsForSampler")
+            self.futures.resolve(future, SamplerReady(sampler.id))
+            return future
+        folder = self.storage.scratch()
+
+        def make_sampler() -> object:
+            source = WeightsSource(run.base_model, path=folder)
+            sampler = self.sampling.create(owner, run.session_id, seq, source, scratch=folder)
+            return SamplerReady(sampler.id)
+
+        try:
+            return self.training.snapshot(owner, model_id, seq_id, folder, make_sampler)
+        except BaseException:
+            self.storage.discard(folder)
+            raise
+
+    def run_summary(self, owner: str, run_id: str) -> RunSummary:
+        return self._summary(self.checkpoints.run(owner, run_id))
+
+    def run_summaries(self, owner: str) -> list[RunSummary]:
+        return [self._summary(run) for run in self.checkpoints.runs_of(owner)]
+
+    def run_checkpoints(self, owner: str, run_id: str) -> list[CheckpointRecord]:
+        self.checkpoints.run(owner, run_id)
+        return self.checkpoints.find(owner, run_id)
+
+    def _summary(self, run: RunRecord) -> RunSummary:
+        return RunSummary(
+            run,
+            self.checkpoints.latest(run.run_id, "training"),
+            self.checkpoints.latest(run.run_id, "sampler"),
+        )
+
+    # --- sampling ---------------------------------------------------------------------
+
+    def create_sampler(
+        self,
+        owner: str,
+        session_id: str,
+        seq: int,
+        *,
+        base_model: str | None,
+        model_path: str | None,
+    ) -> SamplerRecord:
+        """A sampling session of a live session, on a base model or a saved checkpoint."""
+        self.live_session(owner, session_id)
+        source = self.sampling.source_for(owner, base_model=base_model, model_path=model_path)
+        return self.sampling.create(owner, session_id, seq, source, model_path=model_path)
+
+    def sample_target(
+        self,
+        owner: str,
+        *,
+        sampler_id: str | None,
+        base_model: str | None,
+        model_path: str | None,
+    ) -> SampleTarget:
+        """What a sample request samples: a sampling session's weights, or a base model or
+        a checkpoint named in the request."""
+        if sampler_id is not None:
+            source = self.sampling.source_of(self.sampling.get(owner, sampler_id))
+        else:
+            source = self.sampling.source_for(owner, base_model=base_model, model_path=model_path)
+        context = self.training.base_model(source.base_model).max_context_length
+        return SampleTarget(source, context)

@@ -29,8 +29,6 @@ class Session:
     sdk_version: str | None = None
     ended: str | None = None  # "finished" | "expired" | "stopped"
     ended_at: float | None = None  # monotonic
-    training_run_ids: list[str] = field(default_factory=list)
-    sampler_ids: list[str] = field(default_factory=list)
 
 
 class SessionManager:

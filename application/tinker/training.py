@@ -92,6 +92,11 @@ class SavedCheckpoint:
     record: CheckpointRecord
 
 
+def run_id_of(session_id: str, model_seq_id: int) -> str:
+    """The id of a session's ``model_seq_id``-th training run (the SDK's model id)."""
+    return f"{session_id}:train:{model_seq_id}"
+
+
 class TrainingController:
     def __init__(
         self,
@@ -116,6 +121,10 @@ class TrainingController:
         self._releases: set[asyncio.Task[None]] = set()
 
     # --- base models ------------------------------------------------------------------
+
+    @property
+    def base_models(self) -> Sequence[BaseModelInfo]:
+        return self.backend.base_models
 
     def base_model(self, name: str) -> BaseModelInfo:
         for info in self.backend.base_models:
@@ -193,7 +202,7 @@ class TrainingController:
         lora: LoraSpec,
         user_metadata: Mapping[str, Any] | None,
     ) -> _Live:
-        run_id = f"{session_id}:train:{model_seq_id}"
+        run_id = run_id_of(session_id, model_seq_id)
         if run_id in self._live or run_id in self.checkpoints.runs:
             raise SequenceConflictError(f"training run {run_id!r} exists (model_seq_id reused)")
         owned = sum(1 for live in self._live.values() if live.record.owner == owner)

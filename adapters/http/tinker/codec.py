@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from adapters.http import tinker_pb as pb
+from adapters.http.tinker import pb
 from domain.training import (
     AdamParams,
     Datum,

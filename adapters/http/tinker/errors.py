@@ -1,0 +1,57 @@
+"""The Tinker face's errors: 4xx JSON ``{"detail", "error", "category"}``.
+
+Never 408/409/429/5xx for a permanent error, which the SDK would retry for minutes (429
+only when a run's queue of waiting requests is full: retrying is then the right thing).
+Error bodies never carry exception text of unexpected errors or the server's file paths.
+"""
+
+from typing import Any
+
+import msgspec
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from adapters.http.errors import ErrorRule, ErrorTable, HTTPError
+from application.tinker.downloads import LinkRefusedError
+from domain.training import NotFoundError, RetryLaterError, SessionClosedError, TrainingError
+
+log = structlog.get_logger(__name__)
+_json = msgspec.json.Encoder()
+
+
+def _category(e: Exception) -> str:
+    return getattr(e, "category", "user")
+
+
+TINKER_ERRORS = ErrorTable(
+    {
+        NotFoundError: ErrorRule(404, _category),
+        SessionClosedError: ErrorRule(410, _category),
+        RetryLaterError: ErrorRule(429, _category, headers={"Retry-After": "1"}),
+        LinkRefusedError: ErrorRule(403, _category),
+        # invalid, unsupported, sequence conflicts (and backend failures on input)
+        TrainingError: ErrorRule(400, _category),
+    }
+)
+
+
+def refused_key(message: str) -> HTTPError:
+    """A missing or refused API key."""
+    return HTTPError(401, message, "user")
+
+
+def tinker_error_response(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    error = TINKER_ERRORS.error(exc)
+    headers: dict[str, str] | None = None
+    if isinstance(error, HTTPError):
+        status, message, category, headers = error.status, error.message, error.kind, error.headers
+    elif isinstance(error, HTTPException):
+        status, message, category = error.status_code, str(error.detail), "user"
+    else:  # a bug: the details go to the log only
+        log.exception("tinker_internal_error", exc_info=exc)
+        status, message, category = 500, "internal error (logged)", "server"
+    body = {"detail": message, "error": message, "category": category}
+    return Response(
+        _json.encode(body), status_code=status, media_type="application/json", headers=headers
+    )

@@ -1,0 +1,36 @@
+"""``retrieve_future``: the long poll for a request's result (JSON or protobuf)."""
+
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+
+from adapters.http.auth import Tenant
+from adapters.http.tinker import codec
+from adapters.http.tinker.deps import Service
+from adapters.http.tinker.replies import PROTOBUF, ok, result_json
+from domain.training import ForwardBackwardResult, TinkerSampleResult
+
+
+class FutureRoutes(Controller):
+    @post("/retrieve_future", status_code=200)
+    async def retrieve_future(
+        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
+    ) -> Response[bytes]:
+        """A failed future answers ``{"error", "category"}`` with 200, as the SDK expects."""
+        body = codec.decode(await request.body(), codec.RetrieveFutureIn)
+        future = await service.futures.wait(tenant, body.request_id, service.long_poll_s)
+        if not future.finished:
+            return ok({"type": "try_again", "request_id": future.id, "queue_state": "active"})
+        if future.error is not None:
+            return ok({"error": str(future.error), "category": future.error.category})
+        proto = PROTOBUF in request.headers.get("accept", "")
+        result = future.result
+        if isinstance(result, ForwardBackwardResult):
+            if proto:
+                return Response(codec.forward_backward_output_proto(result), media_type=PROTOBUF)
+            return ok(codec.forward_backward_output_json(result))
+        if isinstance(result, TinkerSampleResult):
+            if proto:
+                return Response(codec.sample_response_proto(result), media_type=PROTOBUF)
+            return ok(codec.sample_response_json(result))
+        return ok(result_json(future.kind, result))

@@ -1,0 +1,72 @@
+"""Sampling: sampling sessions and ``asample``."""
+
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath
+
+from adapters.http.auth import Tenant
+from adapters.http.tinker import codec
+from adapters.http.tinker.deps import Service
+from adapters.http.tinker.replies import ok
+
+
+class SamplingRoutes(Controller):
+    @post("/create_sampling_session", status_code=200)
+    async def create_sampling_session(
+        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
+    ) -> Response[bytes]:
+        body = codec.decode(await request.body(), codec.CreateSamplingSessionIn)
+        sampler = service.create_sampler(
+            tenant,
+            body.session_id,
+            body.sampling_session_seq_id,
+            base_model=body.base_model,
+            model_path=body.model_path,
+        )
+        return ok({"type": "create_sampling_session", "sampling_session_id": sampler.id})
+
+    @get("/samplers/{sampler_id:str}")
+    async def get_sampler(
+        self, sampler_id: FromPath[str], tenant: Tenant, service: Service
+    ) -> Response[bytes]:
+        sampler = service.sampling.get(tenant, sampler_id)
+        return ok(
+            {
+                "sampler_id": sampler.id,
+                "base_model": sampler.source.base_model,
+                "model_path": sampler.model_path,
+            }
+        )
+
+    @post("/asample", status_code=200)
+    async def asample(
+        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
+    ) -> Response[bytes]:
+        body = codec.decode(await request.body(), codec.SampleIn)
+        codec.check_sample_features(body)
+        target = service.sample_target(
+            tenant,
+            sampler_id=body.sampling_session_id,
+            base_model=body.base_model,
+            model_path=body.model_path,
+        )
+        prompt = codec.prompt_tokens(body.prompt)
+        room = max(1, target.max_context_length - len(prompt))  # max_tokens left out: all
+        future = service.sampling.sample(
+            tenant,
+            target.source,
+            prompt,
+            codec.sample_params(body.sampling_params, room),
+            body.num_samples,
+            prompt_logprobs=bool(body.prompt_logprobs),
+            prompt_logprobs_last_n=body.prompt_logprobs_last_n,
+            topk_prompt=body.topk_prompt_logprobs,
+            topk_sample=body.topk_sample_logprobs,
+        )
+        return ok(
+            {
+                "request_id": future.id,
+                "sample_sequence_ids": [f"{future.id}:{i}" for i in range(body.num_samples)],
+            }
+        )
