@@ -59,9 +59,7 @@ def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> Non
     assert [m.name for m in backend.base_models] == ["test/base"]
     assert container.tinker() is not None
     with TestClient(app=container.http_app()) as client:
-        response = client.get(
-            "/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-key"}
-        )
+        response = client.get("/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-key"})
         assert response.status_code == 200, response.text
         names = [m["model_name"] for m in response.json()["supported_models"]]
         assert "test/base" in names
