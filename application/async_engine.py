@@ -234,7 +234,7 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if not self.engine.step():  # a static batch still filling up
+            if not self.engine.step().ran:  # a static batch still filling up
                 await asyncio.sleep(_WAITING_FOR_BATCH_S)
                 continue
             # A token reaches its socket through a few coroutine hand-offs (queue -> SSE

@@ -1,40 +1,33 @@
-"""The engine: one synchronous step at a time — schedule, run, apply, publish.
+"""The engine: one synchronous step at a time — schedule, run, apply, output, observe.
 
-``step()`` never blocks on I/O; output leaves through the OutputSink port. Text deltas and
-stop strings are handled here (they need the tokenizer); token-level stops (EOS, stop ids,
-length) are the scheduler's.
+``step()`` never blocks on I/O; output leaves through the OutputSink port, statistics
+through the StepObserver port. Token-level stops (EOS, stop ids, length) are the
+scheduler's; text and stop strings are the output stage's (:mod:`application.output`),
+which hands stop-string hits back to the scheduler.
 """
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
+from application.output import OutputProcessor
 from domain.config import EngineConfig
-from domain.detokenizer import IncrementalDetokenizer
 from domain.errors import (
     EmptyPromptError,
     InvalidParameterError,
     PromptTooLongError,
     QueueFullError,
 )
+from domain.observer import NullObserver, RequestStats, SchedulerStats, StepObserver, StepStats
 from domain.ports import ModelRunner, OutputSink, Tokenizer
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
-from domain.stop import StopStringMatcher
 
 log = structlog.get_logger(__name__)
 # What a client is told when a step fails (a bug or the device, not its request).
 STEP_FAILED = "internal error: the engine step failed (details in the server log)"
-
-
-@dataclass
-class _TextState:
-    detokenizer: IncrementalDetokenizer
-    stops: StopStringMatcher
 
 
 class Engine:
@@ -48,17 +41,21 @@ class Engine:
         scheduler: Scheduler | None = None,
         clock: Callable[[], float] = time.monotonic,
         vocab_size: int | None = None,
+        observer: StepObserver | None = None,
     ) -> None:
         """``vocab_size``: the model's, when it differs from the tokenizer's (token-id
-        prompts are checked against it: an id past the embedding would fail the whole step)."""
+        prompts are checked against it: an id past the embedding would fail the whole step).
+        ``observer``: receives every step's :class:`StepStats` (metrics, tracing)."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
         self.sink = sink
         self.scheduler = scheduler or make_scheduler(config, tokenizer.eos_token_ids)
         self.clock = clock
-        self._text: dict[str, _TextState] = {}
+        self.observer: StepObserver = observer or NullObserver()
+        self.output = OutputProcessor(tokenizer)
         self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
+        self._ended: list[Request] = []  # aborted or failed since the last step's stats
 
     def check_params(self, params: SamplingParams) -> None:
         """The server's limits on ``stop`` and ``stop_token_ids`` (a 400 naming the field)."""
@@ -116,7 +113,20 @@ class Engine:
             raise InvalidParameterError(
                 "prompt", f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
             )
+        self.check_token_ids(params)
         return prompt_ids
+
+    def check_token_ids(self, params: SamplingParams) -> None:
+        """Token ids in ``logit_bias`` / ``allowed_token_ids`` are in the model's vocabulary."""
+        for name, ids in (
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+        ):
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise InvalidParameterError(
+                    name, f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
+                )
 
     def add_request(
         self,
@@ -150,99 +160,108 @@ class Engine:
         ]
         for request in requests:
             self.scheduler.add_request(request)  # room was checked for all of them
-            self._text[request.request_id] = _TextState(
-                IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids),
-                StopStringMatcher(params.stop),
-            )
+            self.output.add(request)
         return requests
 
     def abort(self, request_id: str) -> None:
         """Stop a request now; its runner state is released at the next step."""
-        if self.scheduler.abort(request_id) is not None:
-            self._text.pop(request_id, None)
+        request = self.scheduler.abort(request_id)
+        if request is not None:
+            self.output.discard(request_id)
+            request.finished_s = self.clock()
+            self._ended.append(request)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> bool:
-        """One scheduler iteration; False when there was nothing to run (idle, or a static
-        batch still waiting to fill)."""
+    def step(self) -> StepStats:
+        """One scheduler iteration: schedule, run, apply, output, observe. The stats say
+        whether anything ran (``ran`` False: idle, or a static batch still filling up)."""
         batch = self.scheduler.schedule()
         if batch.released:
             self.runner.release(batch.released)
         if batch.is_empty:
-            return False
+            return self._observe(batch, ran=False, sampled=0)
+        now = self.clock()
+        for chunk in batch.chunks:
+            if chunk.request.scheduled_s is None:
+                chunk.request.scheduled_s = now
         try:
             result = self.runner.execute(batch)
         except Exception:  # a failed forward fails its batch, never the engine
             # Clients get no exception text (it can name files and internals); the log has it.
             log.exception("engine step failed", requests=len(batch.chunks))
             self._fail(batch, STEP_FAILED)
-            return True
-        for request in self.scheduler.update_from_output(batch, result):
-            rid = request.request_id
-            top = result.top_logprobs.get(rid)
-            self.sink.publish(self._output(request, result.logprobs.get(rid), top))
-        return True
+            return self._observe(batch, ran=True, sampled=0)
+        sampled = self.scheduler.update_from_output(batch, result)
+        outputs = self.output.process(sampled, result, self.scheduler.finish_requests)
+        for output in outputs:
+            self.sink.publish(output)
+        return self._observe(batch, ran=True, sampled=len(sampled), outputs=outputs)
 
-    def _output(
+    def _observe(
         self,
-        request: Request,
-        logprob: float | None = None,
-        top_logprobs: list[tuple[int, float]] | None = None,
-    ) -> StepOutput:
-        token = request.generated_token_ids[-1]
-        text = self._text[request.request_id]
-        if request.finish_reason in ("eos", "stop") and token in self._stop_ids(request):
-            delta = self._flush(text)  # the stop token itself is not text
-        else:
-            delta, hit = text.stops.feed(text.detokenizer.push(token))
-            if hit:
-                request.finish("stop")
-            elif request.is_done:
-                delta += self._flush(text)
-        if request.is_done:
-            del self._text[request.request_id]
-        return StepOutput(
-            request.request_id,
-            token,
-            delta,
-            finished=request.is_done,
-            finish_reason=request.finish_reason,
-            prompt_tokens=request.num_prompt_tokens,
-            completion_tokens=len(request.generated_token_ids),
-            logprob=logprob,
-            top_logprobs=tuple(top_logprobs) if top_logprobs else None,
-            **self._prompt_scores(request),
+        batch: SchedulerOutput,
+        *,
+        ran: bool,
+        sampled: int,
+        outputs: Sequence[StepOutput] = (),
+    ) -> StepStats:
+        now = self.clock()
+        first, ended = [], self._ended
+        for output in outputs:
+            if output.completion_tokens == 1:
+                first.append(output.request_id)
+        if outputs:
+            requests = {c.request.request_id: c.request for c in batch.chunks}
+            for request_id in first:
+                requests[request_id].first_token_s = now
+            ended = ended + [requests[o.request_id] for o in outputs if o.finished]
+        self._ended = []
+        prefill = decode = 0
+        for chunk in batch.chunks:
+            in_prompt = max(0, min(chunk.num_tokens, chunk.request.num_prompt_tokens - chunk.start))
+            prefill += in_prompt
+            decode += chunk.num_tokens - in_prompt
+        running, waiting = self.scheduler.counts()
+        stats = StepStats(
+            ran,
+            now,
+            SchedulerStats(running, waiting, prefill, decode, running / self.config.max_batch_size),
+            sampled,
+            tuple(first),
+            tuple(_request_stats(r, now) for r in ended),
         )
-
-    @staticmethod
-    def _prompt_scores(request: Request) -> dict[str, Any]:
-        """The prompt's logprobs (and alternatives), on a request's first output only."""
-        params = request.sampling_params
-        if not params.prompt_logprobs or len(request.generated_token_ids) != 1:
-            return {}
-        scores: dict[str, Any] = {"prompt_logprobs": tuple(request.prompt_logprobs)}
-        if params.prompt_top_logprobs:
-            scores["prompt_top_logprobs"] = tuple(tuple(r) for r in request.prompt_top_logprobs)
-        return scores
-
-    def _stop_ids(self, request: Request) -> frozenset[int]:
-        eos = frozenset() if request.sampling_params.ignore_eos else self.tokenizer.eos_token_ids
-        return eos | frozenset(request.sampling_params.stop_token_ids)
-
-    @staticmethod
-    def _flush(text: _TextState) -> str:
-        tail, _ = text.stops.feed(text.detokenizer.flush())
-        return tail + text.stops.flush()
+        try:
+            self.observer.on_step(stats)
+        except Exception:  # observing must never break serving
+            log.exception("step observer failed")
+        return stats
 
     def _fail(self, batch: SchedulerOutput, error: str) -> None:
         failed = [c.request for c in batch.chunks]
         for request in failed:
-            request.fail(error)
-            self._text.pop(request.request_id, None)
+            request.fail()
+            self.output.discard(request.request_id)
             self.sink.publish(StepOutput(request.request_id, None, "", finished=True, error=error))
+        self._ended.extend(failed)
         self.runner.release([r.request_id for r in failed])
+
+
+def _request_stats(request: Request, now: float) -> RequestStats:
+    finished = request.finished_s if request.finished_s is not None else now
+    request.finished_s = finished
+    return RequestStats(
+        request.request_id,
+        request.arrival_time_s,
+        request.scheduled_s,
+        request.first_token_s,
+        finished,
+        request.finish_reason or "abort",
+        request.num_prompt_tokens,
+        len(request.generated_token_ids),
+        request.adapter_id,
+    )
 
 
 def _utf8_size(text: str) -> int:

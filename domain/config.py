@@ -5,26 +5,18 @@ from dataclasses import dataclass
 from domain.errors import InvalidParameterError
 
 BATCHING_MODES = ("static", "continuous")
-SCHEDULER_POLICIES = ("fcfs",)
-KV_CACHE_BACKENDS = ("contiguous",)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None
-    dtype: str = "bfloat16"
-    device: str | None = None
     max_seq_len: int = 4096
     max_batch_size: int = 8
     max_waiting_requests: int = 64
-    seed: int | None = None
     batching_mode: str = "continuous"
-    scheduler_policy: str = "fcfs"
     batch_wait_timeout_s: float = 0.05
     # Continuous batching: tokens one step may run across all requests (prefill chunks
     # included), so a long prompt cannot stall every running stream for a whole prefill.
     max_num_batched_tokens: int = 512
-    kv_cache_backend: str = "contiguous"
     # Request limits (an InvalidParameterError naming the field beyond them, HTTP 400/422):
     # a prompt's UTF-8 size (a chat: its messages' text), prompts in one request, entries
     # of ``stop`` and of ``stop_token_ids``, and the stop strings' total UTF-8 size.
@@ -46,8 +38,6 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _one_of("batching_mode", self.batching_mode, BATCHING_MODES)
-        _one_of("scheduler_policy", self.scheduler_policy, SCHEDULER_POLICIES)
-        _one_of("kv_cache_backend", self.kv_cache_backend, KV_CACHE_BACKENDS)
         positive = (
             "max_seq_len",
             "max_batch_size",

@@ -12,9 +12,7 @@ from domain.sampling import SamplingParams
 
 
 class RequestState(Enum):
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    DECODE = "decode"
+    WAITING = "waiting"  # queued, or admitted and running: how many tokens ran says which
     FINISHED = "finished"
     FAILED = "failed"
 
@@ -30,7 +28,10 @@ class Request:
     generated_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     finish_reason: str | None = None
-    error: str | None = None
+    # Lifecycle times (the engine's clock): first scheduled, first token, ended.
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
     # The LoRA adapter the request runs with (None: the base model); the runner knows it.
     adapter_id: str | None = None
     # With ``sampling_params.prompt_logprobs``: logprobs of prompt tokens 1.., as computed.
@@ -61,8 +62,9 @@ class Request:
     def finish(self, reason: str) -> None:
         self.state, self.finish_reason = RequestState.FINISHED, reason
 
-    def fail(self, error: str) -> None:
-        self.state, self.error = RequestState.FAILED, error
+    def fail(self) -> None:
+        """The request's step failed (its error goes to the client in a StepOutput)."""
+        self.state, self.finish_reason = RequestState.FAILED, "error"
 
 
 @dataclass(frozen=True)
@@ -85,3 +87,24 @@ class StepOutput:
     # and, with ``prompt_top_logprobs``, each position's alternatives.
     prompt_logprobs: tuple[float, ...] | None = None
     prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+
+def token_finish_reason(
+    params: SamplingParams, eos_token_ids: frozenset[int], token: int, num_generated: int
+) -> str | None:
+    """Whether generating ``token`` (the ``num_generated``-th) ends a request, and why:
+    ``eos`` (an EOS id, unless ``ignore_eos``), ``stop`` (one of ``stop_token_ids``),
+    ``length`` (``max_tokens`` reached), or None. The one rule for token-level stops (stop
+    strings need text: the output stage finds them)."""
+    if token in eos_token_ids and not params.ignore_eos:
+        return "eos"
+    if token in params.stop_token_ids:
+        return "stop"
+    if num_generated >= params.max_tokens:
+        return "length"
+    return None
+
+
+def is_stop_token(params: SamplingParams, eos_token_ids: frozenset[int], token: int) -> bool:
+    """``token`` ended its request by being a stop or EOS id: it has no text in the output."""
+    return (token in eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids

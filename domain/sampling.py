@@ -18,6 +18,11 @@ class SamplingParams:
     chosen token plus the top-N alternatives. ``prompt_logprobs``: also report the logprob of
     every prompt token after the first (on the request's first output), and with
     ``prompt_top_logprobs`` N the top-N alternatives at each of those positions.
+
+    Per-row logits processing, between the forward and the sampler: ``logit_bias`` adds
+    a bias in [-100, 100] to the listed token ids' logits (OpenAI semantics); with
+    ``allowed_token_ids`` every other id is masked out (vLLM's name). Reported logprobs
+    stay those of the model's raw distribution (vLLM's default), not of the processed one.
     """
 
     max_tokens: int = 128
@@ -35,6 +40,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     prompt_top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1")
@@ -63,10 +70,27 @@ class SamplingParams:
             "prompt_top_logprobs",
             f"must be in [0, {MAX_LOGPROBS}], and needs prompt_logprobs",
         )
+        _check(
+            all(t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias)
+            and len({t for t, _ in self.logit_bias}) == len(self.logit_bias),
+            "logit_bias",
+            "token ids must be >= 0 and distinct, biases in [-100, 100]",
+        )
+        _check(
+            self.allowed_token_ids is None
+            or (bool(self.allowed_token_ids) and all(t >= 0 for t in self.allowed_token_ids)),
+            "allowed_token_ids",
+            "must be a non-empty list of token ids >= 0",
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """The row's logits are changed before sampling (bias or an allowed-token mask)."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
 
     @property
     def has_penalties(self) -> bool:

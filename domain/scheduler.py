@@ -2,8 +2,9 @@
 
 The decision is plain data (:class:`SchedulerOutput`); the runner returns plain data
 (:class:`RunnerOutput`); ``update_from_output`` applies it: token appended, EOS / stop
-token / length checks, state changes. Stop *strings* need text, so the engine checks them
-and calls ``Request.finish``; a policy releases finished requests at its next ``schedule``.
+token / length checks, state changes, each sampled token reported with the finish it caused.
+Stop *strings* need text: the engine's output stage finds them and hands them back through
+``finish_requests``. A policy releases finished requests at its next ``schedule``.
 """
 
 import time
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from domain.config import EngineConfig
-from domain.request import Request, RequestState
+from domain.request import Request, is_stop_token, token_finish_reason
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,21 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     # Requests whose runner state (KV slot, generator) can be freed now.
     released: list[str] = field(default_factory=list)
-    # Static batching: the chunks form a new batch (the runner allocates its cache).
-    new_batch: bool = False
 
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """A token a request got this step, and the finish it caused (None: runs on).
+    ``stop_token``: it ended the request as an EOS / stop id, so it has no text."""
+
+    request: Request
+    token_id: int
+    finish_reason: str | None
+    stop_token: bool
 
 
 @dataclass(frozen=True)
@@ -69,9 +79,18 @@ class Scheduler(Protocol):
     def schedule(self) -> SchedulerOutput: ...
     def update_from_output(
         self, output: SchedulerOutput, result: RunnerOutput
-    ) -> list[Request]: ...
+    ) -> list[SampledToken]: ...
+    def finish_requests(self, request_ids: Iterable[str], reason: str) -> list[Request]:
+        """End requests not done yet (``abort``, or ``stop`` for a stop string the output
+        stage found); waiting ones leave the queue, running ones free their slot at the
+        next ``schedule``. Returns those ended."""
+        ...
+
     def abort(self, request_id: str) -> Request | None: ...
     def has_work(self) -> bool: ...
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting): requests holding a batch slot, requests queued for one."""
+        ...
 
 
 class _QueueingScheduler:
@@ -101,8 +120,10 @@ class _QueueingScheduler:
         self.waiting.append(request)
         return True
 
-    def update_from_output(self, output: SchedulerOutput, result: RunnerOutput) -> list[Request]:
-        """Advance every scheduled request; returns those that got a token this step."""
+    def update_from_output(
+        self, output: SchedulerOutput, result: RunnerOutput
+    ) -> list[SampledToken]:
+        """Advance every scheduled request; returns the tokens sampled this step."""
         sampled = []
         for chunk in output.chunks:
             request = chunk.request
@@ -115,20 +136,38 @@ class _QueueingScheduler:
             )
             token = result.sampled_token_ids.get(request.request_id)
             if chunk.samples and token is not None:
-                self._append(request, token)
-                sampled.append(request)
+                sampled.append(self._append(request, token))
         return sampled
 
-    def _append(self, request: Request, token: int) -> None:
+    def _append(self, request: Request, token: int) -> SampledToken:
         request.generated_token_ids.append(token)
-        request.state = RequestState.DECODE
-        params = request.sampling_params
-        if token in self.eos_token_ids and not params.ignore_eos:
-            request.finish("eos")
-        elif token in params.stop_token_ids:
-            request.finish("stop")
-        elif len(request.generated_token_ids) >= params.max_tokens:
-            request.finish("length")
+        params, eos = request.sampling_params, self.eos_token_ids
+        reason = token_finish_reason(params, eos, token, len(request.generated_token_ids))
+        if reason is None:
+            return SampledToken(request, token, None, False)
+        request.finish(reason)
+        return SampledToken(request, token, reason, is_stop_token(params, eos, token))
+
+    def finish_requests(self, request_ids: Iterable[str], reason: str) -> list[Request]:
+        ended = []
+        for request_id in request_ids:
+            request = self._remove_waiting(request_id) or self._live(request_id)
+            if request is not None and not request.is_done:
+                request.finish(reason)
+                ended.append(request)
+        return ended
+
+    def abort(self, request_id: str) -> Request | None:
+        """Drop a waiting request, or finish a running one (its slot frees next step)."""
+        ended = self.finish_requests([request_id], "abort")
+        return ended[0] if ended else None
+
+    def counts(self) -> tuple[int, int]:
+        return self._num_live(), len(self.waiting)
+
+    def _live(self, request_id: str) -> Request | None:
+        """The admitted request with this id (done or not)."""
+        raise NotImplementedError
 
     def _remove_waiting(self, request_id: str) -> Request | None:
         for request in self.waiting:
@@ -164,30 +203,20 @@ class StaticScheduler(_QueueingScheduler):
         full = len(self.waiting) >= self.config.max_batch_size
         if not full and self.clock() < self._batch_wait_deadline:
             return SchedulerOutput(released=released)
-        return SchedulerOutput(self._start_batch(), released, new_batch=True)
+        return SchedulerOutput(self._start_batch(), released)
 
     def _start_batch(self) -> list[ScheduledChunk]:
         self._batch_wait_deadline = None
         while self.waiting and len(self.active) < self.config.max_batch_size:
-            request = self.waiting.popleft()
-            request.state = RequestState.PREFILL
-            self.active.append(request)
+            self.active.append(self.waiting.popleft())
         return [ScheduledChunk(r, 0, r.num_prompt_tokens) for r in self.active]
 
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self.active)
 
-    def abort(self, request_id: str) -> Request | None:
-        """Drop a waiting request, or finish an active one (its row idles until the batch ends)."""
-        request = self._remove_waiting(request_id)
-        if request is not None:
-            request.finish("abort")
-            return request
-        for request in self.active:
-            if request.request_id == request_id and not request.is_done:
-                request.finish("abort")
-                return request
-        return None
+    def _live(self, request_id: str) -> Request | None:
+        # An active request that ends early idles its row until the batch ends.
+        return next((r for r in self.active if r.request_id == request_id), None)
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(not r.is_done for r in self.active)
@@ -218,7 +247,6 @@ class ContinuousScheduler(_QueueingScheduler):
             budget -= chunk.num_tokens
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             request = self.waiting.popleft()
-            request.state = RequestState.PREFILL
             self.running.append(request)
             chunk = _chunk(request, budget)
             assert chunk is not None, "budget > 0 and a non-empty prompt always give a chunk"
@@ -229,15 +257,8 @@ class ContinuousScheduler(_QueueingScheduler):
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self.running)
 
-    def abort(self, request_id: str) -> Request | None:
-        """Drop a waiting request, or finish a running one: its slot is released next step."""
-        request = self._remove_waiting(request_id)
-        if request is None:
-            request = next((r for r in self.running if r.request_id == request_id), None)
-        if request is None or request.is_done:
-            return None
-        request.finish("abort")
-        return request
+    def _live(self, request_id: str) -> Request | None:
+        return next((r for r in self.running if r.request_id == request_id), None)
 
     def has_work(self) -> bool:
         return bool(self.waiting) or bool(self.running)

@@ -231,9 +231,6 @@ def _serve(args: argparse.Namespace) -> int:
         args.model = args.model_tag
 
     config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
         max_seq_len=args.max_seq_len,
         max_batch_size=args.max_batch_size,
         max_waiting_requests=args.max_waiting_requests,

@@ -124,7 +124,7 @@ async def test_a_full_queue_answers_503_at_once_with_retry_after_and_queues_noth
         assert tokenized == []  # refused before any preparation work
         assert len(engine.sink) == 0
         assert engine.engine.scheduler.room() == 0
-        assert len(engine.engine._text) == 3
+        assert len(engine.engine.output) == 3
 
 
 async def test_a_dead_engine_loop_ends_streams_with_an_error_and_fails_health() -> None:

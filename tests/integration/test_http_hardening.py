@@ -56,7 +56,7 @@ class Stack:
         """What the engine still holds: empty when every request has ended."""
         left: dict[str, Any] = {}
         if self.core.has_work():
-            left["queued_or_running"] = len(self.core._text)
+            left["queued_or_running"] = len(self.core.output)
         if self.runner.live:
             left["kv_slots"] = len(self.runner.live)
         if len(self.sink):
@@ -159,7 +159,7 @@ def test_prompts_that_do_not_all_fit_now_get_503_and_none_is_queued(stream: bool
         assert response.status_code == 503, response.text
         assert response.headers["retry-after"] == "1"
         assert response.json()["error"]["code"] == "overloaded"
-        assert sorted(stack.core._text) == [f"occupant-{i}" for i in range(8)]
+        assert sorted(stack.core.output) == [f"occupant-{i}" for i in range(8)]
         assert len(stack.sink) == 0
 
 

@@ -90,3 +90,51 @@ def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
         engine.step()
     got = [o.token_id for o in sink.outputs if o.request_id == "seeded"]
     assert got == alone(model, PROMPTS[0], seeded)
+
+
+def _run_all(model, requests: dict[str, tuple[str, SamplingParams]]) -> dict[str, list]:
+    config = EngineConfig(max_batch_size=len(requests), max_seq_len=96)
+    sink = ListSink()
+    engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink)
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    while engine.has_work():
+        engine.step()
+    return {request_id: sink.of(request_id) for request_id in requests}
+
+
+def test_logit_bias_and_allowed_ids_apply_to_their_rows_only(model) -> None:
+    """The logits seam: one batched step, each row processed by its own request's params;
+    the other rows are what they are alone, and logprobs stay the model's own."""
+    plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    forced = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0, logit_bias=((77, 100.0),)
+    )
+    allowed = SamplingParams(
+        temperature=0.7, seed=3, max_tokens=6, ignore_eos=True, allowed_token_ids=(40, 41, 42)
+    )
+    out = _run_all(
+        model,
+        {
+            "plain": (PROMPTS[0], plain),
+            "forced": (PROMPTS[1], forced),
+            "allowed": (PROMPTS[2], allowed),
+        },
+    )
+    assert [o.token_id for o in out["plain"]] == alone(model, PROMPTS[0], plain)
+    assert [o.token_id for o in out["forced"]] == [77] * 6
+    assert {o.token_id for o in out["allowed"]} <= {40, 41, 42}
+    assert [o.token_id for o in out["allowed"]] == alone(model, PROMPTS[2], allowed)
+    # A +100 bias makes 77 certain to be sampled, but its reported logprob is the model's.
+    assert all(o.logprob is not None and o.logprob < -0.01 for o in out["forced"])
+    assert alone(model, PROMPTS[1], forced) == [77] * 6  # generate() shares the seam
+
+
+def test_a_batch_without_logit_processing_is_not_copied(model) -> None:
+    from adapters.torch.runtime.logits import process_logits
+
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_k=5)]
+    assert process_logits(logits, params) is logits
+    biased = process_logits(logits, [*params[:2], SamplingParams(logit_bias=((4, -100.0),))])
+    assert torch.equal(biased[:2], logits[:2]) and biased[2, 4] == logits[2, 4] - 100.0

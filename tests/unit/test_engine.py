@@ -99,7 +99,7 @@ def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> No
     with pytest.raises(error) as raised:
         engine.add_request("a", prompt, sampling)
     assert type(raised.value) is error
-    assert not engine.has_work() and engine._text == {}
+    assert not engine.has_work() and list(engine.output) == []
 
 
 def test_token_ids_are_checked_against_the_models_vocabulary_when_given() -> None:
@@ -121,7 +121,7 @@ def test_a_full_engine_refuses_with_queue_full() -> None:
     engine.add_request("b", "x", params())
     with pytest.raises(QueueFullError):
         engine.add_request("c", "x", params())
-    assert list(engine._text) == ["a", "b"]
+    assert list(engine.output) == ["a", "b"]
     engine.step()  # "a" runs, "b" waits: still full
     with pytest.raises(QueueFullError):
         engine.add_request("c", "x", params())
@@ -132,7 +132,7 @@ def test_prompts_are_admitted_all_together_or_none() -> None:
     engine.add_request("a", "x", params())
     with pytest.raises(QueueFullError):
         engine.admit(["b", "c", "d", "e"], [[5]] * 4, params())
-    assert list(engine._text) == ["a"] and engine.scheduler.room() == 3
+    assert list(engine.output) == ["a"] and engine.scheduler.room() == 3
     engine.admit(["b", "c", "d"], [[5]] * 3, params())
     assert engine.scheduler.room() == 0
 
@@ -223,7 +223,7 @@ def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
     engine.add_request("short", "a", params())
     engine.add_request("long", "a much longer prompt", params(max_tokens=2))
     run(engine)
-    assert runner.steps[0].new_batch
+    assert all(c.start == 0 for c in runner.steps[0].chunks)  # a new batch: whole prompts
     assert [c.num_tokens for c in runner.steps[0].chunks] == [2, 21]
     assert "".join(o.text_delta for o in sink.of("short")) == "hey"
     assert sink.of("long")[-1].finish_reason == "length"

@@ -17,7 +17,7 @@ def test_a_new_request_waits_with_nothing_generated() -> None:
     assert request.state is RequestState.WAITING
     assert request.generated_token_ids == []
     assert request.num_computed_tokens == 0
-    assert (request.finish_reason, request.error) == (None, None)
+    assert (request.finish_reason, request.scheduled_s, request.first_token_s) == (None,) * 3
     assert not request.is_done
 
 
@@ -33,11 +33,11 @@ def test_token_ids_span_prompt_and_output() -> None:
 def test_finish_and_fail_end_the_request() -> None:
     done, failed = make_request("a"), make_request("b")
     done.finish("length")
-    failed.fail("out of memory")
+    failed.fail()
     assert (done.state, done.finish_reason, done.is_done) == (RequestState.FINISHED, "length", True)
-    assert (failed.state, failed.error, failed.is_done) == (
+    assert (failed.state, failed.finish_reason, failed.is_done) == (
         RequestState.FAILED,
-        "out of memory",
+        "error",
         True,
     )
 
@@ -57,7 +57,6 @@ def test_engine_config_defaults_to_continuous_batching() -> None:
     ("field", "value"),
     [
         ("batching_mode", "dynamic"),
-        ("kv_cache_backend", "paged"),
         ("max_batch_size", 0),
         ("batch_wait_timeout_s", -1.0),
         ("max_num_batched_tokens", 1),

@@ -47,3 +47,26 @@ def test_temperature_zero_is_greedy_and_penalties_are_detected() -> None:
     assert SamplingParams(temperature=0.0).greedy
     assert SamplingParams(presence_penalty=0.5).has_penalties
     assert SamplingParams(repetition_penalty=1.2).has_penalties
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", ((5, 100.5),)),
+        ("logit_bias", ((5, float("nan")),)),
+        ("logit_bias", ((-1, 1.0),)),
+        ("logit_bias", ((5, 1.0), (5, 2.0))),
+        ("allowed_token_ids", ()),
+        ("allowed_token_ids", (3, -2)),
+    ],
+)
+def test_logits_processing_params_are_validated(field: str, value: object) -> None:
+    with pytest.raises(InvalidParameterError) as error:
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+    assert error.value.param == field
+
+
+def test_logits_processing_is_off_by_default() -> None:
+    assert not SamplingParams().processes_logits
+    assert SamplingParams(logit_bias=((1, -100.0),)).processes_logits
+    assert SamplingParams(allowed_token_ids=(1,)).processes_logits

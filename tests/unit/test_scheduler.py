@@ -61,9 +61,9 @@ def test_static_forms_a_batch_and_returns_it_until_it_finishes() -> None:
     for name in "abc":
         scheduler.add_request(request(name))
     first = scheduler.schedule()
-    assert ids(first) == ["a", "b", "c"] and first.new_batch
-    assert [c.num_tokens for c in first.chunks] == [3, 3, 3]
-    assert all(r.state is RequestState.PREFILL for r in scheduler.active)
+    assert ids(first) == ["a", "b", "c"]
+    assert [(c.start, c.num_tokens) for c in first.chunks] == [(0, 3)] * 3
+    assert all(r.state is RequestState.WAITING for r in scheduler.active)  # running, not done
     assert ids(scheduler.schedule()) == ["a", "b", "c"]
     assert not scheduler.waiting
 
@@ -124,7 +124,7 @@ def test_static_batches_at_most_max_batch_size_in_arrival_order() -> None:
     batches = []
     while scheduler.has_work():
         output = scheduler.schedule()
-        if output.new_batch:
+        if output.chunks and all(c.start == 0 for c in output.chunks):  # a new batch
             batches.append(ids(output))
         for r in scheduler.active:
             r.finish("length")
@@ -184,7 +184,7 @@ def test_eos_in_a_batch_finishes_only_that_request() -> None:
     step(scheduler, a=EOS)
     a, b = scheduler.active
     assert (a.state, a.finish_reason) == (RequestState.FINISHED, "eos")
-    assert b.state is RequestState.DECODE and b.generated_token_ids == [7]
+    assert not b.is_done and b.generated_token_ids == [7]
 
 
 def test_max_tokens_finishes_with_length() -> None:

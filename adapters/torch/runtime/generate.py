@@ -11,12 +11,13 @@ import torch
 
 from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
-from domain.detokenizer import IncrementalDetokenizer
 from domain.errors import InvalidParameterError
 from domain.ports import Tokenizer
+from domain.request import is_stop_token, token_finish_reason
 from domain.sampling import SamplingParams
-from domain.stop import StopStringMatcher
+from domain.text_stream import TextStream
 
 
 @dataclass(frozen=True)
@@ -59,24 +60,36 @@ def stream_generate(
         dtype=model.embed_tokens.weight.dtype,
         device=device,
     )
-    stops = _StopState(tokenizer, prompt_ids, params)
+    eos = tokenizer.eos_token_ids
+    text = TextStream(tokenizer, prompt_ids, params.stop)
     output: list[int] = []
     next_input = torch.zeros(1, 1, dtype=torch.long, device=device)
     with torch.inference_mode():
         logits = model(torch.tensor([prompt_ids], device=device), kv_cache=cache)
         while True:
+            raw = logits[:, -1]
             sampled = sampler.sample(
-                logits[:, -1],
+                process_logits(raw, [params]),
                 [params],
                 prompt_ids=[prompt_ids],
                 output_ids=[output],
                 generators=[generator],
+                raw_logits=raw,
             )
             token = sampled.token_ids[0]
             output.append(token)
-            chunk = stops.chunk(token, len(output), sampled.logprobs, sampled.top_logprobs)
-            yield chunk
-            if chunk.finish_reason is not None:
+            reason = token_finish_reason(params, eos, token, len(output))
+            delta, hit = text.push(
+                token, stop_token=is_stop_token(params, eos, token), last=reason is not None
+            )
+            yield GenerationChunk(
+                delta,
+                token,
+                sampled.logprobs[0] if sampled.logprobs else None,
+                sampled.top_logprobs[0] if sampled.top_logprobs else [],
+                "stop" if hit else reason,
+            )
+            if hit or reason is not None:
                 return
             next_input.fill_(token)
             logits = model(next_input, kv_cache=cache)
@@ -124,36 +137,3 @@ def _validate(
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
             f"exceeds the model's context length {limit}",
         )
-
-
-class _StopState:
-    """Turns sampled tokens into text chunks and decides when generation ends."""
-
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams):
-        self.params = params
-        self.eos = frozenset() if params.ignore_eos else tokenizer.eos_token_ids
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
-        self.matcher = StopStringMatcher(params.stop)
-
-    def chunk(
-        self,
-        token: int,
-        count: int,
-        logprobs: list[float] | None,
-        top: list[list[tuple[int, float]]] | None,
-    ) -> GenerationChunk:
-        logprob = logprobs[0] if logprobs else None
-        alternatives = top[0] if top else []
-        if token in self.eos or token in self.params.stop_token_ids:
-            reason = "eos" if token in self.eos else "stop"
-            return GenerationChunk(self._tail(), token, logprob, alternatives, reason)
-        text, hit = self.matcher.feed(self.detokenizer.push(token))
-        if hit:
-            return GenerationChunk(text, token, logprob, alternatives, "stop")
-        if count >= self.params.max_tokens:
-            return GenerationChunk(text + self._tail(), token, logprob, alternatives, "length")
-        return GenerationChunk(text, token, logprob, alternatives)
-
-    def _tail(self) -> str:
-        text, _ = self.matcher.feed(self.detokenizer.flush())
-        return text + self.matcher.flush()

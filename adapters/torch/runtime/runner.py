@@ -3,8 +3,10 @@
 Each running request owns a slot of a preallocated :class:`SlotKVCache` (occupied slots are
 kept compacted: a freed slot takes the last one's contents). A step runs the decoding
 requests' tokens (each row at its own position) and the prompt chunks as one flat forward
-(:class:`MixedBatch`: one matmul per projection for every token of the step), then one
-sampler call samples every row that needs a token.
+(:class:`MixedBatch`: one matmul per projection for every token of the step); then the
+rows that asked for it get their logits processed (bias, allowed-token masks:
+:mod:`adapters.torch.runtime.logits`), and one sampler call samples every row that needs a
+token.
 
 With a :class:`LoraServing`, each request may name a LoRA adapter: the step routes every
 token (and every logits row) to its request's adapter, so requests on different adapters
@@ -23,6 +25,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.kv_cache import SlotKVCache
 from adapters.torch.models.layers import MixedBatch
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from domain.config import EngineConfig
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
@@ -168,12 +171,14 @@ class TorchModelRunner:
         if not chunks:
             return RunnerOutput()
         requests = [c.request for c in chunks]
+        params = [r.sampling_params for r in requests]
         result = self.sampler.sample(
-            logits,
-            [r.sampling_params for r in requests],
+            process_logits(logits, params),  # forward -> per-row processing -> sampling
+            params,
             prompt_ids=[r.prompt_token_ids for r in requests],
             output_ids=[r.generated_token_ids for r in requests],
             generators=[self.generators[r.request_id] for r in requests],
+            raw_logits=logits,
         )
         ids = [r.request_id for r in requests]
         top = result.top_logprobs or []

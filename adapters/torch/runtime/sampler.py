@@ -59,15 +59,19 @@ class TokenSampler:
         prompt_ids: Sequence[Sequence[int]],
         output_ids: Sequence[Sequence[int]],
         generators: Sequence[torch.Generator | None],
+        raw_logits: Tensor | None = None,
     ) -> SampledTokens:
         """``logits`` ``[B, V]`` (any float dtype); the other arguments have one entry per row.
 
         ``generators[i]`` is row i's own generator (seeded requests) or ``None`` (global RNG).
+        ``raw_logits``: the model's logits before per-row processing (bias, masks), which
+        reported logprobs come from; None: ``logits`` are the model's own.
         """
+        raw = logits if raw_logits is None else raw_logits
         assert logits.shape[0] == len(params) == len(prompt_ids) == len(output_ids)
         assert len(generators) == len(params)
         if all(p.greedy and not p.has_penalties for p in params):
-            return _collect(_argmax(logits), logits, params)
+            return _collect(_argmax(logits), raw, params)
         penalized = (
             _penalize_rows(logits.float(), params, prompt_ids, output_ids)
             if any(p.has_penalties for p in params)
@@ -82,7 +86,7 @@ class TokenSampler:
                 token_ids = _sample_rows(kernels, penalized, params, uniforms)
             else:
                 token_ids = sample_from_probs(filtered_probs(penalized.float(), params), uniforms)
-        return _collect(token_ids, logits, params)
+        return _collect(token_ids, raw, params)
 
 
 def filtered_probs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:

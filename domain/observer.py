@@ -1,0 +1,69 @@
+"""Step statistics and the observer port: what each engine step tells metrics and tracing.
+
+``Engine.step()`` returns a :class:`StepStats` and hands it to a :class:`StepObserver`
+(no-op by default). Plain data only: the scheduler's state after the step, how many tokens
+ran, and the whole life of each request that ended in the step (timestamps from the
+engine's clock), so a tracer can emit a request's spans and a metrics adapter its
+histograms without hooks anywhere else.
+"""
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """The scheduler after one step."""
+
+    running: int  # requests holding a batch slot (and their KV)
+    waiting: int  # requests queued for a slot
+    prefill_tokens: int  # prompt tokens run this step
+    decode_tokens: int  # generated tokens fed back this step (one per decoding request)
+    kv_usage: float  # fraction of the KV cache in use (slots today, blocks with paged KV)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    """One request's life, reported once, in the step it ended (finished, aborted, failed).
+
+    Times are the engine clock's seconds; ``scheduled_s`` / ``first_token_s`` are None when
+    the request ended before reaching that point (aborted while waiting, failed prefill).
+    """
+
+    request_id: str
+    arrival_s: float
+    scheduled_s: float | None
+    first_token_s: float | None
+    finished_s: float
+    finish_reason: str  # eos | stop | length | abort | error
+    prompt_tokens: int
+    completion_tokens: int
+    adapter_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one ``Engine.step()`` did. ``ran`` is False when nothing was run (idle, or a
+    static batch still filling up); requests may still have ended (aborts)."""
+
+    ran: bool
+    time_s: float
+    scheduler: SchedulerStats
+    sampled_tokens: int = 0  # tokens generated this step, across requests
+    # Requests that produced their first token in this step.
+    first_tokens: tuple[str, ...] = ()
+    finished: tuple[RequestStats, ...] = field(default_factory=tuple)
+
+
+class StepObserver(Protocol):
+    """Receives every step's statistics, on the engine's thread: must be quick, never block,
+    never raise (an observer's failure is logged and ignored by the engine)."""
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+
+class NullObserver:
+    """The default: observes nothing, costs one call per step."""
+
+    def on_step(self, stats: StepStats) -> None:
+        pass

@@ -1,0 +1,171 @@
+"""Step statistics and the observer port: what Engine.step() reports, with the fake runner."""
+
+import itertools
+
+import pytest
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.observer import RecordingObserver
+from adapters.fake.runner import FakeModelRunner, reply_script
+from application.engine import Engine
+from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
+from domain.sampling import SamplingParams
+from tests.fakes import ListSink
+
+TOKENIZER = ByteTokenizer()
+
+
+class Clock:
+    """Ticks by one second on every read, so every recorded time is distinct and ordered."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+
+    def __call__(self) -> float:
+        return float(next(self._ticks))
+
+
+def make(text: str = "Hello", runner: FakeModelRunner | None = None, **config):
+    observer = RecordingObserver()
+    runner = runner or FakeModelRunner(script=reply_script(TOKENIZER, text))
+    engine = Engine(
+        EngineConfig(**config), runner, TOKENIZER, ListSink(), clock=Clock(), observer=observer
+    )
+    return engine, observer
+
+
+def drain(engine: Engine) -> None:
+    for _ in range(200):
+        if not engine.has_work():
+            return
+        engine.step()
+    raise AssertionError("engine did not finish")
+
+
+def greedy(**kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **kwargs)
+
+
+def test_each_step_is_observed_and_returned() -> None:
+    engine, observer = make()
+    engine.add_request("a", "hi", greedy())
+    first = engine.step()
+    assert first.ran and observer.steps == [first]
+    assert first.scheduler.prefill_tokens == 3 and first.scheduler.decode_tokens == 0
+    assert (first.scheduler.running, first.scheduler.waiting) == (1, 0)
+    assert first.sampled_tokens == 1 and first.first_tokens == ("a",)
+    second = engine.step()
+    assert (second.scheduler.prefill_tokens, second.scheduler.decode_tokens) == (0, 1)
+    assert second.first_tokens == () and second.sampled_tokens == 1
+
+
+def test_a_finished_request_reports_its_life_in_order() -> None:
+    engine, observer = make("Hello")
+    engine.add_request("a", "hi", greedy())
+    drain(engine)
+    record = observer.finished["a"]
+    assert record.finish_reason == "eos"
+    assert (record.prompt_tokens, record.completion_tokens) == (3, 6)
+    assert record.scheduled_s is not None and record.first_token_s is not None
+    assert record.arrival_s < record.scheduled_s < record.first_token_s < record.finished_s
+    # Reported once, in the step it ended.
+    assert sum(r.request_id == "a" for s in observer.steps for r in s.finished) == 1
+
+
+@pytest.mark.parametrize(
+    ("params", "reason"),
+    [(greedy(max_tokens=2), "length"), (greedy(stop=("ll",)), "stop")],
+)
+def test_finish_reasons_are_reported(params: SamplingParams, reason: str) -> None:
+    engine, observer = make("Hello")
+    engine.add_request("a", "hi", params)
+    drain(engine)
+    assert observer.finished["a"].finish_reason == reason
+
+
+def test_a_stop_string_hit_ends_the_request_in_the_scheduler() -> None:
+    engine, observer = make("Hello there")
+    engine.add_request("a", "hi", greedy(stop=("lo",)))
+    drain(engine)
+    request_stats = observer.finished["a"]
+    assert request_stats.finish_reason == "stop"
+    engine.step()  # the policy released the finished request's slot
+    assert engine.scheduler.counts() == (0, 0) and list(engine.output) == []
+
+
+def test_chunked_prefill_counts_prompt_tokens_per_step() -> None:
+    engine, observer = make("Hi", max_num_batched_tokens=8, max_batch_size=2)
+    engine.add_request("long", "x" * 19, greedy())  # 20 prompt tokens with <bos>
+    for _ in range(3):
+        engine.step()
+    prefill = [s.scheduler.prefill_tokens for s in observer.steps]
+    assert prefill == [8, 8, 4]
+    assert [s.sampled_tokens for s in observer.steps] == [0, 0, 1]
+
+
+def test_an_aborted_request_is_reported_at_the_next_step() -> None:
+    engine, _ = make(max_batch_size=1)
+    engine.add_request("running", "hi", greedy())
+    engine.add_request("waiting", "hi", greedy())
+    engine.step()
+    engine.abort("waiting")
+    engine.abort("running")
+    stats = engine.step()
+    ended = {r.request_id: r for r in stats.finished}
+    assert {k: r.finish_reason for k, r in ended.items()} == {
+        "waiting": "abort",
+        "running": "abort",
+    }
+    assert ended["waiting"].scheduled_s is None and ended["running"].first_token_s is not None
+
+
+def test_kv_usage_is_the_share_of_batch_slots_in_use() -> None:
+    engine, _ = make(max_batch_size=4)
+    for name in "ab":
+        engine.add_request(name, "hi", greedy())
+    assert engine.step().scheduler.kv_usage == 0.5
+
+
+def test_a_failed_step_reports_its_requests_as_errors() -> None:
+    class Broken(FakeModelRunner):
+        def execute(self, batch):  # type: ignore[no-untyped-def]
+            raise RuntimeError("device lost")
+
+    engine, observer = make(runner=Broken())
+    engine.add_request("a", "hi", greedy())
+    engine.step()
+    assert observer.finished["a"].finish_reason == "error"
+
+
+def test_an_observer_that_raises_does_not_break_the_engine() -> None:
+    class Raising:
+        def on_step(self, stats):  # type: ignore[no-untyped-def]
+            raise ValueError("metrics backend down")
+
+    engine = Engine(
+        EngineConfig(),
+        FakeModelRunner(script=reply_script(TOKENIZER, "ok")),
+        TOKENIZER,
+        sink := ListSink(),
+        observer=Raising(),
+    )
+    engine.add_request("a", "hi", greedy())
+    drain(engine)
+    assert "".join(o.text_delta for o in sink.of("a")) == "ok"
+
+
+def test_idle_steps_report_that_nothing_ran() -> None:
+    engine, observer = make()
+    stats = engine.step()
+    assert not stats.ran and stats.sampled_tokens == 0 and observer.steps == [stats]
+
+
+def test_logit_processing_ids_are_checked_against_the_vocabulary() -> None:
+    engine, _ = make()
+    for params in (
+        greedy(logit_bias=((10**6, 1.0),)),
+        greedy(allowed_token_ids=(1, 10**6)),
+    ):
+        with pytest.raises(InvalidParameterError):
+            engine.add_request("a", "hi", params)
