@@ -18,7 +18,7 @@ from domain.errors import (
 )
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
-from tests.fakes import ListSink, fake_async_engine
+from tests.fakes import ListSink
 
 TOKENIZER = ByteTokenizer()
 EOS = next(iter(TOKENIZER.eos_token_ids))
@@ -44,7 +44,7 @@ def run(engine: Engine, max_steps: int = 100) -> None:
 
 
 def make_async(runner: FakeModelRunner) -> tuple[AsyncEngine, QueueOutputSink]:
-    engine = fake_async_engine(runner)
+    engine = AsyncEngine(EngineConfig(), runner, TOKENIZER)
     return engine, engine.sink
 
 
@@ -279,7 +279,7 @@ async def test_each_steps_output_reaches_a_relayed_consumer_before_the_next_step
 
 async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> None:
     runner = FakeModelRunner(script=scripted("x" * 50), step_latency_s=0.001)
-    engine = fake_async_engine(runner)
+    engine = AsyncEngine(EngineConfig(), runner, TOKENIZER)
     core, sink = engine.engine, engine.sink
     engine.start()
     try:
@@ -299,7 +299,7 @@ async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> 
 
 
 async def test_validation_errors_raise_before_streaming() -> None:
-    engine = fake_async_engine()
+    engine = AsyncEngine(EngineConfig(), FakeModelRunner(), TOKENIZER)
     sink = engine.sink
     with pytest.raises(InvalidParameterError):
         await engine.stream("a", "", params())
@@ -309,7 +309,7 @@ async def test_validation_errors_raise_before_streaming() -> None:
 async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> None:
     """A generator that never started cannot clean up after itself: the group does."""
     runner = FakeModelRunner(script=scripted("x" * 500), step_latency_s=0.001)
-    engine = fake_async_engine(runner, max_batch_size=2, max_waiting_requests=2)
+    engine = AsyncEngine(EngineConfig(max_batch_size=2, max_waiting_requests=2), runner, TOKENIZER)
     core, sink = engine.engine, engine.sink
     engine.start()
     try:
@@ -345,7 +345,7 @@ async def test_prompts_are_tokenized_off_the_event_loop() -> None:
             threads.append(threading.current_thread().name)
             return super().render_chat(messages, **kwargs)
 
-    engine = fake_async_engine(tokenizer=Recording())
+    engine = AsyncEngine(EngineConfig(), FakeModelRunner(), Recording())
     try:
         assert await engine.prepare("hi", params()) == TOKENIZER.encode("hi")
         await engine.render_chat([{"role": "user", "content": "hi"}])
