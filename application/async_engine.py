@@ -29,9 +29,11 @@ from typing import Any, TypeVar
 import structlog
 
 from application.engine import Engine
-from domain.ports import ChatMessage
+from domain.config import EngineConfig
+from domain.ports import ChatMessage, ModelRunner, Tokenizer
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
+from domain.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 LOOP_CRASHED = "internal error: the engine loop stopped (details in the server log)"
@@ -72,9 +74,31 @@ class QueueOutputSink:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, sink: QueueOutputSink) -> None:
-        self.engine = engine
-        self.sink = sink
+    """The engine and its output queues, driven by one background task.
+
+    It builds its own :class:`QueueOutputSink` and :class:`Engine` (``engine_kwargs`` go
+    to ``Engine``, e.g. ``clock=``); ``.engine`` and ``.sink`` expose them."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        *,
+        vocab_size: int | None = None,
+        scheduler: Scheduler | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        self.sink = QueueOutputSink()
+        self.engine = Engine(
+            config,
+            runner,
+            tokenizer,
+            self.sink,
+            vocab_size=vocab_size,
+            scheduler=scheduler,
+            **engine_kwargs,
+        )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None

@@ -1,12 +1,16 @@
 """``infer`` command line: ``infer generate "prompt"`` (``infer serve`` comes with the server)."""
 
 import argparse
+import asyncio
 import os
 import sys
 import time
 from collections.abc import Sequence
 
-from adapters.torch.runtime.generate import encode_prompt, stream_generate
+from dependency_injector import providers
+
+from application.async_engine import AsyncEngine
+from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
@@ -165,18 +169,23 @@ def _generate(args: argparse.Namespace) -> int:
         args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir
     )
     start = time.perf_counter()
-    model, tokenizer = container.model(), container.tokenizer()
+    container.model()
+    tokenizer = container.tokenizer()
     loaded = time.perf_counter()
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    prompt_ids = encode_prompt(tokenizer, prompt, chat=args.chat)
-    first = None
-    count, reason = 0, None
-    for chunk in stream_generate(model, tokenizer, prompt_ids, params, sampler=container.sampler()):
-        first = first or time.perf_counter()
-        count += 1
-        reason = chunk.finish_reason
-        sys.stdout.write(chunk.text)
-        sys.stdout.flush()
+    if args.chat:
+        prompt_ids = tokenizer.render_chat([{"role": "user", "content": prompt}])
+    else:
+        prompt_ids = tokenizer.encode(prompt)
+    # One request: a KV slot as long as it can need, no waiting queue.
+    config = EngineConfig(
+        max_seq_len=max(1, len(prompt_ids) + params.max_tokens),
+        max_batch_size=1,
+        max_waiting_requests=1,
+    )
+    container.engine_config.override(providers.Object(config))
+    engine = container.async_engine()
+    first, count, reason = asyncio.run(_stream_to_stdout(engine, prompt_ids, params))
     end = time.perf_counter()
     print(flush=True)
     if not args.quiet and first is not None:
@@ -188,6 +197,28 @@ def _generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+async def _stream_to_stdout(
+    engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams
+) -> tuple[float | None, int, str | None]:
+    """Run one request through the engine loop, its text written to stdout as it comes;
+    (time of the first token, tokens, finish reason)."""
+    engine.start()
+    try:
+        first, count, reason = None, 0, None
+        async for output in await engine.stream(new_request_id("cli"), prompt_ids, params):
+            if output.error is not None:
+                raise RuntimeError(output.error)
+            if output.token_id is not None:
+                first = first or time.perf_counter()
+                count += 1
+            reason = output.finish_reason or reason
+            sys.stdout.write(output.text_delta)
+            sys.stdout.flush()
+        return first, count, reason
+    finally:
+        await engine.stop()
 
 
 def _serve(args: argparse.Namespace) -> int:

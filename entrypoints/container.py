@@ -1,14 +1,21 @@
 """Composition root: which adapters implement which ports, chosen from configuration.
 
-Tests and embedders override providers (``container.tokenizer.override(fake)``).
+Two selectors pick the implementations: ``runner`` (``torch``: the model's weights and
+tokenizer; ``fake``: :class:`FakeModelRunner` and :class:`ByteTokenizer`, nothing loaded)
+and ``training_backend`` (``lora``: LoRA on the model; ``toy``: the numpy
+:class:`ToyBackend`, which also samples). Tests and embedders override providers
+(``container.fake_runner.override(FakeModelRunner(script=...))``).
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from dependency_injector import containers, providers
 
+from adapters.fake.runner import FakeModelRunner
 from adapters.fake.tokenizer import ByteTokenizer
+from adapters.fake.toy_backend import ToyBackend
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
@@ -21,14 +28,16 @@ from adapters.torch.runtime.sampler import TokenSampler
 from adapters.torch.tinker_sampler import EngineSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from domain.ports import Tokenizer
-from domain.training import TinkerLimits
+from domain.training import TinkerLimits, TrainingBackend
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+RUNNERS = ("torch", "fake")
+TRAINING_BACKENDS = ("lora", "toy")
+FAKE_MODEL_NAME = "fake"
 
 
 def default_device() -> str:
@@ -69,6 +78,12 @@ def model_names(
     return [name, *(a for a in extra if a != name)]
 
 
+def fake_model_names(served: str | None, aliases: list[str] | None) -> list[str]:
+    """The fake runner's names: the served name (default ``fake``), then the aliases."""
+    name = served or FAKE_MODEL_NAME
+    return [name, *(a for a in aliases or () if a != name)]
+
+
 def build_lora_serving(model: Transformer, enabled: bool) -> LoraServing | None:
     return LoraServing(model) if enabled else None
 
@@ -88,18 +103,31 @@ def build_training_backend(
     return LoraTrainingBackend([entry])
 
 
+def build_toy_backend(names: list[str], engine: EngineConfig) -> ToyBackend:
+    return ToyBackend(names[0], aliases=tuple(names[1:]), max_context=engine.max_seq_len)
+
+
 def build_tinker(
     enabled: bool,
-    backend: LoraTrainingBackend,
+    training_backend: Callable[[], TrainingBackend],
     engine: AsyncEngine,
     lora: LoraServing | None,
     names: list[str],
     checkpoint_dir: str | None,
     limits: TinkerLimits | None = None,
 ) -> TinkerService | None:
-    if not enabled or lora is None:
+    """The Tinker service: a :class:`ToyBackend` samples itself; LoRA training samples
+    through the engine (it needs the torch runner's LoRA serving). The backend is built
+    only when the service is."""
+    if not enabled:
         return None
+    backend = training_backend()
     limits = limits or TinkerLimits()
+    storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
+    if isinstance(backend, ToyBackend):
+        return TinkerService(backend, backend, storage, limits=limits)
+    if lora is None or not isinstance(backend, LoraTrainingBackend):
+        return None
     sampler = EngineSampler(
         engine,
         lora,
@@ -107,7 +135,6 @@ def build_tinker(
         live_state=backend.peft_state,
         max_in_engine=limits.max_sample_requests,
     )
-    storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
     return TinkerService(backend, sampler, storage, limits=limits)
 
 
@@ -118,21 +145,43 @@ class Container(containers.DeclarativeContainer):
         resolve, config.model, config.cache_dir, config.progress.as_(bool)
     )
     model = providers.Singleton(build_model, resolved_model, config.dtype, config.device)
-    tokenizer = providers.Singleton(build_tokenizer, resolved_model)
     sampler = providers.Singleton(TokenSampler)
-
     engine_config = providers.Singleton(EngineConfig)
-    lora_serving = providers.Singleton(build_lora_serving, model, config.tinker.as_(bool))
-    runner = providers.Singleton(TorchModelRunner, model, engine_config, sampler, lora_serving)
-    sink = providers.Singleton(QueueOutputSink)
-    engine = providers.Singleton(
-        Engine, engine_config, runner, tokenizer, sink, vocab_size=model.provided.config.vocab_size
+    served_names = providers.Selector(
+        config.runner,
+        torch=providers.Singleton(
+            model_names, resolved_model, config.served_model_name, config.tinker_aliases
+        ),
+        fake=providers.Singleton(fake_model_names, config.served_model_name, config.tinker_aliases),
     )
-    async_engine = providers.Singleton(AsyncEngine, engine, sink)
-    served_names = providers.Singleton(
-        model_names, resolved_model, config.served_model_name, config.tinker_aliases
+
+    # The runner selector: "torch" (the model) or "fake" (no model).
+    torch_tokenizer = providers.Singleton(build_tokenizer, resolved_model)
+    fake_tokenizer = providers.Singleton(ByteTokenizer)
+    tokenizer = providers.Selector(config.runner, torch=torch_tokenizer, fake=fake_tokenizer)
+    lora_serving = providers.Selector(
+        config.runner,
+        torch=providers.Singleton(build_lora_serving, model, config.tinker.as_(bool)),
+        fake=providers.Object(None),
     )
-    training_backend = providers.Singleton(
+    torch_runner = providers.Singleton(
+        TorchModelRunner, model, engine_config, sampler, lora_serving
+    )
+    fake_runner = providers.Singleton(FakeModelRunner)
+    runner = providers.Selector(config.runner, torch=torch_runner, fake=fake_runner)
+    vocab_size = providers.Selector(
+        config.runner,
+        torch=model.provided.config.vocab_size,
+        fake=providers.Object(None),  # the tokenizer's
+    )
+
+    async_engine = providers.Singleton(
+        AsyncEngine, engine_config, runner, tokenizer, vocab_size=vocab_size
+    )
+    engine = async_engine.provided.engine
+    sink = async_engine.provided.sink
+    # The training-backend selector: "lora" (on the model) or "toy" (numpy, no model).
+    lora_backend = providers.Singleton(
         build_training_backend,
         resolved_model,
         served_names,
@@ -140,10 +189,14 @@ class Container(containers.DeclarativeContainer):
         config.device,
         engine_config,
     )
+    toy_backend = providers.Singleton(build_toy_backend, served_names, engine_config)
+    training_backend = providers.Selector(
+        config.training_backend, lora=lora_backend, toy=toy_backend
+    )
     tinker = providers.Singleton(
         build_tinker,
         config.tinker.as_(bool),
-        training_backend,
+        training_backend.provider,
         async_engine,
         lora_serving,
         served_names,
@@ -175,12 +228,22 @@ def create_container(
     tinker_api_keys: frozenset[str] | None = None,
     checkpoint_dir: str | None = None,
     tinker_limits: TinkerLimits | None = None,
+    runner: str = "torch",
+    training_backend: str = "lora",
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
-    ``tml-`` key)."""
+    ``tml-`` key). ``runner``: ``torch`` or ``fake`` (no model loaded);
+    ``training_backend``: ``lora`` or ``toy``."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    if training_backend not in TRAINING_BACKENDS:
+        raise ValueError(
+            f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
+            f"got {training_backend!r}"
+        )
     container = Container()
     container.config.from_dict(
         {
@@ -195,6 +258,8 @@ def create_container(
             "tinker_api_keys": tinker_api_keys,
             "checkpoint_dir": checkpoint_dir,
             "tinker_limits": tinker_limits,
+            "runner": runner,
+            "training_backend": training_backend,
         }
     )
     if engine is not None:

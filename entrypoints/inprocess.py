@@ -10,22 +10,27 @@
     async for delta in llm.stream("Tell me a story", SamplingParams(max_tokens=64)):
         print(delta, end="", flush=True)
 
-``generate`` batches the prompts through the engine's scheduler (continuous batching by
-default) and returns when all are done; ``stream`` runs the engine loop as an asyncio task
-for one request and yields text deltas as they are produced.
+Both run the engine loop (:class:`AsyncEngine`) as an asyncio task: ``generate`` while its
+prompts run, batched by the engine's scheduler (continuous batching by default), returning
+when all are done; ``stream`` while any stream is read, yielding text deltas as they are
+produced.
 """
 
 import asyncio
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from application.async_engine import AsyncEngine
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 from entrypoints.container import create_container
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,37 +73,21 @@ class LLM:
         ``params``: one for every prompt, or one per prompt (as vLLM's ``generate``). Every
         prompt is validated before any runs (a bad one raises, nothing queued); any number
         of prompts: they enter the engine's waiting queue as it has room."""
-        engine, sink = self._container.engine(), self._container.sink()
+        engine = self._container.async_engine()
         if params is None or isinstance(params, SamplingParams):
             per_prompt = [params or SamplingParams()] * len(prompts)
         else:
             per_prompt = list(params)
             if len(per_prompt) != len(prompts):
                 raise ValueError(f"{len(per_prompt)} params for {len(prompts)} prompts")
-        pending = deque(
-            (new_request_id("llm"), engine.prepare(prompt, p), p)
+        if engine.healthy:
+            raise RuntimeError("generate() while stream()s run: finish them first")
+        prepared = [
+            (engine.engine.prepare(prompt, p), p)
             for prompt, p in zip(prompts, per_prompt, strict=True)
-        )
-        ids = [request_id for request_id, _, _ in pending]
-        queues = [sink.open(request_id) for request_id in ids]
-        try:
-            while pending or engine.has_work():
-                while pending:
-                    try:
-                        engine.add_request(*pending[0])
-                    except QueueFullError:
-                        break  # the next step admits waiting requests and makes room
-                    pending.popleft()
-                engine.step()
-        except BaseException:
-            for request_id in ids:
-                engine.abort(request_id)
-            raise
-        finally:
-            for request_id in ids:
-                sink.close(request_id)
-        engine.step()  # release the last finished requests' runner state
-        return [_result(p, _drain(q)) for p, q in zip(prompts, queues, strict=True)]
+        ]
+        outputs = _run(_generate(engine, prepared))
+        return [_result(p, o) for p, o in zip(prompts, outputs, strict=True)]
 
     async def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None
@@ -121,10 +110,53 @@ class LLM:
                 await engine.stop()
 
 
-def _drain(queue: "asyncio.Queue[StepOutput]") -> list[StepOutput]:
-    outputs = []
-    while not queue.empty():
-        outputs.append(queue.get_nowait())
+def _run(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` to completion from synchronous code; called from a coroutine (a
+    notebook, an async test), on a thread of its own, its event loop blocked meanwhile."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with ThreadPoolExecutor(1, thread_name_prefix="llm-generate") as pool:
+        return pool.submit(asyncio.run, work).result()
+
+
+async def _generate(
+    engine: AsyncEngine, prepared: Sequence[tuple[list[int], SamplingParams]]
+) -> list[list[StepOutput]]:
+    """Run prepared prompts through the engine loop: each is queued as the waiting queue
+    has room (when full, once a queued one finishes); every output, in prompt order."""
+    outputs: list[list[StepOutput]] = [[] for _ in prepared]
+    request_ids = [new_request_id("llm") for _ in prepared]
+
+    async def collect(index: int, stream: AsyncIterator[StepOutput]) -> None:
+        outputs[index] = [output async for output in stream]
+
+    running: set[asyncio.Task[None]] = set()
+    queued = 0
+    engine.start()
+    try:
+        while queued < len(prepared) or running:
+            while queued < len(prepared):
+                prompt_ids, params = prepared[queued]
+                try:
+                    [stream] = engine.admit([request_ids[queued]], [prompt_ids], params)
+                except QueueFullError:
+                    if not running:
+                        raise
+                    break
+                running.add(asyncio.create_task(collect(queued, stream)))
+                queued += 1
+            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        while engine.healthy and engine.engine.has_work():
+            await asyncio.sleep(0)  # the loop's next step releases the finished requests
+    finally:
+        for task in running:
+            task.cancel()
+        engine.abort(request_ids)
+        await engine.stop()
     return outputs
 
 

@@ -1,7 +1,18 @@
 """Shared test doubles: one definition of each fake the tests use (port fakes with a real
-implementation of their own live in adapters/fake/)."""
+implementation of their own live in adapters/fake/), and the builders that wire them."""
 
-from domain.request import StepOutput
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from adapters.fake.runner import FakeModelRunner
+from adapters.fake.tokenizer import ByteTokenizer
+from application.async_engine import AsyncEngine
+from domain.config import EngineConfig
+from domain.ports import ModelRunner, Tokenizer
+from domain.request import Request, StepOutput
+
+if TYPE_CHECKING:
+    from entrypoints.container import Container
 
 
 class ListSink:
@@ -15,3 +26,34 @@ class ListSink:
 
     def of(self, request_id: str) -> list[StepOutput]:
         return [o for o in self.outputs if o.request_id == request_id]
+
+
+def fake_async_engine(
+    runner: ModelRunner | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+    script: Callable[[Request], int] | None = None,
+    step_latency_s: float = 0.0,
+    engine_kwargs: dict[str, Any] | None = None,
+    **config: Any,
+) -> AsyncEngine:
+    """An :class:`AsyncEngine` (not started) on ``runner`` (default: a
+    :class:`FakeModelRunner` with ``script`` and ``step_latency_s``) and ``tokenizer``
+    (default: :class:`ByteTokenizer`); ``config``: :class:`EngineConfig` fields;
+    ``engine_kwargs``: passed to ``Engine`` (``scheduler=``, ``clock=``, ...)."""
+    if runner is None:
+        runner = FakeModelRunner(script=script, step_latency_s=step_latency_s)
+    return AsyncEngine(
+        EngineConfig(**config), runner, tokenizer or ByteTokenizer(), **(engine_kwargs or {})
+    )
+
+
+def fake_container(runner: ModelRunner | None = None, **kwargs: Any) -> "Container":
+    """The composition root with the fake runner (no model loaded); ``runner`` overrides
+    the default :class:`FakeModelRunner`; ``kwargs`` go to ``create_container``."""
+    from entrypoints.container import create_container
+
+    container = create_container(runner="fake", **kwargs)
+    if runner is not None:
+        container.fake_runner.override(runner)
+    return container

@@ -9,10 +9,9 @@ from litestar.testing import AsyncTestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
-from application.async_engine import LOOP_CRASHED, AsyncEngine, QueueOutputSink
-from application.engine import Engine
-from domain.config import EngineConfig
+from application.async_engine import LOOP_CRASHED, AsyncEngine
 from domain.sampling import SamplingParams
+from tests.fakes import fake_async_engine
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
@@ -21,9 +20,7 @@ REPLY = "Hello world, end of story."
 
 def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
     runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY))
-    sink = QueueOutputSink()
-    engine = Engine(EngineConfig(**{"max_seq_len": 256, **config}), runner, TOKENIZER, sink)
-    return AsyncEngine(engine, sink), runner
+    return fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_seq_len": 256, **config}), runner
 
 
 @pytest.fixture

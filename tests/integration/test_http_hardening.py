@@ -28,10 +28,8 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
-from domain.config import EngineConfig
 from domain.sampling import SamplingParams
+from tests.fakes import fake_async_engine
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
@@ -48,10 +46,10 @@ class Stack:
             script=reply_script(tokenizer, "Paris is the capital.", then_eos=not endless),
             step_latency_s=step_latency_s,
         )
-        self.sink = QueueOutputSink()
-        engine_config = EngineConfig(**{"max_seq_len": 2048, **config})
-        self.core = Engine(engine_config, self.runner, tokenizer, self.sink)
-        self.engine = AsyncEngine(self.core, self.sink)
+        self.engine = fake_async_engine(
+            self.runner, tokenizer=tokenizer, **{"max_seq_len": 2048, **config}
+        )
+        self.core, self.sink = self.engine.engine, self.engine.sink
         self.app: Litestar = create_app(self.engine, MODEL)
 
     def leftovers(self) -> dict[str, Any]:

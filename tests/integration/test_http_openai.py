@@ -8,11 +8,10 @@ import pytest
 from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
-from adapters.fake.runner import FakeModelRunner, reply_script
+from adapters.fake.runner import reply_script
 from adapters.http import create_app
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
-from domain.config import EngineConfig
+from application.async_engine import AsyncEngine
+from tests.fakes import fake_async_engine
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
@@ -21,9 +20,9 @@ REPLY = "Paris is the capital."
 
 @pytest.fixture
 def http() -> Iterator[TestClient]:
-    sink = QueueOutputSink()
-    runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY))
-    engine = AsyncEngine(Engine(EngineConfig(max_seq_len=512), runner, TOKENIZER, sink), sink)
+    engine = fake_async_engine(
+        script=reply_script(TOKENIZER, REPLY), tokenizer=TOKENIZER, max_seq_len=512
+    )
     with TestClient(app=create_app(engine, MODEL)) as client:
         yield client
 

@@ -13,8 +13,7 @@ from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.training import TinkerSamplingParams, WeightsSource
@@ -28,10 +27,7 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
     model = load_model(tmp_path, dtype=torch.float32)
     lora = LoraServing(model)
     config = EngineConfig(max_batch_size=2, max_waiting_requests=4, max_seq_len=64)
-    sink = QueueOutputSink()
-    engine = AsyncEngine(
-        Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
-    )
+    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     sampler = EngineSampler(engine, lora, ["tiny"], max_in_engine=2)
     params = TinkerSamplingParams(max_tokens=12, temperature=1.0, seed=1, stop_token_ids=())
     engine.start()

@@ -19,8 +19,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 
@@ -35,9 +34,7 @@ def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEn
     model = load_model(model_folder, dtype=torch.float32)
     lora = LoraServing(model)
     config = EngineConfig(max_batch_size=8, max_seq_len=256)
-    sink = QueueOutputSink()
-    runner = TorchModelRunner(model, config, lora=lora)
-    engine = AsyncEngine(Engine(config, runner, ByteTokenizer(), sink), sink)
+    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     sampler = EngineSampler(engine, lora, [BASE_MODEL], live_state=backend.peft_state)
     return TinkerService(backend, sampler, FileCheckpointStorage(root)), engine
 

@@ -20,11 +20,10 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.http import create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
-from domain.config import EngineConfig
 from entrypoints.server import ConnectionLimits, LimitedServer, server_config
+from tests.fakes import fake_async_engine
 
 MODEL = "test/fake-model"
 TINKER_BASE_MODEL = "test/base"
@@ -83,9 +82,7 @@ def fake_stack(
         script=reply_script(TOKENIZER, reply, then_eos=not endless),
         step_latency_s=step_latency_s,
     )
-    sink = QueueOutputSink()
-    engine_config = EngineConfig(**{"max_seq_len": 2048, **config})
-    engine = AsyncEngine(Engine(engine_config, runner, TOKENIZER, sink), sink)
+    engine = fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_seq_len": 2048, **config})
     tinker = None
     if checkpoints is not None:
         backend = ToyBackend(TINKER_BASE_MODEL)

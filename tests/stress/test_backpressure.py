@@ -14,9 +14,8 @@ import uvicorn
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
-from domain.config import EngineConfig
+from application.async_engine import AsyncEngine
+from tests.fakes import fake_async_engine
 
 pytestmark = pytest.mark.slow
 MODEL = "test/fake-model"
@@ -26,9 +25,7 @@ REPLY = "x" * 40
 
 def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
     runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY), step_latency_s=0.002)
-    sink = QueueOutputSink()
-    engine = Engine(EngineConfig(**{"max_seq_len": 256, **config}), runner, TOKENIZER, sink)
-    return AsyncEngine(engine, sink), runner
+    return fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_seq_len": 256, **config}), runner
 
 
 BODY = {"model": MODEL, "prompt": "go", "max_tokens": 64}

@@ -1,0 +1,73 @@
+"""The composition root: the selectors build the app on the fake runner (no model) and the
+toy training backend, and serve through it."""
+
+import pytest
+from dependency_injector import providers
+from litestar.testing import TestClient
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner, reply_script
+from adapters.fake.toy_backend import ToyBackend
+from entrypoints.container import create_container
+from tests.fakes import fake_container
+
+REPLY = "Paris is the capital."
+
+
+def test_the_fake_runner_serves_a_completion_through_the_container(tmp_path) -> None:
+    runner = FakeModelRunner(script=reply_script(ByteTokenizer(), REPLY))
+    container = fake_container(runner, served_model_name="test/fake", cache_dir=str(tmp_path))
+    assert container.async_engine().engine.runner is runner
+    assert container.engine() is container.async_engine().engine
+    assert container.sink() is container.async_engine().sink
+    with TestClient(app=container.http_app()) as client:
+        response = client.post(
+            "/v1/completions", json={"model": "test/fake", "prompt": "Hi", "max_tokens": 64}
+        )
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert (choice["text"], choice["finish_reason"]) == (REPLY, "stop")
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["test/fake"]
+    assert not runner.live and len(container.sink()) == 0
+    assert not list(tmp_path.iterdir())  # no model resolved, converted or loaded
+
+
+def test_the_fake_runner_loads_no_model(tmp_path) -> None:
+    container = create_container(runner="fake", cache_dir=str(tmp_path))
+    for loads in (container.resolved_model, container.model):
+        loads.override(providers.Callable(pytest.fail, "a model was resolved or loaded"))
+    assert isinstance(container.runner(), FakeModelRunner)
+    assert isinstance(container.tokenizer(), ByteTokenizer)
+    assert container.served_names() == ["fake"]
+    assert container.tinker() is None  # the Tinker API is off by default
+    container.http_app()
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> None:
+    container = create_container(
+        runner="fake",
+        training_backend="toy",
+        tinker=True,
+        served_model_name="test/base",
+        tinker_aliases=["test/alias"],
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    backend = container.training_backend()
+    assert isinstance(backend, ToyBackend)
+    assert [m.name for m in backend.base_models] == ["test/base"]
+    assert container.tinker() is not None
+    with TestClient(app=container.http_app()) as client:
+        response = client.get("/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-key"})
+        assert response.status_code == 200, response.text
+        names = [m["model_name"] for m in response.json()["supported_models"]]
+        assert "test/base" in names
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"), [("runner", "jax"), ("training_backend", "full"), ("dtype", "int3")]
+)
+def test_an_unknown_selection_is_refused(keyword: str, value: str) -> None:
+    with pytest.raises(ValueError, match=keyword):
+        create_container(**{keyword: value})  # type: ignore[arg-type]
