@@ -19,8 +19,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.training import (
     AdamParams,
@@ -60,10 +59,7 @@ def backends(request: pytest.FixtureRequest, tiny_folder: Path) -> Iterator[tupl
     model = load_model(tiny_folder, dtype=torch.float32)
     lora = LoraServing(model)
     config = EngineConfig(max_batch_size=8, max_seq_len=128)
-    sink = QueueOutputSink()
-    engine = AsyncEngine(
-        Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
-    )
+    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     yield trainer, _Started(EngineSampler(engine, lora, [BASE], live_state=trainer.peft_state))
 
 

@@ -27,7 +27,7 @@ from adapters.torch.lora.training import ADAPTER_WEIGHTS, BaseModelEntry, LoraTr
 from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.async_engine import AsyncEngine, QueueOutputSink
+from application.async_engine import AsyncEngine
 from application.engine import Engine
 from domain.config import EngineConfig
 from domain.request import StepOutput
@@ -292,10 +292,7 @@ async def test_multi_lora_serving_on_cuda_matches_the_training_forward(
     for name in ("a", "b"):
         lora.load_folder(name, tmp_path / name)
     config = EngineConfig(max_batch_size=4, max_seq_len=64, max_num_batched_tokens=7)
-    sink = QueueOutputSink()
-    engine = AsyncEngine(
-        Engine(config, TorchModelRunner(model, config, lora=lora), TOKENIZER, sink), sink
-    )
+    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), TOKENIZER)
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=True)
 
     async def run(rid: str, adapter: str | None) -> list[StepOutput]:

@@ -15,8 +15,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.tinker_sampler import EngineSampler
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import Engine
+from application.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.training import (
@@ -66,9 +65,8 @@ def setup(request, tmp_path_factory):
     for name, path in saved.items():
         lora.load_folder(name, path)
     config = EngineConfig(max_batch_size=4, max_seq_len=64, max_num_batched_tokens=7)
-    sink = QueueOutputSink()
-    engine = Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink)
-    return backend, AsyncEngine(engine, sink), lora, saved
+    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
+    return backend, engine, lora, saved
 
 
 async def run(engine: AsyncEngine, rid: str, adapter: str | None, **params: object):
@@ -171,10 +169,7 @@ async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) 
     lora = LoraServing(model)
     lora.load_folder("a", tmp_path / "a")
     config = EngineConfig(max_batch_size=4, max_seq_len=64)
-    sink = QueueOutputSink()
-    engine = AsyncEngine(
-        Engine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer(), sink), sink
-    )
+    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     params = dict(max_tokens=8, temperature=0.0, logprobs=0, prompt_logprobs=True)
     engine.start()
     try:

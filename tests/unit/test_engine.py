@@ -44,8 +44,8 @@ def run(engine: Engine, max_steps: int = 100) -> None:
 
 
 def make_async(runner: FakeModelRunner) -> tuple[AsyncEngine, QueueOutputSink]:
-    sink = QueueOutputSink()
-    return AsyncEngine(Engine(EngineConfig(), runner, TOKENIZER, sink), sink), sink
+    engine = AsyncEngine(EngineConfig(), runner, TOKENIZER)
+    return engine, engine.sink
 
 
 def params(**kwargs) -> SamplingParams:
@@ -279,9 +279,8 @@ async def test_each_steps_output_reaches_a_relayed_consumer_before_the_next_step
 
 async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> None:
     runner = FakeModelRunner(script=scripted("x" * 50), step_latency_s=0.001)
-    sink = QueueOutputSink()
-    core = Engine(EngineConfig(), runner, TOKENIZER, sink)
-    engine = AsyncEngine(core, sink)
+    engine = AsyncEngine(EngineConfig(), runner, TOKENIZER)
+    core, sink = engine.engine, engine.sink
     engine.start()
     try:
         stream = await engine.stream("a", "x", params())
@@ -300,8 +299,8 @@ async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> 
 
 
 async def test_validation_errors_raise_before_streaming() -> None:
-    sink = QueueOutputSink()
-    engine = AsyncEngine(Engine(EngineConfig(), FakeModelRunner(), TOKENIZER, sink), sink)
+    engine = AsyncEngine(EngineConfig(), FakeModelRunner(), TOKENIZER)
+    sink = engine.sink
     with pytest.raises(InvalidParameterError):
         await engine.stream("a", "", params())
     assert len(sink) == 0
@@ -310,9 +309,8 @@ async def test_validation_errors_raise_before_streaming() -> None:
 async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> None:
     """A generator that never started cannot clean up after itself: the group does."""
     runner = FakeModelRunner(script=scripted("x" * 500), step_latency_s=0.001)
-    sink = QueueOutputSink()
-    core = Engine(EngineConfig(max_batch_size=2, max_waiting_requests=2), runner, TOKENIZER, sink)
-    engine = AsyncEngine(core, sink)
+    engine = AsyncEngine(EngineConfig(max_batch_size=2, max_waiting_requests=2), runner, TOKENIZER)
+    core, sink = engine.engine, engine.sink
     engine.start()
     try:
         group = engine.group()
@@ -347,8 +345,7 @@ async def test_prompts_are_tokenized_off_the_event_loop() -> None:
             threads.append(threading.current_thread().name)
             return super().render_chat(messages, **kwargs)
 
-    sink = QueueOutputSink()
-    engine = AsyncEngine(Engine(EngineConfig(), FakeModelRunner(), Recording(), sink), sink)
+    engine = AsyncEngine(EngineConfig(), FakeModelRunner(), Recording())
     try:
         assert await engine.prepare("hi", params()) == TOKENIZER.encode("hi")
         await engine.render_chat([{"role": "user", "content": "hi"}])
