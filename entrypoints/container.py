@@ -18,11 +18,11 @@ from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
-from adapters.torch.tinker_sampler import EngineSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.async_engine import AsyncEngine, QueueOutputSink
 from application.engine import Engine
+from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from domain.ports import Tokenizer
@@ -100,13 +100,8 @@ def build_tinker(
     if not enabled or lora is None:
         return None
     limits = limits or TinkerLimits()
-    sampler = EngineSampler(
-        engine,
-        lora,
-        names,
-        live_state=backend.peft_state,
-        max_in_engine=limits.max_sample_requests,
-    )
+    lora.live_state = backend.peft_state
+    sampler = EngineSampler(engine, lora, names, max_in_engine=limits.max_sample_requests)
     storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
     return TinkerService(backend, sampler, storage, limits=limits)
 

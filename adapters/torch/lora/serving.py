@@ -15,7 +15,7 @@ directly) is set aside for that step.
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +33,8 @@ _ATTN = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
 
 Route = tuple[Tensor, Tensor, Tensor]  # token indices [n], A [R, in], B [out, R] (scaled)
+# A training run's current adapter by model id: PEFT-named tensors and the alpha / r scale.
+LiveState = Callable[[str], tuple[dict[str, Tensor], float]]
 
 
 class MultiLoraLinear(nn.Module):
@@ -66,10 +68,15 @@ class _ServedAdapter:
 
 
 class LoraServing:
-    """The adapters a serving model can apply, by id (least recently used evicted)."""
+    """The adapters a serving model can apply, by id (least recently used evicted): the
+    :class:`~domain.training.ServingAdapters` port. ``live_state`` gives a training run's
+    current weights (the LoRA training backend's ``peft_state``), for :meth:`add_live`."""
 
-    def __init__(self, model: Transformer, *, max_adapters: int = 16) -> None:
+    def __init__(
+        self, model: Transformer, *, max_adapters: int = 16, live_state: LiveState | None = None
+    ) -> None:
         self.model = model
+        self.live_state = live_state
         self.config: ModelConfig = model.config
         self.max_adapters = max_adapters
         self.sites: dict[str, MultiLoraLinear] = {}
@@ -84,11 +91,14 @@ class LoraServing:
         # LoRA math in float32 on CPU (bf16 matmuls of thin shapes gain nothing there).
         self.dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
 
-    def __contains__(self, adapter_id: str) -> bool:
+    def __contains__(self, adapter_id: object) -> bool:
         return adapter_id in self._adapters
 
     def __len__(self) -> int:
         return len(self._adapters)
+
+    def weights_file(self, folder: Path) -> Path:
+        return folder / ADAPTER_WEIGHTS
 
     def load_folder(self, adapter_id: str, folder: Path) -> None:
         """Load a PEFT adapter folder under ``adapter_id`` (kept until evicted)."""
@@ -98,6 +108,13 @@ class LoraServing:
         except (OSError, ValueError) as e:  # named without the server's path
             raise InvalidTrainingRequest("the checkpoint is not a readable LoRA adapter") from e
         scale = float(config.get("lora_alpha", config["r"])) / float(config["r"])
+        self.add(adapter_id, state, scale)
+
+    def add_live(self, adapter_id: str, model_id: str) -> None:
+        """Add a copy of training run ``model_id``'s current weights."""
+        if self.live_state is None:
+            raise InvalidTrainingRequest("sampling live training weights is not available")
+        state, scale = self.live_state(model_id)
         self.add(adapter_id, state, scale)
 
     def add(self, adapter_id: str, state: Mapping[str, Tensor], scale: float) -> None:
