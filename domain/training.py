@@ -477,7 +477,8 @@ class TrainingBackend(Protocol):
         ...
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        """One AdamW step on the accumulated gradients, which it then clears."""
+        """One AdamW step on the accumulated gradients, which it then clears. ``params``
+        are checked (:func:`check_adam`) by the caller."""
         ...
 
     def save(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
