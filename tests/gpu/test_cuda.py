@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM
 
 from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.lora.training import ADAPTER_WEIGHTS, BaseModelEntry, LoraTrainingBackend
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner

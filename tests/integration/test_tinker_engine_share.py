@@ -12,8 +12,8 @@ from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.runtime.runner import TorchModelRunner
-from adapters.torch.tinker_sampler import EngineSampler
 from application.async_engine import AsyncEngine
+from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.training import TinkerSamplingParams, WeightsSource
