@@ -348,7 +348,7 @@ def test_real_weights_greedy_tokens_match_transformers_on_cuda(spec, package, pr
         reference = _reference(resolved.path, dtype)
         with torch.inference_mode():
             out = reference.generate(
-                torch.tensor([prompt_ids], device=CUDA), max_tokens=new, do_sample=False
+                torch.tensor([prompt_ids], device=CUDA), max_new_tokens=new, do_sample=False
             )
         expected = out[0, len(prompt_ids) :].tolist()
         model = load_model(resolved.path, dtype=dtype, device=CUDA)
