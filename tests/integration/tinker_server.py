@@ -12,7 +12,7 @@ from litestar import Litestar
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
-from adapters.http.tinker_routes import tinker_router
+from adapters.http.tinker import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
