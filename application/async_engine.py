@@ -124,6 +124,12 @@ class AsyncEngine:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
+    async def idle(self) -> None:
+        """Wait until the engine has no work left (the loop's next step releases what
+        finished requests held), or the loop is not running."""
+        while self.healthy and self.engine.has_work():
+            await asyncio.sleep(0)
+
     @property
     def max_seq_len(self) -> int:
         return self.engine.config.max_seq_len

@@ -80,7 +80,7 @@ def _time_hf(model, prompt_ids, new_tokens: int) -> tuple[float, float]:
         start = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(
-                ids, max_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
             )
         assert out.shape[1] == ids.shape[1] + n
         return time.perf_counter() - start

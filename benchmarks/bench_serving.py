@@ -475,7 +475,7 @@ def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict
         ids = torch.tensor([prompt])
         with torch.inference_mode():
             out = model.generate(
-                ids, max_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
             )
         return out.shape[1] - ids.shape[1]
 

@@ -8,6 +8,7 @@ and the domain stays free of both.
 import math
 from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
@@ -476,7 +477,8 @@ class TrainingBackend(Protocol):
         ...
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        """One AdamW step on the accumulated gradients, which it then clears."""
+        """One AdamW step on the accumulated gradients, which it then clears. ``params``
+        are checked (:func:`check_adam`) by the caller."""
         ...
 
     def save(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
@@ -513,6 +515,34 @@ class SamplingBackend(Protocol):
         """``topk_prompt`` / ``topk_sample``: also the top-k alternatives at each prompt
         position / each sampled token (0: none). ``tenant``: who asks (an API key's owner
         id), so backends that share capacity can let tenants take turns."""
+        ...
+
+
+class ServingAdapters(Protocol):
+    """The LoRA adapters the serving engine's runner can apply, by adapter id (what a
+    request's ``adapter_id`` names). Loading and the tensors stay in the adapter; the
+    Tinker sampler only names folders, training runs and ids."""
+
+    def __contains__(self, adapter_id: object) -> bool: ...
+
+    def weights_file(self, folder: Path) -> Path:
+        """The file in a checkpoint ``folder`` whose identity (path, mtime, size) tells
+        one save of the checkpoint from another."""
+        ...
+
+    def load_folder(self, adapter_id: str, folder: Path) -> None:
+        """Load the checkpoint in ``folder`` under ``adapter_id`` (kept until evicted)."""
+        ...
+
+    def add_live(self, adapter_id: str, model_id: str) -> None:
+        """Add a copy of training run ``model_id``'s current weights under ``adapter_id``
+        (``InvalidTrainingRequest`` where live weights are not available)."""
+        ...
+
+    def remove(self, adapter_id: str) -> None: ...
+
+    def pinned(self, adapter_id: str) -> AbstractContextManager[None]:
+        """Keep ``adapter_id`` loaded (not evicted) while requests use it."""
         ...
 
 

@@ -26,10 +26,10 @@ from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
-from adapters.torch.tinker_sampler import EngineSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.async_engine import AsyncEngine
+from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from domain.observer import NullObserver
@@ -130,13 +130,8 @@ def build_tinker(
         return TinkerService(backend, backend, storage, limits=limits)
     if lora is None or not isinstance(backend, LoraTrainingBackend):
         return None
-    sampler = EngineSampler(
-        engine,
-        lora,
-        names,
-        live_state=backend.peft_state,
-        max_in_engine=limits.max_sample_requests,
-    )
+    lora.live_state = backend.peft_state
+    sampler = EngineSampler(engine, lora, names, max_in_engine=limits.max_sample_requests)
     return TinkerService(backend, sampler, storage, limits=limits)
 
 

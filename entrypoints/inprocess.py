@@ -17,7 +17,7 @@ produced.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -97,6 +97,7 @@ class LLM:
         if self._streams == 0:  # one engine loop for all of this LLM's concurrent streams
             engine.start()
         self._streams += 1
+        outputs: AsyncIterator[StepOutput] | None = None
         try:
             outputs = await engine.stream(new_request_id("llm"), prompt, params or SamplingParams())
             async for output in outputs:
@@ -105,8 +106,11 @@ class LLM:
                 if output.text_delta:
                     yield output.text_delta
         finally:
+            if isinstance(outputs, AsyncGenerator):
+                await outputs.aclose()  # left early: the request is aborted now
             self._streams -= 1
             if self._streams == 0:
+                await engine.idle()  # finished requests' runner state is released
                 await engine.stop()
 
 
@@ -150,8 +154,7 @@ async def _generate(
             done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
-        while engine.healthy and engine.engine.has_work():
-            await asyncio.sleep(0)  # the loop's next step releases the finished requests
+        await engine.idle()  # the loop's next step releases the finished requests
     finally:
         for task in running:
             task.cancel()

@@ -378,10 +378,6 @@ def _usage(outputs: Sequence[tuple[str, str | None, tuple[int, int]]]) -> Usage:
     return Usage(prompt, completion, prompt + completion)
 
 
-# The old name (tests/integration/test_http_openai.py imports it).
-_merge = merge_streams
-
-
 async def _completion_chunks(
     reply_id: str, model: str, streams: list[AsyncIterator[StepOutput]], include_usage: bool
 ) -> AsyncIterator[bytes]:

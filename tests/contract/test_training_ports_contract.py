@@ -18,8 +18,8 @@ from adapters.torch.lora import training as lora_module
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
-from adapters.torch.tinker_sampler import EngineSampler
 from application.async_engine import AsyncEngine
+from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.training import (
     AdamParams,
@@ -57,10 +57,10 @@ def backends(request: pytest.FixtureRequest, tiny_folder: Path) -> Iterator[tupl
         return
     trainer = LoraTrainingBackend([BaseModelEntry(BASE, tiny_folder, dtype=torch.float32)])
     model = load_model(tiny_folder, dtype=torch.float32)
-    lora = LoraServing(model)
+    lora = LoraServing(model, live_state=trainer.peft_state)
     config = EngineConfig(max_batch_size=8, max_seq_len=128)
     engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
-    yield trainer, _Started(EngineSampler(engine, lora, [BASE], live_state=trainer.peft_state))
+    yield trainer, _Started(EngineSampler(engine, lora, [BASE]))
 
 
 class _Started:

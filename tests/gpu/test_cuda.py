@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM
 
 from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.lora.training import ADAPTER_WEIGHTS, BaseModelEntry, LoraTrainingBackend
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
@@ -347,7 +348,7 @@ def test_real_weights_greedy_tokens_match_transformers_on_cuda(spec, package, pr
         reference = _reference(resolved.path, dtype)
         with torch.inference_mode():
             out = reference.generate(
-                torch.tensor([prompt_ids], device=CUDA), max_tokens=new, do_sample=False
+                torch.tensor([prompt_ids], device=CUDA), max_new_tokens=new, do_sample=False
             )
         expected = out[0, len(prompt_ids) :].tolist()
         model = load_model(resolved.path, dtype=dtype, device=CUDA)

@@ -196,7 +196,7 @@ def test_completion_honours_vllm_extensions(client: openai.OpenAI) -> None:
 
 async def test_leaving_a_merged_stream_early_closes_every_stream() -> None:
     """A client leaving a multi-prompt stream closes all its engine streams, none running."""
-    from adapters.http.openai_routes import _merge
+    from adapters.http.streaming import merge_streams
 
     closed: list[int] = []
 
@@ -208,7 +208,7 @@ async def test_leaving_a_merged_stream_early_closes_every_stream() -> None:
         finally:
             closed.append(index)
 
-    merged = _merge([endless(0), endless(1)])
+    merged = merge_streams([endless(0), endless(1)])
     assert (await anext(merged))[1] in (0, 1)
     await merged.aclose()  # raised "aclose(): asynchronous generator is already running"
     assert sorted(closed) == [0, 1]

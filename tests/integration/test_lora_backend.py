@@ -13,14 +13,9 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
-from adapters.torch.lora.training import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    OPTIMIZER_STATE,
-    BaseModelEntry,
-    LoraTrainingBackend,
-    read_lora_spec,
-)
+from adapters.torch.lora import peft
+from adapters.torch.lora.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_lora_spec
+from adapters.torch.lora.training import OPTIMIZER_STATE, BaseModelEntry, LoraTrainingBackend
 from domain.training import (
     AdamParams,
     Datum,
@@ -478,3 +473,39 @@ def test_bf16_mixed_precision_update_is_as_accurate_as_float32_math(
         assert mixed_loss == pytest.approx(exact_loss, rel=0.02)
         assert abs(mixed_loss - exact_loss) <= 1.5 * abs(ref_loss - exact_loss) + 0.01 * exact_loss
         assert np.abs(mixed - exact).mean() <= 1.25 * np.abs(ref - exact).mean() + 0.01
+
+
+# --- PEFT format ------------------------------------------------------------------------
+
+
+def test_peft_tensor_keys_pair_up_by_module() -> None:
+    a, b = torch.zeros(2, 3), torch.ones(5, 2)
+    name = "model.layers.0.self_attn.q_proj"
+    state = {peft.tensor_key(name, "A"): a, peft.tensor_key(name, "B"): b, "other": a}
+    assert peft.tensor_key(name, "A") == f"base_model.model.{name}.lora_A.weight"
+    pairs = peft.module_pairs(state)
+    assert list(pairs) == [name] and pairs[name][0] is a and pairs[name][1] is b
+    only_b = peft.module_pairs({peft.tensor_key("lm_head", "B"): b})
+    assert only_b == {"lm_head": (None, b)}
+
+
+def test_peft_sites_cover_every_target_module_once() -> None:
+    sites = dict(peft.site_parts(2))
+    assert len(sites) == 2 * 4 + 1 and sites["lm_head"] == ("lm_head",)
+    assert sites["layers.1.attn.wqkv"] == tuple(
+        f"model.layers.1.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")
+    )
+    short = [name.rsplit(".", 1)[-1] for parts in sites.values() for name in parts]
+    assert sorted(set(short)) == sorted(name for g in peft.GROUPS.values() for name in g)
+    assert len(short) == 2 * 7 + 1
+
+
+def test_peft_config_round_trip_and_scale(tmp_path) -> None:
+    spec = LoraSpec(rank=8, train_mlp=True, train_attn=False, train_unembed=True)
+    peft.write_config(tmp_path, base_model="m", rank=8, modules=peft.targets(spec))
+    assert read_lora_spec(tmp_path) == spec
+    assert peft.scale(peft.read_config(tmp_path)) == peft.LORA_ALPHA / 8
+    assert peft.scale({"r": 4}) == 1.0  # alpha defaults to r, as in PEFT
+    for bad in ({}, {"r": 0}, {"r": "8"}, {"r": 8, "lora_alpha": "x"}):
+        with pytest.raises(InvalidTrainingRequest, match="r must be"):
+            peft.scale(bad)

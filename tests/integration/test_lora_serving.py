@@ -14,8 +14,8 @@ from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
-from adapters.torch.tinker_sampler import EngineSampler
 from application.async_engine import AsyncEngine
+from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.training import (
@@ -61,7 +61,7 @@ def setup(request, tmp_path_factory):
         saved[name] = tmp_path_factory.mktemp(f"adapter-{name}")
         backend.save(name, saved[name], optimizer=False)
     model = load_model(folder, dtype=torch.float32)
-    lora = LoraServing(model)
+    lora = LoraServing(model, live_state=backend.peft_state)
     for name, path in saved.items():
         lora.load_folder(name, path)
     config = EngineConfig(max_batch_size=4, max_seq_len=64, max_num_batched_tokens=7)
@@ -108,7 +108,7 @@ async def test_adapters_and_base_share_steps_and_each_gets_its_own_weights(setup
 
 async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
     backend, engine, lora, saved = setup
-    sampler = EngineSampler(engine, lora, ["tiny"], live_state=backend.peft_state)
+    sampler = EngineSampler(engine, lora, ["tiny"])
     engine.start()
     try:
         params = TinkerSamplingParams(max_tokens=5, temperature=1.0, seed=7)
@@ -137,7 +137,7 @@ async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
 
 async def test_engine_sampler_reloads_a_checkpoint_saved_again(setup, tmp_path) -> None:
     backend, engine, lora, _ = setup
-    sampler = EngineSampler(engine, lora, ["tiny"], live_state=backend.peft_state)
+    sampler = EngineSampler(engine, lora, ["tiny"])
     params = TinkerSamplingParams(max_tokens=1, temperature=0.0)
     source = WeightsSource("tiny", path=tmp_path)
     engine.start()
@@ -153,6 +153,20 @@ async def test_engine_sampler_reloads_a_checkpoint_saved_again(setup, tmp_path) 
         second.prompt_logprobs[1:], reference_logprobs(backend, "b", PROMPT), atol=1e-4, rtol=0
     )
     assert first.prompt_logprobs != second.prompt_logprobs
+
+
+async def test_engine_sampler_without_live_weights_refuses_a_live_source(
+    setup, monkeypatch
+) -> None:
+    _, engine, lora, _ = setup
+    monkeypatch.setattr(lora, "live_state", None)  # no training backend wired
+    sampler = EngineSampler(engine, lora, ["tiny"])
+    params = TinkerSamplingParams(max_tokens=1, temperature=0.0)
+    with pytest.raises(InvalidTrainingRequest, match="live training weights"):
+        await sampler.sample(
+            WeightsSource("tiny", model_id="a"), PROMPT, params, 1, prompt_logprobs=False
+        )
+    assert all(not k.startswith("live:") for k in lora._adapters)
 
 
 @pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 or no C++ toolchain")

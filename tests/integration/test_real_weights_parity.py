@@ -29,7 +29,9 @@ def test_greedy_tokens_match_transformers(spec: str, prompt: str) -> None:
     prompt_ids = tokenizer.encode(prompt)
     reference = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
     with torch.inference_mode():
-        out = reference.generate(torch.tensor([prompt_ids]), max_tokens=NEW_TOKENS, do_sample=False)
+        out = reference.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=NEW_TOKENS, do_sample=False
+        )
     expected = out[0, len(prompt_ids) :].tolist()
 
     model = load_model(resolved.path, dtype=torch.float32)

@@ -10,7 +10,7 @@ import torch
 
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.tinker_sampler import EngineSampler
+from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.training import TinkerSamplingParams, WeightsSource

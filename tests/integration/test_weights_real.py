@@ -25,7 +25,7 @@ def greedy_continuation(folder: Path, prompt: str, chat: bool) -> str:
         messages = [{"role": "user", "content": prompt}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=not chat)
-    output = model.generate(**inputs, max_tokens=12, do_sample=False)
+    output = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     return tokenizer.decode(output[0, inputs.input_ids.shape[1] :])
 
 

@@ -11,13 +11,13 @@ import uvicorn
 from litestar import Litestar
 
 from adapters.fake.toy_backend import ToyBackend
-from adapters.http.tinker_routes import tinker_router
+from adapters.http.tinker import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.tinker_sampler import EngineSampler
 from application.async_engine import AsyncEngine
+from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from tests.fakes import torch_async_engine
@@ -31,10 +31,10 @@ def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEn
     a serving engine with multi-LoRA; start the engine with the app (``tinker_app``)."""
     backend = LoraTrainingBackend([BaseModelEntry(BASE_MODEL, model_folder, dtype=torch.float32)])
     model = load_model(model_folder, dtype=torch.float32)
-    lora = LoraServing(model)
+    lora = LoraServing(model, live_state=backend.peft_state)
     config = EngineConfig(max_batch_size=8, max_seq_len=256)
     engine = torch_async_engine(model, config, lora=lora)
-    sampler = EngineSampler(engine, lora, [BASE_MODEL], live_state=backend.peft_state)
+    sampler = EngineSampler(engine, lora, [BASE_MODEL])
     return TinkerService(backend, sampler, FileCheckpointStorage(root)), engine
 
 

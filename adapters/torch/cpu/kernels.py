@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (``csrc/cpu_decode.cpp``), built once on first use.
+"""The compiled CPU kernels (``csrc/``, one file per kernel family), built once on first use.
 
 They need AVX512-BF16 and a C++ toolchain (torch's cpp_extension with ninja); where either
 is missing, or ``INFER_CPU_KERNELS=0``, :func:`cpu_kernels` is None and callers keep their
@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 log = structlog.get_logger(__name__)
-_SOURCE = Path(__file__).with_name("csrc") / "cpu_decode.cpp"
+_CSRC = Path(__file__).with_name("csrc")
 _ISA_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bf16")
+CFLAGS = ("-O3", "-fopenmp", *_ISA_FLAGS)
 
 
 @functools.cache
@@ -28,18 +29,26 @@ def cpu_kernels() -> Any | None:
     try:
         from torch.utils.cpp_extension import load
 
-        # The source hash in the name lets checkouts with different kernels coexist in
-        # torch's extension cache instead of rebuilding over each other.
-        digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+        sources = sorted(_CSRC.glob("*.cpp"))
         return load(
-            name=f"infer_cpu_decode_{digest}",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS],
+            name=f"infer_cpu_decode_{_digest()}",
+            sources=[str(path) for path in sources],
+            extra_cflags=list(CFLAGS),
             extra_ldflags=["-fopenmp"],
         )
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("cpu kernels unavailable, using PyTorch ops", error=str(e))
         return None
+
+
+def _digest() -> str:
+    """A hash of every source and header: in the extension's name, it lets checkouts with
+    different kernels coexist in torch's extension cache instead of rebuilding over each
+    other (and a header change rebuilds)."""
+    h = hashlib.sha256()
+    for path in sorted(_CSRC.glob("*.[ch]*")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _cpu_has_kernel_isa() -> bool:

@@ -1,1 +1,2 @@
-"""LoRA: training backend (modules, losses) and multi-adapter serving."""
+"""LoRA: PEFT's adapter format (peft), the training backend (training, losses) and
+multi-adapter serving (serving, the ServingAdapters port)."""

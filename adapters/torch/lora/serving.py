@@ -6,16 +6,15 @@ then each adapter present in the step adds ``(x_g @ A^T) @ B^T`` to its own toke
 one gather, two thin matmuls and one scatter-add per adapter and linear. A step without
 adapters costs nothing extra; a step with some keeps one forward for the whole batch.
 
-Adapters come in PEFT's format (``adapter_model.safetensors`` + ``adapter_config.json``),
-what the LoRA training backend writes. The fused projections get one ``A`` (the parts' A
+Adapters come in PEFT's format (:mod:`adapters.torch.lora.peft`), what the LoRA training
+backend writes. The fused projections get one ``A`` (the parts' A
 stacked) and one block-diagonal ``B`` (scaled by alpha / r) per adapter, built at load.
 While any adapter is routed, the fused C++ decode layer (which reads the base weights
 directly) is set aside for that step.
 """
 
-import json
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,16 +22,15 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from adapters.torch.lora import peft
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Block, Transformer
 from domain.training import InvalidTrainingRequest
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
-_ATTN = ("q_proj", "k_proj", "v_proj")
-_GATE_UP = ("gate_proj", "up_proj")
-
 Route = tuple[Tensor, Tensor, Tensor]  # token indices [n], A [R, in], B [out, R] (scaled)
+# A training run's current adapter by model id: PEFT-named tensors and the alpha / r scale.
+LiveState = Callable[[str], tuple[dict[str, Tensor], float]]
 
 
 class MultiLoraLinear(nn.Module):
@@ -66,14 +64,21 @@ class _ServedAdapter:
 
 
 class LoraServing:
-    """The adapters a serving model can apply, by id (least recently used evicted)."""
+    """The adapters a serving model can apply, by id (least recently used evicted): the
+    :class:`~domain.training.ServingAdapters` port. ``live_state`` gives a training run's
+    current weights (the LoRA training backend's ``peft_state``), for :meth:`add_live`."""
 
-    def __init__(self, model: Transformer, *, max_adapters: int = 16) -> None:
+    def __init__(
+        self, model: Transformer, *, max_adapters: int = 16, live_state: LiveState | None = None
+    ) -> None:
         self.model = model
+        self.live_state = live_state
         self.config: ModelConfig = model.config
         self.max_adapters = max_adapters
         self.sites: dict[str, MultiLoraLinear] = {}
-        for path in _site_paths(self.config.num_layers):
+        self.parts: dict[str, tuple[str, ...]] = {}  # site path -> PEFT module names
+        for path, parts in peft.site_parts(self.config.num_layers):
+            self.parts[path] = parts
             site = MultiLoraLinear(model.get_submodule(path))
             model.set_submodule(path, site)
             self.sites[path] = site
@@ -84,35 +89,35 @@ class LoraServing:
         # LoRA math in float32 on CPU (bf16 matmuls of thin shapes gain nothing there).
         self.dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
 
-    def __contains__(self, adapter_id: str) -> bool:
+    def __contains__(self, adapter_id: object) -> bool:
         return adapter_id in self._adapters
 
     def __len__(self) -> int:
         return len(self._adapters)
 
+    def weights_file(self, folder: Path) -> Path:
+        return folder / ADAPTER_WEIGHTS
+
     def load_folder(self, adapter_id: str, folder: Path) -> None:
         """Load a PEFT adapter folder under ``adapter_id`` (kept until evicted)."""
         try:
-            config = json.loads((folder / ADAPTER_CONFIG).read_text())
+            scale = peft.scale(peft.read_config(folder))
             state = load_file(str(folder / ADAPTER_WEIGHTS))
         except (OSError, ValueError) as e:  # named without the server's path
             raise InvalidTrainingRequest("the checkpoint is not a readable LoRA adapter") from e
-        scale = float(config.get("lora_alpha", config["r"])) / float(config["r"])
+        self.add(adapter_id, state, scale)
+
+    def add_live(self, adapter_id: str, model_id: str) -> None:
+        """Add a copy of training run ``model_id``'s current weights."""
+        if self.live_state is None:
+            raise InvalidTrainingRequest("sampling live training weights is not available")
+        state, scale = self.live_state(model_id)
         self.add(adapter_id, state, scale)
 
     def add(self, adapter_id: str, state: Mapping[str, Tensor], scale: float) -> None:
         """Add (or replace) an adapter from PEFT-named tensors
         (``base_model.model.<module>.lora_A.weight`` / ``lora_B``)."""
-        pairs: dict[str, tuple[Tensor, Tensor]] = {}
-        for key, value in state.items():
-            if not key.endswith((".lora_A.weight", ".lora_B.weight")):
-                continue
-            module = key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0]
-            a, b = pairs.get(module, (None, None))
-            if ".lora_A." in key:
-                pairs[module] = (value, b)  # type: ignore[assignment]
-            else:
-                pairs[module] = (a, value)  # type: ignore[assignment]
+        pairs = peft.module_pairs(state)
         sites = {}
         for path in self.sites:
             fused = self._fuse(path, pairs, scale)
@@ -173,9 +178,10 @@ class LoraServing:
                 block.decode_kernel = kernel
 
     def _fuse(
-        self, path: str, pairs: Mapping[str, tuple[Tensor, Tensor]], scale: float
+        self, path: str, pairs: Mapping[str, peft.Pair], scale: float
     ) -> tuple[Tensor, Tensor] | None:
-        parts = _parts(path, self.config)
+        names = self.parts[path]
+        parts = list(zip(names, peft.part_rows(self.config, names), strict=True))
         found = [(name, pairs.get(name)) for name, _ in parts]
         if all(pair is None for _, pair in found):
             return None
@@ -220,26 +226,3 @@ def _groups(adapters: Sequence[str | None], device: torch.device) -> dict[str, T
         if adapter_id is not None:
             rows.setdefault(adapter_id, []).append(i)
     return {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in rows.items()}
-
-
-def _site_paths(num_layers: int) -> Iterator[str]:
-    for i in range(num_layers):
-        yield from (f"layers.{i}.attn.wqkv", f"layers.{i}.attn.wo")
-        yield from (f"layers.{i}.mlp.w13", f"layers.{i}.mlp.w2")
-    yield "lm_head"
-
-
-def _parts(path: str, c: ModelConfig) -> list[tuple[str, int]]:
-    """(PEFT module name, output rows) of each slice of our linear at ``path``."""
-    if path == "lm_head":
-        return [("lm_head", c.vocab_size)]
-    layer = path.split(".")[1]
-    peft = f"model.layers.{layer}"
-    if path.endswith("wqkv"):
-        sizes = (c.q_size, c.kv_size, c.kv_size)
-        return [(f"{peft}.self_attn.{n}", s) for n, s in zip(_ATTN, sizes, strict=True)]
-    if path.endswith("wo"):
-        return [(f"{peft}.self_attn.o_proj", c.hidden_size)]
-    if path.endswith("w13"):
-        return [(f"{peft}.mlp.{n}", c.intermediate_size) for n in _GATE_UP]
-    return [(f"{peft}.mlp.down_proj", c.hidden_size)]

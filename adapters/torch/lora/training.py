@@ -17,14 +17,13 @@ attention never sees it) and only real positions enter the loss (see ``lora_loss
 import ctypes
 import ctypes.util
 import gc
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +33,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from adapters.torch.loader import load_model
+from adapters.torch.lora import peft
 from adapters.torch.lora.losses import loss_sum
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS, LORA_ALPHA, read_lora_spec
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
 from domain.training import (
@@ -48,18 +49,11 @@ from domain.training import (
     NotFoundError,
     Steps,
     TensorValue,
-    check_adam,
     loss_config,
     run_steps,
 )
 
-LORA_ALPHA = 32
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER_STATE = "optimizer.safetensors"
-ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-UNEMBED_TARGETS = ("lm_head",)
 # Padded tokens per training micro-batch.
 TOKENS_PER_MICRO_BATCH = 2048
 # Logits of at most this many rows at once; with gradients, more than LOGIT_ELEMENTS logits
@@ -126,7 +120,7 @@ class _Base:
         self.sites = _install_sites(model)
         self.shapes: dict[str, tuple[int, int]] = {}  # PEFT name -> (in, out)
         for site in self.sites:
-            rows = _part_rows(model.config, site.parts)
+            rows = peft.part_rows(model.config, site.parts)
             for name, out in zip(site.parts, rows, strict=True):
                 self.shapes[name] = (site.base.in_features, out)
 
@@ -149,7 +143,7 @@ class _TrainedAdapter:
     def __init__(self, base: _Base, spec: LoraSpec) -> None:
         self.base, self.spec = base, spec
         self.scale = LORA_ALPHA / spec.rank
-        self.targets = _targets(spec)
+        self.targets = peft.targets(spec)
         generator = torch.Generator()
         if spec.seed is None:
             generator.seed()
@@ -180,8 +174,8 @@ class _TrainedAdapter:
         """PEFT's ``adapter_model.safetensors`` content."""
         state = {}
         for name, (a, b) in self.weights.items():
-            state[_peft_key(name, "A")] = a.detach().cpu().clone()
-            state[_peft_key(name, "B")] = b.detach().cpu().clone()
+            state[peft.tensor_key(name, "A")] = a.detach().cpu().clone()
+            state[peft.tensor_key(name, "B")] = b.detach().cpu().clone()
         return state
 
 
@@ -221,7 +215,7 @@ class LoraTrainingBackend:
     def create(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
         if lora.rank < 1:
             raise InvalidTrainingRequest(f"rank: must be at least 1, got {lora.rank}")
-        if not _targets(lora):
+        if not peft.targets(lora):
             raise InvalidTrainingRequest(
                 "lora: train_mlp, train_attn and train_unembed are all off: nothing to train"
             )
@@ -286,7 +280,6 @@ class LoraTrainingBackend:
         return ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": total})
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        check_adam(params)
         with self._lock:
             adapter = self._adapter(model_id)
             for p in adapter.params:
@@ -318,17 +311,17 @@ class LoraTrainingBackend:
         spec = read_lora_spec(folder)
         with self._lock:
             adapter = self._adapter(model_id)
-            if (spec.rank, _targets(spec)) != (adapter.spec.rank, adapter.targets):
+            if (spec.rank, peft.targets(spec)) != (adapter.spec.rank, adapter.targets):
                 raise InvalidTrainingRequest(
-                    f"the checkpoint is rank {spec.rank} on {sorted(_targets(spec))}, "
+                    f"the checkpoint is rank {spec.rank} on {sorted(peft.targets(spec))}, "
                     f"model {model_id!r} is rank {adapter.spec.rank} on {sorted(adapter.targets)}"
                 )
             tensors = _read_tensors(folder / ADAPTER_WEIGHTS)
             state = _checked_state(tensors, adapter.state_dict(), folder / ADAPTER_WEIGHTS)
             with torch.no_grad():
                 for name, (a, b) in adapter.weights.items():
-                    a.copy_(state[_peft_key(name, "A")])
-                    b.copy_(state[_peft_key(name, "B")])
+                    a.copy_(state[peft.tensor_key(name, "A")])
+                    b.copy_(state[peft.tensor_key(name, "B")])
             adapter.optimizer = adapter.new_optimizer()
             if optimizer:
                 _load_optimizer(adapter, _read_tensors(folder / OPTIMIZER_STATE), folder)
@@ -376,39 +369,6 @@ class LoraTrainingBackend:
         return self._bases[entry.name]
 
 
-def read_lora_spec(folder: Path) -> LoraSpec:
-    """The rank and targets of the PEFT adapter in ``folder`` (``adapter_config.json``)."""
-    raw = _read_config(folder / ADAPTER_CONFIG)
-    where = ADAPTER_CONFIG  # named by file, never by where the server keeps it
-    if raw.get("peft_type") != "LORA":
-        raise InvalidTrainingRequest(f"{where}: peft_type is {raw.get('peft_type')!r}, not LORA")
-    rank, alpha = raw.get("r"), raw.get("lora_alpha")
-    if not isinstance(rank, int) or rank < 1:
-        raise InvalidTrainingRequest(f"{where}: r must be a positive integer, got {rank!r}")
-    if alpha != LORA_ALPHA:
-        raise InvalidTrainingRequest(f"{where}: lora_alpha {alpha!r} (only {LORA_ALPHA} is served)")
-    for flag in ("use_dora", "use_rslora", "fan_in_fan_out"):
-        if raw.get(flag):
-            raise InvalidTrainingRequest(f"{where}: {flag} is not supported")
-    targets = raw.get("target_modules")
-    if not isinstance(targets, list):
-        raise InvalidTrainingRequest(f"{where}: target_modules must be a list of module names")
-    groups = {g: set(names) & set(targets) for g, names in _GROUPS.items()}
-    if set(targets) != set().union(*groups.values()) or any(
-        found and found != set(_GROUPS[g]) for g, found in groups.items()
-    ):
-        raise InvalidTrainingRequest(
-            f"{where}: target_modules {sorted(targets)} must be whole groups of "
-            f"{[list(names) for names in _GROUPS.values()]}"
-        )
-    return LoraSpec(
-        rank=rank,
-        train_mlp=bool(groups["mlp"]),
-        train_attn=bool(groups["attn"]),
-        train_unembed=bool(groups["unembed"]),
-    )
-
-
 def release_memory(device: torch.device | None = None) -> None:
     """Collect garbage and return freed memory to the system: the CUDA cache, and glibc's
     free heap pages (freed tensors otherwise stay in the process's RSS)."""
@@ -431,49 +391,17 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 # --- model surgery ----------------------------------------------------------------------
 
-_GROUPS = {"attn": ATTN_TARGETS, "mlp": MLP_TARGETS, "unembed": UNEMBED_TARGETS}
-
 
 def _install_sites(model: Transformer) -> list[LoraLinear]:
     """Swap every linear LoRA may target for a :class:`LoraLinear` (inert until active)."""
     sites = []
-    for path, parts in _site_parts(model.config.num_layers):
+    for path, parts in peft.site_parts(model.config.num_layers):
         base = model.get_submodule(path)
         assert isinstance(base, nn.Linear), path
         site = LoraLinear(base, parts)
         model.set_submodule(path, site)
         sites.append(site)
     return sites
-
-
-def _site_parts(num_layers: int) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """(our module path, the PEFT module names of its row slices) of every target linear."""
-    for i in range(num_layers):
-        ours, peft = f"layers.{i}", f"model.layers.{i}"
-        yield f"{ours}.attn.wqkv", tuple(f"{peft}.self_attn.{p}" for p in ATTN_TARGETS[:3])
-        yield f"{ours}.attn.wo", (f"{peft}.self_attn.o_proj",)
-        yield f"{ours}.mlp.w13", (f"{peft}.mlp.gate_proj", f"{peft}.mlp.up_proj")
-        yield f"{ours}.mlp.w2", (f"{peft}.mlp.down_proj",)
-    yield "lm_head", ("lm_head",)
-
-
-def _part_rows(config: ModelConfig, parts: tuple[str, ...]) -> list[int]:
-    rows = {
-        "q_proj": config.q_size,
-        "k_proj": config.kv_size,
-        "v_proj": config.kv_size,
-        "o_proj": config.hidden_size,
-        "gate_proj": config.intermediate_size,
-        "up_proj": config.intermediate_size,
-        "down_proj": config.hidden_size,
-        "lm_head": config.vocab_size,
-    }
-    return [rows[name.rsplit(".", 1)[-1]] for name in parts]
-
-
-def _targets(spec: LoraSpec) -> frozenset[str]:
-    on = {"attn": spec.train_attn, "mlp": spec.train_mlp, "unembed": spec.train_unembed}
-    return frozenset(name for group, names in _GROUPS.items() if on[group] for name in names)
 
 
 # --- training forward -------------------------------------------------------------------
@@ -633,40 +561,15 @@ def _load_optimizer(adapter: _TrainedAdapter, tensors: dict[str, Tensor], folder
 # --- checkpoint files -------------------------------------------------------------------
 
 
-def _peft_key(name: str, matrix: str) -> str:
-    return f"base_model.model.{name}.lora_{matrix}.weight"
-
-
 def _write_peft(adapter: _TrainedAdapter, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save_file(adapter.state_dict(), str(folder / ADAPTER_WEIGHTS))
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": adapter.base.entry.name,
-        "r": adapter.spec.rank,
-        "lora_alpha": LORA_ALPHA,
-        "lora_dropout": 0.0,
-        "target_modules": sorted(adapter.targets),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "inference_mode": True,
-    }
-    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise InvalidTrainingRequest(f"{path.name}: missing (not a LoRA checkpoint)") from e
-    except (OSError, ValueError) as e:
-        raise InvalidTrainingRequest(f"{path.name}: unreadable") from e
-    if not isinstance(raw, dict):
-        raise InvalidTrainingRequest(f"{path.name}: not a JSON object")
-    return raw
+    peft.write_config(
+        folder,
+        base_model=adapter.base.entry.name,
+        rank=adapter.spec.rank,
+        modules=adapter.targets,
+    )
 
 
 def _read_tensors(path: Path) -> dict[str, Tensor]:

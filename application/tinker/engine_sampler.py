@@ -3,8 +3,10 @@
 Tinker samples run as ordinary engine requests — continuous batching with everything else
 the server serves — each naming the LoRA adapter it runs with. A saved checkpoint's
 adapter is loaded once by folder and kept (least recently used evicted); a live run's
-current weights are copied in for the one call. ``num_samples`` are that many requests
-(seeds ``seed``, ``seed + 1``, ...); the first also scores the prompt when asked.
+current weights are copied in for the one call. The adapters are the runner's, behind the
+:class:`~domain.training.ServingAdapters` port (no tensors here). ``num_samples`` are that
+many requests (seeds ``seed``, ``seed + 1``, ...); the first also scores the prompt when
+asked.
 
 At most ``max_in_engine`` Tinker requests are in the engine at once (tenants taking turns
 for the slots; the rest wait here and go in as others finish), so a large ``num_samples``
@@ -13,13 +15,10 @@ never fills the engine's waiting queue and OpenAI requests are not refused for i
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 
-from torch import Tensor
-
-from adapters.torch.lora.serving import ADAPTER_WEIGHTS, LoraServing
-from application.async_engine import AsyncEngine
+from application.engine_client import EngineClient
 from application.request_ids import new_request_id
 from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
@@ -30,33 +29,29 @@ from domain.training import (
     InvalidTrainingRequest,
     NotFoundError,
     SampledSequence,
+    ServingAdapters,
     TinkerSampleResult,
     TinkerSamplingParams,
     TopK,
     WeightsSource,
 )
 
-LiveState = Callable[[str], tuple[dict[str, Tensor], float]]
-
 
 class EngineSampler:
     def __init__(
         self,
-        engine: AsyncEngine,
-        lora: LoraServing,
+        engine: EngineClient,
+        lora: ServingAdapters,
         model_names: Sequence[str],
         *,
-        live_state: LiveState | None = None,
         queue_retry_s: float = 0.05,
         max_in_engine: int = 8,
     ) -> None:
-        """``model_names``: the names the engine's model answers to; ``live_state``: a
-        training run's current adapter (PEFT tensors, scale) by model id;
-        ``max_in_engine``: Tinker requests in the engine at once."""
+        """``lora``: the adapters the engine's runner applies; ``model_names``: the names the
+        engine's model answers to; ``max_in_engine``: Tinker requests in the engine at once."""
         self.engine = engine
         self.lora = lora
         self.model_names = frozenset(model_names)
-        self.live_state = live_state
         self.queue_retry_s = queue_retry_s
         self.slots = FairSlots(max_in_engine)
         self._ids = itertools.count()
@@ -108,7 +103,7 @@ class EngineSampler:
             # Keyed by the file's identity too: a checkpoint saved again under its name
             # (overwrite) is a new adapter, not the cached one.
             try:
-                stat = (source.path / ADAPTER_WEIGHTS).stat()
+                stat = self.lora.weights_file(source.path).stat()
                 real = source.path.resolve(strict=True)  # a checkpoint's version folder
             except OSError as e:  # never name the folder: it is the server's business
                 raise NotFoundError("the checkpoint this sampler uses was deleted") from e
@@ -116,11 +111,8 @@ class EngineSampler:
             if adapter_id not in self.lora:
                 self.lora.load_folder(adapter_id, source.path)
         elif source.model_id is not None:
-            if self.live_state is None:
-                raise InvalidTrainingRequest("sampling live training weights is not available")
             adapter_id = f"live:{source.model_id}:{next(self._ids)}"
-            state, scale = self.live_state(source.model_id)
-            self.lora.add(adapter_id, state, scale)
+            self.lora.add_live(adapter_id, source.model_id)
             stack.callback(self.lora.remove, adapter_id)
         else:
             return None
