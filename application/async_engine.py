@@ -22,6 +22,7 @@ ended the caller (an error after queueing, a client gone before its stream was r
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ import structlog
 
 from application.engine import Engine
 from domain.config import EngineConfig
+from domain.observer import StepObserver
 from domain.ports import ChatMessage, ModelRunner, Tokenizer
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
@@ -76,8 +78,8 @@ class QueueOutputSink:
 class AsyncEngine:
     """The engine and its output queues, driven by one background task.
 
-    It builds its own :class:`QueueOutputSink` and :class:`Engine` (``engine_kwargs`` go
-    to ``Engine``, e.g. ``clock=``); ``.engine`` and ``.sink`` expose them."""
+    It builds its own :class:`QueueOutputSink` and :class:`Engine` (the keyword arguments
+    go to ``Engine``); ``.engine`` and ``.sink`` expose them."""
 
     def __init__(
         self,
@@ -86,8 +88,9 @@ class AsyncEngine:
         tokenizer: Tokenizer,
         *,
         vocab_size: int | None = None,
+        observer: StepObserver | None = None,
         scheduler: Scheduler | None = None,
-        **engine_kwargs: Any,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = QueueOutputSink()
         self.engine = Engine(
@@ -95,9 +98,10 @@ class AsyncEngine:
             runner,
             tokenizer,
             self.sink,
-            vocab_size=vocab_size,
             scheduler=scheduler,
-            **engine_kwargs,
+            clock=clock,
+            vocab_size=vocab_size,
+            observer=observer,
         )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

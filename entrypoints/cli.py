@@ -169,7 +169,7 @@ def _generate(args: argparse.Namespace) -> int:
         args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir
     )
     start = time.perf_counter()
-    container.model()
+    limit = container.model().config.max_position_embeddings
     tokenizer = container.tokenizer()
     loaded = time.perf_counter()
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -177,6 +177,12 @@ def _generate(args: argparse.Namespace) -> int:
         prompt_ids = tokenizer.render_chat([{"role": "user", "content": prompt}])
     else:
         prompt_ids = tokenizer.encode(prompt)
+    if len(prompt_ids) + params.max_tokens > limit:
+        raise InvalidParameterError(
+            "max_tokens",
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+            f"exceeds the model's context length {limit}",
+        )
     # One request: a KV slot as long as it can need, no waiting queue.
     config = EngineConfig(
         max_seq_len=max(1, len(prompt_ids) + params.max_tokens),

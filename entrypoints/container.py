@@ -4,7 +4,8 @@ Two selectors pick the implementations: ``runner`` (``torch``: the model's weigh
 tokenizer; ``fake``: :class:`FakeModelRunner` and :class:`ByteTokenizer`, nothing loaded)
 and ``training_backend`` (``lora``: LoRA on the model; ``toy``: the numpy
 :class:`ToyBackend`, which also samples). Tests and embedders override providers
-(``container.fake_runner.override(FakeModelRunner(script=...))``).
+(``container.fake_runner.override(FakeModelRunner(script=...))``, ``container.observer``
+for a step observer).
 """
 
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from application.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
+from domain.observer import NullObserver
 from domain.ports import Tokenizer
 from domain.training import TinkerLimits, TrainingBackend
 
@@ -170,8 +172,10 @@ class Container(containers.DeclarativeContainer):
         fake=providers.Object(None),  # the tokenizer's
     )
 
+    # Every step's statistics go here (override with a metrics or tracing adapter).
+    observer = providers.Singleton(NullObserver)
     async_engine = providers.Singleton(
-        AsyncEngine, engine_config, runner, tokenizer, vocab_size=vocab_size
+        AsyncEngine, engine_config, runner, tokenizer, vocab_size=vocab_size, observer=observer
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink

@@ -8,10 +8,14 @@ from adapters.fake.runner import FakeModelRunner
 from adapters.fake.tokenizer import ByteTokenizer
 from application.async_engine import AsyncEngine
 from domain.config import EngineConfig
+from domain.observer import StepObserver
 from domain.ports import ModelRunner, Tokenizer
 from domain.request import Request, StepOutput
+from domain.scheduler import Scheduler
 
 if TYPE_CHECKING:
+    from adapters.torch.lora.serving import LoraServing
+    from adapters.torch.models.transformer import Transformer
     from entrypoints.container import Container
 
 
@@ -34,18 +38,50 @@ def fake_async_engine(
     tokenizer: Tokenizer | None = None,
     script: Callable[[Request], int] | None = None,
     step_latency_s: float = 0.0,
-    engine_kwargs: dict[str, Any] | None = None,
+    observer: StepObserver | None = None,
+    scheduler: Scheduler | None = None,
     **config: Any,
 ) -> AsyncEngine:
     """An :class:`AsyncEngine` (not started) on ``runner`` (default: a
     :class:`FakeModelRunner` with ``script`` and ``step_latency_s``) and ``tokenizer``
-    (default: :class:`ByteTokenizer`); ``config``: :class:`EngineConfig` fields;
-    ``engine_kwargs``: passed to ``Engine`` (``scheduler=``, ``clock=``, ...)."""
+    (default: :class:`ByteTokenizer`); ``config``: :class:`EngineConfig` fields."""
     if runner is None:
         runner = FakeModelRunner(script=script, step_latency_s=step_latency_s)
     return AsyncEngine(
-        EngineConfig(**config), runner, tokenizer or ByteTokenizer(), **(engine_kwargs or {})
+        EngineConfig(**config),
+        runner,
+        tokenizer or ByteTokenizer(),
+        observer=observer,
+        scheduler=scheduler,
     )
+
+
+def torch_async_engine(
+    model: "Transformer",
+    config: EngineConfig,
+    *,
+    lora: "LoraServing | None" = None,
+    tokenizer: Tokenizer | None = None,
+) -> AsyncEngine:
+    """An :class:`AsyncEngine` (not started) on a :class:`TorchModelRunner` over ``model``
+    (with multi-LoRA serving when ``lora`` is given) and ``tokenizer`` (default:
+    :class:`ByteTokenizer`); the model's vocabulary bounds token-id prompts."""
+    from adapters.torch.runtime.runner import TorchModelRunner
+
+    runner = TorchModelRunner(model, config, lora=lora)
+    return AsyncEngine(
+        config, runner, tokenizer or ByteTokenizer(), vocab_size=model.config.vocab_size
+    )
+
+
+class ManualClock:
+    """A clock that stands still until a test moves it (``clock.now += 5``)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def fake_container(runner: ModelRunner | None = None, **kwargs: Any) -> "Container":

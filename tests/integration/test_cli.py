@@ -30,6 +30,13 @@ def test_bad_sampling_flags_exit_with_a_named_error(tmp_path, capsys) -> None:
     assert "error: --top-p: must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_a_request_past_the_models_context_is_refused_by_its_flag(tmp_path, capsys) -> None:
+    argv = ["generate", "hi", "--model", "dummy:SmolLM2-135M", "--max-tokens", "100000"]
+    assert main([*argv, "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: --max-tokens:" in err and "context length 8192" in err
+
+
 def test_an_unknown_model_spec_exits_with_an_error(tmp_path, capsys) -> None:
     assert main(["generate", "hi", "--model", "nonsense", "--cache-dir", str(tmp_path)]) == 2
     assert "nonsense" in capsys.readouterr().err

@@ -6,6 +6,7 @@ from dependency_injector import providers
 from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
+from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from entrypoints.container import create_container
@@ -30,6 +31,20 @@ def test_the_fake_runner_serves_a_completion_through_the_container(tmp_path) -> 
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["test/fake"]
     assert not runner.live and len(container.sink()) == 0
     assert not list(tmp_path.iterdir())  # no model resolved, converted or loaded
+
+
+def test_an_overridden_observer_sees_every_step(tmp_path) -> None:
+    runner = FakeModelRunner(script=reply_script(ByteTokenizer(), REPLY))
+    container = fake_container(runner, cache_dir=str(tmp_path))
+    observer = RecordingObserver()
+    container.observer.override(providers.Object(observer))
+    assert container.engine().observer is observer
+    with TestClient(app=container.http_app()) as client:
+        response = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 64})
+        assert response.status_code == 200, response.text
+    [finished] = observer.finished.values()
+    assert finished.finish_reason == "eos"
+    assert sum(len(s.finished) for s in observer.steps) == 1
 
 
 def test_the_fake_runner_loads_no_model(tmp_path) -> None:

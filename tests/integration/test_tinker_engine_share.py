@@ -8,15 +8,13 @@ from pathlib import Path
 
 import torch
 
-from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.runtime.runner import TorchModelRunner
-from application.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.training import TinkerSamplingParams, WeightsSource
+from tests.fakes import torch_async_engine
 from tests.integration.tiny_models import save_tiny_model
 
 PROMPT = [3, 14, 15, 92, 65]
@@ -27,7 +25,7 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
     model = load_model(tmp_path, dtype=torch.float32)
     lora = LoraServing(model)
     config = EngineConfig(max_batch_size=2, max_waiting_requests=4, max_seq_len=64)
-    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
+    engine = torch_async_engine(model, config, lora=lora)
     sampler = EngineSampler(engine, lora, ["tiny"], max_in_engine=2)
     params = TinkerSamplingParams(max_tokens=12, temperature=1.0, seed=1, stop_token_ids=())
     engine.start()

@@ -10,18 +10,17 @@ import torch
 import uvicorn
 from litestar import Litestar
 
-from adapters.fake import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
 from adapters.http.tinker import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.runtime.runner import TorchModelRunner
 from application.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
+from tests.fakes import torch_async_engine
 
 API_KEY = "tml-test-key"
 BASE_MODEL = "test/base"
@@ -34,7 +33,7 @@ def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEn
     model = load_model(model_folder, dtype=torch.float32)
     lora = LoraServing(model, live_state=backend.peft_state)
     config = EngineConfig(max_batch_size=8, max_seq_len=256)
-    engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
+    engine = torch_async_engine(model, config, lora=lora)
     sampler = EngineSampler(engine, lora, [BASE_MODEL])
     return TinkerService(backend, sampler, FileCheckpointStorage(root)), engine
 

@@ -9,16 +9,9 @@ from domain.scheduler import (
     SchedulerOutput,
     StaticScheduler,
 )
+from tests.fakes import ManualClock
 
 EOS = 0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def request(request_id: str, prompt_len: int = 3, max_tokens: int = 8) -> Request:
@@ -33,7 +26,7 @@ def static(max_batch_size: int = 4, timeout: float = 0.0, max_waiting: int = 64)
         batch_wait_timeout_s=timeout,
         max_waiting_requests=max_waiting,
     )
-    clock = FakeClock()
+    clock = ManualClock(100.0)
     return StaticScheduler(config, [EOS], clock=clock), clock
 
 

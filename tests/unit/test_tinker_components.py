@@ -27,14 +27,7 @@ from domain.training import (
     TensorValue,
     one_step,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import ManualClock
 
 
 class RecordingBackend:
@@ -146,7 +139,7 @@ async def test_future_errors_are_kept_with_their_category() -> None:
 
 
 async def test_future_belongs_to_its_owner_and_expires() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     store = FutureStore(ttl_s=60, clock=clock)
 
     async def work() -> object:
@@ -167,7 +160,7 @@ async def test_future_belongs_to_its_owner_and_expires() -> None:
 
 
 def test_heartbeats_keep_a_session_alive_and_silence_expires_it() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     sessions = SessionManager(timeout_s=30, clock=clock)
     a = sessions.create("me", tags=["x"])
     b = sessions.create("me")
@@ -237,7 +230,7 @@ async def test_checkpoints_are_owned_listed_and_survive_a_restart(
 
 
 async def test_checkpoint_ttl_deletes_it(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     storage = FileCheckpointStorage(tmp_path)
     store = CheckpointStore(storage, wall_clock=clock)
     backend = RecordingBackend()

@@ -18,17 +18,10 @@ from domain.training import (
     NotFoundError,
     RunRecord,
 )
+from tests.fakes import ManualClock
 
 RUN = RunRecord("s:train:0", "me", "s", "base", LoraSpec(4), 1.0, 1.0)
 REF = CheckpointRef("s:train:0", "training", "ck")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def save(store: CheckpointStore, *, overwrite: bool = False) -> None:
@@ -43,17 +36,17 @@ def save(store: CheckpointStore, *, overwrite: bool = False) -> None:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[CheckpointStore, CheckpointDownloads, Clock]:
+def setup(tmp_path: Path) -> tuple[CheckpointStore, CheckpointDownloads, ManualClock]:
     storage = FileCheckpointStorage(tmp_path)
     store = CheckpointStore(storage)
     store.save_run(RUN)
     save(store)
-    clock = Clock()
+    clock = ManualClock(time.time())
     return store, CheckpointDownloads(store, storage, ttl_s=60, wall_clock=clock), clock
 
 
 def test_links_cover_the_weight_files_and_read_back(
-    setup: tuple[CheckpointStore, CheckpointDownloads, Clock],
+    setup: tuple[CheckpointStore, CheckpointDownloads, ManualClock],
 ) -> None:
     _, downloads, clock = setup
     links = downloads.links("me", REF)
@@ -69,7 +62,7 @@ def test_links_cover_the_weight_files_and_read_back(
 
 
 def test_a_link_is_refused_when_tampered_expired_or_for_another_version(
-    setup: tuple[CheckpointStore, CheckpointDownloads, Clock],
+    setup: tuple[CheckpointStore, CheckpointDownloads, ManualClock],
 ) -> None:
     store, downloads, clock = setup
     links = downloads.links("me", REF)
@@ -91,7 +84,7 @@ def test_a_link_is_refused_when_tampered_expired_or_for_another_version(
 
 
 def test_a_signed_name_outside_the_checkpoint_is_still_refused(
-    setup: tuple[CheckpointStore, CheckpointDownloads, Clock],
+    setup: tuple[CheckpointStore, CheckpointDownloads, ManualClock],
 ) -> None:
     _, downloads, _ = setup
     sign = downloads._sign  # a link the server would never make
@@ -104,7 +97,7 @@ def test_a_signed_name_outside_the_checkpoint_is_still_refused(
 
 
 def test_the_archive_holds_every_file_but_the_metadata(
-    setup: tuple[CheckpointStore, CheckpointDownloads, Clock],
+    setup: tuple[CheckpointStore, CheckpointDownloads, ManualClock],
 ) -> None:
     _, downloads, _ = setup
     name, data = downloads.archive("me", REF)
