@@ -33,7 +33,7 @@ from application.engine import Engine
 from domain.config import EngineConfig
 from domain.observer import StepObserver
 from domain.ports import ChatMessage, ModelRunner, Tokenizer
-from domain.request import Request, StepOutput
+from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler
 
@@ -164,9 +164,10 @@ class AsyncEngine:
         """``Engine.prepare`` (tokenize and validate) off the event loop."""
         return await self._off_loop(lambda: self.engine.prepare(prompt, params))
 
-    def group(self) -> "RequestGroup":
-        """A new group of requests owned by one caller (see :class:`RequestGroup`)."""
-        return RequestGroup(self)
+    def group(self, context: RequestContext = NO_CONTEXT) -> "RequestGroup":
+        """A new group of requests owned by one caller (see :class:`RequestGroup`), queued
+        with ``context`` (the caller may refine it before admitting: ``group.context``)."""
+        return RequestGroup(self, context)
 
     async def stream(
         self,
@@ -175,11 +176,14 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
     ) -> AsyncIterator[StepOutput]:
         """Queue a request and yield its outputs until it finishes. Validation errors raise
         before the first yield; leaving early (a client disconnect) aborts the request."""
         prompt_ids = await self.prepare(prompt, params)
-        [outputs] = self.admit([request_id], [prompt_ids], params, adapter_id=adapter_id)
+        [outputs] = self.admit(
+            [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
+        )
         return outputs
 
     def admit(
@@ -189,13 +193,16 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
     ) -> list[AsyncIterator[StepOutput]]:
         """Queue prepared prompts all together or none (``Engine.admit``); one output
         stream each. A stream left early aborts its request; one never read does not:
         queue through a :class:`RequestGroup` where that can happen."""
         queues = [self.sink.open(request_id) for request_id in request_ids]
         try:
-            requests = self.engine.admit(request_ids, prompts, params, adapter_id=adapter_id)
+            requests = self.engine.admit(
+                request_ids, prompts, params, adapter_id=adapter_id, context=context
+            )
         except Exception:
             for request_id in request_ids:
                 self.sink.close(request_id)
@@ -262,15 +269,16 @@ class RequestGroup:
     itself), a cancellation. Closing twice is harmless.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, context: RequestContext = NO_CONTEXT) -> None:
         self._engine = engine
         self._request_ids: list[str] = []
+        self.context = context  # who asked: every request of the group is queued with it
 
     def admit(
         self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
     ) -> list[AsyncIterator[StepOutput]]:
         """``AsyncEngine.admit``, remembered for ``close``."""
-        streams = self._engine.admit(request_ids, prompts, params)
+        streams = self._engine.admit(request_ids, prompts, params, context=self.context)
         self._request_ids.extend(request_ids)
         return streams
 

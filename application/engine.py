@@ -19,9 +19,17 @@ from domain.errors import (
     PromptTooLongError,
     QueueFullError,
 )
-from domain.observer import NullObserver, RequestStats, SchedulerStats, StepObserver, StepStats
+from domain.observer import (
+    NullObserver,
+    RequestStart,
+    RequestStats,
+    SchedulerStats,
+    StepObserver,
+    StepRow,
+    StepStats,
+)
 from domain.ports import ModelRunner, OutputSink, Tokenizer
-from domain.request import Request, StepOutput
+from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
 
@@ -56,6 +64,8 @@ class Engine:
         self.output = OutputProcessor(tokenizer)
         self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
+        self._started: list[RequestStart] = []  # queued since the last step's stats
+        self._step_start = 0.0
 
     def check_params(self, params: SamplingParams) -> None:
         """The server's limits on ``stop`` and ``stop_token_ids`` (a 400 naming the field)."""
@@ -135,12 +145,16 @@ class Engine:
         params: SamplingParams,
         *,
         adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
     ) -> Request:
         """Validate, tokenize and queue a request; raises before anything is queued
         (``QueueFullError`` when the engine is full). ``adapter_id``: a LoRA adapter the
-        runner holds, applied to this request only."""
+        runner holds, applied to this request only; ``context``: who asked (tenant,
+        priority, trace)."""
         prompt_ids = self.prepare(prompt, params)
-        return self.admit([request_id], [prompt_ids], params, adapter_id=adapter_id)[0]
+        return self.admit(
+            [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
+        )[0]
 
     def admit(
         self,
@@ -149,18 +163,29 @@ class Engine:
         params: SamplingParams,
         *,
         adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
     ) -> list[Request]:
         """Queue prepared prompts (:meth:`prepare`'s ids) all together or none: raises what
         :meth:`check_room` raises, with nothing queued."""
         self.check_room(len(request_ids))
         now = self.clock()
         requests = [
-            Request(request_id, prompt_ids, params, now, adapter_id=adapter_id)
+            Request(request_id, prompt_ids, params, now, adapter_id=adapter_id, context=context)
             for request_id, prompt_ids in zip(request_ids, prompts, strict=True)
         ]
         for request in requests:
             self.scheduler.add_request(request)  # room was checked for all of them
             self.output.add(request)
+            self._started.append(
+                RequestStart(
+                    request.request_id,
+                    now,
+                    len(request.prompt_token_ids),
+                    params,
+                    context,
+                    adapter_id,
+                )
+            )
         return requests
 
     def abort(self, request_id: str) -> None:
@@ -183,6 +208,7 @@ class Engine:
         if batch.is_empty:
             return self._observe(batch, ran=False, sampled=0)
         now = self.clock()
+        self._step_start = now
         for chunk in batch.chunks:
             if chunk.request.scheduled_s is None:
                 chunk.request.scheduled_s = now
@@ -218,11 +244,16 @@ class Engine:
                 requests[request_id].first_token_s = now
             ended = ended + [requests[o.request_id] for o in outputs if o.finished]
         self._ended = []
+        started, self._started = tuple(self._started), []
         prefill = decode = 0
-        for chunk in batch.chunks:
-            in_prompt = max(0, min(chunk.num_tokens, chunk.request.num_prompt_tokens - chunk.start))
-            prefill += in_prompt
-            decode += chunk.num_tokens - in_prompt
+        rows = []
+        if ran:
+            for chunk in batch.chunks:
+                request = chunk.request
+                in_prompt = max(0, min(chunk.num_tokens, request.num_prompt_tokens - chunk.start))
+                prefill += in_prompt
+                decode += chunk.num_tokens - in_prompt
+                rows.append(StepRow(request.request_id, in_prompt, chunk.num_tokens - in_prompt))
         running, waiting = self.scheduler.counts()
         stats = StepStats(
             ran,
@@ -231,6 +262,9 @@ class Engine:
             sampled,
             tuple(first),
             tuple(_request_stats(r, now) for r in ended),
+            start_s=self._step_start if ran else None,
+            rows=tuple(rows),
+            started=started,
         )
         try:
             self.observer.on_step(stats)
@@ -261,6 +295,7 @@ def _request_stats(request: Request, now: float) -> RequestStats:
         request.num_prompt_tokens,
         len(request.generated_token_ids),
         request.adapter_id,
+        request.context,
     )
 
 

@@ -6,12 +6,15 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from domain.ports import ChatMessage
-from domain.request import StepOutput
+from domain.request import NO_CONTEXT, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 
 
 class OwnedRequests(Protocol):
-    """The engine requests one caller (an HTTP request) queued; ``close`` aborts the rest."""
+    """The engine requests one caller (an HTTP request) queued; ``close`` aborts the rest.
+    ``context``: who asked (tenant, priority, trace), given to every request admitted."""
+
+    context: RequestContext
 
     def admit(
         self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
@@ -46,7 +49,7 @@ class EngineClient(Protocol):
 
     async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]: ...
 
-    def group(self) -> OwnedRequests: ...
+    def group(self, context: RequestContext = NO_CONTEXT) -> OwnedRequests: ...
 
     async def stream(
         self,
@@ -55,6 +58,7 @@ class EngineClient(Protocol):
         params: SamplingParams,
         *,
         adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
     ) -> AsyncIterator[StepOutput]: ...
 
     def abort(self, request_ids: Sequence[str]) -> None: ...

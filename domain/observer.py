@@ -10,6 +10,9 @@ histograms without hooks anywhere else.
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from domain.request import NO_CONTEXT, RequestContext
+from domain.sampling import SamplingParams
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
@@ -20,6 +23,28 @@ class SchedulerStats:
     prefill_tokens: int  # prompt tokens run this step
     decode_tokens: int  # generated tokens fed back this step (one per decoding request)
     kv_usage: float  # fraction of the KV cache in use (slots today, blocks with paged KV)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStart:
+    """A request queued since the previous step: what it asked for, reported once."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    params: SamplingParams
+    context: RequestContext = NO_CONTEXT
+    adapter_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One request's part of a step: prompt tokens run (a prefill chunk) and generated
+    tokens fed back (decode; 1 or 0)."""
+
+    request_id: str
+    prefill_tokens: int
+    decode_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +64,8 @@ class RequestStats:
     prompt_tokens: int
     completion_tokens: int
     adapter_id: str | None = None
+    context: RequestContext = NO_CONTEXT
+    preemptions: int = 0  # times the request was put back to the queue and recomputed
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +74,18 @@ class StepStats:
     static batch still filling up); requests may still have ended (aborts)."""
 
     ran: bool
-    time_s: float
+    time_s: float  # when the step ended (the engine's clock)
     scheduler: SchedulerStats
     sampled_tokens: int = 0  # tokens generated this step, across requests
     # Requests that produced their first token in this step.
     first_tokens: tuple[str, ...] = ()
     finished: tuple[RequestStats, ...] = field(default_factory=tuple)
+    start_s: float | None = None  # when the step began (None: nothing ran)
+    # The batch: each request that ran in this step, with its tokens.
+    rows: tuple[StepRow, ...] = ()
+    # Requests queued since the previous step (reported before any row of theirs).
+    started: tuple[RequestStart, ...] = ()
+    preempted: tuple[str, ...] = ()  # requests put back to the queue this step
 
 
 class StepObserver(Protocol):

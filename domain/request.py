@@ -11,6 +11,23 @@ from enum import Enum
 from domain.sampling import SamplingParams
 
 
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """Who asked, and where from: plain data the engine carries for policies and observers.
+
+    ``tenant_id``: the caller's tenant (None: an open local server); ``priority``: higher
+    runs first under fair scheduling (0 by default); ``trace``: the caller's W3C trace
+    context as header-style entries (``traceparent``, ``tracestate``) for the tracing
+    adapter, opaque to the engine."""
+
+    tenant_id: str | None = None
+    priority: int = 0
+    trace: tuple[tuple[str, str], ...] = ()
+
+
+NO_CONTEXT = RequestContext()
+
+
 class RequestState(Enum):
     WAITING = "waiting"  # queued, or admitted and running: how many tokens ran says which
     FINISHED = "finished"
@@ -34,6 +51,7 @@ class Request:
     finished_s: float | None = None
     # The LoRA adapter the request runs with (None: the base model); the runner knows it.
     adapter_id: str | None = None
+    context: RequestContext = NO_CONTEXT
     # With ``sampling_params.prompt_logprobs``: logprobs of prompt tokens 1.., as computed.
     prompt_logprobs: list[float] = field(default_factory=list)
     # With ``sampling_params.prompt_top_logprobs``: the alternatives at those positions.

@@ -5,13 +5,23 @@ request ends, however it ends: the reply sent, an error after part of the work w
 a client gone before its stream was ever read, a cancellation. Closing aborts every engine
 request of the group still queued or running, at once. (A stream's own cleanup cannot do
 this alone: a generator that never started has no ``finally`` to run.)
+
+The group also fills in the request's :class:`RequestRecord` (tokens in and out, finish
+reasons, first-token time) from the engine outputs it passes on, for the logs, metrics and
+traces, and queues its requests with the record's tenant and trace context.
 """
+
+import time
+from collections.abc import AsyncIterator, Sequence
 
 from litestar import Request
 from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from application.engine_client import EngineClient, OwnedRequests
+from application.request_record import RECORD_KEY, RequestRecord
+from domain.request import RequestContext, StepOutput
+from domain.sampling import SamplingParams
 
 _KEY = "infer.request_group"
 
@@ -29,9 +39,14 @@ class OwningMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        group = self.engine.group()
+        state = scope.get("state", {})
+        record = state.get(RECORD_KEY)
+        if not isinstance(record, RequestRecord):
+            record = RequestRecord()
+        context = RequestContext(tenant_id=record.tenant_id, trace=record.trace)
+        group = RecordingGroup(self.engine.group(context), record)
         # A state of its own (the server's may be shared between requests).
-        scope["state"] = {**scope.get("state", {}), _KEY: group}
+        scope["state"] = {**state, _KEY: group, RECORD_KEY: record}
         try:
             await self.app(scope, receive, send)
         finally:  # synchronous: it runs even when the request's task is cancelled
@@ -44,3 +59,47 @@ def request_group(request: Request) -> OwnedRequests:
     assert _KEY in state, "owning_middleware is not installed"
     group: OwnedRequests = state[_KEY]
     return group
+
+
+def request_record(request: Request) -> RequestRecord:
+    """The record of the HTTP request being served."""
+    record: RequestRecord = request.scope["state"][RECORD_KEY]
+    return record
+
+
+class RecordingGroup:
+    """An :class:`OwnedRequests` group that notes what its streams carry in a record."""
+
+    def __init__(self, group: OwnedRequests, record: RequestRecord) -> None:
+        self._group, self._record = group, record
+
+    @property
+    def context(self) -> RequestContext:
+        return self._group.context
+
+    @context.setter
+    def context(self, context: RequestContext) -> None:
+        self._group.context = context
+
+    def admit(
+        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
+    ) -> list[AsyncIterator[StepOutput]]:
+        streams = self._group.admit(request_ids, prompts, params)
+        self._record.prompt_tokens += sum(map(len, prompts))
+        return [self._recorded(stream) for stream in streams]
+
+    def close(self) -> None:
+        self._group.close()
+
+    async def _recorded(self, stream: AsyncIterator[StepOutput]) -> AsyncIterator[StepOutput]:
+        record = self._record
+        try:
+            async for output in stream:
+                if output.token_id is not None and record.first_token_s is None:
+                    record.first_token_s = time.monotonic()
+                if output.finished:
+                    record.completion_tokens += output.completion_tokens
+                    record.finish_reasons.append(output.finish_reason or "error")
+                yield output
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]

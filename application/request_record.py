@@ -1,0 +1,37 @@
+"""What one API request did, gathered while it is served and read when it ends.
+
+The outermost HTTP middleware opens a :class:`RequestRecord` for every request and keeps it
+in the ASGI scope's state under :data:`RECORD_KEY`; the faces fill it in (tenant, model,
+tokens, finish reasons, first-token time) and the observability adapters read it at the
+end: the canonical log line, the server span's attributes, the request metrics. Plain
+data, no text of prompts or outputs.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+RECORD_KEY = "infer.record"
+
+
+@dataclass
+class RequestRecord:
+    request_id: str = ""
+    method: str = ""
+    route: str = ""  # the route's template (``/v1/completions``), else the path
+    started_s: float = field(default_factory=time.monotonic)
+    status: int | None = None
+    tenant_id: str | None = None
+    model: str | None = None
+    user: str | None = None  # the OpenAI ``user`` field, as the client sent it
+    stream: bool = False
+    # The W3C trace context engine requests are queued with (the server span's).
+    trace: tuple[tuple[str, str], ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+    first_token_s: float | None = None
+    error_code: str | None = None  # the error type of an error reply or event
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.started_s
