@@ -8,6 +8,8 @@ data, no text of prompts or outputs.
 """
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 RECORD_KEY = "infer.record"
@@ -31,6 +33,17 @@ class RequestRecord:
     finish_reasons: list[str] = field(default_factory=list)
     first_token_s: float | None = None
     error_code: str | None = None  # the error type of an error reply or event
+    # Named phases the request spent time in (``tokenize``): (name, start, end), monotonic.
+    timings: list[tuple[str, float, float]] = field(default_factory=list)
+
+    @contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        """Time a phase of the request (it becomes a child span of the request's)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings.append((name, start, time.monotonic()))
 
     @property
     def ttft_s(self) -> float | None:

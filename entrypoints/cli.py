@@ -9,12 +9,14 @@ from collections.abc import Sequence
 
 from dependency_injector import providers
 
+from adapters.observability.logging import configure_logging
 from application.async_engine import AsyncEngine
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.container import DTYPES, create_container
+from entrypoints.observability_flags import add_observability_args, observability_settings
 from entrypoints.request_flags import add_request_limit_args, request_limits
 from entrypoints.server import add_connection_args, connection_limits, run_server
 from entrypoints.tinker_flags import add_tinker_limit_args, tinker_limits
@@ -85,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_request_limit_args(serve)
     add_connection_args(serve)
+    add_observability_args(serve)
     tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
     tinker.add_argument(
         "--no-tinker", dest="tinker", action="store_false", help="do not serve the Tinker API"
@@ -229,6 +232,8 @@ async def _stream_to_stdout(
 
 def _serve(args: argparse.Namespace) -> int:
     limits = connection_limits(args)  # checked before the model loads
+    observability = observability_settings(args)
+    configure_logging(args.log_level, args.log_format)
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise InvalidParameterError(
@@ -257,6 +262,7 @@ def _serve(args: argparse.Namespace) -> int:
         tinker_api_keys=_api_keys(args.tinker_api_key),
         checkpoint_dir=args.checkpoint_dir,
         tinker_limits=tinker_limits(args, config.max_batch_size),
+        observability=observability,
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
@@ -267,7 +273,17 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tinker:
         names = ", ".join(container.served_names())
         print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)
-    run_server(app, args.host, args.port, limits)
+    if observability.tracing.enabled:
+        endpoint = observability.tracing.resolved_endpoint() or "the console"
+        print(f"traces: to {endpoint}", flush=True)
+    run_server(
+        app,
+        args.host,
+        args.port,
+        limits,
+        log_level=args.log_level,
+        access_log=not args.disable_uvicorn_access_log,
+    )
     return 0
 
 

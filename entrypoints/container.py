@@ -19,6 +19,10 @@ from adapters.fake.tokenizer import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
+from adapters.observability.http import ObservedApp
+from adapters.observability.metrics import Metrics
+from adapters.observability.settings import ObservabilitySettings
+from adapters.observability.tracing import Tracing, build_tracer_provider
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
@@ -29,10 +33,11 @@ from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.async_engine import AsyncEngine
+from application.observers import ObserverGroup
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
-from domain.observer import NullObserver
+from domain.observer import NullObserver, StepObserver
 from domain.ports import Tokenizer
 from domain.training import TinkerLimits, TrainingBackend
 
@@ -135,6 +140,61 @@ def build_tinker(
     return TinkerService(backend, sampler, storage, limits=limits)
 
 
+def build_metrics(
+    settings: ObservabilitySettings | None, names: list[str], engine: EngineConfig, runner: object
+) -> Metrics | None:
+    settings = settings or ObservabilitySettings()
+    if not settings.metrics:
+        return None
+    cache = getattr(runner, "cache", None)  # the torch runner's KV cache
+    kv_bytes = 0
+    if cache is not None:
+        kv_bytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+    return Metrics(
+        names[0],
+        max_batch_size=engine.max_batch_size,
+        kv_cache_bytes=kv_bytes,
+        max_tenants=settings.max_tenant_labels,
+    )
+
+
+def build_tracing(settings: ObservabilitySettings | None, names: list[str]) -> Tracing | None:
+    settings = settings or ObservabilitySettings()
+    if not settings.tracing.enabled:
+        return None
+    return Tracing(build_tracer_provider(settings.tracing), names[0])
+
+
+def build_observer(metrics: Metrics | None, tracing: Tracing | None) -> StepObserver:
+    observers: list[StepObserver] = [o for o in (metrics, tracing) if o is not None]
+    if not observers:
+        return NullObserver()
+    return observers[0] if len(observers) == 1 else ObserverGroup(observers)
+
+
+def build_http_app(
+    engine: AsyncEngine,
+    names: list[str],
+    tinker: TinkerService | None,
+    keys: frozenset[str] | None,
+    metrics: Metrics | None,
+    tracing: Tracing | None,
+    settings: ObservabilitySettings | None,
+) -> ObservedApp:
+    """The Litestar app inside the observing middleware (request ids, server spans,
+    request metrics, the canonical log line)."""
+    settings = settings or ObservabilitySettings()
+    app = create_app(
+        engine,
+        names[0],
+        tinker=tinker,
+        tinker_api_keys=keys,
+        metrics=metrics.render if metrics is not None else None,
+        on_shutdown=[tracing.shutdown] if tracing is not None else [],
+    )
+    return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
+
+
 class Container(containers.DeclarativeContainer):
     config = providers.Configuration()
 
@@ -172,8 +232,13 @@ class Container(containers.DeclarativeContainer):
         fake=providers.Object(None),  # the tokenizer's
     )
 
-    # Every step's statistics go here (override with a metrics or tracing adapter).
-    observer = providers.Singleton(NullObserver)
+    # Metrics and traces (None when off); every step's statistics go to the observer
+    # (both of them, or a test's override).
+    metrics = providers.Singleton(
+        build_metrics, config.observability, served_names, engine_config, runner
+    )
+    tracing = providers.Singleton(build_tracing, config.observability, served_names)
+    observer = providers.Singleton(build_observer, metrics, tracing)
     async_engine = providers.Singleton(
         AsyncEngine, engine_config, runner, tokenizer, vocab_size=vocab_size, observer=observer
     )
@@ -203,13 +268,14 @@ class Container(containers.DeclarativeContainer):
         config.tinker_limits,
     )
     http_app = providers.Singleton(
-        lambda engine, names, tinker, keys: create_app(
-            engine, names[0], tinker=tinker, tinker_api_keys=keys
-        ),
+        build_http_app,
         async_engine,
         served_names,
         tinker,
         config.tinker_api_keys,
+        metrics,
+        tracing,
+        config.observability,
     )
 
 
@@ -229,11 +295,13 @@ def create_container(
     tinker_limits: TinkerLimits | None = None,
     runner: str = "torch",
     training_backend: str = "lora",
+    observability: ObservabilitySettings | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
     ``tml-`` key). ``runner``: ``torch`` or ``fake`` (no model loaded);
-    ``training_backend``: ``lora`` or ``toy``."""
+    ``training_backend``: ``lora`` or ``toy``; ``observability``: metrics (on by default),
+    traces (off unless configured), the per-request log line."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -258,6 +326,7 @@ def create_container(
             "checkpoint_dir": checkpoint_dir,
             "tinker_limits": tinker_limits,
             "runner": runner,
+            "observability": observability,
             "training_backend": training_backend,
         }
     )

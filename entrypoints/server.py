@@ -326,9 +326,15 @@ def server_config(
 
 
 def run_server(
-    app: Any, host: str, port: int, limits: ConnectionLimits, log_level: str = "info"
+    app: Any,
+    host: str,
+    port: int,
+    limits: ConnectionLimits,
+    log_level: str = "info",
+    access_log: bool = True,
 ) -> None:
-    """Serve ``app`` until interrupted."""
+    """Serve ``app`` until interrupted. When logging is configured (``configure_logging``)
+    uvicorn's logs go through it; otherwise uvicorn configures its own."""
     soft = raise_open_files_limit()
     cap = connection_cap(limits.max_connections, soft)
     if cap < limits.max_connections:
@@ -339,7 +345,12 @@ def run_server(
             soft,
         )
         limits = dataclasses.replace(limits, max_connections=cap)
-    LimitedServer(server_config(app, host, port, limits, log_level=log_level)).run()
+    configured = bool(logging.getLogger().handlers)
+    log_config = None if configured else uvicorn.config.LOGGING_CONFIG
+    config = server_config(
+        app, host, port, limits, log_level=log_level, access_log=access_log, log_config=log_config
+    )
+    LimitedServer(config).run()
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:

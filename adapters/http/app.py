@@ -5,7 +5,7 @@ pass them in. Faces: the native token stream (``generate_routes``), the OpenAI e
 (``openai_routes``), the Tinker API (``tinker``), and ``/health``.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Response, get
@@ -26,9 +26,13 @@ def create_app(
     *,
     tinker: TinkerService | None = None,
     tinker_api_keys: frozenset[str] | None = None,
+    metrics: Callable[[], tuple[bytes, str]] | None = None,
+    on_shutdown: Sequence[Callable[[], None]] = (),
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
-    (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key)."""
+    (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
+    ``GET /metrics`` with what it returns (the exposition and its content type);
+    ``on_shutdown``: called after the engine stopped (flushing traces)."""
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -41,6 +45,8 @@ def create_app(
             if tinker is not None:
                 await tinker.stop()
             await engine.stop()
+            for hook in on_shutdown:
+                hook()
 
     @get("/health")
     async def health() -> Response[bytes]:
@@ -51,15 +57,39 @@ def create_app(
             media_type="application/json",
         )
 
+    @get("/ready")
+    async def ready() -> Response[bytes]:
+        """Readiness: the engine loop runs (a load balancer sends traffic)."""
+        status = 200 if engine.healthy else 503
+        return Response(
+            b'{"ready":true}' if status == 200 else b'{"ready":false}',
+            status_code=status,
+            media_type="application/json",
+        )
+
+    extra = []
+    if metrics is not None:
+        render = metrics
+
+        @get("/metrics", include_in_schema=False)
+        async def metrics_route() -> Response[bytes]:
+            body, content_type = render()
+            return Response(body, media_type=content_type)
+
+        extra.append(metrics_route)
+
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=tinker_api_keys)]
     return Litestar(
         route_handlers=[
             *generate_routes(engine, model_name),
             health,
+            ready,
+            *extra,
             *openai_routes(engine, model_name),
             *routers,
         ],
         lifespan=[lifespan],
+        logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[owning_middleware(engine)],
         exception_handlers={
             HTTPError: error_response,

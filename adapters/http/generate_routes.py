@@ -13,7 +13,7 @@ from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from adapters.http.errors import GENERATE_ERRORS, HTTPError, check_content_type, error_param
-from adapters.http.ownership import request_group
+from adapters.http.ownership import request_group, request_record
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, GenerateUsage, TokenEvent
 from adapters.http.streaming import sse_event
 from application.engine_client import EngineClient
@@ -38,12 +38,15 @@ def generate_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHand
                 "model",
             )
         params = _sampling_params(body)
+        record = request_record(request)
+        record.model, record.stream = body.model, True
         try:
             if isinstance(body.prompt, str):  # cheap checks first: a full engine is a 503 now
                 engine.check_prompt_size([body.prompt])
             engine.check_params(params)
             engine.check_room(1)
-            prompt_ids = await engine.prepare(body.prompt, params)
+            with record.timing("tokenize"):
+                prompt_ids = await engine.prepare(body.prompt, params)
             [outputs] = request_group(request).admit([new_request_id("gen")], [prompt_ids], params)
         except Exception as e:
             raise GENERATE_ERRORS.error(e) from e

@@ -27,10 +27,11 @@ from adapters.http.openai_schemas import (
     ModelList,
     Usage,
 )
-from adapters.http.ownership import request_group
+from adapters.http.ownership import request_group, request_record
 from adapters.http.streaming import merge_streams, sse, unless_disconnected
 from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
+from application.request_record import RequestRecord
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -54,6 +55,7 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = _decode(_completion_decoder, request, await request.body())
+        record = _note(request, body.model, body.user, body.stream)
         _check(body.model, model_name)
         _check_stream_options(body)
         _refuse(
@@ -69,7 +71,8 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
         prompts = _prompts(body.prompt)
         texts = [p for p in prompts if isinstance(p, str)]
         _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt")
-        prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
+        with record.timing("tokenize"):
+            prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
         streams = _admit(request_group(request), "cmpl", prepared, params, "prompt")
         reply_id = new_request_id("cmpl")
         if body.stream:
@@ -84,6 +87,7 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = _decode(_chat_decoder, request, await request.body())
+        record = _note(request, body.model, body.user, body.stream)
         _check(body.model, model_name)
         _check_stream_options(body)
         _check_tools(body)
@@ -96,14 +100,16 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
         # The limits that do not depend on max_tokens, before the template runs.
         checked = _sampling(body, 1, "max_tokens")
         _precheck(engine, checked, [[m["content"] for m in messages]], 1, "messages")
-        prompt = await _render(engine, messages)
+        with record.timing("render_chat"):
+            prompt = await _render(engine, messages)
         if body.max_completion_tokens is not None:
             params = _sampling(body, body.max_completion_tokens, "max_completion_tokens")
         elif body.max_tokens is not None:
             params = _sampling(body, body.max_tokens, "max_tokens")
         else:  # as much as the context leaves (at least one token: a full context is a 400)
             params = _sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
-        prepared = await _prepare(engine, prompt, params, "messages")
+        with record.timing("tokenize"):
+            prepared = await _prepare(engine, prompt, params, "messages")
         [stream] = _admit(request_group(request), "chatcmpl", [prepared], params, "messages")
         reply_id = new_request_id("chatcmpl")
         if body.stream:
@@ -118,6 +124,15 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
         )
 
     return [models, completions, chat_completions]
+
+
+def _note(
+    request: Request, model: str | None, user: str | None, stream: bool | None
+) -> RequestRecord:
+    """Note what the body says in the request's record (logs, metrics, traces)."""
+    record = request_record(request)
+    record.model, record.user, record.stream = model, user, bool(stream)
+    return record
 
 
 def _decode(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) -> T:
