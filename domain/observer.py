@@ -100,3 +100,26 @@ class NullObserver:
 
     def on_step(self, stats: StepStats) -> None:
         pass
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingOpStats:
+    """One Tinker operation that ran (forward_backward, optim_step, a sample, a save...):
+    its kind as the Tinker API names it, the tenant, how long it ran (monotonic seconds),
+    whether it succeeded, and the tokens it processed where it has them."""
+
+    op: str
+    tenant_id: str
+    start_s: float
+    end_s: float
+    ok: bool
+    tokens: int = 0
+    run_id: str | None = None
+    session_id: str | None = None
+
+
+class TrainingObserver(Protocol):
+    """Receives every Tinker operation's statistics when it ends (metrics, traces); must
+    be quick and never raise."""
+
+    def on_training_op(self, stats: TrainingOpStats) -> None: ...

@@ -33,11 +33,11 @@ from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.async_engine import AsyncEngine
-from application.observers import ObserverGroup
+from application.observers import ObserverGroup, TrainingObserverGroup
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
-from domain.observer import NullObserver, StepObserver
+from domain.observer import NullObserver, StepObserver, TrainingObserver
 from domain.ports import Tokenizer
 from domain.training import TinkerLimits, TrainingBackend
 
@@ -122,6 +122,8 @@ def build_tinker(
     names: list[str],
     checkpoint_dir: str | None,
     limits: TinkerLimits | None = None,
+    metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
 ) -> TinkerService | None:
     """The Tinker service: a :class:`ToyBackend` samples itself; LoRA training samples
     through the engine (it needs the torch runner's LoRA serving). The backend is built
@@ -131,13 +133,19 @@ def build_tinker(
     backend = training_backend()
     limits = limits or TinkerLimits()
     storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
+    observers: list[TrainingObserver] = [o for o in (metrics, tracing) if o is not None]
+    observer = TrainingObserverGroup(observers) if observers else None
     if isinstance(backend, ToyBackend):
-        return TinkerService(backend, backend, storage, limits=limits)
-    if lora is None or not isinstance(backend, LoraTrainingBackend):
+        service = TinkerService(backend, backend, storage, limits=limits, observer=observer)
+    elif lora is None or not isinstance(backend, LoraTrainingBackend):
         return None
-    lora.live_state = backend.peft_state
-    sampler = EngineSampler(engine, lora, names, max_in_engine=limits.max_sample_requests)
-    return TinkerService(backend, sampler, storage, limits=limits)
+    else:
+        lora.live_state = backend.peft_state
+        sampler = EngineSampler(engine, lora, names, max_in_engine=limits.max_sample_requests)
+        service = TinkerService(backend, sampler, storage, limits=limits, observer=observer)
+    if metrics is not None:
+        metrics.track_pending_futures(service.futures.pending)
+    return service
 
 
 def build_metrics(
@@ -266,6 +274,8 @@ class Container(containers.DeclarativeContainer):
         served_names,
         config.checkpoint_dir,
         config.tinker_limits,
+        metrics,
+        tracing,
     )
     http_app = providers.Singleton(
         build_http_app,

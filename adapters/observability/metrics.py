@@ -56,7 +56,7 @@ from prometheus_client import (
 )
 
 from application.request_record import RequestRecord
-from domain.observer import RequestStats, StepStats
+from domain.observer import RequestStats, StepStats, TrainingOpStats
 
 # vLLM's buckets (v1 loggers), a few finer ones first for small models and CPUs.
 TTFT_BUCKETS = (
@@ -439,6 +439,10 @@ class Metrics:
         self._tenant_limited.labels(self.model_name, self._tenant_label(tenant_id)).inc()
 
     # -- Tinker -------------------------------------------------------------------------
+
+    def on_training_op(self, stats: TrainingOpStats) -> None:
+        """The Tinker service's observer port: :meth:`training_op` for one operation."""
+        self.training_op(stats.op, stats.tokens, stats.end_s - stats.start_s, stats.ok)
 
     def training_op(self, op: str, tokens: int, seconds: float, ok: bool) -> None:
         """One Tinker operation ran (``op``: forward_backward, optim_step, ...)."""

@@ -15,7 +15,9 @@ Spans (names; GenAI semantic-convention attributes where one exists):
 - ``engine.step``: one per step that ran (rows, prefill tokens, decode rows, running,
   waiting, KV usage), a root span **linked** to the ``engine.request`` span of every
   request in its batch: from a slow request, the steps it shared and who else was in them.
-- ``tinker.<op>``: Tinker operations (forward_backward, optim_step, sample, save, load...).
+- ``tinker.<op>``: Tinker operations (``tinker.forward_backward``, ``tinker.optim_step``,
+  ``tinker.sample``, ``tinker.save_weights``, ``tinker.load_weights``...), with the model
+  (run), session and tenant ids and the tokens processed.
 
 Spans are built on the step loop from the engine's statistics (:class:`StepStats`), with
 the engine clock's times converted to wall time; export runs in the SDK's batch
@@ -45,7 +47,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from application.request_record import RequestRecord
-from domain.observer import RequestStart, RequestStats, StepStats
+from domain.observer import RequestStart, RequestStats, StepStats, TrainingOpStats
 
 PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_SERVICE_NAME = "infer"
@@ -335,8 +337,28 @@ class Tracing:
 
     # -- Tinker -----------------------------------------------------------------------
 
-    @contextmanager
-    def operation(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
-        """A span around one Tinker operation (a child of the current span, if any)."""
-        with self.tracer.start_as_current_span(name, attributes=dict(attributes)) as span:
-            yield span
+    def on_training_op(self, stats: TrainingOpStats) -> None:
+        """A ``tinker.<op>`` span (a root) for one Tinker operation that ran."""
+        attributes: dict[str, Any] = {
+            "infer.tinker.op": stats.op,
+            "infer.tenant_id": stats.tenant_id,
+            "infer.tinker.tokens": stats.tokens,
+        }
+        if stats.run_id is not None:
+            attributes["infer.tinker.model_id"] = stats.run_id
+        if stats.session_id is not None:
+            attributes["infer.tinker.session_id"] = stats.session_id
+        span = self.tracer.start_span(
+            f"tinker.{_snake(stats.op)}",
+            otel_context.Context(),
+            attributes=attributes,
+            start_time=self._ns(stats.start_s),
+        )
+        if not stats.ok:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=self._ns(max(stats.end_s, stats.start_s)))
+
+
+def _snake(name: str) -> str:
+    """``ForwardBackward`` -> ``forward_backward``."""
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from domain.observer import TrainingObserver, TrainingOpStats
 from domain.training import BackendFailure, NotFoundError, TrainingError
 
 log = structlog.get_logger(__name__)
@@ -30,6 +31,10 @@ class Future:
     result: object = None
     error: TrainingError | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # For the observer: what the operation works on (set by who creates the future).
+    tokens: int = 0
+    run_id: str | None = None
+    session_id: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -37,8 +42,16 @@ class Future:
 
 
 class FutureStore:
-    def __init__(self, *, ttl_s: float = 900.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+        observer: TrainingObserver | None = None,
+    ):
+        """``observer``: told of every operation that ran (metrics, traces)."""
         self._ttl_s = ttl_s
+        self.observer = observer
         self._clock = clock
         self._futures: dict[str, Future] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -46,6 +59,10 @@ class FutureStore:
 
     def __len__(self) -> int:
         return len(self._futures)
+
+    def pending(self) -> int:
+        """Futures not finished yet (queued or running)."""
+        return sum(not f.finished for f in self._futures.values())
 
     def create(self, owner: str, kind: str) -> Future:
         self.evict_expired()
@@ -63,6 +80,7 @@ class FutureStore:
 
     async def settle(self, future: Future, work: Callable[[], Awaitable[object]]) -> None:
         """Run ``work()`` and resolve or fail ``future`` with its outcome."""
+        start = time.monotonic()
         try:
             result = await work()
         except TrainingError as e:
@@ -81,6 +99,26 @@ class FutureStore:
             )
         else:
             self.resolve(future, result)
+        finally:
+            self._observe(future, start)
+
+    def _observe(self, future: Future, start: float) -> None:
+        if self.observer is None:
+            return
+        stats = TrainingOpStats(
+            future.kind,
+            future.owner,
+            start,
+            time.monotonic(),
+            future.error is None,
+            future.tokens,
+            future.run_id,
+            future.session_id,
+        )
+        try:
+            self.observer.on_training_op(stats)
+        except Exception:  # observing must never break training
+            log.exception("training observer failed")
 
     def resolve(self, future: Future, result: object) -> None:
         if not future.finished:

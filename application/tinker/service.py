@@ -22,6 +22,7 @@ from application.tinker.futures import Future, FutureStore
 from application.tinker.sampling import SamplerReady, SamplerRecord, SamplingController
 from application.tinker.sessions import Session, SessionManager
 from application.tinker.training import ModelReady, TrainingController, run_id_of
+from domain.observer import TrainingObserver
 from domain.training import (
     BaseModelInfo,
     CheckpointRecord,
@@ -84,10 +85,12 @@ class TinkerService:
         long_poll_s: float = 30.0,
         ended_session_retention_s: float = 24 * 3600.0,
         limits: TinkerLimits | None = None,
+        observer: TrainingObserver | None = None,
     ) -> None:
+        """``observer``: told of every Tinker operation that ran (metrics, traces)."""
         self.storage = storage
         self.limits = limits or TinkerLimits()
-        self.futures = FutureStore(ttl_s=future_ttl_s)
+        self.futures = FutureStore(ttl_s=future_ttl_s, observer=observer)
         self.sessions = SessionManager(timeout_s=session_timeout_s)
         self.checkpoints = CheckpointStore(storage)
         self.downloads = CheckpointDownloads(self.checkpoints, storage)

@@ -300,7 +300,9 @@ class TrainingController:
             return await self._run(live, steps)
 
         kind = "Forward" if forward_only else "ForwardBackward"
-        return self._submit(live, seq_id, kind, work, size=data_bytes(data))
+        future = self._submit(live, seq_id, kind, work, size=data_bytes(data))
+        future.tokens = tokens
+        return future
 
     def optim_step(
         self, owner: str, model_id: str, seq_id: int | None, params: AdamParams
@@ -461,6 +463,7 @@ class TrainingController:
                 "retry once earlier ones have run"
             )
         future = self.futures.create(live.record.owner, kind)
+        future.run_id, future.session_id = run_id, live.record.session_id
         seq.waiting[seq_id] = (future, work, size)
         seq.waiting_bytes += size
         if seq_id > 0:  # 0 is the run's creation, never a client's request

@@ -16,6 +16,7 @@ from adapters.fake.runner import reply_script
 from adapters.http import create_app
 from adapters.observability.http import ObservedApp
 from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
+from domain.observer import TrainingOpStats
 from tests.fakes import fake_async_engine
 
 REPLY = "Paris is the capital."
@@ -95,7 +96,7 @@ def test_a_completion_is_traced_from_the_callers_span_through_the_engine(traced)
     # No prompt or output text anywhere.
     for span in spans:
         for value in (span.attributes or {}).values():
-            assert "Hi" != value and REPLY not in str(value)
+            assert value != "Hi" and REPLY not in str(value)
 
 
 def test_one_step_span_links_every_request_it_served(traced) -> None:
@@ -118,8 +119,11 @@ def test_errors_and_unknown_routes_are_traced_with_their_status(traced) -> None:
     client, exporter = traced
     assert client.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 404
     assert client.get("/no/such/route").status_code == 404
-    names = [(s.name, s.attributes["http.response.status_code"]) for s in
-             exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    names = [
+        (s.name, s.attributes["http.response.status_code"])
+        for s in exporter.get_finished_spans()
+        if s.kind == SpanKind.SERVER
+    ]
     assert ("POST /v1/completions", 404) in names
     assert ("GET /no/such/route", 404) in names
     assert not _by_name(exporter.get_finished_spans(), "engine.request")
@@ -144,3 +148,20 @@ def test_settings_pick_the_exporter_from_flags_and_the_standard_variables() -> N
     assert TracingSettings().resolved_endpoint({}) is None
     with pytest.raises(ValueError, match="protocol"):
         TracingSettings(protocol="thrift").resolved_protocol({})
+
+
+def test_a_tinker_operation_becomes_a_span_with_its_ids() -> None:
+    exporter = InMemorySpanExporter()
+    provider = build_tracer_provider(TracingSettings(), (SimpleSpanProcessor(exporter),))
+    tracing = Tracing(provider, "fake")
+    tracing.on_training_op(
+        TrainingOpStats("ForwardBackward", "tenant-a", 10.0, 10.5, True, 96, "s1:train:0", "s1")
+    )
+    tracing.on_training_op(TrainingOpStats("OptimStep", "tenant-a", 11.0, 11.1, False))
+    fb, optim = exporter.get_finished_spans()
+    assert fb.name == "tinker.forward_backward" and optim.name == "tinker.optim_step"
+    assert fb.attributes["infer.tinker.model_id"] == "s1:train:0"
+    assert fb.attributes["infer.tinker.session_id"] == "s1"
+    assert fb.attributes["infer.tinker.tokens"] == 96
+    assert fb.end_time - fb.start_time == pytest.approx(0.5e9, rel=1e-3)
+    assert not optim.status.is_ok

@@ -14,6 +14,7 @@ from application.tinker.checkpoints import CheckpointStore
 from application.tinker.fair import FairScheduler, FairSlots
 from application.tinker.futures import FutureStore
 from application.tinker.training import TrainingController
+from domain.observer import TrainingOpStats
 from domain.training import (
     AdamParams,
     BaseModelInfo,
@@ -334,3 +335,29 @@ def test_serve_flags_set_the_limits_and_refuse_nonsense() -> None:
     assert (limits.max_sample_requests, limits.max_runs_per_key) == (3, 1)
     with pytest.raises(InvalidParameterError, match="tinker_max_seq_ahead"):
         tinker_limits(_parser().parse_args(["serve", "--tinker-max-seq-ahead", "0"]), 6)
+
+
+async def test_every_operation_that_ran_is_reported_to_the_observer(tmp_path: Path) -> None:
+    training, _ = make(tmp_path)
+    seen: list[TrainingOpStats] = []
+
+    class Recorder:
+        def on_training_op(self, stats: TrainingOpStats) -> None:
+            seen.append(stats)
+
+    training.futures.observer = Recorder()
+    run = await new_run(training, "tenant-a", "sa")
+    step = training.forward_backward(
+        "tenant-a", run, 1, [datum(4), datum(6)], "cross_entropy", {}, forward_only=False
+    )
+    await training.futures.wait("tenant-a", step.id, 5)
+    assert training.futures.pending() == 0
+    create, fb = seen
+    assert (create.op, create.ok, create.run_id, create.session_id) == (
+        "CreateModel",
+        True,
+        run,
+        "sa",
+    )
+    assert (fb.op, fb.tenant_id, fb.tokens, fb.ok) == ("ForwardBackward", "tenant-a", 10, True)
+    assert fb.end_s >= fb.start_s
