@@ -250,7 +250,9 @@ class Engine:
         if ran:
             for chunk in batch.chunks:
                 request = chunk.request
-                in_prompt = max(0, min(chunk.num_tokens, request.num_prompt_tokens - chunk.start))
+                # Prefill: prompt tokens, and generated ones recomputed after a preemption.
+                prefill_end = max(request.num_prompt_tokens, request.num_recompute_tokens)
+                in_prompt = max(0, min(chunk.num_tokens, prefill_end - chunk.start))
                 prefill += in_prompt
                 decode += chunk.num_tokens - in_prompt
                 rows.append(StepRow(request.request_id, in_prompt, chunk.num_tokens - in_prompt))
@@ -265,6 +267,7 @@ class Engine:
             start_s=self._step_start if ran else None,
             rows=tuple(rows),
             started=started,
+            preempted=tuple(batch.preempted),
         )
         try:
             self.observer.on_step(stats)
@@ -296,6 +299,7 @@ def _request_stats(request: Request, now: float) -> RequestStats:
         len(request.generated_token_ids),
         request.adapter_id,
         request.context,
+        request.num_preemptions,
     )
 
 

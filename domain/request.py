@@ -56,6 +56,12 @@ class Request:
     prompt_logprobs: list[float] = field(default_factory=list)
     # With ``sampling_params.prompt_top_logprobs``: the alternatives at those positions.
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # Times the scheduler preempted the request (put it back to the queue, runner state
+    # freed); it is then recomputed: prompt and generated tokens prefilled again.
+    num_preemptions: int = 0
+    # Tokens (prompt + generated) the request held at its last preemption: positions below
+    # this count as prefill work when recomputed (0: never preempted).
+    num_recompute_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -5,15 +5,21 @@ The decision is plain data (:class:`SchedulerOutput`); the runner returns plain 
 token / length checks, state changes, each sampled token reported with the finish it caused.
 Stop *strings* need text: the engine's output stage finds them and hands them back through
 ``finish_requests``. A policy releases finished requests at its next ``schedule``.
+
+The continuous policy is fair across tenants (weighted fair queuing on tokens scheduled)
+and honours ``request.context.priority``, preempting lower-priority requests when the batch
+is full; the static policy is FCFS.
 """
 
+import math
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
 from domain.request import Request, is_stop_token, token_finish_reason
 
 
@@ -40,6 +46,9 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     # Requests whose runner state (KV slot, generator) can be freed now.
     released: list[str] = field(default_factory=list)
+    # Requests put back to the waiting queue this step (also in ``released``): when
+    # admitted again they start over at position 0 (prompt and generated tokens recomputed).
+    preempted: list[str] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -93,18 +102,28 @@ class Scheduler(Protocol):
         ...
 
 
+class _WaitingQueue(Protocol):
+    """The waiting requests, however a policy orders them."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Request]: ...
+    def append(self, request: Request) -> None: ...
+    def remove(self, request: Request) -> None: ...
+
+
 class _QueueingScheduler:
-    """What every policy shares: a bounded FCFS waiting queue and output application.
+    """What every policy shares: a bounded waiting queue and output application.
 
     The bound is the engine's capacity, ``max_batch_size`` running plus
     ``max_waiting_requests`` waiting: a request may wait while a running slot is free
     (until the next step admits it), so a burst fills the free slots as well.
     """
 
+    waiting: _WaitingQueue
+
     def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int]) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.waiting: deque[Request] = deque()
 
     def room(self) -> int:
         return self.config.capacity - len(self.waiting) - self._num_live()
@@ -130,9 +149,15 @@ class _QueueingScheduler:
             if request.is_done:  # aborted or failed while the step ran
                 continue
             request.num_computed_tokens = chunk.start + chunk.num_tokens
-            request.prompt_logprobs.extend(result.prompt_logprobs.get(request.request_id, ()))
+            # The chunk's prompt logprobs are those of positions start + 1 ..; a recomputed
+            # chunk (after a preemption) has its first ones already.
+            known = max(0, len(request.prompt_logprobs) - chunk.start)
+            request.prompt_logprobs.extend(
+                result.prompt_logprobs.get(request.request_id, [])[known:]
+            )
+            known = max(0, len(request.prompt_top_logprobs) - chunk.start)
             request.prompt_top_logprobs.extend(
-                result.prompt_top_logprobs.get(request.request_id, ())
+                result.prompt_top_logprobs.get(request.request_id, [])[known:]
             )
             token = result.sampled_token_ids.get(request.request_id)
             if chunk.samples and token is not None:
@@ -178,7 +203,11 @@ class _QueueingScheduler:
 
 
 class StaticScheduler(_QueueingScheduler):
-    """Seed 000 §3: a batch forms (bounded wait), runs until every member is done, clears."""
+    """Seed 000 §3: a batch forms (bounded wait), runs until every member is done, clears.
+
+    Batches form FCFS: tenants and priorities (``request.context``) are ignored and nothing
+    is preempted.
+    """
 
     def __init__(
         self,
@@ -187,6 +216,7 @@ class StaticScheduler(_QueueingScheduler):
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__(config, eos_token_ids)
+        self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.clock = clock
         self._batch_wait_deadline: float | None = None
@@ -226,33 +256,186 @@ class ContinuousScheduler(_QueueingScheduler):
     """Admits and retires requests every step, under a token budget and a running cap.
 
     Running requests go first (one decode token each, or the rest of a chunked prompt),
-    then waiting ones are admitted FCFS while slots and budget last; a prompt larger than
-    the remaining budget is prefilled in chunks over several steps.
+    then waiting ones are admitted while slots and budget last; a prompt larger than the
+    remaining budget is prefilled in chunks over several steps.
+
+    Fairness (``request.context``; a tenant id of None is one tenant of its own):
+
+    - admission: the highest ``priority`` first; among equal priorities, the tenant with
+      the least *virtual time* (tokens scheduled for it divided by its weight, as in
+      weighted fair queuing); FCFS within a tenant. A tenant that becomes active starts at
+      the system's virtual time (the least of the active tenants'), so idling banks no
+      credit, and keeps a debt it ran up. One tenant with one priority is plain FCFS.
+    - the token budget: when it cannot cover every running request's chunk, running
+      requests take it in the same order (priority, then tenant virtual time).
+    - preemption: with the batch full, a waiting request of strictly higher priority than
+      a running one takes the slot of the youngest (latest arrival) of the lowest-priority
+      running requests. That request goes back to the front of its tenant's queue with its
+      runner state released; admitted again, it prefills its prompt and the tokens it
+      generated so far (recompute), then goes on generating.
+
+    Weights: ``tenant_weights`` here or :meth:`set_tenant_weights` (default 1.0).
     """
 
-    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        eos_token_ids: Iterable[int] = (),
+        *,
+        tenant_weights: Mapping[str, float] | None = None,
+    ) -> None:
         super().__init__(config, eos_token_ids)
+        self.waiting: _FairQueue = _FairQueue()
         self.running: list[Request] = []
+        self._running_priorities: Counter[int] = Counter()
+        self._weights: dict[str, float] = {}
+        self._vtime: dict[str | None, float] = {}  # tenant -> tokens scheduled / weight
+        self._active: dict[str | None, int] = {}  # tenant -> its requests waiting or running
+        self._vclock = 0.0  # the system's virtual time: the least active one, kept when idle
+        self.set_tenant_weights(tenant_weights or {})
+
+    def set_tenant_weights(self, weights: Mapping[str, float]) -> None:
+        """Each tenant's share of tokens under contention, relative to the others' (tenants
+        not named here, and the None tenant, weigh 1.0). Replaces the previous weights;
+        service already counted stays counted. A weight must be a positive finite number."""
+        for tenant, weight in weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise InvalidParameterError(
+                    "tenant_weights", f"tenant {tenant!r}: {weight} is not a positive number"
+                )
+        self._weights = dict(weights)
+
+    def tenant_weight(self, tenant_id: str | None) -> float:
+        return 1.0 if tenant_id is None else self._weights.get(tenant_id, 1.0)
+
+    def virtual_time(self, tenant_id: str | None) -> float:
+        """The tenant's weighted service so far (tokens scheduled / weight)."""
+        return self._vtime.get(tenant_id, 0.0)
+
+    def add_request(self, request: Request) -> bool:
+        if not super().add_request(request):
+            return False
+        self._activate(request.context.tenant_id)
+        return True
 
     def schedule(self) -> SchedulerOutput:
-        released = [r.request_id for r in self.running if r.is_done]
-        self.running = [r for r in self.running if not r.is_done]
+        released = []
+        for request in self.running:
+            if request.is_done:
+                released.append(request.request_id)
+                self._running_priorities[request.context.priority] -= 1
+                self._deactivate(request.context.tenant_id)
+        if released:
+            self.running = [r for r in self.running if not r.is_done]
+            self._running_priorities = +self._running_priorities  # drop zero counts
+        preempted = self._preempt()
+        released += preempted
         budget = self.config.max_num_batched_tokens
         chunks = []
-        for request in self.running:
+        for request in self._budget_order(budget):
             chunk = _chunk(request, budget)
             if chunk is None:
                 break
             chunks.append(chunk)
             budget -= chunk.num_tokens
+            self._charge(request, chunk.num_tokens)
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
-            request = self.waiting.popleft()
+            request = self.waiting.pop_next(self.virtual_time)
             self.running.append(request)
+            self._running_priorities[request.context.priority] += 1
             chunk = _chunk(request, budget)
             assert chunk is not None, "budget > 0 and a non-empty prompt always give a chunk"
             chunks.append(chunk)
             budget -= chunk.num_tokens
-        return SchedulerOutput(chunks, released)
+            self._charge(request, chunk.num_tokens)
+        return SchedulerOutput(chunks, released, preempted)
+
+    def _budget_order(self, budget: int) -> list[Request]:
+        """Running requests in the order they take the step's budget: admission order when
+        it covers them all, else by priority then tenant virtual time (stable)."""
+        needed = sum(r.num_tokens - r.num_computed_tokens for r in self.running)
+        if needed <= budget:
+            return self.running
+        return sorted(
+            self.running,
+            key=lambda r: (-r.context.priority, self.virtual_time(r.context.tenant_id)),
+        )
+
+    def _preempt(self) -> list[str]:
+        """Free batch slots for waiting requests of higher priority than running ones."""
+        if not self.waiting or not self.running:
+            return []
+        free = self.config.max_batch_size - len(self.running)
+        preempted: list[str] = []
+        for priority, count in self.waiting.priority_counts():  # highest first
+            if priority <= min(self._running_priorities, default=priority):
+                break  # nothing running has a lower priority
+            if count <= free:
+                free -= count
+                continue
+            for _ in range(count - free):
+                victim = self._victim()
+                if victim is None or victim.context.priority >= priority:
+                    return preempted
+                self._requeue(victim)
+                preempted.append(victim.request_id)
+            free = 0
+        return preempted
+
+    def _victim(self) -> Request | None:
+        """The youngest of the lowest-priority running requests (the latest admitted among
+        equal arrival times)."""
+        if not self.running:
+            return None
+        lowest = min(r.context.priority for r in self.running)
+        _, victim = max(
+            ((i, r) for i, r in enumerate(self.running) if r.context.priority == lowest),
+            key=lambda pair: (pair[1].arrival_time_s, pair[0]),
+        )
+        return victim
+
+    def _requeue(self, request: Request) -> None:
+        """Preempt a running request: its tokens so far are recomputed when readmitted."""
+        self.running.remove(request)
+        self._running_priorities[request.context.priority] -= 1
+        self._running_priorities = +self._running_priorities
+        request.num_recompute_tokens = request.num_tokens
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.requeue(request)
+
+    def _charge(self, request: Request, tokens: int) -> None:
+        tenant = request.context.tenant_id
+        self._vtime[tenant] = self.virtual_time(tenant) + tokens / self.tenant_weight(tenant)
+
+    def _activate(self, tenant: str | None) -> None:
+        count = self._active.get(tenant, 0)
+        if count == 0:  # newly active: no credit for the time it was idle
+            self._vtime[tenant] = max(self.virtual_time(tenant), self._system_vtime())
+        self._active[tenant] = count + 1
+
+    def _deactivate(self, tenant: str | None) -> None:
+        count = self._active.get(tenant, 0) - 1
+        if count > 0:
+            self._active[tenant] = count
+            return
+        vclock = self._system_vtime()  # with this tenant still counted as active
+        self._active.pop(tenant, None)
+        if len(self._vtime) > 2 * len(self._active) + 64:  # forget idle tenants without debt
+            self._vtime = {t: v for t, v in self._vtime.items() if t in self._active or v > vclock}
+
+    def _system_vtime(self) -> float:
+        """The least virtual time of the active tenants (monotone; kept while none is)."""
+        if self._active:
+            least = min(self.virtual_time(t) for t in self._active)
+            self._vclock = max(self._vclock, least)
+        return self._vclock
+
+    def _remove_waiting(self, request_id: str) -> Request | None:
+        request = super()._remove_waiting(request_id)
+        if request is not None:
+            self._deactivate(request.context.tenant_id)
+        return request
 
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self.running)
@@ -262,6 +445,67 @@ class ContinuousScheduler(_QueueingScheduler):
 
     def has_work(self) -> bool:
         return bool(self.waiting) or bool(self.running)
+
+
+class _FairQueue:
+    """Waiting requests, one FIFO per (priority, tenant). Iterates queue by queue."""
+
+    def __init__(self) -> None:
+        # Insertion order: the order the queues became non-empty (ties go to the first).
+        self._queues: dict[tuple[int, str | None], deque[Request]] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Request]:
+        for queue in self._queues.values():
+            yield from queue
+
+    def append(self, request: Request) -> None:
+        self._queue(request).append(request)
+        self._len += 1
+
+    def requeue(self, request: Request) -> None:
+        """Back to the front of its queue (a preempted request)."""
+        self._queue(request).appendleft(request)
+        self._len += 1
+
+    def remove(self, request: Request) -> None:
+        key = _queue_key(request)
+        queue = self._queues[key]
+        queue.remove(request)
+        self._len -= 1
+        if not queue:
+            del self._queues[key]
+
+    def priority_counts(self) -> list[tuple[int, int]]:
+        """(priority, requests waiting with it), highest priority first."""
+        counts: Counter[int] = Counter()
+        for (priority, _), queue in self._queues.items():
+            counts[priority] += len(queue)
+        return sorted(counts.items(), reverse=True)
+
+    def pop_next(self, virtual_time: Callable[[str | None], float]) -> Request:
+        """The head of the highest-priority queue whose tenant has the least virtual time."""
+        key = min(self._queues, key=lambda k: (-k[0], virtual_time(k[1])))
+        queue = self._queues[key]
+        request = queue.popleft()
+        self._len -= 1
+        if not queue:
+            del self._queues[key]
+        return request
+
+    def _queue(self, request: Request) -> deque[Request]:
+        key = _queue_key(request)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
+        return queue
+
+
+def _queue_key(request: Request) -> tuple[int, str | None]:
+    return request.context.priority, request.context.tenant_id
 
 
 def _chunk(request: Request, budget: int) -> ScheduledChunk | None:

@@ -96,9 +96,15 @@ class TorchModelRunner:
         self.slots.append(request.request_id)
         self.lengths.append(0)
         seed = request.sampling_params.seed
-        self.generators[request.request_id] = (
-            make_generator(seed, self.device) if seed is not None else None
-        )
+        generator = make_generator(seed, self.device) if seed is not None else None
+        if generator is not None and request.generated_token_ids:
+            # Recomputed after a preemption (the scheduler released it): a fresh stream
+            # would draw its first numbers again. The sampler draws one float64 per row
+            # sampled (``sampler._uniforms``; greedy rows ignore theirs), so skipping one
+            # per token generated continues the stream where it was.
+            for _ in request.generated_token_ids:
+                torch.rand(1, dtype=torch.float64, device=self.device, generator=generator)
+        self.generators[request.request_id] = generator
 
     def _forward(
         self,
