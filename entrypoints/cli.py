@@ -15,6 +15,7 @@ from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
+from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
 from entrypoints.container import DTYPES, create_container
 from entrypoints.observability_flags import add_observability_args, observability_settings
 from entrypoints.request_flags import add_request_limit_args, request_limits
@@ -88,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     add_request_limit_args(serve)
     add_connection_args(serve)
     add_observability_args(serve)
+    add_access_args(serve)
     tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
     tinker.add_argument(
         "--no-tinker", dest="tinker", action="store_false", help="do not serve the Tinker API"
@@ -233,6 +235,7 @@ async def _stream_to_stdout(
 def _serve(args: argparse.Namespace) -> int:
     limits = connection_limits(args)  # checked before the model loads
     observability = observability_settings(args)
+    keyring, keys_source = keyring_from_args(args)
     configure_logging(args.log_level, args.log_format)
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
@@ -263,6 +266,9 @@ def _serve(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         tinker_limits=tinker_limits(args, config.max_batch_size),
         observability=observability,
+        keyring=keyring,
+        redis_url=args.redis_url,
+        on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
@@ -273,6 +279,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tinker:
         names = ", ".join(container.served_names())
         print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)
+    if keyring is None:
+        print("API keys: none (an open server: anyone who reaches the port may call)", flush=True)
+    else:
+        print(f"API keys: {len(keyring.tenants)} tenants from {keys_source}", flush=True)
     if observability.tracing.enabled:
         endpoint = observability.tracing.resolved_endpoint() or "the console"
         print(f"traces: to {endpoint}", flush=True)

@@ -8,7 +8,7 @@ and ``training_backend`` (``lora``: LoRA on the model; ``toy``: the numpy
 for a step observer).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import Tracing, build_tracer_provider
 from adapters.storage.checkpoints import FileCheckpointStorage
+from adapters.storage.rate_limits import LimitsCounters
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
@@ -32,13 +33,18 @@ from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
+from application.access import Access
 from application.async_engine import AsyncEngine
+from application.keys import Keyring
 from application.observers import ObserverGroup, TrainingObserverGroup
+from application.quotas import Quotas
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 from domain.ports import Tokenizer
+from domain.scheduler import ContinuousScheduler
+from domain.tenancy import Tenant
 from domain.training import TinkerLimits, TrainingBackend
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -180,6 +186,24 @@ def build_observer(metrics: Metrics | None, tracing: Tracing | None) -> StepObse
     return observers[0] if len(observers) == 1 else ObserverGroup(observers)
 
 
+def build_access(
+    keyring: Keyring | None, redis_url: str | None, engine: AsyncEngine, metrics: Metrics | None
+) -> Access:
+    """Keys and limits: counters in Redis with ``redis_url``, else in memory; tenants'
+    weights go to the scheduler."""
+    quotas = None
+    if keyring is not None:
+        refused = metrics.rate_limited if metrics is not None else None
+        quotas = Quotas(LimitsCounters(redis_url), on_refused=refused)
+
+    def weigh(tenants: Sequence[Tenant]) -> None:
+        scheduler = engine.engine.scheduler
+        if isinstance(scheduler, ContinuousScheduler):
+            scheduler.set_tenant_weights({t.id: t.weight for t in tenants})
+
+    return Access(keyring, quotas, on_tenants=weigh)
+
+
 def build_http_app(
     engine: AsyncEngine,
     names: list[str],
@@ -188,6 +212,8 @@ def build_http_app(
     metrics: Metrics | None,
     tracing: Tracing | None,
     settings: ObservabilitySettings | None,
+    access: Access,
+    on_startup: Sequence[Callable[[], None]] | None,
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
@@ -199,6 +225,8 @@ def build_http_app(
         tinker_api_keys=keys,
         metrics=metrics.render if metrics is not None else None,
         on_shutdown=[tracing.shutdown] if tracing is not None else [],
+        access=access,
+        on_startup=on_startup or (),
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -277,6 +305,9 @@ class Container(containers.DeclarativeContainer):
         metrics,
         tracing,
     )
+    access = providers.Singleton(
+        build_access, config.keyring, config.redis_url, async_engine, metrics
+    )
     http_app = providers.Singleton(
         build_http_app,
         async_engine,
@@ -286,6 +317,8 @@ class Container(containers.DeclarativeContainer):
         metrics,
         tracing,
         config.observability,
+        access,
+        config.on_startup,
     )
 
 
@@ -306,12 +339,17 @@ def create_container(
     runner: str = "torch",
     training_backend: str = "lora",
     observability: ObservabilitySettings | None = None,
+    keyring: Keyring | None = None,
+    redis_url: str | None = None,
+    on_startup: Sequence[Callable[[], None]] | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
     ``tml-`` key). ``runner``: ``torch`` or ``fake`` (no model loaded);
     ``training_backend``: ``lora`` or ``toy``; ``observability``: metrics (on by default),
-    traces (off unless configured), the per-request log line."""
+    traces (off unless configured), the per-request log line; ``keyring``: API keys ->
+    tenants (None: an open server), their limits counted in Redis at ``redis_url`` (else
+    in memory); ``on_startup``: hooks run on the server's event loop at start."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -337,6 +375,9 @@ def create_container(
             "tinker_limits": tinker_limits,
             "runner": runner,
             "observability": observability,
+            "keyring": keyring,
+            "redis_url": redis_url,
+            "on_startup": on_startup,
             "training_backend": training_backend,
         }
     )

@@ -16,6 +16,7 @@ from adapters.http.generate_routes import generate_routes
 from adapters.http.openai_routes import openai_routes
 from adapters.http.ownership import owning_middleware
 from adapters.http.tinker import tinker_router
+from application.access import Access
 from application.engine_client import EngineClient
 from application.tinker.service import TinkerService
 
@@ -28,14 +29,20 @@ def create_app(
     tinker_api_keys: frozenset[str] | None = None,
     metrics: Callable[[], tuple[bytes, str]] | None = None,
     on_shutdown: Sequence[Callable[[], None]] = (),
+    access: Access | None = None,
+    on_startup: Sequence[Callable[[], None]] = (),
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
     ``GET /metrics`` with what it returns (the exposition and its content type);
-    ``on_shutdown``: called after the engine stopped (flushing traces)."""
+    ``on_startup``: called on the event loop before the engine starts (signal handlers);
+    ``on_shutdown``: called after the engine stopped (flushing traces). ``access``: API
+    keys (tenants, scopes) and per-tenant limits; None or open: anyone may call."""
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        for hook in on_startup:  # on the event loop (signal handlers)
+            hook()
         engine.start()
         if tinker is not None:
             tinker.start()
@@ -78,14 +85,16 @@ def create_app(
 
         extra.append(metrics_route)
 
-    routers = [] if tinker is None else [tinker_router(tinker, api_keys=tinker_api_keys)]
+    routers = (
+        [] if tinker is None else [tinker_router(tinker, api_keys=tinker_api_keys, access=access)]
+    )
     return Litestar(
         route_handlers=[
-            *generate_routes(engine, model_name),
+            *generate_routes(engine, model_name, access),
             health,
             ready,
             *extra,
-            *openai_routes(engine, model_name),
+            *openai_routes(engine, model_name, access),
             *routers,
         ],
         lifespan=[lifespan],

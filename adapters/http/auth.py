@@ -1,10 +1,12 @@
 """API keys: who is calling, as one Litestar dependency per face.
 
-An :class:`ApiKeyGuard` is configured per face: the headers a key may come in, the prefix
-keys must have, the keys accepted (None: any key with the prefix, each its own tenant),
-and how the face answers a refused key (its error format). Handlers that declare a
-``tenant`` parameter get the caller's tenant id, a hash of the key: the raw key goes no
-further than this module. Resources belong to the tenant that made them; the services
+An :class:`ApiKeyGuard` is configured per face: the headers a key may come in, and either
+an :class:`~application.access.Access` whose keyring maps keys to tenants (with the faces
+each may use: another face is a 403), or the prefix keys must have and the keys accepted
+(None: any key with the prefix, each its own tenant, whose id is a hash of the key). How
+the face answers a refused key (401) or a forbidden face (403) is its own error format.
+Handlers that declare a ``tenant`` parameter get the caller's tenant id: the raw key goes
+no further than this module. Resources belong to the tenant that made them; the services
 check that, answering another tenant as if the resource did not exist.
 """
 
@@ -16,6 +18,10 @@ from typing import Any
 from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
+
+from application.access import Access
+from application.request_record import RECORD_KEY
+from domain.tenancy import Tenant as TenantRecord
 
 BEARER = "Bearer "
 TENANT = "tenant"  # the name handlers declare to receive the tenant id
@@ -39,6 +45,11 @@ class ApiKeyGuard:
     headers: tuple[str, ...] = ("x-api-key",)
     bearer: bool = True
     missing_message: str = "missing API key: send it in the X-API-Key header"
+    # With a keyring (``access`` not open), keys are its tenants' and ``keys`` / ``prefix``
+    # are not used; ``face``: what tenants must be allowed; ``forbid``: the 403.
+    access: Access | None = None
+    face: str = ""
+    forbid: Callable[[str], Exception] | None = None
 
     def key(self, connection: ASGIConnection[Any, Any, Any, Any]) -> str:
         """The key the request carries ("" when none)."""
@@ -52,21 +63,38 @@ class ApiKeyGuard:
 
     def tenant(self, connection: ASGIConnection[Any, Any, Any, Any]) -> str:
         """The caller's tenant id; raises ``refuse(...)`` for a missing or refused key."""
+        return self.resolve(connection).id
+
+    def resolve(self, connection: ASGIConnection[Any, Any, Any, Any]) -> TenantRecord:
+        """The caller's tenant; raises ``refuse(...)`` for a missing or refused key and
+        ``forbid(...)`` for a tenant not allowed on this face."""
         key = self.key(connection)
         if not key:
             raise self.refuse(self.missing_message)
+        if self.access is not None and not self.access.open:
+            tenant = self.access.tenant(key)
+            if tenant is None:
+                raise self.refuse("invalid API key")
+            if not tenant.allows_face(self.face):
+                forbid = self.forbid or self.refuse
+                raise forbid(f"this API key may not use the {self.face} API")
+            return tenant
         if self.keys is not None:
             if key not in self.keys:
                 raise self.refuse("invalid API key")
         elif not key.startswith(self.prefix):
             raise self.refuse(f"API keys start with {self.prefix!r}")
-        return tenant_id(key)
+        return TenantRecord(tenant_id(key))
 
     def dependency(self) -> Provide:
         """The Litestar dependency giving handlers their ``tenant`` (register it as
         ``dependencies={TENANT: guard.dependency()}`` on a router or controller)."""
 
         def tenant(request: Request[Any, Any, Any]) -> str:
-            return self.tenant(request)
+            tenant_id = self.tenant(request)
+            record = request.scope["state"].get(RECORD_KEY)
+            if record is not None:
+                record.tenant_id = tenant_id
+            return tenant_id
 
         return Provide(tenant, sync_to_thread=False)

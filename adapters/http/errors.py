@@ -19,6 +19,12 @@ from domain.errors import (
     PromptTooLongError,
     QueueFullError,
 )
+from domain.tenancy import (
+    AuthenticationError,
+    LimitsUnavailableError,
+    PermissionDeniedError,
+    RateLimitedError,
+)
 
 _encoder = msgspec.json.Encoder()
 log = structlog.get_logger(__name__)
@@ -87,7 +93,8 @@ class ErrorRule:
     kind: str | Callable[[Exception], str]
     param: ParamOf = no_param
     code: str | None = None
-    headers: Mapping[str, str] | None = None
+    # Fixed headers, or a function of the exception giving them (Retry-After from it).
+    headers: Mapping[str, str] | Callable[[Exception], Mapping[str, str]] | None = None
 
 
 class ErrorTable:
@@ -108,11 +115,44 @@ class ErrorTable:
         if rule is None or isinstance(e, HTTPError):
             return e
         kind = rule.kind if isinstance(rule.kind, str) else rule.kind(e)
-        return HTTPError(rule.status, str(e), kind, rule.param(e, field), rule.code, rule.headers)
+        headers = rule.headers(e) if callable(rule.headers) else rule.headers
+        return HTTPError(rule.status, str(e), kind, rule.param(e, field), rule.code, headers)
 
 
 # A full engine frees places as its requests finish: a client may retry soon.
 RETRY_AFTER = {"Retry-After": "1"}
+
+
+def rate_limit_headers(e: Exception) -> dict[str, str]:
+    """Retry-After and the OpenAI-style ``x-ratelimit-*`` headers of the refused limit."""
+    assert isinstance(e, RateLimitedError)
+    state, suffix = e.state, "requests" if e.limit == "requests" else "tokens"
+    headers = {"Retry-After": str(e.retry_after_s)}
+    if e.limit in ("requests", "tokens"):
+        headers.update(
+            {
+                f"x-ratelimit-limit-{suffix}": str(state.limit),
+                f"x-ratelimit-remaining-{suffix}": str(state.remaining),
+                f"x-ratelimit-reset-{suffix}": f"{state.reset_s:.3f}s",
+            }
+        )
+    return headers
+
+
+def rate_limit_kind(e: Exception) -> str:
+    """OpenAI's ``type`` of a 429: the limit reached (``requests``, ``tokens``...)."""
+    return e.limit if isinstance(e, RateLimitedError) else "requests"
+
+
+# Who may call (every face answers these in its own format).
+ACCESS_RULES: dict[type[Exception], ErrorRule] = {
+    AuthenticationError: ErrorRule(401, "invalid_request_error", code="invalid_api_key"),
+    PermissionDeniedError: ErrorRule(403, "permission_error", code="permission_denied"),
+    RateLimitedError: ErrorRule(
+        429, rate_limit_kind, code="rate_limit_exceeded", headers=rate_limit_headers
+    ),
+    LimitsUnavailableError: ErrorRule(503, "server_error", headers=RETRY_AFTER),
+}
 
 # The OpenAI endpoints (as OpenAI answers: invalid values are 400).
 OPENAI_ERRORS = ErrorTable(
@@ -121,7 +161,9 @@ OPENAI_ERRORS = ErrorTable(
             400, "invalid_request_error", the_field, "context_length_exceeded"
         ),
         InvalidParameterError: ErrorRule(400, "invalid_request_error", prompt_as_field),
-        QueueFullError: ErrorRule(503, "server_error", code="overloaded", headers=RETRY_AFTER),
+        # Seed 001 §15: a full queue is a 429 (the openai SDK retries it after Retry-After).
+        QueueFullError: ErrorRule(429, "server_error", code="queue_full", headers=RETRY_AFTER),
+        **ACCESS_RULES,
     }
 )
 
@@ -132,6 +174,7 @@ GENERATE_ERRORS = ErrorTable(
         EmptyPromptError: ErrorRule(400, "invalid_request_error", own_param),
         InvalidParameterError: ErrorRule(422, "invalid_request_error", own_param),
         QueueFullError: ErrorRule(503, "overloaded_error", headers=RETRY_AFTER),
+        **ACCESS_RULES,
     }
 )
 

@@ -12,10 +12,12 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
+from adapters.http.access import check_model, inference_guard, reserve
 from adapters.http.errors import GENERATE_ERRORS, HTTPError, check_content_type, error_param
 from adapters.http.ownership import request_group, request_record
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, GenerateUsage, TokenEvent
 from adapters.http.streaming import sse_event
+from application.access import Access
 from application.engine_client import EngineClient
 from application.request_ids import new_request_id
 from domain.errors import InvalidParameterError
@@ -25,8 +27,13 @@ from domain.sampling import SamplingParams
 _decoder = msgspec.json.Decoder(GenerateRequest)
 
 
-def generate_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandler]:
-    @post("/v1/generate", status_code=200)
+def generate_routes(
+    engine: EngineClient, model_name: str, access: Access | None = None
+) -> list[HTTPRouteHandler]:
+    """``access``: API keys and limits (None: an open server)."""
+    guards = [inference_guard(access, GENERATE_ERRORS)] if access is not None else []
+
+    @post("/v1/generate", status_code=200, guards=guards)
     async def generate(request: Request) -> ServerSentEvent:
         check_content_type(request)
         body = _parse(await request.body())
@@ -45,8 +52,10 @@ def generate_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHand
                 engine.check_prompt_size([body.prompt])
             engine.check_params(params)
             engine.check_room(1)
+            check_model(request, model_name, GENERATE_ERRORS)
             with record.timing("tokenize"):
                 prompt_ids = await engine.prepare(body.prompt, params)
+            await reserve(request, len(prompt_ids) + params.max_tokens, GENERATE_ERRORS)
             [outputs] = request_group(request).admit([new_request_id("gen")], [prompt_ids], params)
         except Exception as e:
             raise GENERATE_ERRORS.error(e) from e

@@ -2,6 +2,7 @@
 client."""
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import ServerSentEvent
 
+from adapters.http.access import check_model, inference_guard, request_tenant, reserve
 from adapters.http.errors import OPENAI_ERRORS, HTTPError, check_content_type, error_param
 from adapters.http.openai_schemas import (
     ChatChoice,
@@ -29,6 +31,7 @@ from adapters.http.openai_schemas import (
 )
 from adapters.http.ownership import request_group, request_record
 from adapters.http.streaming import merge_streams, sse, unless_disconnected
+from application.access import Access
 from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
@@ -43,20 +46,30 @@ _encoder = msgspec.json.Encoder()
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 Prompt = str | list[int]
+# A chat without max_tokens may run to the end of the context; under a tokens-per-minute
+# limit it reserves this many output tokens (its real use is counted at the end).
+UNSET_MAX_TOKENS_RESERVE = 256
 
 
-def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandler]:
+def openai_routes(
+    engine: EngineClient, model_name: str, access: Access | None = None
+) -> list[HTTPRouteHandler]:
+    """``access``: API keys and limits (None: an open server)."""
     created = int(time.time())
+    guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
 
-    @get("/v1/models")
-    async def models() -> Response[bytes]:
-        return _json(ModelList([ModelCard(model_name, created)]))
+    @get("/v1/models", guards=guards)
+    async def models(request: Request) -> Response[bytes]:
+        tenant = request_tenant(request)
+        cards = [] if tenant and not tenant.allows_model(model_name) else [model_name]
+        return _json(ModelList([ModelCard(name, created) for name in cards]))
 
-    @post("/v1/completions", status_code=200)
+    @post("/v1/completions", status_code=200, guards=guards)
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = _decode(_completion_decoder, request, await request.body())
         record = _note(request, body.model, body.user, body.stream)
         _check(body.model, model_name)
+        check_model(request, model_name, OPENAI_ERRORS)
         _check_stream_options(body)
         _refuse(
             ("best_of", body.best_of not in (None, 1)),
@@ -73,7 +86,9 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
         _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt")
         with record.timing("tokenize"):
             prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
-        streams = _admit(request_group(request), "cmpl", prepared, params, "prompt")
+        await _reserve(request, prepared, params)
+        group = _prioritized(request, body.priority, None)
+        streams = _admit(group, "cmpl", prepared, params, "prompt")
         reply_id = new_request_id("cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -84,11 +99,12 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
         choices = [CompletionChoice(i, text, reason) for i, (text, reason, _) in enumerate(outputs)]
         return _json(Completion(reply_id, int(time.time()), model_name, choices, _usage(outputs)))
 
-    @post("/v1/chat/completions", status_code=200)
+    @post("/v1/chat/completions", status_code=200, guards=guards)
     async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = _decode(_chat_decoder, request, await request.body())
         record = _note(request, body.model, body.user, body.stream)
         _check(body.model, model_name)
+        check_model(request, model_name, OPENAI_ERRORS)
         _check_stream_options(body)
         _check_tools(body)
         _refuse(
@@ -110,7 +126,10 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
             params = _sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
         with record.timing("tokenize"):
             prepared = await _prepare(engine, prompt, params, "messages")
-        [stream] = _admit(request_group(request), "chatcmpl", [prepared], params, "messages")
+        explicit = body.max_completion_tokens is not None or body.max_tokens is not None
+        await _reserve(request, [prepared], params, explicit)
+        group = _prioritized(request, body.priority, body.metadata)
+        [stream] = _admit(group, "chatcmpl", [prepared], params, "messages")
         reply_id = new_request_id("chatcmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -124,6 +143,41 @@ def openai_routes(engine: EngineClient, model_name: str) -> list[HTTPRouteHandle
         )
 
     return [models, completions, chat_completions]
+
+
+async def _reserve(
+    request: Request, prepared: list[list[int]], params: SamplingParams, explicit: bool = True
+) -> None:
+    """Reserve the tokens the request may use under its tenant's limits: prompts +
+    max_tokens each; a chat without a max_tokens reserves its prompt + at most
+    ``UNSET_MAX_TOKENS_RESERVE`` (its real use is counted when it ends)."""
+    out = params.max_tokens if explicit else min(params.max_tokens, UNSET_MAX_TOKENS_RESERVE)
+    tokens = sum(len(p) for p in prepared) + out * len(prepared)
+    await reserve(request, tokens, OPENAI_ERRORS)
+
+
+def _prioritized(
+    request: Request, priority: int | None, metadata: dict[str, str] | None
+) -> OwnedRequests:
+    """The request's group, its requests at ``priority`` (vLLM's field) or
+    ``metadata.priority``: as in vLLM, a lower value runs earlier (default 0), and may
+    preempt a running request of a higher value when the batch is full."""
+    group = request_group(request)
+    if priority is None and metadata and "priority" in metadata:
+        try:
+            priority = int(metadata["priority"])
+        except ValueError:
+            raise HTTPError(
+                400, "metadata.priority must be an integer", "invalid_request_error", "metadata"
+            ) from None
+    if priority is not None:
+        if not -(2**31) <= priority < 2**31:
+            raise HTTPError(
+                400, "priority must be a 32-bit integer", "invalid_request_error", "priority"
+            )
+        # The scheduler runs a higher context priority first.
+        group.context = dataclasses.replace(group.context, priority=-priority)
+    return group
 
 
 def _note(

@@ -35,6 +35,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    priority: int | None = None  # vLLM's: lower runs earlier (default 0), may preempt
 
 
 class CompletionRequest(_Sampling, kw_only=True):

@@ -11,19 +11,26 @@ reasons, first-token time) from the engine outputs it passes on, for the logs, m
 traces, and queues its requests with the record's tenant and trace context.
 """
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
+import structlog
 from litestar import Request
 from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from application.engine_client import EngineClient, OwnedRequests
+from application.quotas import Admission, Quotas
 from application.request_record import RECORD_KEY, RequestRecord
 from domain.request import RequestContext, StepOutput
 from domain.sampling import SamplingParams
 
+log = structlog.get_logger(__name__)
 _KEY = "infer.request_group"
+# Set by the access guard: the (Quotas, Admission) the request holds, settled at its end.
+ADMISSION = "infer.admission"
 
 
 def owning_middleware(engine: EngineClient) -> DefineMiddleware:
@@ -46,11 +53,22 @@ class OwningMiddleware:
         context = RequestContext(tenant_id=record.tenant_id, trace=record.trace)
         group = RecordingGroup(self.engine.group(context), record)
         # A state of its own (the server's may be shared between requests).
-        scope["state"] = {**state, _KEY: group, RECORD_KEY: record}
+        state = scope["state"] = {**state, _KEY: group, RECORD_KEY: record}
+
+        async def send_with_limits(message: Any) -> None:
+            held = state.get(ADMISSION)
+            if held is not None and message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), *ratelimit_headers(held[1])]
+                message = {**message, "headers": headers}
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_with_limits)
         finally:  # synchronous: it runs even when the request's task is cancelled
             group.close()
+            held = state.get(ADMISSION)
+            if held is not None:
+                await _settle(held, record.prompt_tokens + record.completion_tokens)
 
 
 def request_group(request: Request) -> OwnedRequests:
@@ -103,3 +121,25 @@ class RecordingGroup:
                 yield output
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _settle(held: tuple[Quotas, Admission], used_tokens: int) -> None:
+    """Give back what the request reserved and did not use (even when cancelled)."""
+    quotas, admission = held
+    try:
+        await asyncio.shield(quotas.settle(admission, used_tokens))
+    except Exception:  # the counters' store is down: the window will reset on its own
+        log.exception("settling a request's rate limits failed")
+
+
+def ratelimit_headers(admission: Admission) -> list[tuple[bytes, bytes]]:
+    """OpenAI's ``x-ratelimit-*`` headers for the limits the request was counted in."""
+    headers = []
+    for suffix, state in (("requests", admission.requests), ("tokens", admission.tokens)):
+        if state is not None:
+            headers += [
+                (f"x-ratelimit-limit-{suffix}".encode(), str(state.limit).encode()),
+                (f"x-ratelimit-remaining-{suffix}".encode(), str(state.remaining).encode()),
+                (f"x-ratelimit-reset-{suffix}".encode(), f"{state.reset_s:.3f}s".encode()),
+            ]
+    return headers

@@ -17,7 +17,7 @@ from litestar.exceptions import HTTPException
 
 from adapters.http.auth import TENANT, ApiKeyGuard
 from adapters.http.errors import HTTPError
-from adapters.http.tinker.errors import refused_key, tinker_error_response
+from adapters.http.tinker.errors import forbidden_key, refused_key, tinker_error_response
 from adapters.http.tinker.futures import FutureRoutes
 from adapters.http.tinker.models import ModelRoutes
 from adapters.http.tinker.runs import RunRoutes
@@ -26,15 +26,26 @@ from adapters.http.tinker.server import ServerRoutes
 from adapters.http.tinker.sessions import SessionRoutes
 from adapters.http.tinker.training import TrainingRoutes
 from adapters.http.tinker.weights import WeightRoutes
+from application.access import Access
 from application.tinker.service import TinkerService
 from domain.training import TrainingError
 
 KEY_PREFIX = "tml-"
 
 
-def tinker_guard(api_keys: frozenset[str] | None = None) -> ApiKeyGuard:
-    """The Tinker face's keys: ``api_keys``, or any ``tml-`` key (each its own tenant)."""
-    return ApiKeyGuard(refused_key, keys=api_keys, prefix=KEY_PREFIX)
+def tinker_guard(
+    api_keys: frozenset[str] | None = None, access: Access | None = None
+) -> ApiKeyGuard:
+    """The Tinker face's keys: the keyring's tenants allowed on ``tinker`` (``access``
+    with keys), else ``api_keys``, else any ``tml-`` key (each its own tenant)."""
+    return ApiKeyGuard(
+        refused_key,
+        keys=api_keys,
+        prefix=KEY_PREFIX,
+        access=access,
+        face="tinker",
+        forbid=forbidden_key,
+    )
 
 
 def tinker_router(
@@ -42,6 +53,7 @@ def tinker_router(
     *,
     api_keys: frozenset[str] | None = None,
     client_config: Mapping[str, object] | None = None,
+    access: Access | None = None,
 ) -> Router:
     """``api_keys``: the keys allowed; None accepts any ``tml-`` key (each its own owner).
     ``client_config``: what ``/client/config`` tells the SDK (besides the chunk size that
@@ -52,7 +64,7 @@ def tinker_router(
         "fwdbwd_max_chunk_bytes_count": 4 * service.limits.max_tokens_per_request,
         **(client_config or {}),
     }
-    guard = tinker_guard(api_keys)
+    guard = tinker_guard(api_keys, access)
     return Router(
         path="/api/v1",
         route_handlers=[

@@ -12,8 +12,9 @@ import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from adapters.http.errors import ErrorRule, ErrorTable, HTTPError
+from adapters.http.errors import ErrorRule, ErrorTable, HTTPError, rate_limit_headers
 from application.tinker.downloads import LinkRefusedError
+from domain.tenancy import PermissionDeniedError, RateLimitedError
 from domain.training import NotFoundError, RetryLaterError, SessionClosedError, TrainingError
 
 log = structlog.get_logger(__name__)
@@ -30,6 +31,8 @@ TINKER_ERRORS = ErrorTable(
         SessionClosedError: ErrorRule(410, _category),
         RetryLaterError: ErrorRule(429, _category, headers={"Retry-After": "1"}),
         LinkRefusedError: ErrorRule(403, _category),
+        PermissionDeniedError: ErrorRule(403, "user"),
+        RateLimitedError: ErrorRule(429, "user", headers=rate_limit_headers),
         # invalid, unsupported, sequence conflicts (and backend failures on input)
         TrainingError: ErrorRule(400, _category),
     }
@@ -39,6 +42,11 @@ TINKER_ERRORS = ErrorTable(
 def refused_key(message: str) -> HTTPError:
     """A missing or refused API key."""
     return HTTPError(401, message, "user")
+
+
+def forbidden_key(message: str) -> HTTPError:
+    """A key whose tenant may not use the Tinker API."""
+    return HTTPError(403, message, "user")
 
 
 def tinker_error_response(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

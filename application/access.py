@@ -1,0 +1,51 @@
+"""Who may call, and how much: the keyring (None: an open local server), the quotas
+counted per tenant, and what tenants' weights the scheduler shares by."""
+
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from application.keys import Keyring
+from application.quotas import Quotas
+from domain.tenancy import Tenant
+
+log = structlog.get_logger("infer.audit")
+
+
+class Access:
+    def __init__(
+        self,
+        keyring: Keyring | None = None,
+        quotas: Quotas | None = None,
+        *,
+        on_tenants: Callable[[Sequence[Tenant]], None] | None = None,
+    ) -> None:
+        """``on_tenants``: told the tenants whenever the keyring is (re)placed (the
+        scheduler's weights)."""
+        self.keyring, self.quotas, self.on_tenants = keyring, quotas, on_tenants
+        if keyring is not None and on_tenants is not None:
+            on_tenants(keyring.tenants)
+
+    @property
+    def open(self) -> bool:
+        """No keys: anyone who reaches the port may call, without limits."""
+        return self.keyring is None
+
+    def tenant(self, key: str) -> Tenant | None:
+        return None if self.keyring is None else self.keyring.tenant(key)
+
+    def replace(self, keyring: Keyring, source: str) -> None:
+        """Swap the keyring at once (key rotation); an audit line says what changed."""
+        before = set() if self.keyring is None else {t.id for t in self.keyring.tenants}
+        self.keyring = keyring
+        after = {t.id for t in keyring.tenants}
+        if self.on_tenants is not None:
+            self.on_tenants(keyring.tenants)
+        log.info(
+            "api keys reloaded",
+            source=source,
+            tenants=len(after),
+            keys=len(keyring),
+            added=sorted(after - before),
+            removed=sorted(before - after),
+        )

@@ -1,0 +1,106 @@
+"""Tenants, their scopes and limits, and the errors and port of per-tenant rate limiting.
+
+A tenant is who an API key stands for: which faces (``openai``: the OpenAI endpoints and
+``/v1/generate``; ``tinker``: the fine-tuning API; ``admin``) and models it may use, its
+weight under fair scheduling, and its limits. Limits are counted in fixed windows by a
+:class:`RateLimitCounters` port (in memory, or in Redis shared by replicas).
+"""
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from domain.errors import InferError
+
+FACES = ("openai", "tinker", "admin")
+DEFAULT_FACES = frozenset({"openai", "tinker"})
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """None: unlimited. Requests are counted per second and per minute; tokens per minute
+    (prompt + ``max_tokens`` reserved at admission, the unused part given back at the
+    end); streams are requests in progress at once."""
+
+    requests_per_second: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_streams: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """``models``: the served model names it may use (None: all)."""
+
+    id: str
+    faces: frozenset[str] = DEFAULT_FACES
+    models: frozenset[str] | None = None
+    weight: float = 1.0
+    limits: TenantLimits = field(default_factory=TenantLimits)
+
+    def allows_face(self, face: str) -> bool:
+        return face in self.faces
+
+    def allows_model(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+class AuthenticationError(InferError):
+    """No API key, or one nobody has (HTTP 401)."""
+
+
+class PermissionDeniedError(InferError):
+    """The key's tenant may not use this face or model (HTTP 403)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """One limit after a request was counted (or refused): its size, what is left in the
+    current window and the seconds until the window resets."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+
+
+class RateLimitedError(InferError):
+    """A tenant is over one of its limits (HTTP 429): ``limit`` names it (``requests``,
+    ``tokens``, ``streams``), ``state`` says when to retry."""
+
+    def __init__(self, limit: str, message: str, state: WindowState) -> None:
+        super().__init__(message)
+        self.limit, self.state = limit, state
+
+    @property
+    def retry_after_s(self) -> int:
+        return max(1, int(self.state.reset_s + 0.999))
+
+
+class LimitsUnavailableError(InferError):
+    """The rate-limit counters cannot be reached (HTTP 503): nothing is served unchecked."""
+
+
+class RateLimitCounters(Protocol):
+    """Counters in fixed windows, keyed by name (e.g. ``tokens:<tenant>``)."""
+
+    async def take(
+        self, name: str, amount: int, limit: int, window_s: int
+    ) -> tuple[bool, WindowState]:
+        """Count ``amount`` in the current window if the window stays within ``limit``;
+        nothing is counted when it would not (False)."""
+        ...
+
+    async def give_back(self, name: str, amount: int, limit: int, window_s: int) -> None:
+        """Uncount ``amount`` taken in the current window (callers give back only before
+        the window they took it in resets)."""
+        ...
+
+    async def charge(self, name: str, amount: int, limit: int, window_s: int) -> None:
+        """Count ``amount`` in the current window whatever the limit (use beyond a
+        reservation)."""
+        ...
+
+    async def enter(self, name: str, limit: int) -> bool:
+        """One more holder of a concurrency slot if fewer than ``limit`` hold one."""
+        ...
+
+    async def leave(self, name: str) -> None: ...
