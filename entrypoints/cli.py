@@ -11,6 +11,7 @@ from dependency_injector import providers
 
 from adapters.observability.logging import configure_logging
 from application.async_engine import AsyncEngine
+from application.keys import hash_key, new_key
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
     gen.set_defaults(func=_generate)
+    key = sub.add_parser("key", help="print a new API key and its line for --api-keys-file")
+    key.add_argument("existing", nargs="?", help="hash this key instead of making one")
+    key.set_defaults(func=_key)
     serve = sub.add_parser(
         "serve", help="serve the OpenAI-compatible API, /v1/generate and the Tinker API"
     )
@@ -294,6 +298,14 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=not args.disable_uvicorn_access_log,
     )
+    return 0
+
+
+def _key(args: argparse.Namespace) -> int:
+    key = args.existing or new_key()
+    if args.existing is None:
+        print(f"key: {key}")
+    print(f'keys = ["{hash_key(key)}"]')
     return 0
 
 

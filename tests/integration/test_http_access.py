@@ -228,3 +228,15 @@ def test_a_toml_keys_file_loads(tmp_path: Path) -> None:
     assert acme is not None and acme.id == "acme" and acme.weight == 2.5
     assert acme.limits.requests_per_minute == 10 and acme.models == frozenset({"m"})
     assert keyring.tenant("sk-b") is None
+
+
+def test_infer_key_prints_a_key_and_its_stored_form(capsys: pytest.CaptureFixture[str]) -> None:
+    from entrypoints.cli import main
+
+    assert main(["key"]) == 0
+    key_line, hash_line = capsys.readouterr().out.splitlines()
+    key = key_line.removeprefix("key: ")
+    assert key.startswith("sk-infer-") and len(key) > 40
+    assert hash_line == f'keys = ["{hash_key(key)}"]'
+    assert main(["key", "sk-given"]) == 0
+    assert capsys.readouterr().out.strip() == f'keys = ["{hash_key("sk-given")}"]'

@@ -48,7 +48,7 @@ def answer(table: ErrorTable, e: Exception, field: str = "prompt") -> HTTPError:
             "top_p",
             None,
         ),
-        (QueueFullError("full"), "prompt", 503, "server_error", None, "overloaded"),
+        (QueueFullError("full"), "prompt", 429, "server_error", None, "queue_full"),
     ],
 )
 def test_openai_table(
@@ -56,7 +56,7 @@ def test_openai_table(
 ) -> None:
     error = answer(OPENAI_ERRORS, exc, field)
     assert (error.status, error.kind, error.param, error.code) == (status, kind, param, code)
-    assert error.headers == ({"Retry-After": "1"} if status == 503 else {})
+    assert error.headers == ({"Retry-After": "1"} if status == 429 else {})
 
 
 @pytest.mark.parametrize(
