@@ -12,6 +12,7 @@ import structlog
 from adapters.storage.keys_file import KeysFileError, load_keyring
 from adapters.storage.rate_limits import storage_uri
 from application.access import Access
+from application.idempotency import DEFAULT_TTL_S
 from application.keys import Keyring, hash_key
 from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
@@ -38,14 +39,31 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--redis-url",
         default=None,
-        help="keep rate-limit counters in Redis (redis://HOST:6379/0) so replicas share them; "
-        "default: in this process's memory",
+        help="keep rate-limit counters and idempotent replies in Redis (redis://HOST:6379/0) "
+        "so replicas share them; default: in this process's memory",
+    )
+    group.add_argument(
+        "--idempotency-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="seconds a reply to an Idempotency-Key request is kept for repeats "
+        "(default %(default)s: 24 h; 0: the header is ignored)",
+    )
+    group.add_argument(
+        "--idempotency-max-keys",
+        type=int,
+        default=10_000,
+        help="replies kept in memory at most, the oldest dropped first (default %(default)s)",
     )
 
 
 def keyring_from_args(args: argparse.Namespace) -> tuple[Keyring | None, str]:
     """The keyring the flags name (None: an open server) and where it came from."""
     keys = [*(args.api_key or []), *filter(None, [os.environ.get("INFER_API_KEY", "")])]
+    if args.idempotency_ttl < 0:
+        raise InvalidParameterError("idempotency_ttl", "must be 0 (off) or more")
+    if args.idempotency_max_keys < 1:
+        raise InvalidParameterError("idempotency_max_keys", "must be at least 1")
     try:
         storage_uri(args.redis_url)
     except ValueError as e:

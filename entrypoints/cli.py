@@ -272,6 +272,8 @@ def _serve(args: argparse.Namespace) -> int:
         observability=observability,
         keyring=keyring,
         redis_url=args.redis_url,
+        idempotency_ttl_s=args.idempotency_ttl,
+        idempotency_max_keys=args.idempotency_max_keys,
         on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
     )
     limit = container.model().config.max_position_embeddings

@@ -24,6 +24,7 @@ from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import Tracing, build_tracer_provider
 from adapters.storage.checkpoints import FileCheckpointStorage
+from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.rate_limits import LimitsCounters
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
@@ -35,6 +36,7 @@ from adapters.weights import ResolvedModel, resolve_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.access import Access
 from application.async_engine import AsyncEngine
+from application.idempotency import DEFAULT_TTL_S, IdempotencyStore, MemoryIdempotencyStore
 from application.keys import Keyring
 from application.observers import ObserverGroup, TrainingObserverGroup
 from application.quotas import Quotas
@@ -204,6 +206,18 @@ def build_access(
     return Access(keyring, quotas, on_tenants=weigh)
 
 
+def build_idempotency(
+    ttl_s: float | None, max_keys: int | None, redis_url: str | None
+) -> IdempotencyStore | None:
+    """Replies to Idempotency-Key requests: in Redis with ``redis_url``, else in memory
+    (``max_keys`` at most); ``ttl_s`` 0: off."""
+    if ttl_s == 0:
+        return None
+    if redis_url is not None:
+        return RedisIdempotencyStore(redis_url)
+    return MemoryIdempotencyStore(max_keys or 10_000)
+
+
 def build_http_app(
     engine: AsyncEngine,
     names: list[str],
@@ -214,6 +228,8 @@ def build_http_app(
     settings: ObservabilitySettings | None,
     access: Access,
     on_startup: Sequence[Callable[[], None]] | None,
+    idempotency: IdempotencyStore | None,
+    idempotency_ttl_s: float | None,
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
@@ -227,6 +243,8 @@ def build_http_app(
         on_shutdown=[tracing.shutdown] if tracing is not None else [],
         access=access,
         on_startup=on_startup or (),
+        idempotency=idempotency,
+        idempotency_ttl_s=idempotency_ttl_s or DEFAULT_TTL_S,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -308,6 +326,9 @@ class Container(containers.DeclarativeContainer):
     access = providers.Singleton(
         build_access, config.keyring, config.redis_url, async_engine, metrics
     )
+    idempotency = providers.Singleton(
+        build_idempotency, config.idempotency_ttl_s, config.idempotency_max_keys, config.redis_url
+    )
     http_app = providers.Singleton(
         build_http_app,
         async_engine,
@@ -319,6 +340,8 @@ class Container(containers.DeclarativeContainer):
         config.observability,
         access,
         config.on_startup,
+        idempotency,
+        config.idempotency_ttl_s,
     )
 
 
@@ -342,6 +365,8 @@ def create_container(
     keyring: Keyring | None = None,
     redis_url: str | None = None,
     on_startup: Sequence[Callable[[], None]] | None = None,
+    idempotency_ttl_s: float = DEFAULT_TTL_S,
+    idempotency_max_keys: int = 10_000,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -349,7 +374,9 @@ def create_container(
     ``training_backend``: ``lora`` or ``toy``; ``observability``: metrics (on by default),
     traces (off unless configured), the per-request log line; ``keyring``: API keys ->
     tenants (None: an open server), their limits counted in Redis at ``redis_url`` (else
-    in memory); ``on_startup``: hooks run on the server's event loop at start."""
+    in memory); ``on_startup``: hooks run on the server's event loop at start;
+    ``idempotency_ttl_s``: how long replies to Idempotency-Key requests are kept (0: the
+    header is ignored), in Redis or in memory (``idempotency_max_keys`` at most)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -378,6 +405,8 @@ def create_container(
             "keyring": keyring,
             "redis_url": redis_url,
             "on_startup": on_startup,
+            "idempotency_ttl_s": idempotency_ttl_s,
+            "idempotency_max_keys": idempotency_max_keys,
             "training_backend": training_backend,
         }
     )

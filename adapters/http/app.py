@@ -10,15 +10,21 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar, Response, get
 from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
 
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_routes
+from adapters.http.idempotency import IdempotencyMiddleware
 from adapters.http.openai_routes import openai_routes
 from adapters.http.ownership import owning_middleware
 from adapters.http.tinker import tinker_router
 from application.access import Access
 from application.engine_client import EngineClient
+from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.tinker.service import TinkerService
+
+# The endpoints that generate: a retried POST with an Idempotency-Key runs once.
+IDEMPOTENT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/generate")
 
 
 def create_app(
@@ -31,13 +37,17 @@ def create_app(
     on_shutdown: Sequence[Callable[[], None]] = (),
     access: Access | None = None,
     on_startup: Sequence[Callable[[], None]] = (),
+    idempotency: IdempotencyStore | None = None,
+    idempotency_ttl_s: float = DEFAULT_TTL_S,
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
     ``GET /metrics`` with what it returns (the exposition and its content type);
     ``on_startup``: called on the event loop before the engine starts (signal handlers);
     ``on_shutdown``: called after the engine stopped (flushing traces). ``access``: API
-    keys (tenants, scopes) and per-tenant limits; None or open: anyone may call."""
+    keys (tenants, scopes) and per-tenant limits; None or open: anyone may call.
+    ``idempotency``: where replies to ``Idempotency-Key`` requests are kept (None: the
+    header is ignored)."""
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -85,6 +95,16 @@ def create_app(
 
         extra.append(metrics_route)
 
+    idempotent = []
+    if idempotency is not None:
+        idempotent.append(
+            DefineMiddleware(
+                IdempotencyMiddleware,  # type: ignore[arg-type]
+                store=idempotency,
+                paths=IDEMPOTENT_PATHS,
+                ttl_s=idempotency_ttl_s,
+            )
+        )
     routers = (
         [] if tinker is None else [tinker_router(tinker, api_keys=tinker_api_keys, access=access)]
     )
@@ -99,7 +119,7 @@ def create_app(
         ],
         lifespan=[lifespan],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
-        middleware=[owning_middleware(engine)],
+        middleware=[*idempotent, owning_middleware(engine)],
         exception_handlers={
             HTTPError: error_response,
             HTTPException: framework_error_response,
