@@ -344,11 +344,17 @@ async def run_requests(
 
 
 async def bench_server(
-    base_url: str, model_name: str | None, workloads: list[Workload], label: str, timeout: float
+    base_url: str,
+    model_name: str | None,
+    workloads: list[Workload],
+    label: str,
+    timeout: float,
+    api_key: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout_cfg = httpx.Timeout(timeout, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout_cfg) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(limits=limits, timeout=timeout_cfg, headers=headers) as client:
         model = model_name or await _first_model_id(client, base_url)
         url = f"{base_url}/v1/completions"
         prompt = list(range(LOW_TOKEN_ID, LOW_TOKEN_ID + 64))
@@ -742,7 +748,9 @@ def _bench(
     base_url: str, args: argparse.Namespace, workloads: list[Workload], label: str
 ) -> dict[str, dict[str, Any]]:
     return asyncio.run(
-        bench_server(base_url, args.model_name, workloads, label, args.request_timeout)
+        bench_server(
+            base_url, args.model_name, workloads, label, args.request_timeout, args.api_key
+        )
     )
 
 
@@ -773,7 +781,7 @@ def _choices(allowed: set[str]) -> Callable[[str], list[str]]:
     return parse
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -805,6 +813,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--base-url", default=None, help="bench this running server instead")
     p.add_argument("--label", default="server", help="column name with --base-url")
     p.add_argument("--model-name", default=None, help="model id to send (default: /v1/models)")
+    p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
     p.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per read")
     p.add_argument(
         "--workloads",
@@ -832,7 +841,7 @@ def _args() -> argparse.Namespace:
         help="also run W1/W2 one at a time through transformers' generate (greedy only)",
     )
     p.add_argument("--result-json", default=None, help="write all aggregates here")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 if __name__ == "__main__":
