@@ -24,6 +24,7 @@ from domain.training import (
 )
 
 log = structlog.get_logger(__name__)
+audit = structlog.get_logger("infer.audit")
 
 
 class CheckpointStore:
@@ -154,7 +155,7 @@ class CheckpointStore:
             raise NotFoundError(f"no checkpoint {record.tinker_path}")
         self._storage.delete(record)
         del self._checkpoints[(record.run_id, record.checkpoint_id)]
-        log.info("tinker_checkpoint_deleted", path=record.tinker_path)
+        audit.info("tinker checkpoint deleted", tenant_id=owner, path=record.tinker_path)
 
     def set_ttl(self, owner: str, ref: CheckpointRef, ttl_seconds: int | None) -> None:
         """``ttl_seconds`` from now (None: kept until deleted)."""
@@ -168,6 +169,11 @@ class CheckpointStore:
         record = self._own(owner, ref)
         record.public = public
         self._storage.update(record)
+        audit.info(
+            "tinker checkpoint published" if public else "tinker checkpoint unpublished",
+            tenant_id=owner,
+            path=record.tinker_path,
+        )
 
     def delete_expired(self) -> list[CheckpointRecord]:
         now = self._clock()

@@ -115,3 +115,20 @@ def test_a_bad_level_or_format_is_refused() -> None:
         configure_logging("loud", "json")
     with pytest.raises(ValueError, match="log format"):
         configure_logging("info", "xml")
+
+
+def test_a_key_reload_writes_an_audit_line(log_stream) -> None:
+    from application.access import Access
+    from application.keys import Keyring, hash_key
+    from domain.tenancy import Tenant
+
+    access = Access(Keyring([(hash_key("a"), Tenant("alice")), (hash_key("b"), Tenant("bob"))]))
+    access.replace(Keyring([(hash_key("c"), Tenant("carol")), (hash_key("b"), Tenant("bob"))]), "k")
+    [line] = [line for line in _lines(log_stream) if line["logger"] == "infer.audit"]
+    assert line["event"] == "api keys reloaded"
+    assert (line["added"], line["removed"], line["tenants"], line["source"]) == (
+        ["carol"],
+        ["alice"],
+        2,
+        "k",
+    )
