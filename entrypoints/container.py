@@ -19,6 +19,7 @@ from adapters.fake.tokenizer import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
+from adapters.http.ownership import Draining
 from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
@@ -40,6 +41,7 @@ from domain.config import EngineConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 from domain.ports import Tokenizer
 from domain.training import TinkerLimits, TrainingBackend
+from entrypoints.transport_flags import TransportSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 RUNNERS = ("torch", "fake")
@@ -188,10 +190,13 @@ def build_http_app(
     metrics: Metrics | None,
     tracing: Tracing | None,
     settings: ObservabilitySettings | None,
+    transport: TransportSettings | None = None,
+    draining: Draining | None = None,
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
     settings = settings or ObservabilitySettings()
+    transport = transport or TransportSettings()
     app = create_app(
         engine,
         names[0],
@@ -199,6 +204,10 @@ def build_http_app(
         tinker_api_keys=keys,
         metrics=metrics.render if metrics is not None else None,
         on_shutdown=[tracing.shutdown] if tracing is not None else [],
+        cors_origins=transport.allowed_origins,
+        sse_heartbeat_s=transport.sse_heartbeat_interval,
+        request_timeout_s=transport.request_timeout,
+        draining=draining,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -277,6 +286,8 @@ class Container(containers.DeclarativeContainer):
         metrics,
         tracing,
     )
+    # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
+    draining = providers.Singleton(Draining)
     http_app = providers.Singleton(
         build_http_app,
         async_engine,
@@ -286,6 +297,8 @@ class Container(containers.DeclarativeContainer):
         metrics,
         tracing,
         config.observability,
+        config.transport,
+        draining,
     )
 
 
@@ -306,12 +319,14 @@ def create_container(
     runner: str = "torch",
     training_backend: str = "lora",
     observability: ObservabilitySettings | None = None,
+    transport: TransportSettings | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
     ``tml-`` key). ``runner``: ``torch`` or ``fake`` (no model loaded);
     ``training_backend``: ``lora`` or ``toy``; ``observability``: metrics (on by default),
-    traces (off unless configured), the per-request log line."""
+    traces (off unless configured), the per-request log line; ``transport``: CORS, SSE
+    heartbeats, the request deadline (TLS and the drain timeout are the server's)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -337,6 +352,7 @@ def create_container(
             "tinker_limits": tinker_limits,
             "runner": runner,
             "observability": observability,
+            "transport": transport,
             "training_backend": training_backend,
         }
     )
