@@ -66,6 +66,12 @@ class QueueOutputSink:
         if queue is not None:  # a closed stream (client gone) drops its outputs
             queue.put_nowait(output)
 
+    def fail(self, request_id: str, error: str) -> None:
+        """End the request's stream (if open) with ``error``."""
+        queue = self._queues.get(request_id)
+        if queue is not None:
+            queue.put_nowait(StepOutput(request_id, None, "", finished=True, error=error))
+
     def fail_all(self, error: str) -> None:
         """End every open stream with ``error`` (the engine loop died)."""
         for request_id, queue in self._queues.items():
@@ -216,6 +222,12 @@ class AsyncEngine:
             self.engine.abort(request_id)
             self.sink.close(request_id)
 
+    def fail(self, request_ids: Sequence[str], error: str) -> None:
+        """Abort requests, their streams ending with ``error`` (a deadline passed)."""
+        for request_id in request_ids:
+            self.sink.fail(request_id, error)
+        self.abort(request_ids)
+
     async def _off_loop(self, work: Callable[[], T]) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
@@ -284,4 +296,9 @@ class RequestGroup:
 
     def close(self) -> None:
         self._engine.abort(self._request_ids)
+        self._request_ids = []
+
+    def fail(self, error: str) -> None:
+        """End every request still running, its stream's last output an ``error``."""
+        self._engine.fail(self._request_ids, error)
         self._request_ids = []

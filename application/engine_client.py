@@ -22,6 +22,10 @@ class OwnedRequests(Protocol):
 
     def close(self) -> None: ...
 
+    def fail(self, error: str) -> None:
+        """Like ``close``, but each stream still open ends with an ``error`` output."""
+        ...
+
 
 class EngineClient(Protocol):
     @property

@@ -22,6 +22,7 @@ from entrypoints.observability_flags import add_observability_args, observabilit
 from entrypoints.request_flags import add_request_limit_args, request_limits
 from entrypoints.server import add_connection_args, connection_limits, run_server
 from entrypoints.tinker_flags import add_tinker_limit_args, tinker_limits
+from entrypoints.transport_flags import add_transport_args, transport_settings
 
 # vLLM's dtype names; `auto` is bfloat16, the dtype every supported model ships in.
 DTYPE_ALIASES = {"auto": "bfloat16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_request_limit_args(serve)
     add_connection_args(serve)
+    add_transport_args(serve)
     add_observability_args(serve)
     add_access_args(serve)
     tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
@@ -238,6 +240,7 @@ async def _stream_to_stdout(
 
 def _serve(args: argparse.Namespace) -> int:
     limits = connection_limits(args)  # checked before the model loads
+    transport = transport_settings(args)
     observability = observability_settings(args)
     keyring, keys_source = keyring_from_args(args)
     configure_logging(args.log_level, args.log_format)
@@ -275,12 +278,13 @@ def _serve(args: argparse.Namespace) -> int:
         idempotency_ttl_s=args.idempotency_ttl,
         idempotency_max_keys=args.idempotency_max_keys,
         on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
+        transport=transport,
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
         raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
     app = container.http_app()
-    url = f"http://{args.host}:{args.port}"
+    url = f"{'https' if transport.tls else 'http'}://{args.host}:{args.port}"
     print(f"serving {container.resolved_model().name} at {url}", flush=True)
     if args.tinker:
         names = ", ".join(container.served_names())
@@ -299,6 +303,9 @@ def _serve(args: argparse.Namespace) -> int:
         limits,
         log_level=args.log_level,
         access_log=not args.disable_uvicorn_access_log,
+        draining=container.draining(),
+        drain_timeout_s=transport.drain_timeout,
+        **transport.uvicorn_tls(),
     )
     return 0
 

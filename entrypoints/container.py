@@ -19,6 +19,7 @@ from adapters.fake.tokenizer import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
+from adapters.http.ownership import Draining
 from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
@@ -48,6 +49,7 @@ from domain.ports import Tokenizer
 from domain.scheduler import ContinuousScheduler
 from domain.tenancy import Tenant
 from domain.training import TinkerLimits, TrainingBackend
+from entrypoints.transport_flags import TransportSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 RUNNERS = ("torch", "fake")
@@ -230,10 +232,13 @@ def build_http_app(
     on_startup: Sequence[Callable[[], None]] | None,
     idempotency: IdempotencyStore | None,
     idempotency_ttl_s: float | None,
+    transport: TransportSettings | None = None,
+    draining: Draining | None = None,
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
     settings = settings or ObservabilitySettings()
+    transport = transport or TransportSettings()
     app = create_app(
         engine,
         names[0],
@@ -245,6 +250,10 @@ def build_http_app(
         on_startup=on_startup or (),
         idempotency=idempotency,
         idempotency_ttl_s=idempotency_ttl_s or DEFAULT_TTL_S,
+        cors_origins=transport.allowed_origins,
+        sse_heartbeat_s=transport.sse_heartbeat_interval,
+        request_timeout_s=transport.request_timeout,
+        draining=draining,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -329,6 +338,8 @@ class Container(containers.DeclarativeContainer):
     idempotency = providers.Singleton(
         build_idempotency, config.idempotency_ttl_s, config.idempotency_max_keys, config.redis_url
     )
+    # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
+    draining = providers.Singleton(Draining)
     http_app = providers.Singleton(
         build_http_app,
         async_engine,
@@ -342,6 +353,8 @@ class Container(containers.DeclarativeContainer):
         config.on_startup,
         idempotency,
         config.idempotency_ttl_s,
+        config.transport,
+        draining,
     )
 
 
@@ -367,6 +380,7 @@ def create_container(
     on_startup: Sequence[Callable[[], None]] | None = None,
     idempotency_ttl_s: float = DEFAULT_TTL_S,
     idempotency_max_keys: int = 10_000,
+    transport: TransportSettings | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -376,7 +390,9 @@ def create_container(
     tenants (None: an open server), their limits counted in Redis at ``redis_url`` (else
     in memory); ``on_startup``: hooks run on the server's event loop at start;
     ``idempotency_ttl_s``: how long replies to Idempotency-Key requests are kept (0: the
-    header is ignored), in Redis or in memory (``idempotency_max_keys`` at most)."""
+    header is ignored), in Redis or in memory (``idempotency_max_keys`` at most);
+    ``transport``: CORS, SSE heartbeats, the request deadline (TLS and the drain timeout
+    are the server's)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -407,6 +423,7 @@ def create_container(
             "on_startup": on_startup,
             "idempotency_ttl_s": idempotency_ttl_s,
             "idempotency_max_keys": idempotency_max_keys,
+            "transport": transport,
             "training_backend": training_backend,
         }
     )

@@ -10,9 +10,16 @@ largest header block (``h11_max_incomplete_event_size``) and a refusal threshold
   in progress), or, when every connection is busy, gets a fast 503;
 - the soft open-files limit raised to the hard one, and the cap kept below it;
 - one log line per burst, not thousands, when ``accept()`` still runs out of descriptors
-  (asyncio logs every retry of its accept loop, with a traceback).
+  (asyncio logs every retry of its accept loop, with a traceback);
+- a graceful drain on SIGTERM / SIGINT (:class:`LimitedServer`): the listeners stay open,
+  the app answers new API requests 503 and ``/ready`` 503 while the requests in flight
+  finish, for ``drain_timeout_s`` at most (a second signal: no longer); then those left
+  are ended (an error event), and uvicorn's own shutdown runs. The process then exits 0
+  (uvicorn would re-raise the signal).
 
 Responses written here (408, 503) come before routing, in OpenAI's error schema.
+TLS is uvicorn's (``ssl_certfile``, ...): asyncio decrypts below the protocol, so
+:class:`GuardedH11Protocol` sees plain HTTP and its deadlines start after the handshake.
 """
 
 import argparse
@@ -24,12 +31,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, ClassVar
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from adapters.http.ownership import Draining
 from domain.errors import InvalidParameterError
 
 log = logging.getLogger("uvicorn.error")
@@ -44,6 +53,9 @@ MAX_REFUSING = 32
 # Warnings that repeat under load (accept() out of descriptors, the connection cap) are
 # folded into one line per interval.
 LOG_INTERVAL_S = 10.0
+# After the drain timeout, the requests ended get this long to send their error event;
+# then uvicorn's shutdown waits this long at most for the connections left.
+END_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -297,11 +309,58 @@ def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
 
 
 class LimitedServer(uvicorn.Server):
-    """uvicorn's server, with the accept-error folding installed on its event loop."""
+    """uvicorn's server, with the accept-error folding installed on its event loop and,
+    given ``draining``, a graceful drain on SIGTERM / SIGINT (a second signal ends the
+    requests still running at once; one after that is uvicorn's: stop now)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        draining: Draining | None = None,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        super().__init__(config)
+        self.draining, self.drain_timeout_s = draining, drain_timeout_s
+        self._drain_since: float | None = None
+        self._announced = self._ended = False
 
     async def startup(self, sockets: Any = None) -> None:
         asyncio.get_running_loop().set_exception_handler(AcceptErrorLog())
         await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.draining is None or self._ended:
+            super().handle_exit(sig, frame)
+            return
+        # A signal handler: only flags here; on_tick (every 0.1 s) does the rest. A second
+        # signal runs the drain out now.
+        now = time.monotonic()
+        first = self._drain_since is None
+        self._drain_since = now if first else now - self.drain_timeout_s
+        self.draining.begin()
+
+    async def on_tick(self, counter: int) -> bool:
+        """True: leave the main loop for uvicorn's shutdown."""
+        return await super().on_tick(counter) or self._drained()
+
+    def _drained(self) -> bool:
+        if self.draining is None or self._drain_since is None:
+            return False
+        if not self._announced:
+            log.info(
+                "draining: no new API requests; %d running, %g s to finish",
+                self.draining.in_flight,
+                self.drain_timeout_s,
+            )
+            self._announced = True
+        if not self.draining.in_flight:
+            return True
+        late = time.monotonic() - self._drain_since - self.drain_timeout_s
+        if late >= 0 and not self._ended:
+            log.warning("drain over: ending the %d requests still running", self.draining.in_flight)
+            self.draining.end_all()
+            self._ended = True
+        return late >= END_GRACE_S
 
 
 def server_config(
@@ -332,9 +391,14 @@ def run_server(
     limits: ConnectionLimits,
     log_level: str = "info",
     access_log: bool = True,
+    *,
+    draining: Draining | None = None,
+    drain_timeout_s: float = 30.0,
+    **tls: str,
 ) -> None:
-    """Serve ``app`` until interrupted. When logging is configured (``configure_logging``)
-    uvicorn's logs go through it; otherwise uvicorn configures its own."""
+    """Serve ``app`` until interrupted (with ``draining``, the app's drain state: drained
+    first). When logging is configured (``configure_logging``) uvicorn's logs go through
+    it; otherwise uvicorn configures its own. ``tls``: uvicorn's ``ssl_*`` options."""
     soft = raise_open_files_limit()
     cap = connection_cap(limits.max_connections, soft)
     if cap < limits.max_connections:
@@ -348,9 +412,17 @@ def run_server(
     configured = bool(logging.getLogger().handlers)
     log_config = None if configured else uvicorn.config.LOGGING_CONFIG
     config = server_config(
-        app, host, port, limits, log_level=log_level, access_log=access_log, log_config=log_config
+        app,
+        host,
+        port,
+        limits,
+        log_level=log_level,
+        access_log=access_log,
+        log_config=log_config,
+        timeout_graceful_shutdown=END_GRACE_S if draining is not None else None,
+        **tls,
     )
-    LimitedServer(config).run()
+    LimitedServer(config, draining, drain_timeout_s).run()
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Response, get
+from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
@@ -16,7 +17,8 @@ from adapters.http.errors import HTTPError, error_response, framework_error_resp
 from adapters.http.generate_routes import generate_routes
 from adapters.http.idempotency import IdempotencyMiddleware
 from adapters.http.openai_routes import openai_routes
-from adapters.http.ownership import owning_middleware
+from adapters.http.ownership import Draining, owning_middleware
+from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_router
 from application.access import Access
 from application.engine_client import EngineClient
@@ -25,6 +27,22 @@ from application.tinker.service import TinkerService
 
 # The endpoints that generate: a retried POST with an Idempotency-Key runs once.
 IDEMPOTENT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/generate")
+# What a browser page on an allowed origin may send, and read, cross-origin.
+CORS_ALLOW_HEADERS = [
+    "Authorization",
+    "Content-Type",
+    "X-API-Key",
+    "X-Request-Id",
+    "Idempotency-Key",
+]
+CORS_EXPOSE_HEADERS = [
+    "X-Request-Id",
+    *(
+        f"x-ratelimit-{f}-{u}"
+        for f in ("limit", "remaining", "reset")
+        for u in ("requests", "tokens")
+    ),
+]
 
 
 def create_app(
@@ -39,6 +57,10 @@ def create_app(
     on_startup: Sequence[Callable[[], None]] = (),
     idempotency: IdempotencyStore | None = None,
     idempotency_ttl_s: float = DEFAULT_TTL_S,
+    cors_origins: Sequence[str] = (),
+    sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    request_timeout_s: float = 0.0,
+    draining: Draining | None = None,
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
@@ -47,7 +69,12 @@ def create_app(
     ``on_shutdown``: called after the engine stopped (flushing traces). ``access``: API
     keys (tenants, scopes) and per-tenant limits; None or open: anyone may call.
     ``idempotency``: where replies to ``Idempotency-Key`` requests are kept (None: the
-    header is ignored)."""
+    header is ignored). ``cors_origins``: browser origins allowed cross-origin (none: no
+    CORS headers); ``sse_heartbeat_s``: a ping in event streams silent that long (0: none);
+    ``request_timeout_s``: the deadline of the OpenAI and ``/v1/generate`` requests (0:
+    none); ``draining``: the server's drain state (``entrypoints.server`` begins it on
+    SIGTERM)."""
+    draining = draining or Draining()
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -76,8 +103,9 @@ def create_app(
 
     @get("/ready")
     async def ready() -> Response[bytes]:
-        """Readiness: the engine loop runs (a load balancer sends traffic)."""
-        status = 200 if engine.healthy else 503
+        """Readiness: the engine loop runs and the server is not draining (a load balancer
+        sends traffic)."""
+        status = 200 if engine.healthy and not draining.active else 503
         return Response(
             b'{"ready":true}' if status == 200 else b'{"ready":false}',
             status_code=status,
@@ -119,10 +147,26 @@ def create_app(
         ],
         lifespan=[lifespan],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
-        middleware=[*idempotent, owning_middleware(engine)],
+        middleware=[
+            *idempotent,
+            owning_middleware(engine, draining, request_timeout_s),
+            *([heartbeat_middleware(sse_heartbeat_s)] if sse_heartbeat_s > 0 else []),
+        ],
+        cors_config=_cors(cors_origins),
         exception_handlers={
             HTTPError: error_response,
             HTTPException: framework_error_response,
             Exception: framework_error_response,
         },
+    )
+
+
+def _cors(origins: Sequence[str]) -> CORSConfig | None:
+    if not origins:
+        return None
+    return CORSConfig(
+        allow_origins=list(origins),
+        allow_methods=["GET", "POST", "PUT", "DELETE"],
+        allow_headers=CORS_ALLOW_HEADERS,
+        expose_headers=CORS_EXPOSE_HEADERS,
     )

@@ -9,18 +9,27 @@ this alone: a generator that never started has no ``finally`` to run.)
 The group also fills in the request's :class:`RequestRecord` (tokens in and out, finish
 reasons, first-token time) from the engine outputs it passes on, for the logs, metrics and
 traces, and queues its requests with the record's tenant and trace context.
+
+The middleware also ends API requests early (every path but the probes ``/health``,
+``/ready``, ``/metrics``): at ``request_timeout_s`` (the OpenAI endpoints and
+``/v1/generate``), and when the server's drain runs out of time (:class:`Draining`). A
+request with no response yet is cancelled and answered in its face's error format (504
+``timeout``, 503); a stream gets an error event and its engine requests are aborted. While
+draining, new API requests get 503 with ``Retry-After``.
 """
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from litestar import Request
 from litestar.middleware import DefineMiddleware
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from adapters.http.errors import HTTPError
 from application.engine_client import EngineClient, OwnedRequests
 from application.quotas import Admission, Quotas
 from application.request_record import RECORD_KEY, RequestRecord
@@ -31,16 +40,98 @@ log = structlog.get_logger(__name__)
 _KEY = "infer.request_group"
 # Set by the access guard: the (Quotas, Admission) the request holds, settled at its end.
 ADMISSION = "infer.admission"
+# Not API work: served while draining, never timed out.
+PROBES = frozenset({"/health", "/ready", "/metrics"})
 
 
-def owning_middleware(engine: EngineClient) -> DefineMiddleware:
-    """The Litestar middleware giving each HTTP request its group."""
-    return DefineMiddleware(OwningMiddleware, engine=engine)
+@dataclass(frozen=True)
+class Ending:
+    """Why the server ends a request: its answer (no response started yet), or the error
+    event of its stream. ``kind``: the OpenAI-schema error type (Tinker's is ``server``)."""
+
+    status: int
+    message: str
+    kind: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def error(self, path: str) -> HTTPError:
+        kind = "server" if path.startswith("/api/") else self.kind
+        return HTTPError(self.status, self.message, kind, headers=self.headers)
+
+
+SHUTTING_DOWN = Ending(
+    503, "the server is shutting down; retry", "server_error", {"Retry-After": "1"}
+)
+
+
+class InFlight:
+    """An API request being served, and how to end it early."""
+
+    def __init__(self, group: OwnedRequests, task: "asyncio.Task[Any]") -> None:
+        self.group, self.task = group, task
+        self.started = False  # the response's start went out
+        self.ending: Ending | None = None
+
+    def watch(self, send: Send) -> Send:
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.started = True
+            await send(message)
+
+        return watched
+
+    def end(self, why: Ending) -> None:
+        """A response under way (a stream) ends with an error event, its engine requests
+        aborted; a request not answered yet is cancelled, then answered ``why``."""
+        if self.ending is not None:
+            return
+        self.ending = why
+        if self.started:
+            self.group.fail(why.message)
+        else:
+            self.task.cancel()
+
+
+class Draining:
+    """The server's drain (begun on SIGTERM / SIGINT): new API requests get 503 and
+    ``/ready`` 503; ``end_all`` ends the API requests still in flight."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.flights: set[InFlight] = set()
+
+    def begin(self) -> None:
+        self.active = True
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flights)
+
+    def end_all(self) -> None:
+        for flight in list(self.flights):
+            flight.end(SHUTTING_DOWN)
+
+
+def owning_middleware(
+    engine: EngineClient, draining: Draining | None = None, request_timeout_s: float = 0.0
+) -> DefineMiddleware:
+    """The Litestar middleware giving each HTTP request its group (``request_timeout_s``
+    0: no deadline)."""
+    return DefineMiddleware(
+        OwningMiddleware,
+        engine=engine,
+        draining=draining or Draining(),
+        request_timeout_s=request_timeout_s,
+    )
 
 
 class OwningMiddleware:
-    def __init__(self, app: ASGIApp, engine: EngineClient) -> None:
-        self.app, self.engine = app, engine
+    def __init__(
+        self, app: ASGIApp, engine: EngineClient, draining: Draining, request_timeout_s: float
+    ) -> None:
+        self.app, self.engine, self.draining = app, engine, draining
+        self.timed_out = Ending(504, f"request timed out after {request_timeout_s:g} s", "timeout")
+        self.request_timeout_s = request_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,12 +154,39 @@ class OwningMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_limits)
+            if scope["path"] in PROBES:
+                await self.app(scope, receive, send)
+            else:
+                await self._serve_api(scope, receive, send_with_limits, group)
         finally:  # synchronous: it runs even when the request's task is cancelled
             group.close()
             held = state.get(ADMISSION)
             if held is not None:
                 await _settle(held, record.prompt_tokens + record.completion_tokens)
+
+    async def _serve_api(
+        self, scope: Scope, receive: Receive, send: Send, group: OwnedRequests
+    ) -> None:
+        if self.draining.active:
+            raise SHUTTING_DOWN.error(scope["path"])
+        task = asyncio.current_task()
+        assert task is not None
+        flight = InFlight(group, task)
+        deadline = None
+        if self.request_timeout_s and scope["path"].startswith("/v1/"):
+            loop = asyncio.get_running_loop()
+            deadline = loop.call_later(self.request_timeout_s, flight.end, self.timed_out)
+        self.draining.flights.add(flight)
+        try:
+            await self.app(scope, receive, flight.watch(send))
+        except asyncio.CancelledError:
+            if flight.ending is None or task.uncancel():
+                raise  # not ours, or cancelled again since
+            raise flight.ending.error(scope["path"]) from None
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+            self.draining.flights.discard(flight)
 
 
 def request_group(request: Request) -> OwnedRequests:
@@ -108,6 +226,9 @@ class RecordingGroup:
 
     def close(self) -> None:
         self._group.close()
+
+    def fail(self, error: str) -> None:
+        self._group.fail(error)
 
     async def _recorded(self, stream: AsyncIterator[StepOutput]) -> AsyncIterator[StepOutput]:
         record = self._record

@@ -1,14 +1,17 @@
 """Streaming helpers of the faces: merging output streams, watching for a client that
-leaves, and Server-Sent Events."""
+leaves, Server-Sent Events, and their heartbeat."""
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import msgspec
 from litestar import Request
+from litestar.middleware import DefineMiddleware
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.http.errors import HTTPError
 
@@ -90,3 +93,86 @@ def sse(chunks: AsyncIterator[bytes]) -> ServerSentEvent:
 def sse_event(kind: str, payload: msgspec.Struct) -> ServerSentEventMessage:
     """A named event with a JSON payload."""
     return ServerSentEventMessage(data=_encoder.encode(payload).decode(), event=kind)
+
+
+# An SSE comment: clients (the openai SDK's parser included) ignore it; proxies and load
+# balancers see traffic on a stream that waits (seed 001 §18: stream_heartbeat_ms).
+PING = b": ping\n\n"
+DEFAULT_HEARTBEAT_S = 15.0
+
+
+def heartbeat_middleware(interval_s: float) -> DefineMiddleware:
+    """Every event stream silent for ``interval_s`` seconds gets a :data:`PING`."""
+    return DefineMiddleware(HeartbeatMiddleware, interval_s=interval_s)
+
+
+class HeartbeatMiddleware:
+    def __init__(self, app: ASGIApp, interval_s: float) -> None:
+        self.app, self.interval_s = app, interval_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        heartbeat = Heartbeat(send, self.interval_s)
+        try:
+            await self.app(scope, receive, heartbeat.send)
+        finally:
+            heartbeat.stop()
+
+
+class Heartbeat:
+    """The ``send`` of one response, with a ping between events while an event stream is
+    silent. Per event it notes the time; one timer per stream checks once per interval
+    (events are whole SSE frames, so a ping never splits one)."""
+
+    def __init__(self, send: Send, interval_s: float) -> None:
+        self._send, self.interval_s = send, interval_s
+        self._loop = asyncio.get_running_loop()
+        self._last = 0.0
+        self._sending = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._pings: set[asyncio.Task[None]] = set()
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and _is_event_stream(message):
+            self._last = self._loop.time()
+            self._timer = self._loop.call_at(self._last + self.interval_s, self._check)
+        elif self._timer is not None:
+            self._last = self._loop.time()
+            if not message.get("more_body", False):
+                self.stop()
+        self._sending = True
+        try:
+            await self._send(message)
+        finally:
+            self._sending = False
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if now - self._last >= self.interval_s:
+            # No ping while an event (or a ping) is on its way: the socket is busy anyway.
+            if not self._sending and not self._pings:
+                ping = self._loop.create_task(self._ping())
+                self._pings.add(ping)
+                ping.add_done_callback(self._pings.discard)
+            self._last = now
+        self._timer = self._loop.call_at(self._last + self.interval_s, self._check)
+
+    async def _ping(self) -> None:
+        # The stream may end (or its client leave) while the ping waits for the socket.
+        with contextlib.suppress(Exception):
+            await self._send({"type": "http.response.body", "body": PING, "more_body": True})
+
+
+def _is_event_stream(message: Message) -> bool:
+    headers: list[tuple[bytes, bytes]] = message.get("headers", [])  # type: ignore[assignment]
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return bytes(value).startswith(b"text/event-stream")
+    return False
