@@ -31,6 +31,7 @@ import structlog
 
 from application.engine import Engine
 from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
 from domain.observer import StepObserver
 from domain.ports import ChatMessage, ModelRunner, Tokenizer
 from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
@@ -165,6 +166,25 @@ class AsyncEngine:
         return await self._off_loop(
             lambda: tokenizer.render_chat(messages, tools=tools, trust_special_tokens=trust)
         )
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """``text``'s token ids (off the event loop), after the prompt-size limit."""
+        self.engine.check_prompt_size([text])
+        tokenizer = self.engine.tokenizer
+        return await self._off_loop(
+            lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        )
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` (ids outside the vocabulary: InvalidParameterError)."""
+        vocab = self.engine.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidParameterError(
+                "tokens", f"token id {bad} is out of vocabulary (ids are 0..{vocab - 1})"
+            )
+        tokenizer = self.engine.tokenizer
+        return await self._off_loop(lambda: tokenizer.decode(token_ids, skip_special_tokens=False))
 
     async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """``Engine.prepare`` (tokenize and validate) off the event loop."""

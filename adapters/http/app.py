@@ -20,6 +20,7 @@ from adapters.http.openai_routes import openai_routes
 from adapters.http.ownership import Draining, owning_middleware
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_router
+from adapters.http.tokenize_routes import tokenize_routes
 from application.access import Access
 from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
@@ -143,6 +144,7 @@ def create_app(
             ready,
             *extra,
             *openai_routes(engine, model_name, access),
+            *tokenize_routes(engine, model_name, access),
             *routers,
         ],
         lifespan=[lifespan],

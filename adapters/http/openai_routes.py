@@ -62,7 +62,14 @@ def openai_routes(
     async def models(request: Request) -> Response[bytes]:
         tenant = request_tenant(request)
         cards = [] if tenant and not tenant.allows_model(model_name) else [model_name]
-        return _json(ModelList([ModelCard(name, created) for name in cards]))
+        return _json(
+            ModelList(
+                [
+                    ModelCard(name, created, root=name, max_model_len=engine.max_seq_len)
+                    for name in cards
+                ]
+            )
+        )
 
     @post("/v1/completions", status_code=200, guards=guards)
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:

@@ -143,6 +143,9 @@ class ModelCard(msgspec.Struct):
     created: int
     owned_by: str = "infer"
     object: str = "model"
+    root: str | None = None  # the weights it serves (vLLM's)
+    parent: str | None = None  # the base model of an adapter (None: a base model)
+    max_model_len: int | None = None
 
 
 class ModelList(msgspec.Struct):
