@@ -252,7 +252,6 @@ def _check_stream_options(body: CompletionRequest | ChatCompletionRequest) -> No
 def _common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
     return [
         ("n", body.n not in (None, 1)),
-        ("logit_bias", bool(body.logit_bias)),
     ]
 
 
@@ -316,11 +315,30 @@ def _sampling(
             frequency_penalty=body.frequency_penalty or 0.0,
             stop=stop,
             seed=body.seed,
+            logit_bias=_logit_bias(body.logit_bias),
         )
     except InvalidParameterError as e:
         param = max_tokens_field if e.param == "max_tokens" else e.param
         message = str(e).replace(e.param, param, 1)
         raise HTTPError(400, message, "invalid_request_error", param) from e
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> a bias in [-100, 100]) as
+    (id, bias) pairs; ids beyond the vocabulary are refused when the prompt is prepared."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise HTTPError(
+                400,
+                f"logit_bias keys are token ids, got {key!r}",
+                "invalid_request_error",
+                "logit_bias",
+            ) from None
+        pairs.append((token, float(value)))
+    return tuple(pairs)
 
 
 def _prompts(prompt: str | list[Any]) -> list[Prompt]:
