@@ -73,9 +73,9 @@ def openai_routes(
 
     @post("/v1/completions", status_code=200, guards=guards)
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
-        body = _decode(_completion_decoder, request, await request.body())
+        body = decode_body(_completion_decoder, request, await request.body())
         record = _note(request, body.model, body.user, body.stream)
-        _check(body.model, model_name)
+        check_served_model(body.model, model_name)
         check_model(request, model_name, OPENAI_ERRORS)
         _check_stream_options(body)
         _refuse(
@@ -108,9 +108,9 @@ def openai_routes(
 
     @post("/v1/chat/completions", status_code=200, guards=guards)
     async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
-        body = _decode(_chat_decoder, request, await request.body())
+        body = decode_body(_chat_decoder, request, await request.body())
         record = _note(request, body.model, body.user, body.stream)
-        _check(body.model, model_name)
+        check_served_model(body.model, model_name)
         check_model(request, model_name, OPENAI_ERRORS)
         _check_stream_options(body)
         _check_tools(body)
@@ -196,7 +196,7 @@ def _note(
     return record
 
 
-def _decode(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) -> T:
+def decode_body(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) -> T:
     check_content_type(request)
     try:
         return decoder.decode(raw)
@@ -219,7 +219,7 @@ def _decode(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) -> T
         raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
 
-def _check(requested: str | None, served: str) -> None:
+def check_served_model(requested: str | None, served: str) -> None:
     """``model`` may be left out (vLLM's behaviour: the served model); any other is a 404."""
     if requested is not None and requested != served:
         raise HTTPError(

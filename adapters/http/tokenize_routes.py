@@ -15,7 +15,8 @@ from litestar import Request, Response, post
 from litestar.handlers import HTTPRouteHandler
 
 from adapters.http.access import check_model, inference_guard
-from adapters.http.errors import OPENAI_ERRORS, HTTPError, check_content_type
+from adapters.http.errors import OPENAI_ERRORS, HTTPError
+from adapters.http.openai_routes import check_served_model, decode_body
 from application.access import Access
 from application.engine_client import EngineClient
 
@@ -47,6 +48,10 @@ class DetokenizeResponse(msgspec.Struct):
     prompt: str
 
 
+_tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
+_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+
+
 def tokenize_routes(
     engine: EngineClient, model_name: str, access: Access | None = None
 ) -> list[HTTPRouteHandler]:
@@ -54,8 +59,9 @@ def tokenize_routes(
 
     @post("/tokenize", status_code=200, guards=guards)
     async def tokenize(request: Request[Any, Any, Any]) -> Response[bytes]:
-        body = _decode(request, await request.body(), TokenizeRequest)
-        _check_model(request, body.model, model_name)
+        body = decode_body(_tokenize_decoder, request, await request.body())
+        check_served_model(body.model, model_name)
+        check_model(request, model_name, OPENAI_ERRORS)
         if (body.prompt is None) == (body.messages is None):
             raise HTTPError(
                 400, "give either `prompt` or `messages`", "invalid_request_error", "prompt"
@@ -79,8 +85,9 @@ def tokenize_routes(
 
     @post("/detokenize", status_code=200, guards=guards)
     async def detokenize(request: Request[Any, Any, Any]) -> Response[bytes]:
-        body = _decode(request, await request.body(), DetokenizeRequest)
-        _check_model(request, body.model, model_name)
+        body = decode_body(_detokenize_decoder, request, await request.body())
+        check_served_model(body.model, model_name)
+        check_model(request, model_name, OPENAI_ERRORS)
         try:
             text = await engine.detokenize(body.tokens)
         except Exception as e:
@@ -88,25 +95,3 @@ def tokenize_routes(
         return Response(_encoder.encode(DetokenizeResponse(text)), media_type="application/json")
 
     return [tokenize, detokenize]
-
-
-def _decode(request: Request[Any, Any, Any], raw: bytes, kind: type[Any]) -> Any:
-    check_content_type(request)
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.ValidationError as e:
-        raise HTTPError(400, str(e), "invalid_request_error") from e
-    except msgspec.DecodeError as e:
-        raise HTTPError(400, f"invalid JSON body: {e}", "invalid_request_error") from e
-
-
-def _check_model(request: Request[Any, Any, Any], requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise HTTPError(
-            404,
-            f"The model `{requested}` does not exist (serving `{served}`)",
-            "invalid_request_error",
-            "model",
-            "model_not_found",
-        )
-    check_model(request, served, OPENAI_ERRORS)
