@@ -1,10 +1,26 @@
 """Sampling parameters: a validated value object shared by every face of the engine."""
 
 from dataclasses import dataclass
+from typing import Literal
 
 from domain.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
+StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the generated text, enforced by constrained decoding.
+
+    ``kind`` and ``spec``: ``json_schema`` (``spec``: the schema as JSON text),
+    ``json_object`` (any JSON object; ``spec`` unused), ``regex`` (``spec``: the pattern),
+    ``choice`` (``spec``: a JSON array of the allowed strings), ``grammar`` (``spec``: a
+    grammar in the grammar backend's syntax: Lark for llguidance, as in vLLM).
+    """
+
+    kind: StructuredKind
+    spec: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +58,7 @@ class SamplingParams:
     prompt_top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1")
@@ -89,8 +106,13 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """The row's logits are changed before sampling (bias or an allowed-token mask)."""
-        return bool(self.logit_bias) or self.allowed_token_ids is not None
+        """The row's logits are changed before sampling (bias, an allowed-token mask, or a
+        structured-output grammar)."""
+        return (
+            bool(self.logit_bias)
+            or self.allowed_token_ids is not None
+            or self.structured is not None
+        )
 
     @property
     def has_penalties(self) -> bool:

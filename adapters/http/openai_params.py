@@ -1,0 +1,184 @@
+"""The OpenAI faces' request checks: which fields are refused, the body -> SamplingParams,
+prompts and chat messages validated (each error a 400 naming its field)."""
+
+from typing import Any
+
+from adapters.http.errors import HTTPError
+from adapters.http.openai_schemas import ChatCompletionRequest, CompletionRequest
+from domain.errors import InvalidParameterError
+from domain.sampling import SamplingParams
+
+Prompt = str | list[int]
+
+
+def refuse(*checks: tuple[str, bool]) -> None:
+    for field, is_set in checks:
+        if is_set:
+            raise HTTPError(
+                400, f"`{field}` is not supported by this server", "invalid_request_error", field
+            )
+
+
+def check_stream_options(body: CompletionRequest | ChatCompletionRequest) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise HTTPError(
+            400,
+            "`stream_options` is only allowed when `stream` is true",
+            "invalid_request_error",
+            "stream_options",
+        )
+
+
+def common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
+    return [
+        ("n", body.n not in (None, 1)),
+    ]
+
+
+def check_tools(body: ChatCompletionRequest) -> None:
+    """OpenAI's answers: an empty ``tools`` (or ``functions``) list is too short, and the
+    tool options need tools."""
+    for name, tools in (("tools", body.tools), ("functions", body.functions)):
+        if tools == []:
+            raise HTTPError(400, f"[] is too short - '{name}'", "invalid_request_error", name)
+    if body.tools is not None:
+        return
+    for name, option in (
+        ("tool_choice", body.tool_choice),
+        ("parallel_tool_calls", body.parallel_tool_calls),
+    ):
+        if option is not None:
+            raise HTTPError(
+                400,
+                f"Invalid value for '{name}': '{name}' is only allowed when 'tools' are specified.",
+                "invalid_request_error",
+                name,
+            )
+
+
+def chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
+    text_format = body.response_format in (None, {"type": "text"})
+    return [
+        ("tools", bool(body.tools)),
+        ("tool_choice", body.tool_choice not in (None, "none", "auto")),
+        ("functions", bool(body.functions)),
+        ("function_call", body.function_call is not None),
+        ("response_format", not text_format),
+        ("top_logprobs", body.top_logprobs is not None),
+        ("audio", body.audio is not None),
+        ("modalities", body.modalities not in (None, ["text"])),
+        ("prediction", body.prediction is not None),
+        ("web_search_options", body.web_search_options is not None),
+    ]
+
+
+def sampling(
+    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, max_tokens_field: str
+) -> SamplingParams:
+    """``max_tokens_field``: the request field ``max_tokens`` came from (errors name it)."""
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
+        raise HTTPError(
+            400, "temperature must be in [0, 2]", "invalid_request_error", "temperature"
+        )
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            min_p=body.min_p or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            ignore_eos=bool(body.ignore_eos),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            stop=stop,
+            seed=body.seed,
+            logit_bias=logit_bias(body.logit_bias),
+        )
+    except InvalidParameterError as e:
+        param = max_tokens_field if e.param == "max_tokens" else e.param
+        message = str(e).replace(e.param, param, 1)
+        raise HTTPError(400, message, "invalid_request_error", param) from e
+
+
+def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a string -> a bias in [-100, 100]) as
+    (id, bias) pairs; ids beyond the vocabulary are refused when the prompt is prepared."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise HTTPError(
+                400,
+                f"logit_bias keys are token ids, got {key!r}",
+                "invalid_request_error",
+                "logit_bias",
+            ) from None
+        pairs.append((token, float(value)))
+    return tuple(pairs)
+
+
+def parse_prompts(prompt: str | list[Any]) -> list[Prompt]:
+    """A string, a list of strings, token ids, or a list of token-id lists -> prompts."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(is_token_id(t) for t in prompt):
+        return [list(prompt)]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if prompt and all(isinstance(p, list) and all(is_token_id(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]
+    raise HTTPError(
+        400,
+        "prompt must be a string, strings, token ids or lists of token ids",
+        "invalid_request_error",
+        "prompt",
+    )
+
+
+def is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+NEEDS_CONTENT = ("system", "developer", "user", "tool", "function")  # assistant: tool calls
+
+
+def parse_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages, checked, with text content (parts joined)."""
+    if not messages:
+        raise HTTPError(400, "messages must not be empty", "invalid_request_error", "messages")
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise HTTPError(
+                400,
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                "invalid_request_error",
+                f"messages[{i}].role",
+            )
+        if role in NEEDS_CONTENT and message.get("content") is None:
+            raise HTTPError(
+                400,
+                f"messages[{i}].content is required for role {role!r}",
+                "invalid_request_error",
+                f"messages[{i}].content",
+            )
+    return [{**m, "content": text_content(m.get("content"))} for m in messages]
+
+
+def text_content(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" for p in content
+    ):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise HTTPError(
+        400, "only text content parts are supported", "invalid_request_error", "messages"
+    )
