@@ -307,10 +307,17 @@ class RequestGroup:
         self.context = context  # who asked: every request of the group is queued with it
 
     def admit(
-        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
     ) -> list[AsyncIterator[StepOutput]]:
         """``AsyncEngine.admit``, remembered for ``close``."""
-        streams = self._engine.admit(request_ids, prompts, params, context=self.context)
+        streams = self._engine.admit(
+            request_ids, prompts, params, adapter_id=adapter_id, context=self.context
+        )
         self._request_ids.extend(request_ids)
         return streams
 

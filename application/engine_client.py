@@ -17,8 +17,16 @@ class OwnedRequests(Protocol):
     context: RequestContext
 
     def admit(
-        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
-    ) -> list[AsyncIterator[StepOutput]]: ...
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+    ) -> list[AsyncIterator[StepOutput]]:
+        """Queue prepared prompts all together or none; ``adapter_id``: the LoRA adapter
+        they run with (None: the base model)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -37,3 +37,15 @@ class EmptyPromptError(InvalidParameterError):
 
     def __init__(self) -> None:
         super().__init__("prompt", "must not be empty")
+
+
+class ModelNotFoundError(InvalidParameterError):
+    """A request's ``model`` names no model this server serves to the caller (OpenAI: 404
+    ``model_not_found``; the native endpoint: 422)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("model", message)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -18,12 +18,14 @@ from adapters.http.generate_routes import generate_routes
 from adapters.http.idempotency import IdempotencyMiddleware
 from adapters.http.openai_routes import openai_routes
 from adapters.http.ownership import Draining, owning_middleware
+from adapters.http.served_models import ModelNames, model_names_middleware, models_routes
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
-from adapters.http.tinker import tinker_router
+from adapters.http.tinker import tinker_guard, tinker_router
 from adapters.http.tokenize_routes import tokenize_routes
 from application.access import Access
 from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
+from application.served_models import ServedModels
 from application.tinker.service import TinkerService
 
 # The endpoints that generate: a retried POST with an Idempotency-Key runs once.
@@ -62,6 +64,7 @@ def create_app(
     sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     request_timeout_s: float = 0.0,
     draining: Draining | None = None,
+    models: ServedModels | None = None,
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
@@ -74,8 +77,11 @@ def create_app(
     CORS headers); ``sse_heartbeat_s``: a ping in event streams silent that long (0: none);
     ``request_timeout_s``: the deadline of the OpenAI and ``/v1/generate`` requests (0:
     none); ``draining``: the server's drain state (``entrypoints.server`` begins it on
-    SIGTERM)."""
+    SIGTERM); ``models``: the models served by name (default: ``model_name`` alone), with
+    the Tinker API the callers' checkpoints too."""
     draining = draining or Draining()
+    owner = tinker_guard(tinker_api_keys, access).tenant if tinker is not None else None
+    names = ModelNames(models or ServedModels([model_name], model_name), owner)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -139,18 +145,20 @@ def create_app(
     )
     return Litestar(
         route_handlers=[
-            *generate_routes(engine, model_name, access),
+            *generate_routes(engine, model_name, access, names),
             health,
             ready,
             *extra,
-            *openai_routes(engine, model_name, access),
-            *tokenize_routes(engine, model_name, access),
+            *models_routes(engine, names, access),
+            *openai_routes(engine, model_name, access, names),
+            *tokenize_routes(engine, model_name, access, names),
             *routers,
         ],
         lifespan=[lifespan],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[
             *idempotent,
+            model_names_middleware(),
             owning_middleware(engine, draining, request_timeout_s),
             *([heartbeat_middleware(sse_heartbeat_s)] if sse_heartbeat_s > 0 else []),
         ],

@@ -16,6 +16,7 @@ from adapters.http.schemas import ErrorDetail, ErrorResponse
 from domain.errors import (
     EmptyPromptError,
     InvalidParameterError,
+    ModelNotFoundError,
     PromptTooLongError,
     QueueFullError,
 )
@@ -161,6 +162,7 @@ OPENAI_ERRORS = ErrorTable(
             400, "invalid_request_error", the_field, "context_length_exceeded"
         ),
         InvalidParameterError: ErrorRule(400, "invalid_request_error", prompt_as_field),
+        ModelNotFoundError: ErrorRule(404, "invalid_request_error", own_param, "model_not_found"),
         # Seed 001 §15: a full queue is a 429 (the openai SDK retries it after Retry-After).
         QueueFullError: ErrorRule(429, "server_error", code="queue_full", headers=RETRY_AFTER),
         **ACCESS_RULES,

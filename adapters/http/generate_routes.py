@@ -2,6 +2,7 @@
 
 Status codes: 400 malformed (bad JSON, wrong types, empty prompt), 422 invalid values
 (wrong model, out-of-range parameters, unknown fields, prompt too long), 503 queue full.
+``model`` is any name ``/v1/models`` lists (a LoRA adapter's runs on it).
 """
 
 from collections.abc import AsyncIterator
@@ -12,14 +13,16 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
-from adapters.http.access import check_model, inference_guard, reserve
+from adapters.http.access import inference_guard, reserve
 from adapters.http.errors import GENERATE_ERRORS, HTTPError, check_content_type, error_param
 from adapters.http.ownership import request_group, request_record
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, GenerateUsage, TokenEvent
+from adapters.http.served_models import ModelNames
 from adapters.http.streaming import sse_event
 from application.access import Access
 from application.engine_client import EngineClient
 from application.request_ids import new_request_id
+from application.served_models import ServedModels
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -28,35 +31,35 @@ _decoder = msgspec.json.Decoder(GenerateRequest)
 
 
 def generate_routes(
-    engine: EngineClient, model_name: str, access: Access | None = None
+    engine: EngineClient,
+    model_name: str,
+    access: Access | None = None,
+    names: ModelNames | None = None,
 ) -> list[HTTPRouteHandler]:
-    """``access``: API keys and limits (None: an open server)."""
+    """``access``: API keys and limits (None: an open server); ``names``: the models
+    served (default: ``model_name`` alone)."""
+    names = names or ModelNames(ServedModels([model_name], model_name))
     guards = [inference_guard(access, GENERATE_ERRORS)] if access is not None else []
 
     @post("/v1/generate", status_code=200, guards=guards)
     async def generate(request: Request) -> ServerSentEvent:
         check_content_type(request)
         body = _parse(await request.body())
-        if body.model != model_name:
-            raise HTTPError(
-                422,
-                f"model {body.model!r} is not served (serving {model_name!r})",
-                "invalid_request_error",
-                "model",
-            )
-        params = _sampling_params(body)
         record = request_record(request)
         record.model, record.stream = body.model, True
+        model = names.resolve(request, body.model, GENERATE_ERRORS)
+        params = _sampling_params(body)
         try:
             if isinstance(body.prompt, str):  # cheap checks first: a full engine is a 503 now
                 engine.check_prompt_size([body.prompt])
             engine.check_params(params)
             engine.check_room(1)
-            check_model(request, model_name, GENERATE_ERRORS)
             with record.timing("tokenize"):
                 prompt_ids = await engine.prepare(body.prompt, params)
             await reserve(request, len(prompt_ids) + params.max_tokens, GENERATE_ERRORS)
-            [outputs] = request_group(request).admit([new_request_id("gen")], [prompt_ids], params)
+            [outputs] = request_group(request).admit(
+                [new_request_id("gen")], [prompt_ids], params, adapter_id=model.adapter_id
+            )
         except Exception as e:
             raise GENERATE_ERRORS.error(e) from e
         return ServerSentEvent(_events(outputs))

@@ -1,5 +1,5 @@
-"""OpenAI-compatible /v1/models, /v1/completions and /v1/chat/completions over an engine
-client."""
+"""OpenAI-compatible /v1/completions and /v1/chat/completions over an engine client (the
+model a request names: ``served_models.ModelNames``)."""
 
 import asyncio
 import dataclasses
@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import Request, Response, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import ServerSentEvent
 
-from adapters.http.access import check_model, inference_guard, request_tenant, reserve
+from adapters.http.access import inference_guard, reserve
 from adapters.http.errors import OPENAI_ERRORS, HTTPError, check_content_type, error_param
 from adapters.http.openai_params import (
     Prompt,
@@ -40,15 +40,15 @@ from adapters.http.openai_schemas import (
     Completion,
     CompletionChoice,
     CompletionRequest,
-    ModelCard,
-    ModelList,
 )
 from adapters.http.ownership import request_group, request_record
+from adapters.http.served_models import ModelNames
 from adapters.http.streaming import sse, unless_disconnected
 from application.access import Access
 from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
+from application.served_models import ServedModels
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -64,31 +64,21 @@ UNSET_MAX_TOKENS_RESERVE = 256
 
 
 def openai_routes(
-    engine: EngineClient, model_name: str, access: Access | None = None
+    engine: EngineClient,
+    model_name: str,
+    access: Access | None = None,
+    names: ModelNames | None = None,
 ) -> list[HTTPRouteHandler]:
-    """``access``: API keys and limits (None: an open server)."""
-    created = int(time.time())
+    """``access``: API keys and limits (None: an open server); ``names``: the models served
+    (default: ``model_name`` alone)."""
+    names = names or ModelNames(ServedModels([model_name], model_name))
     guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
-
-    @get("/v1/models", guards=guards)
-    async def models(request: Request) -> Response[bytes]:
-        tenant = request_tenant(request)
-        cards = [] if tenant and not tenant.allows_model(model_name) else [model_name]
-        return json_response(
-            ModelList(
-                [
-                    ModelCard(name, created, root=name, max_model_len=engine.max_seq_len)
-                    for name in cards
-                ]
-            )
-        )
 
     @post("/v1/completions", status_code=200, guards=guards)
     async def completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = decode_body(_completion_decoder, request, await request.body())
         record = _note(request, body.model, body.user, body.stream)
-        check_served_model(body.model, model_name)
-        check_model(request, model_name, OPENAI_ERRORS)
+        model = names.resolve(request, body.model, OPENAI_ERRORS)
         check_stream_options(body)
         refuse(
             ("best_of", body.best_of not in (None, 1)),
@@ -107,23 +97,22 @@ def openai_routes(
             prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
         await _reserve(request, prepared, params)
         group = _prioritized(request, body.priority, None)
-        streams = _admit(group, "cmpl", prepared, params, "prompt")
+        streams = _admit(group, "cmpl", prepared, params, "prompt", model.adapter_id)
         reply_id = new_request_id("cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion_chunks(reply_id, model_name, streams, usage))
+            return sse(completion_chunks(reply_id, model.id, streams, usage))
         outputs = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
         choices = [CompletionChoice(i, text, reason) for i, (text, reason, _) in enumerate(outputs)]
         return json_response(
-            Completion(reply_id, int(time.time()), model_name, choices, total_usage(outputs))
+            Completion(reply_id, int(time.time()), model.id, choices, total_usage(outputs))
         )
 
     @post("/v1/chat/completions", status_code=200, guards=guards)
     async def chat_completions(request: Request) -> Response[bytes] | ServerSentEvent:
         body = decode_body(_chat_decoder, request, await request.body())
         record = _note(request, body.model, body.user, body.stream)
-        check_served_model(body.model, model_name)
-        check_model(request, model_name, OPENAI_ERRORS)
+        model = names.resolve(request, body.model, OPENAI_ERRORS)
         check_stream_options(body)
         check_tools(body)
         refuse(
@@ -148,24 +137,24 @@ def openai_routes(
         explicit = body.max_completion_tokens is not None or body.max_tokens is not None
         await _reserve(request, [prepared], params, explicit)
         group = _prioritized(request, body.priority, body.metadata)
-        [stream] = _admit(group, "chatcmpl", [prepared], params, "messages")
+        [stream] = _admit(group, "chatcmpl", [prepared], params, "messages", model.adapter_id)
         reply_id = new_request_id("chatcmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_chunks(reply_id, model_name, stream, usage))
+            return sse(chat_chunks(reply_id, model.id, stream, usage))
         text, reason, counts = await unless_disconnected(request, collect(stream))
         choice = ChatChoice(0, ChatMessageOut(text), reason)
         return json_response(
             ChatCompletion(
                 reply_id,
                 int(time.time()),
-                model_name,
+                model.id,
                 [choice],
                 total_usage([(text, reason, counts)]),
             )
         )
 
-    return [models, completions, chat_completions]
+    return [completions, chat_completions]
 
 
 async def _reserve(
@@ -235,18 +224,6 @@ def decode_body(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) 
         raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
 
-def check_served_model(requested: str | None, served: str) -> None:
-    """``model`` may be left out (vLLM's behaviour: the served model); any other is a 404."""
-    if requested is not None and requested != served:
-        raise HTTPError(
-            404,
-            f"The model `{requested}` does not exist (serving `{served}`)",
-            "invalid_request_error",
-            "model",
-            "model_not_found",
-        )
-
-
 async def _render(engine: EngineClient, messages: list[dict[str, Any]]) -> list[int]:
     try:
         return await engine.render_chat(messages)
@@ -289,11 +266,13 @@ def _admit(
     prompts: Sequence[list[int]],
     params: SamplingParams,
     field: str,
+    adapter_id: str | None = None,
 ) -> list[AsyncIterator[StepOutput]]:
-    """Queue every prepared prompt or none; the HTTP request's group owns them (its end,
-    however it comes, aborts those still running)."""
+    """Queue every prepared prompt or none, on LoRA adapter ``adapter_id`` (None: the base
+    model); the HTTP request's group owns them (its end, however it comes, aborts those
+    still running)."""
     request_ids = [new_request_id(prefix) for _ in prompts]
     try:
-        return group.admit(request_ids, prompts, params)
+        return group.admit(request_ids, prompts, params, adapter_id=adapter_id)
     except Exception as e:
         raise OPENAI_ERRORS.error(e, field) from e

@@ -218,9 +218,14 @@ class RecordingGroup:
         self._group.context = context
 
     def admit(
-        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
     ) -> list[AsyncIterator[StepOutput]]:
-        streams = self._group.admit(request_ids, prompts, params)
+        streams = self._group.admit(request_ids, prompts, params, adapter_id=adapter_id)
         self._record.prompt_tokens += sum(map(len, prompts))
         return [self._recorded(stream) for stream in streams]
 

@@ -14,11 +14,13 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.handlers import HTTPRouteHandler
 
-from adapters.http.access import check_model, inference_guard
+from adapters.http.access import inference_guard
 from adapters.http.errors import OPENAI_ERRORS, HTTPError
-from adapters.http.openai_routes import check_served_model, decode_body
+from adapters.http.openai_routes import decode_body
+from adapters.http.served_models import ModelNames
 from application.access import Access
 from application.engine_client import EngineClient
+from application.served_models import ServedModels
 
 _encoder = msgspec.json.Encoder()
 
@@ -53,15 +55,20 @@ _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 
 
 def tokenize_routes(
-    engine: EngineClient, model_name: str, access: Access | None = None
+    engine: EngineClient,
+    model_name: str,
+    access: Access | None = None,
+    names: ModelNames | None = None,
 ) -> list[HTTPRouteHandler]:
+    """``names``: the models served (default: ``model_name`` alone); any of them
+    tokenizes alike (adapters do not change the tokenizer)."""
+    names = names or ModelNames(ServedModels([model_name], model_name))
     guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
 
     @post("/tokenize", status_code=200, guards=guards)
     async def tokenize(request: Request[Any, Any, Any]) -> Response[bytes]:
         body = decode_body(_tokenize_decoder, request, await request.body())
-        check_served_model(body.model, model_name)
-        check_model(request, model_name, OPENAI_ERRORS)
+        names.resolve(request, body.model, OPENAI_ERRORS)
         if (body.prompt is None) == (body.messages is None):
             raise HTTPError(
                 400, "give either `prompt` or `messages`", "invalid_request_error", "prompt"
@@ -86,8 +93,7 @@ def tokenize_routes(
     @post("/detokenize", status_code=200, guards=guards)
     async def detokenize(request: Request[Any, Any, Any]) -> Response[bytes]:
         body = decode_body(_detokenize_decoder, request, await request.body())
-        check_served_model(body.model, model_name)
-        check_model(request, model_name, OPENAI_ERRORS)
+        names.resolve(request, body.model, OPENAI_ERRORS)
         try:
             text = await engine.detokenize(body.tokens)
         except Exception as e:

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 from contextlib import ExitStack
+from pathlib import Path
 
 from application.engine_client import EngineClient
 from application.request_ids import new_request_id
@@ -100,24 +101,19 @@ class EngineSampler:
 
     def _adapter(self, source: WeightsSource, stack: ExitStack) -> str | None:
         if source.path is not None:
-            # Keyed by the file's identity too: a checkpoint saved again under its name
-            # (overwrite) is a new adapter, not the cached one.
-            try:
-                stat = self.lora.weights_file(source.path).stat()
-                real = source.path.resolve(strict=True)  # a checkpoint's version folder
-            except OSError as e:  # never name the folder: it is the server's business
-                raise NotFoundError("the checkpoint this sampler uses was deleted") from e
-            adapter_id = f"path:{real}:{stat.st_mtime_ns}:{stat.st_size}"
+            adapter_id = checkpoint_adapter_id(self.lora, source.path)
+            # Pinned before it loads: loading evicts others, never the one about to be used.
+            stack.enter_context(self.lora.pinned(adapter_id))
             if adapter_id not in self.lora:
                 self.lora.load_folder(adapter_id, source.path)
-        elif source.model_id is not None:
+            return adapter_id
+        if source.model_id is not None:
             adapter_id = f"live:{source.model_id}:{next(self._ids)}"
-            self.lora.add_live(adapter_id, source.model_id)
+            stack.enter_context(self.lora.pinned(adapter_id))
             stack.callback(self.lora.remove, adapter_id)
-        else:
-            return None
-        stack.enter_context(self.lora.pinned(adapter_id))
-        return adapter_id
+            self.lora.add_live(adapter_id, source.model_id)
+            return adapter_id
+        return None
 
     async def _one(
         self, prompt: list[int], params: SamplingParams, adapter: str | None, tenant: str
@@ -157,6 +153,19 @@ class EngineSampler:
             tokens, logprobs, "length" if length else "stop", topk if params.logprobs else None
         )
         return sequence, first
+
+
+def checkpoint_adapter_id(lora: ServingAdapters, folder: Path) -> str:
+    """The adapter id of the checkpoint in ``folder`` (``NotFoundError`` when it is gone).
+    Keyed by the weights file's identity too: a checkpoint saved again under its name
+    (overwrite) is a new adapter, not the cached one. The Tinker sampler and the OpenAI
+    face (a ``tinker://`` path as ``model``) share these ids, so share the loaded adapter."""
+    try:
+        stat = lora.weights_file(folder).stat()
+        real = folder.resolve(strict=True)  # a checkpoint's version folder
+    except OSError as e:  # never name the folder: it is the server's business
+        raise NotFoundError("the checkpoint this sampler uses was deleted") from e
+    return f"path:{real}:{stat.st_mtime_ns}:{stat.st_size}"
 
 
 def _engine_params(

@@ -1,0 +1,232 @@
+"""The models the OpenAI faces serve, by the names clients send (seed 001 §10).
+
+- The base model under its id (the first ``--served-model-name``), its aliases (the other
+  names) and its pinned version ``<id>-<version>`` (``smollm2-2026-01-01``): all the same
+  weights, listed as models of their own with ``root`` = the weights.
+- LoRA adapters as models: ``--lora-modules name=path`` (PEFT folders), loaded into the
+  engine's multi-LoRA serving at start and kept loaded; listed with ``parent`` = the base.
+- With the Tinker API, the caller's saved checkpoints by their ``tinker://`` path, loaded on
+  first use (the Tinker sampler's adapters: one load serves both); another tenant's
+  checkpoint does not exist for the caller (public ones excepted, as in Tinker).
+- Any static name may have a deprecation date (its shutdown): until then it is served and
+  listed with ``deprecation_date`` (the faces add ``Deprecation`` / ``Sunset`` headers);
+  from that day on it is neither (``ModelNotFoundError``).
+
+Resolving a name gives a :class:`ModelEntry`: what ``/v1/models`` shows and what the engine
+needs (the adapter id, None for the base model).
+"""
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import date
+from pathlib import Path
+
+from application.tinker.engine_sampler import checkpoint_adapter_id
+from application.tinker.service import TinkerService
+from domain.errors import InvalidParameterError, ModelNotFoundError
+from domain.training import ServingAdapters, TrainingError
+
+TINKER_SCHEME = "tinker://"
+_LORA_PREFIX = "lora-module:"
+
+
+@dataclass(frozen=True, slots=True)
+class LoraModule:
+    """A PEFT adapter folder served as the model ``name``."""
+
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """A model as ``/v1/models`` shows it, and how a request runs on it.
+
+    ``grants``: the names a key's model scope may list to let it use this model (its own
+    name, and for an alias, pinned version or Tinker checkpoint the base's id);
+    ``adapter_id``: the engine's LoRA adapter (None: the base model); ``folder``: where a
+    Tinker checkpoint's adapter is loaded from (never shown)."""
+
+    id: str
+    root: str
+    created: int
+    parent: str | None = None
+    deprecation_date: date | None = None
+    grants: tuple[str, ...] = ()
+    adapter_id: str | None = None
+    folder: Path | None = field(default=None, repr=False)
+
+    def allowed(self, allows_model: Callable[[str], bool]) -> bool:
+        """Whether a tenant whose scope answers ``allows_model`` may use this model."""
+        return any(allows_model(name) for name in self.grants)
+
+
+class ServedModels:
+    def __init__(
+        self,
+        names: Sequence[str],
+        root: str,
+        *,
+        version: str | None = None,
+        lora_modules: Sequence[LoraModule] = (),
+        adapters: ServingAdapters | None = None,
+        tinker: TinkerService | None = None,
+        tinker_base_names: Sequence[str] = (),
+        deprecations: Mapping[str, date] | None = None,
+        today: Callable[[], date] = date.today,
+    ) -> None:
+        """``names``: the base model's id, then its aliases; ``root``: its weights;
+        ``version``: its pinned version (served as ``<id>-<version>``); ``adapters``: the
+        engine's multi-LoRA serving (needed by ``lora_modules`` and Tinker checkpoints);
+        ``tinker``: serve its checkpoints by path, those on ``tinker_base_names`` (the
+        names the Tinker API knows this base model by); ``deprecations``: name -> the day
+        it stops being served. Raises ``InvalidParameterError`` naming the setting."""
+        if not names:
+            raise InvalidParameterError("served_model_name", "give at least one name")
+        if lora_modules and adapters is None:
+            raise InvalidParameterError("lora_modules", "LoRA serving needs the torch runner")
+        self.base = names[0]
+        self.adapters = adapters
+        self.tinker = tinker if adapters is not None else None
+        self.tinker_base_names = frozenset(tinker_base_names or names[:1])
+        self.today = today
+        self.created = int(time.time())
+        self.lora_modules = list(lora_modules)
+        self.deprecations = dict(deprecations or {})
+        self._static: dict[str, ModelEntry] = {}
+        pinned = [f"{self.base}-{version}"] if version else []
+        for name in [*names, *pinned]:
+            grants = (name,) if name == self.base else (name, self.base)
+            self._add("served_model_name", ModelEntry(name, root, self.created, grants=grants))
+        for module in lora_modules:
+            entry = ModelEntry(
+                module.name,
+                str(module.path),
+                self.created,
+                parent=self.base,
+                grants=(module.name,),
+                adapter_id=_LORA_PREFIX + module.name,
+            )
+            self._add("lora_modules", entry)
+        for name, day in self.deprecations.items():
+            if name not in self._static:
+                raise InvalidParameterError(
+                    "model_deprecation", f"{name!r} is not a served model name"
+                )
+            self._static[name] = replace(self._static[name], deprecation_date=day)
+        self._held = ExitStack()  # the LoRA modules' pins, for the server's life
+
+    def _add(self, setting: str, entry: ModelEntry) -> None:
+        name = entry.id
+        if not name or name != name.strip() or name.startswith(TINKER_SCHEME):
+            raise InvalidParameterError(setting, f"{name!r} is not a usable model name")
+        if name in self._static:
+            raise InvalidParameterError(setting, f"the model name {name!r} is given twice")
+        self._static[name] = entry
+
+    def load_lora_modules(self) -> None:
+        """Load every ``--lora-modules`` folder (kept loaded: never evicted); raises
+        ``InvalidParameterError`` naming the module and its folder."""
+        for module in self.lora_modules:
+            assert self.adapters is not None  # checked in __init__
+            adapter_id = _LORA_PREFIX + module.name
+            where = f"{module.name}={module.path}"
+            if not module.path.is_dir():
+                raise InvalidParameterError("lora_modules", f"{where}: no such folder")
+            if not self.adapters.weights_file(module.path).is_file():
+                raise InvalidParameterError(
+                    "lora_modules",
+                    f"{where}: no {self.adapters.weights_file(module.path).name} "
+                    "(not a PEFT LoRA adapter folder)",
+                )
+            self._held.enter_context(self.adapters.pinned(adapter_id))
+            try:
+                self.adapters.load_folder(adapter_id, module.path)
+            except (TrainingError, OSError, ValueError) as e:  # the operator's own folder
+                why = f"{e} ({e.__cause__})" if e.__cause__ is not None else str(e)
+                raise InvalidParameterError("lora_modules", f"{where}: {why}") from e
+
+    # --- resolving ------------------------------------------------------------------
+
+    def resolve(self, requested: str | None, owner: str | None = None) -> ModelEntry:
+        """The model a request names (None: the base model). ``owner``: the caller's
+        Tinker tenant (None: it has none, so no checkpoint of its own)."""
+        if requested is None:
+            return self._static[self.base]
+        entry = self._static.get(requested)
+        if entry is not None:
+            if self._retired(entry):
+                raise ModelNotFoundError(
+                    f"The model `{requested}` was retired on {entry.deprecation_date}"
+                )
+            return entry
+        if requested.startswith(TINKER_SCHEME) and self.tinker is not None and owner:
+            found = self._checkpoint(requested, owner)
+            if found is not None:
+                return found
+        raise ModelNotFoundError(
+            f"The model `{requested}` does not exist or you do not have access to it"
+        )
+
+    def _checkpoint(self, path: str, owner: str) -> ModelEntry | None:
+        assert self.tinker is not None and self.adapters is not None
+        try:
+            record, folder = self.tinker.checkpoints.resolve(owner, path)
+            adapter_id = checkpoint_adapter_id(self.adapters, folder)
+        except TrainingError:  # a malformed path, another's checkpoint, one deleted
+            return None
+        if record.base_model not in self.tinker_base_names:  # saved by another server
+            return None
+        return ModelEntry(
+            path,
+            path,
+            int(record.created_at),
+            parent=self.base,
+            grants=(path, self.base),
+            adapter_id=adapter_id,
+            folder=folder,
+        )
+
+    @contextmanager
+    def use(self, entry: ModelEntry) -> Iterator[None]:
+        """Keep ``entry``'s adapter loaded while a request runs on it (a Tinker
+        checkpoint's is loaded now if it is not)."""
+        if entry.adapter_id is None or self.adapters is None:
+            yield
+            return
+        with self.adapters.pinned(entry.adapter_id):  # before loading: never evicted by it
+            if entry.adapter_id not in self.adapters:
+                if entry.folder is None:  # a LoRA module evicted: cannot happen (pinned)
+                    raise ModelNotFoundError(f"The model `{entry.id}` is not loaded")
+                try:
+                    self.adapters.load_folder(entry.adapter_id, entry.folder)
+                except TrainingError as e:
+                    raise InvalidParameterError("model", f"`{entry.id}`: {e}") from e
+            yield
+
+    # --- listing --------------------------------------------------------------------
+
+    def entries(self, owner: str | None = None) -> list[ModelEntry]:
+        """Every model served now: the base's names, the LoRA modules, then (with an
+        ``owner``) its Tinker sampler checkpoints on this base model, oldest first."""
+        listed = [e for e in self._static.values() if not self._retired(e)]
+        if self.tinker is None or not owner:
+            return listed
+        for record in self.tinker.checkpoints.find(owner):
+            if record.kind == "sampler" and record.base_model in self.tinker_base_names:
+                listed.append(
+                    ModelEntry(
+                        record.tinker_path,
+                        record.tinker_path,
+                        int(record.created_at),
+                        parent=self.base,
+                        grants=(record.tinker_path, self.base),
+                    )
+                )
+        return listed
+
+    def _retired(self, entry: ModelEntry) -> bool:
+        return entry.deprecation_date is not None and self.today() >= entry.deprecation_date
+
