@@ -229,4 +229,3 @@ class ServedModels:
 
     def _retired(self, entry: ModelEntry) -> bool:
         return entry.deprecation_date is not None and self.today() >= entry.deprecation_date
-

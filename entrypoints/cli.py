@@ -18,6 +18,7 @@ from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
 from entrypoints.container import DTYPES, create_container
+from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
 from entrypoints.observability_flags import add_observability_args, observability_settings
 from entrypoints.request_flags import add_request_limit_args, request_limits
 from entrypoints.server import add_connection_args, connection_limits, run_server
@@ -76,7 +77,6 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None, help="model id clients send")
     serve.add_argument(
         "--max-batch-size",
         "--max-num-seqs",
@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    add_model_name_args(serve)
     add_request_limit_args(serve)
     add_connection_args(serve)
     add_transport_args(serve)
@@ -243,6 +244,7 @@ def _serve(args: argparse.Namespace) -> int:
     transport = transport_settings(args)
     observability = observability_settings(args)
     keyring, keys_source = keyring_from_args(args)
+    models = model_settings(args)
     configure_logging(args.log_level, args.log_format)
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
@@ -266,7 +268,8 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         cache_dir=args.cache_dir,
         engine=config,
-        served_model_name=args.served_model_name,
+        served_model_name=served_model_name(args),
+        models=models,
         tinker=args.tinker,
         tinker_aliases=args.tinker_alias,
         tinker_api_keys=_api_keys(args.tinker_api_key),
@@ -286,6 +289,8 @@ def _serve(args: argparse.Namespace) -> int:
     app = container.http_app()
     url = f"{'https' if transport.tls else 'http'}://{args.host}:{args.port}"
     print(f"serving {container.resolved_model().name} at {url}", flush=True)
+    served = [e.id for e in container.served_models().entries()]
+    print(f"models: {', '.join(served)}", flush=True)
     if args.tinker:
         names = ", ".join(container.served_names())
         print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)

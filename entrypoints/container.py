@@ -41,6 +41,7 @@ from application.idempotency import DEFAULT_TTL_S, IdempotencyStore, MemoryIdemp
 from application.keys import Keyring
 from application.observers import ObserverGroup, TrainingObserverGroup
 from application.quotas import Quotas
+from application.served_models import ServedModels
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
@@ -49,6 +50,7 @@ from domain.ports import Tokenizer
 from domain.scheduler import ContinuousScheduler
 from domain.tenancy import Tenant
 from domain.training import TinkerLimits, TrainingBackend
+from entrypoints.model_flags import ModelSettings
 from entrypoints.transport_flags import TransportSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -101,8 +103,39 @@ def fake_model_names(served: str | None, aliases: list[str] | None) -> list[str]
     return [name, *(a for a in aliases or () if a != name)]
 
 
-def build_lora_serving(model: Transformer, enabled: bool) -> LoraServing | None:
-    return LoraServing(model) if enabled else None
+def build_lora_serving(
+    model: Transformer, tinker: bool, models: ModelSettings | None
+) -> LoraServing | None:
+    """Multi-LoRA serving, for Tinker's samples and the ``--lora-modules``."""
+    models = models or ModelSettings()
+    if not tinker and not models.lora_modules:
+        return None
+    return LoraServing(model, max_adapters=models.max_loras)
+
+
+def build_served_models(
+    names: list[str],
+    root: str,
+    settings: ModelSettings | None,
+    lora: LoraServing | None,
+    tinker: TinkerService | None,
+) -> ServedModels:
+    """The names the OpenAI faces serve: ``names[0]`` and the aliases of ``settings``, the
+    LoRA modules (loaded now: a bad folder fails the start), Tinker's checkpoints (on the
+    base model under any of ``names``, Tinker's aliases included)."""
+    settings = settings or ModelSettings()
+    models = ServedModels(
+        [names[0], *settings.aliases],
+        root,
+        version=settings.model_version,
+        lora_modules=settings.lora_modules,
+        adapters=lora,
+        tinker=tinker,
+        tinker_base_names=names,
+        deprecations=settings.deprecations,
+    )
+    models.load_lora_modules()
+    return models
 
 
 def build_training_backend(
@@ -234,6 +267,7 @@ def build_http_app(
     idempotency_ttl_s: float | None,
     transport: TransportSettings | None = None,
     draining: Draining | None = None,
+    models: ServedModels | None = None,
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
@@ -254,6 +288,7 @@ def build_http_app(
         sse_heartbeat_s=transport.sse_heartbeat_interval,
         request_timeout_s=transport.request_timeout,
         draining=draining,
+        models=models,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -281,7 +316,9 @@ class Container(containers.DeclarativeContainer):
     tokenizer = providers.Selector(config.runner, torch=torch_tokenizer, fake=fake_tokenizer)
     lora_serving = providers.Selector(
         config.runner,
-        torch=providers.Singleton(build_lora_serving, model, config.tinker.as_(bool)),
+        torch=providers.Singleton(
+            build_lora_serving, model, config.tinker.as_(bool), config.models
+        ),
         fake=providers.Object(None),
     )
     torch_runner = providers.Singleton(
@@ -338,6 +375,18 @@ class Container(containers.DeclarativeContainer):
     idempotency = providers.Singleton(
         build_idempotency, config.idempotency_ttl_s, config.idempotency_max_keys, config.redis_url
     )
+    served_models = providers.Singleton(
+        build_served_models,
+        served_names,
+        providers.Selector(
+            config.runner,
+            torch=resolved_model.provided.name,
+            fake=providers.Object(FAKE_MODEL_NAME),
+        ),
+        config.models,
+        lora_serving,
+        tinker,
+    )
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
     http_app = providers.Singleton(
@@ -355,6 +404,7 @@ class Container(containers.DeclarativeContainer):
         config.idempotency_ttl_s,
         config.transport,
         draining,
+        served_models,
     )
 
 
@@ -381,6 +431,7 @@ def create_container(
     idempotency_ttl_s: float = DEFAULT_TTL_S,
     idempotency_max_keys: int = 10_000,
     transport: TransportSettings | None = None,
+    models: ModelSettings | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -392,7 +443,8 @@ def create_container(
     ``idempotency_ttl_s``: how long replies to Idempotency-Key requests are kept (0: the
     header is ignored), in Redis or in memory (``idempotency_max_keys`` at most);
     ``transport``: CORS, SSE heartbeats, the request deadline (TLS and the drain timeout
-    are the server's)."""
+    are the server's); ``models``: aliases, the pinned version, deprecations and LoRA
+    modules (``served_model_name`` is the model's id)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -425,6 +477,7 @@ def create_container(
             "idempotency_max_keys": idempotency_max_keys,
             "transport": transport,
             "training_backend": training_backend,
+            "models": models,
         }
     )
     if engine is not None:

@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime, time
 from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 from litestar import Request, Response, get
@@ -163,8 +164,9 @@ def models_routes(
     async def retrieve_model(
         request: Request[Any, Any, Any], model_id: FromPath[Path]
     ) -> Response[bytes]:
-        # The id as sent: the parsed path parameter folds a tinker:// path's "//".
-        wanted = request.scope["path"].removeprefix(MODELS_PATH + "/")
+        # The id as sent: the parsed path (and the parameter) fold a tinker:// path's "//".
+        raw = request.scope.get("raw_path") or request.scope["path"].encode()
+        wanted = unquote(raw.decode("latin-1")).removeprefix(MODELS_PATH + "/")
         found = next((e for e in names.visible(request) if e.id == wanted), None)
         if found is None:
             missing = ModelNotFoundError(f"The model `{wanted}` does not exist")
