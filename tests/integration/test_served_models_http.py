@@ -16,6 +16,8 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import load_keyring
 from application.keys import hash_key
+from application.served_models import LoraModule
+from domain.errors import InvalidParameterError
 from entrypoints.model_flags import ModelSettings
 from tests.fakes import fake_container
 
@@ -145,3 +147,17 @@ def test_a_key_allowed_the_id_uses_its_aliases_one_allowed_an_alias_only_that(
             alias.completions.create(model="smollm2", prompt="Q:", max_tokens=4)
         with pytest.raises(openai.NotFoundError):  # not listed for it: not retrievable either
             alias.models.retrieve("smollm2")
+
+
+def test_serve_refuses_a_bad_model_flag_before_loading_anything(capsys) -> None:
+    from entrypoints.cli import main
+
+    assert main(["serve", "--model-deprecation", "legacy=someday"]) == 2
+    assert "--model-deprecation" in capsys.readouterr().err
+
+
+def test_lora_modules_need_the_torch_runner(tmp_path: Path) -> None:
+    settings = ModelSettings(lora_modules=(LoraModule("sql", tmp_path),))
+    with pytest.raises(InvalidParameterError, match="torch runner") as error:
+        fake_container(cache_dir=str(tmp_path), models=settings).http_app()
+    assert error.value.param == "lora_modules"

@@ -1,0 +1,63 @@
+"""``infer serve``'s model-name flags: what they parse to, and bad values refused naming
+the flag's setting."""
+
+import argparse
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from application.served_models import LoraModule
+from domain.errors import InvalidParameterError
+from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_model_name_args(parser)
+    return parser.parse_args(argv)
+
+
+def test_the_flags_parse_to_names_aliases_modules_and_dates() -> None:
+    args = parse(
+        "--served-model-name", "smollm2", "gpt-4o-mini", "mini",
+        "--model-version", "2026-01-01",
+        "--model-deprecation", "mini=2026-06-30",
+        "--lora-modules", "sql=/a/sql", "chat=/a/chat",
+        "--lora-modules", "more=/a/more",
+    )  # fmt: skip
+    settings = model_settings(args)
+    assert served_model_name(args) == "smollm2"
+    assert settings.aliases == ("gpt-4o-mini", "mini")
+    assert settings.model_version == "2026-01-01"
+    assert settings.deprecations == {"mini": date(2026, 6, 30)}
+    assert settings.lora_modules == (
+        LoraModule("sql", Path("/a/sql")),
+        LoraModule("chat", Path("/a/chat")),
+        LoraModule("more", Path("/a/more")),
+    )
+
+
+def test_no_flags_serve_the_model_under_its_own_name() -> None:
+    args = parse()
+    assert served_model_name(args) is None
+    settings = model_settings(args)
+    assert (settings.aliases, settings.lora_modules, settings.deprecations) == ((), (), {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        (["--model-deprecation", "mini"], "model_deprecation"),
+        (["--model-deprecation", "mini=30/06/2026"], "model_deprecation"),
+        (["--lora-modules", "sql"], "lora_modules"),
+        (["--lora-modules", "=/a/sql"], "lora_modules"),
+        (["--model-version", "2026 01"], "model_version"),
+        (["--max-loras", "0"], "max_loras"),
+        (["--max-loras", "1", "--lora-modules", "a=/a", "b=/b"], "max_loras"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_flag(argv: list[str], setting: str) -> None:
+    with pytest.raises(InvalidParameterError) as error:
+        model_settings(parse(*argv))
+    assert error.value.param == setting
