@@ -18,6 +18,7 @@ from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
 from entrypoints.container import DTYPES, create_container
+from entrypoints.embedding_flags import add_embedding_args, embedding_limits, embedding_model
 from entrypoints.observability_flags import add_observability_args, observability_settings
 from entrypoints.request_flags import add_request_limit_args, request_limits
 from entrypoints.server import add_connection_args, connection_limits, run_server
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_request_limit_args(serve)
+    add_embedding_args(serve)
     add_connection_args(serve)
     add_transport_args(serve)
     add_observability_args(serve)
@@ -279,6 +281,8 @@ def _serve(args: argparse.Namespace) -> int:
         idempotency_max_keys=args.idempotency_max_keys,
         on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
         transport=transport,
+        embedding_model=embedding_model(args),
+        embedding_limits=embedding_limits(args, config.max_prompt_bytes),
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
@@ -286,6 +290,8 @@ def _serve(args: argparse.Namespace) -> int:
     app = container.http_app()
     url = f"{'https' if transport.tls else 'http'}://{args.host}:{args.port}"
     print(f"serving {container.resolved_model().name} at {url}", flush=True)
+    if (embeddings := container.embeddings()) is not None:
+        print(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings", flush=True)
     if args.tinker:
         names = ", ".join(container.served_names())
         print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)

@@ -4,7 +4,7 @@ client."""
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -64,22 +64,24 @@ UNSET_MAX_TOKENS_RESERVE = 256
 
 
 def openai_routes(
-    engine: EngineClient, model_name: str, access: Access | None = None
+    engine: EngineClient,
+    model_name: str,
+    access: Access | None = None,
+    other_models: Mapping[str, int] | None = None,
 ) -> list[HTTPRouteHandler]:
-    """``access``: API keys and limits (None: an open server)."""
+    """``access``: API keys and limits (None: an open server). ``other_models``: more
+    models listed in ``/v1/models`` (the embedding model), name -> max_model_len."""
     created = int(time.time())
     guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
 
     @get("/v1/models", guards=guards)
     async def models(request: Request) -> Response[bytes]:
         tenant = request_tenant(request)
-        cards = [] if tenant and not tenant.allows_model(model_name) else [model_name]
+        served = {model_name: engine.max_seq_len, **(other_models or {})}
+        cards = [name for name in served if not tenant or tenant.allows_model(name)]
         return json_response(
             ModelList(
-                [
-                    ModelCard(name, created, root=name, max_model_len=engine.max_seq_len)
-                    for name in cards
-                ]
+                [ModelCard(name, created, root=name, max_model_len=served[name]) for name in cards]
             )
         )
 
