@@ -99,7 +99,7 @@ class EmbeddingService:
                 await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
         while self._jobs:
-            self._finish(self._take(), error=QueueFullError("the server is shutting down"))
+            self._finish(self._take(), error=_shutting_down())
 
     def _check(self, inputs: Sequence[EmbeddingInput]) -> None:
         limits = self.limits
@@ -171,6 +171,9 @@ class EmbeddingService:
         inputs = [ids for job in jobs for ids in job.inputs]
         try:
             vectors = await asyncio.to_thread(self.embedder.embed, inputs)
+        except asyncio.CancelledError:  # stopped
+            self._finish(jobs, error=_shutting_down())
+            raise
         except Exception as e:
             log.exception("embedding failed", inputs=len(inputs))
             self._finish(jobs, error=e)
@@ -194,3 +197,7 @@ class EmbeddingService:
                 assert vectors is not None
                 job.future.set_result(vectors[start:end])
             start = end
+
+
+def _shutting_down() -> QueueFullError:
+    return QueueFullError("the server is shutting down; retry")
