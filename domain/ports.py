@@ -74,3 +74,32 @@ class OutputSink(Protocol):
     """Where step outputs go (per-request queues, a list in tests). Never blocks."""
 
     def publish(self, output: "StepOutput") -> None: ...
+
+
+class Embedder(Protocol):
+    """A sentence-embedding model: texts -> token ids -> unit-length vectors.
+
+    Held by tests/contract/test_embedder_contract.py against the fake and the real adapter.
+    """
+
+    @property
+    def dimensions(self) -> int:
+        """Length of every vector."""
+        ...
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens one input may have, special tokens included (``tokenize`` truncates to it)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids with the model's special tokens, at most ``max_tokens``."""
+        ...
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One unit-length vector per input (1 to ``max_tokens`` ids each), in order; an
+        input's vector does not depend on the others in the call."""
+        ...

@@ -18,6 +18,7 @@ from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
 from entrypoints.container import DTYPES, create_container
+from entrypoints.embedding_flags import add_embedding_args, embedding_limits, embedding_model
 from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
 from entrypoints.observability_flags import add_observability_args, observability_settings
 from entrypoints.request_flags import add_request_limit_args, request_limits
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_model_name_args(serve)
     add_request_limit_args(serve)
+    add_embedding_args(serve)
     add_connection_args(serve)
     add_transport_args(serve)
     add_observability_args(serve)
@@ -282,6 +284,8 @@ def _serve(args: argparse.Namespace) -> int:
         idempotency_max_keys=args.idempotency_max_keys,
         on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
         transport=transport,
+        embedding_model=embedding_model(args),
+        embedding_limits=embedding_limits(args, config.max_prompt_bytes),
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
@@ -291,6 +295,8 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"serving {container.resolved_model().name} at {url}", flush=True)
     served = [e.id for e in container.served_models().entries()]
     print(f"models: {', '.join(served)}", flush=True)
+    if (embeddings := container.embeddings()) is not None:
+        print(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings", flush=True)
     if args.tinker:
         names = ", ".join(container.served_names())
         print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)

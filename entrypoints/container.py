@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from dependency_injector import containers, providers
 
+from adapters.fake.embedder import FakeEmbedder
 from adapters.fake.runner import FakeModelRunner
 from adapters.fake.tokenizer import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
@@ -27,6 +28,7 @@ from adapters.observability.tracing import Tracing, build_tracer_provider
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.rate_limits import LimitsCounters
+from adapters.torch.embedder import TorchEmbedder
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
@@ -34,9 +36,11 @@ from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel, resolve_model
+from adapters.weights.embedding import resolve_embedding_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.access import Access
 from application.async_engine import AsyncEngine
+from application.embeddings import EmbeddingLimits, EmbeddingService
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore, MemoryIdempotencyStore
 from application.keys import Keyring
 from application.observers import ObserverGroup, TrainingObserverGroup
@@ -136,6 +140,24 @@ def build_served_models(
     )
     models.load_lora_modules()
     return models
+
+
+def build_torch_embeddings(
+    spec: str | None, device: str | None, limits: EmbeddingLimits | None
+) -> EmbeddingService | None:
+    """The embedding model (float32) on the chat model's device; None: no embeddings."""
+    if spec is None:
+        return None
+    resolved = resolve_embedding_model(spec)
+    embedder = TorchEmbedder.from_folder(resolved.path, device or default_device())
+    return EmbeddingService(embedder, resolved.name, limits)
+
+
+def build_fake_embeddings(
+    spec: str | None, limits: EmbeddingLimits | None
+) -> EmbeddingService | None:
+    """A :class:`FakeEmbedder` served as ``spec``; None: no embeddings."""
+    return None if spec is None else EmbeddingService(FakeEmbedder(), spec, limits)
 
 
 def build_training_backend(
@@ -268,6 +290,7 @@ def build_http_app(
     transport: TransportSettings | None = None,
     draining: Draining | None = None,
     models: ServedModels | None = None,
+    embeddings: EmbeddingService | None = None,
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
@@ -289,6 +312,7 @@ def build_http_app(
         request_timeout_s=transport.request_timeout,
         draining=draining,
         models=models,
+        embeddings=embeddings,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -344,6 +368,16 @@ class Container(containers.DeclarativeContainer):
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink
+    # /v1/embeddings (None without an embedding model): the selector follows the runner's.
+    embeddings = providers.Selector(
+        config.runner,
+        torch=providers.Singleton(
+            build_torch_embeddings, config.embedding_model, config.device, config.embedding_limits
+        ),
+        fake=providers.Singleton(
+            build_fake_embeddings, config.embedding_model, config.embedding_limits
+        ),
+    )
     # The training-backend selector: "lora" (on the model) or "toy" (numpy, no model).
     lora_backend = providers.Singleton(
         build_training_backend,
@@ -405,6 +439,7 @@ class Container(containers.DeclarativeContainer):
         config.transport,
         draining,
         served_models,
+        embeddings,
     )
 
 
@@ -432,6 +467,8 @@ def create_container(
     idempotency_max_keys: int = 10_000,
     transport: TransportSettings | None = None,
     models: ModelSettings | None = None,
+    embedding_model: str | None = None,
+    embedding_limits: EmbeddingLimits | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -444,7 +481,10 @@ def create_container(
     header is ignored), in Redis or in memory (``idempotency_max_keys`` at most);
     ``transport``: CORS, SSE heartbeats, the request deadline (TLS and the drain timeout
     are the server's); ``models``: aliases, the pinned version, deprecations and LoRA
-    modules (``served_model_name`` is the model's id)."""
+    modules (``served_model_name`` is the model's id); ``embedding_model``: serve
+    ``/v1/embeddings`` with it (a spec of
+    :func:`resolve_embedding_model`; the fake runner serves a :class:`FakeEmbedder` under
+    that name; None: no embeddings), under ``embedding_limits``."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -478,6 +518,8 @@ def create_container(
             "transport": transport,
             "training_backend": training_backend,
             "models": models,
+            "embedding_model": embedding_model,
+            "embedding_limits": embedding_limits,
         }
     )
     if engine is not None:

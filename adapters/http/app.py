@@ -13,6 +13,7 @@ from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
+from adapters.http.embedding_routes import embedding_routes
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_routes
 from adapters.http.idempotency import IdempotencyMiddleware
@@ -23,6 +24,7 @@ from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_guard, tinker_router
 from adapters.http.tokenize_routes import tokenize_routes
 from application.access import Access
+from application.embeddings import EmbeddingService
 from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.served_models import ServedModels
@@ -65,6 +67,7 @@ def create_app(
     request_timeout_s: float = 0.0,
     draining: Draining | None = None,
     models: ServedModels | None = None,
+    embeddings: EmbeddingService | None = None,
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
@@ -78,7 +81,8 @@ def create_app(
     ``request_timeout_s``: the deadline of the OpenAI and ``/v1/generate`` requests (0:
     none); ``draining``: the server's drain state (``entrypoints.server`` begins it on
     SIGTERM); ``models``: the models served by name (default: ``model_name`` alone), with
-    the Tinker API the callers' checkpoints too."""
+    the Tinker API the callers' checkpoints too; ``embeddings``: also serve
+    ``/v1/embeddings`` with it."""
     draining = draining or Draining()
     owner = tinker_guard(tinker_api_keys, access).tenant if tinker is not None else None
     names = ModelNames(models or ServedModels([model_name], model_name), owner)
@@ -95,6 +99,8 @@ def create_app(
         finally:
             if tinker is not None:
                 await tinker.stop()
+            if embeddings is not None:
+                await embeddings.stop()
             await engine.stop()
             for hook in on_shutdown:
                 hook()
@@ -149,9 +155,10 @@ def create_app(
             health,
             ready,
             *extra,
-            *models_routes(engine, names, access),
+            *models_routes(engine, names, access, _embedding_card(embeddings)),
             *openai_routes(engine, model_name, access, names),
             *tokenize_routes(engine, model_name, access, names),
+            *(embedding_routes(embeddings, access) if embeddings is not None else []),
             *routers,
         ],
         lifespan=[lifespan],
@@ -169,6 +176,11 @@ def create_app(
             Exception: framework_error_response,
         },
     )
+
+
+def _embedding_card(embeddings: EmbeddingService | None) -> dict[str, int]:
+    """The embedding model in ``/v1/models``: its name and the tokens one input takes."""
+    return {} if embeddings is None else {embeddings.model_name: embeddings.max_tokens}
 
 
 def _cors(origins: Sequence[str]) -> CORSConfig | None:

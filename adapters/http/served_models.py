@@ -13,7 +13,7 @@ pinned version) and its own Tinker checkpoints; one allowed only an alias, that 
 LoRA modules are allowed by their own names.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from datetime import UTC, date, datetime, time
 from email.utils import format_datetime
@@ -138,11 +138,25 @@ def model_names_middleware() -> DefineMiddleware:
 
 
 def models_routes(
-    engine: EngineClient, names: ModelNames, access: Access | None = None
+    engine: EngineClient,
+    names: ModelNames,
+    access: Access | None = None,
+    other_models: Mapping[str, int] | None = None,
 ) -> list[HTTPRouteHandler]:
     """``GET /v1/models`` and ``GET /v1/models/{id}`` (an id may hold ``/``: a hub id, a
-    ``tinker://`` path)."""
+    ``tinker://`` path). ``other_models``: more models listed (the embedding model), name
+    -> max_model_len, under the caller's key scopes."""
     guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
+    created = int(datetime.now(UTC).timestamp())
+
+    def visible(request: Request[Any, Any, Any]) -> list[ModelCard]:
+        tenant = request_tenant(request)
+        others = [
+            ModelCard(name, created, root=name, max_model_len=max_len)
+            for name, max_len in (other_models or {}).items()
+            if tenant is None or tenant.allows_model(name)
+        ]
+        return [card(e) for e in names.visible(request)] + others
 
     def card(entry: ModelEntry) -> ModelCard:
         day = entry.deprecation_date
@@ -157,7 +171,7 @@ def models_routes(
 
     @get(MODELS_PATH, guards=guards)
     async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-        cards = ModelList([card(e) for e in names.visible(request)])
+        cards = ModelList(visible(request))
         return Response(_encoder.encode(cards), media_type="application/json")
 
     @get("/v1/models/{model_id:path}", guards=guards)
@@ -167,11 +181,11 @@ def models_routes(
         # The id as sent: the parsed path (and the parameter) fold a tinker:// path's "//".
         raw = request.scope.get("raw_path") or request.scope["path"].encode()
         wanted = unquote(raw.decode("latin-1")).removeprefix(MODELS_PATH + "/")
-        found = next((e for e in names.visible(request) if e.id == wanted), None)
+        found = next((c for c in visible(request) if c.id == wanted), None)
         if found is None:
             missing = ModelNotFoundError(f"The model `{wanted}` does not exist")
             raise OPENAI_ERRORS.error(missing, "model")
-        return Response(_encoder.encode(card(found)), media_type="application/json")
+        return Response(_encoder.encode(found), media_type="application/json")
 
     return [list_models, retrieve_model]
 

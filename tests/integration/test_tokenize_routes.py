@@ -50,5 +50,11 @@ def test_bad_requests_are_openai_errors(tmp_path) -> None:
 def test_models_list_their_root_and_context(tmp_path) -> None:
     with client(tmp_path) as http:
         [card] = http.get("/v1/models").json()["data"]
-    assert (card["id"], card["root"], card["parent"], card["object"]) == ("m", "m", None, "model")
+    # root: the weights served under the name "m" (the fake runner's model spec)
+    assert (card["id"], card["root"], card["parent"], card["object"]) == (
+        "m",
+        "fake",
+        None,
+        "model",
+    )
     assert card["max_model_len"] > 0 and card["owned_by"] == "infer"
