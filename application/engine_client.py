@@ -17,8 +17,15 @@ class OwnedRequests(Protocol):
     context: RequestContext
 
     def admit(
-        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
-    ) -> list[AsyncIterator[StepOutput]]: ...
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+    ) -> list[AsyncIterator[StepOutput]]:
+        """Queue ``n`` choices of each prompt (``n`` request ids per prompt, choice j of
+        prompt i at ``i * n + j``), all or none; one stream per request id."""
+        ...
 
     def close(self) -> None: ...
 
@@ -45,7 +52,11 @@ class EngineClient(Protocol):
 
     def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None: ...
 
-    def check_room(self, count: int) -> None: ...
+    def check_room(self, count: int, n: int = 1) -> None: ...
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's text decoded alone (cheap: runs on the caller's thread)."""
+        ...
 
     async def render_chat(
         self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None

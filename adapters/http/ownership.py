@@ -218,10 +218,14 @@ class RecordingGroup:
         self._group.context = context
 
     def admit(
-        self, request_ids: Sequence[str], prompts: Sequence[list[int]], params: SamplingParams
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        n: int = 1,
     ) -> list[AsyncIterator[StepOutput]]:
-        streams = self._group.admit(request_ids, prompts, params)
-        self._record.prompt_tokens += sum(map(len, prompts))
+        streams = self._group.admit(request_ids, prompts, params, n)
+        self._record.prompt_tokens += sum(map(len, prompts))  # once per prompt, whatever n
         return [self._recorded(stream) for stream in streams]
 
     def close(self) -> None:
