@@ -184,17 +184,19 @@ class Engine:
         self.check_room(len(prompts), n)
         now = self.clock()
         requests = []
+        share = n > 1 and not params.prompt_logprobs
         for i, request_id in enumerate(request_ids):
-            first = request_ids[i - i % n]
-            share = i % n and len(prompts[i // n]) > 1 and not params.prompt_logprobs
+            prompt, choice = prompts[i // n], i % n
+            shared = share and len(prompt) > 1
             request = Request(
                 request_id,
-                prompts[i // n],
-                params.for_choice(i % n),
+                prompt,
+                params.for_choice(choice),
                 now,
                 adapter_id=adapter_id,
                 context=context,
-                prefill_source_id=first if share else None,
+                prefill_source_id=request_ids[i - choice] if shared and choice else None,
+                shares_prefill=shared and not choice,
             )
             requests.append(request)
         for request in requests:

@@ -539,8 +539,10 @@ def _queue_key(request: Request) -> tuple[int, str | None]:
 
 
 def _chunk(request: Request, budget: int) -> ScheduledChunk | None:
-    remaining = request.num_tokens - request.num_computed_tokens
-    count = min(remaining, budget)
+    end = request.num_tokens
+    if request.shares_prefill and request.num_computed_tokens < request.num_prompt_tokens - 1:
+        end = request.num_prompt_tokens - 1  # its choices copy this much, then all run on
+    count = min(end - request.num_computed_tokens, budget)
     return ScheduledChunk(request, request.num_computed_tokens, count) if count > 0 else None
 
 

@@ -45,8 +45,9 @@ def test_choices_wait_for_the_first_and_copy_its_prompt() -> None:
     e.admit(["a", "b", "c"], [PROMPT], PARAMS, n=3)
     prefill = run(e)
     steps = chunks(runner)
-    assert steps[0] == [("a", 0, 20, None)]  # b and c wait
-    assert steps[1] == [("a", 20, 1, None), ("b", 19, 1, "a"), ("c", 19, 1, "a")]
+    assert steps[0] == [("a", 0, 19, None)]  # all but the last token; b and c wait
+    # Every choice runs the last prompt token (b and c on a copy of a's KV), and samples.
+    assert steps[1] == [("a", 19, 1, None), ("b", 19, 1, "a"), ("c", 19, 1, "a")]
     assert prefill == 20 + 1 + 1
     outputs = e.sink.outputs  # type: ignore[attr-defined]
     assert {o.request_id for o in outputs if o.finished} == {"a", "b", "c"}
@@ -57,12 +58,12 @@ def test_a_chunked_prefill_is_waited_for_to_its_end() -> None:
     e.admit(["a", "b"], [PROMPT], PARAMS, n=2)
     run(e)
     steps = chunks(runner)
-    assert [s for s in steps[:3]] == [
+    assert steps[:3] == [
         [("a", 0, 8, None)],
         [("a", 8, 8, None)],
-        [("a", 16, 4, None)],
+        [("a", 16, 3, None)],
     ]
-    assert ("b", 19, 1, "a") in steps[3]
+    assert steps[3] == [("a", 19, 1, None), ("b", 19, 1, "a")]
 
 
 def test_a_choice_whose_source_ended_prefills_itself() -> None:
@@ -80,11 +81,12 @@ def test_a_choice_whose_source_was_preempted_prefills_itself() -> None:
     scheduler = ContinuousScheduler(config)
     # a is the younger, so the one preempted for the urgent request.
     a = Request("a", PROMPT, PARAMS, 1.0)
+    a.shares_prefill = True
     b = Request("b", PROMPT, PARAMS, 0.0, prefill_source_id="a")
     for r in (a, b):
         scheduler.add_request(r)
     first = scheduler.schedule()
-    assert [_row(c) for c in first.chunks] == [("a", 0, 20, None)]  # b admitted, waiting
+    assert [_row(c) for c in first.chunks] == [("a", 0, 19, None)]  # b admitted, waiting
     scheduler.update_from_output(first, RunnerOutput())
     scheduler.add_request(Request("u", [1, 2], PARAMS, 2.0, context=RequestContext(priority=5)))
     second = scheduler.schedule()
@@ -140,3 +142,10 @@ def test_min_tokens_must_fit_in_max_tokens() -> None:
         SamplingParams(max_tokens=3, min_tokens=4)
     assert error.value.param == "min_tokens"
     assert SamplingParams(max_tokens=3, min_tokens=3).min_tokens == 3
+
+
+def test_choices_share_even_when_the_first_token_ends_every_choice() -> None:
+    e, runner = engine()
+    e.admit(["a", "b"], [PROMPT], SamplingParams(max_tokens=1), n=2)
+    assert run(e) == 20 + 1
+    assert chunks(runner)[1] == [("a", 19, 1, None), ("b", 19, 1, "a")]
