@@ -152,8 +152,13 @@ class AsyncEngine:
     def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None:
         self.engine.check_prompt_size(texts, param)
 
-    def check_room(self, count: int) -> None:
-        self.engine.check_room(count)
+    def check_room(self, count: int, n: int = 1) -> None:
+        self.engine.check_room(count, n)
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token decoded alone, special tokens included (logprobs' token strings)."""
+        decode = self.engine.tokenizer.decode
+        return [decode([t], skip_special_tokens=False) for t in token_ids]
 
     async def render_chat(
         self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
@@ -220,14 +225,16 @@ class AsyncEngine:
         *,
         adapter_id: str | None = None,
         context: RequestContext = NO_CONTEXT,
+        n: int = 1,
     ) -> list[AsyncIterator[StepOutput]]:
-        """Queue prepared prompts all together or none (``Engine.admit``); one output
-        stream each. A stream left early aborts its request; one never read does not:
-        queue through a :class:`RequestGroup` where that can happen."""
+        """Queue prepared prompts all together or none (``Engine.admit``, ``n`` choices per
+        prompt); one output stream per request id. A stream left early aborts its request;
+        one never read does not: queue through a :class:`RequestGroup` where that can
+        happen."""
         queues = [self.sink.open(request_id) for request_id in request_ids]
         try:
             requests = self.engine.admit(
-                request_ids, prompts, params, adapter_id=adapter_id, context=context
+                request_ids, prompts, params, adapter_id=adapter_id, context=context, n=n
             )
         except Exception:
             for request_id in request_ids:
@@ -311,12 +318,13 @@ class RequestGroup:
         request_ids: Sequence[str],
         prompts: Sequence[list[int]],
         params: SamplingParams,
+        n: int = 1,
         *,
         adapter_id: str | None = None,
     ) -> list[AsyncIterator[StepOutput]]:
         """``AsyncEngine.admit``, remembered for ``close``."""
         streams = self._engine.admit(
-            request_ids, prompts, params, adapter_id=adapter_id, context=self.context
+            request_ids, prompts, params, adapter_id=adapter_id, context=self.context, n=n
         )
         self._request_ids.extend(request_ids)
         return streams

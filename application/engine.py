@@ -88,15 +88,23 @@ class Engine:
             if size > limit:
                 raise InvalidParameterError(param, f"larger than the limit of {limit} bytes")
 
-    def check_room(self, count: int) -> None:
-        """``count`` requests can be queued together now: ``InvalidParameterError`` when
-        they never can (beyond ``max_prompts_per_request`` or the engine's capacity),
-        ``QueueFullError`` when not now. Cheap: callers check before tokenizing."""
+    def check_room(self, count: int, n: int = 1) -> None:
+        """``count`` prompts of ``n`` choices each can be queued together now:
+        ``InvalidParameterError`` when they never can (beyond ``max_prompts_per_request``,
+        ``max_n`` or the engine's capacity), ``QueueFullError`` when not now. Cheap:
+        callers check before tokenizing."""
+        if not 1 <= n <= self.config.max_n:
+            raise InvalidParameterError("n", f"must be in [1, {self.config.max_n}]")
         limit = min(self.config.max_prompts_per_request, self.config.capacity)
         if count > limit:
             raise InvalidParameterError(
                 "prompt", f"{count} prompts in one request; at most {limit} fit"
             )
+        if count * n > self.config.capacity:
+            raise InvalidParameterError(
+                "n", f"{count * n} choices in one request; at most {self.config.capacity} fit"
+            )
+        count *= n
         if count > self.scheduler.room():
             raise QueueFullError(
                 f"the engine is full ({self.config.max_batch_size} running and "
@@ -164,15 +172,33 @@ class Engine:
         *,
         adapter_id: str | None = None,
         context: RequestContext = NO_CONTEXT,
+        n: int = 1,
     ) -> list[Request]:
         """Queue prepared prompts (:meth:`prepare`'s ids) all together or none: raises what
-        :meth:`check_room` raises, with nothing queued."""
-        self.check_room(len(request_ids))
+        :meth:`check_room` raises, with nothing queued.
+
+        ``n``: choices per prompt; ``request_ids`` has ``n`` per prompt, choice j of prompt
+        i at ``i * n + j`` with ``params.for_choice(j)``. A prompt's choices share one
+        prefill (:attr:`Request.prefill_source_id`), unless they ask for prompt logprobs."""
+        assert len(request_ids) == len(prompts) * n, "n request ids per prompt"
+        self.check_room(len(prompts), n)
         now = self.clock()
-        requests = [
-            Request(request_id, prompt_ids, params, now, adapter_id=adapter_id, context=context)
-            for request_id, prompt_ids in zip(request_ids, prompts, strict=True)
-        ]
+        requests = []
+        share = n > 1 and not params.prompt_logprobs
+        for i, request_id in enumerate(request_ids):
+            prompt, choice = prompts[i // n], i % n
+            shared = share and len(prompt) > 1
+            request = Request(
+                request_id,
+                prompt,
+                params.for_choice(choice),
+                now,
+                adapter_id=adapter_id,
+                context=context,
+                prefill_source_id=request_ids[i - choice] if shared and choice else None,
+                shares_prefill=shared and not choice,
+            )
+            requests.append(request)
         for request in requests:
             self.scheduler.add_request(request)  # room was checked for all of them
             self.output.add(request)
@@ -181,7 +207,7 @@ class Engine:
                     request.request_id,
                     now,
                     len(request.prompt_token_ids),
-                    params,
+                    request.sampling_params,
                     context,
                     adapter_id,
                 )

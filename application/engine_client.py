@@ -21,11 +21,13 @@ class OwnedRequests(Protocol):
         request_ids: Sequence[str],
         prompts: Sequence[list[int]],
         params: SamplingParams,
+        n: int = 1,
         *,
         adapter_id: str | None = None,
     ) -> list[AsyncIterator[StepOutput]]:
-        """Queue prepared prompts all together or none; ``adapter_id``: the LoRA adapter
-        they run with (None: the base model)."""
+        """Queue ``n`` choices of each prompt (``n`` request ids per prompt, choice j of
+        prompt i at ``i * n + j``), all or none; one stream per request id. ``adapter_id``:
+        the LoRA adapter they run with (None: the base model)."""
         ...
 
     def close(self) -> None: ...
@@ -53,7 +55,11 @@ class EngineClient(Protocol):
 
     def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None: ...
 
-    def check_room(self, count: int) -> None: ...
+    def check_room(self, count: int, n: int = 1) -> None: ...
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's text decoded alone (cheap: runs on the caller's thread)."""
+        ...
 
     async def render_chat(
         self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None

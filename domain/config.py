@@ -18,10 +18,13 @@ class EngineConfig:
     # included), so a long prompt cannot stall every running stream for a whole prefill.
     max_num_batched_tokens: int = 512
     # Request limits (an InvalidParameterError naming the field beyond them, HTTP 400/422):
-    # a prompt's UTF-8 size (a chat: its messages' text), prompts in one request, entries
+    # a prompt's UTF-8 size (a chat: its messages' text), prompts in one request, choices
+    # per prompt, entries
     # of ``stop`` and of ``stop_token_ids``, and the stop strings' total UTF-8 size.
     max_prompt_bytes: int = 1 << 20
     max_prompts_per_request: int = 64
+    # Choices per prompt (OpenAI's ``n``): each is a request, counted against the queue.
+    max_n: int = 16
     max_stop_strings: int = 64
     max_stop_bytes: int = 4096
     # Threads tokenizing prompts and rendering chats off the event loop (at most this many
@@ -44,6 +47,7 @@ class EngineConfig:
             "max_waiting_requests",
             "max_prompt_bytes",
             "max_prompts_per_request",
+            "max_n",
             "prepare_threads",
         )
         for name in positive:

@@ -62,6 +62,14 @@ class Request:
     # Tokens (prompt + generated) the request held at its last preemption: positions below
     # this count as prefill work when recomputed (0: never preempted).
     num_recompute_tokens: int = 0
+    # Another choice of the same prompt (``n`` > 1, admitted together): this request waits
+    # for it to compute the prompt's first ``num_prompt_tokens - 1`` positions, copies
+    # their KV from it and runs only the last prompt token. None: it prefills itself.
+    prefill_source_id: str | None = None
+    # Other choices copy this request's prompt KV: its prefill stops one token short, so
+    # that it is still running (it has sampled nothing) when they copy, and every choice
+    # runs its last prompt token, and samples its first token, in the same step.
+    shares_prefill: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,12 +1,13 @@
 """Sampling parameters: a validated value object shared by every face of the engine."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from domain.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
 StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+LogprobsMode = Literal["processed", "raw"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +38,15 @@ class SamplingParams:
 
     Per-row logits processing, between the forward and the sampler: ``logit_bias`` adds
     a bias in [-100, 100] to the listed token ids' logits (OpenAI semantics); with
-    ``allowed_token_ids`` every other id is masked out (vLLM's name). Reported logprobs
-    stay those of the model's raw distribution (vLLM's default), not of the processed one.
+    ``allowed_token_ids`` every other id is masked out (vLLM's name); until ``min_tokens``
+    tokens are generated, EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked out.
+
+    ``logprobs_mode`` says which distribution reported token logprobs come from:
+    ``processed`` (the default) is the one sampled from: log-softmax of the logits after
+    that processing, the penalties, and division by the temperature (greedy rows: not
+    divided), before the top-k / top-p / min-p truncation (vLLM's ``processed_logprobs``
+    less the truncation, so alternatives keep finite values); ``raw`` is the model's own
+    (log-softmax of the forward's logits). Prompt logprobs are always the model's own.
     """
 
     max_tokens: int = 128
@@ -53,7 +61,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
     logprobs: int | None = None
+    logprobs_mode: LogprobsMode = "processed"
     prompt_logprobs: bool = False
     prompt_top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -74,6 +84,7 @@ class SamplingParams:
             "seed",
             "must be a 64-bit signed integer",
         )
+        _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]")
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0")
         _check(
@@ -99,6 +110,15 @@ class SamplingParams:
             "allowed_token_ids",
             "must be a non-empty list of token ids >= 0",
         )
+
+    def for_choice(self, index: int) -> "SamplingParams":
+        """The parameters of choice ``index`` of a request asking for several (``n``): a
+        seeded request's choice j draws from ``seed + j`` (wrapping within 64 bits), so
+        choices differ and choice 0 is what the request alone would give."""
+        if self.seed is None or index == 0:
+            return self
+        seed = (self.seed + index + 2**63) % 2**64 - 2**63
+        return replace(self, seed=seed)
 
     @property
     def greedy(self) -> bool:

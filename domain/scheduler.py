@@ -25,11 +25,15 @@ from domain.request import Request, is_stop_token, token_finish_reason
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """``num_tokens`` of ``request``'s tokens, from position ``start``, run this step."""
+    """``num_tokens`` of ``request``'s tokens, from position ``start``, run this step.
+
+    ``copy_from``: a running request whose KV of positions ``[0, start)`` the runner copies
+    into this request's new slot before the step (a choice sharing another's prefill)."""
 
     request: Request
     start: int
     num_tokens: int
+    copy_from: str | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -49,6 +53,9 @@ class SchedulerOutput:
     # Requests put back to the waiting queue this step (also in ``released``): when
     # admitted again they start over at position 0 (prompt and generated tokens recomputed).
     preempted: list[str] = field(default_factory=list)
+    # The tokenizer's EOS ids: what the runner masks out (with each request's stop ids)
+    # while a request has generated fewer than its ``min_tokens``.
+    eos_token_ids: frozenset[int] = frozenset()
 
     @property
     def is_empty(self) -> bool:
@@ -223,7 +230,7 @@ class StaticScheduler(_QueueingScheduler):
 
     def schedule(self) -> SchedulerOutput:
         if self.active and not all(r.is_done for r in self.active):
-            return SchedulerOutput(chunks=_next_tokens(self.active))
+            return SchedulerOutput(_next_tokens(self.active), eos_token_ids=self.eos_token_ids)
         released = [r.request_id for r in self.active]
         self.active = []
         if not self.waiting:
@@ -233,7 +240,7 @@ class StaticScheduler(_QueueingScheduler):
         full = len(self.waiting) >= self.config.max_batch_size
         if not full and self.clock() < self._batch_wait_deadline:
             return SchedulerOutput(released=released)
-        return SchedulerOutput(self._start_batch(), released)
+        return SchedulerOutput(self._start_batch(), released, eos_token_ids=self.eos_token_ids)
 
     def _start_batch(self) -> list[ScheduledChunk]:
         self._batch_wait_deadline = None
@@ -331,24 +338,47 @@ class ContinuousScheduler(_QueueingScheduler):
         preempted = self._preempt()
         released += preempted
         budget = self.config.max_num_batched_tokens
-        chunks = []
+        chunks: list[ScheduledChunk] = []
         for request in self._budget_order(budget):
-            chunk = _chunk(request, budget)
-            if chunk is None:
+            if budget == 0:
                 break
-            chunks.append(chunk)
-            budget -= chunk.num_tokens
-            self._charge(request, chunk.num_tokens)
+            budget -= self._add_chunk(chunks, request, budget)
         while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
             request = self.waiting.pop_next(self.virtual_time)
             self.running.append(request)
             self._running_priorities[request.context.priority] += 1
+            budget -= self._add_chunk(chunks, request, budget)
+        return SchedulerOutput(chunks, released, preempted, self.eos_token_ids)
+
+    def _add_chunk(self, chunks: list[ScheduledChunk], request: Request, budget: int) -> int:
+        """Append ``request``'s chunk for this step (``budget`` > 0), if it has one; returns
+        the tokens it takes from the budget."""
+        chunk = self._shared_prefill(request)
+        if chunk is None and request.prefill_source_id is None:
             chunk = _chunk(request, budget)
-            assert chunk is not None, "budget > 0 and a non-empty prompt always give a chunk"
-            chunks.append(chunk)
-            budget -= chunk.num_tokens
-            self._charge(request, chunk.num_tokens)
-        return SchedulerOutput(chunks, released, preempted)
+        if chunk is None:
+            return 0
+        chunks.append(chunk)
+        self._charge(request, chunk.num_tokens)
+        return chunk.num_tokens
+
+    def _shared_prefill(self, request: Request) -> ScheduledChunk | None:
+        """A choice sharing another's prefill (``prefill_source_id``): its last prompt token,
+        its KV before that copied from the source, once the source computed those positions
+        (None meanwhile: it waits). When the source cannot serve (done, or not running: it
+        was preempted), the link is dropped and the request prefills itself."""
+        source_id = request.prefill_source_id
+        if source_id is None:
+            return None
+        source = self._live(source_id)
+        if source is None or source.is_done:
+            request.prefill_source_id = None
+            return None
+        start = request.num_prompt_tokens - 1
+        if source.num_computed_tokens < start:
+            return None
+        request.prefill_source_id = None  # copied once; a recompute prefills itself
+        return ScheduledChunk(request, start, request.num_tokens - start, copy_from=source_id)
 
     def _budget_order(self, budget: int) -> list[Request]:
         """Running requests in the order they take the step's budget: admission order when
@@ -509,8 +539,10 @@ def _queue_key(request: Request) -> tuple[int, str | None]:
 
 
 def _chunk(request: Request, budget: int) -> ScheduledChunk | None:
-    remaining = request.num_tokens - request.num_computed_tokens
-    count = min(remaining, budget)
+    end = request.num_tokens
+    if request.shares_prefill and request.num_computed_tokens < request.num_prompt_tokens - 1:
+        end = request.num_prompt_tokens - 1  # its choices copy this much, then all run on
+    count = min(end - request.num_computed_tokens, budget)
     return ScheduledChunk(request, request.num_computed_tokens, count) if count > 0 else None
 
 

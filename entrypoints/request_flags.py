@@ -26,6 +26,13 @@ def add_request_limit_args(parser: argparse.ArgumentParser) -> None:
         "--max-batch-size + --max-waiting-requests)",
     )
     group.add_argument(
+        "--max-n",
+        type=int,
+        default=_DEFAULTS.max_n,
+        help="choices per prompt (`n`) on the OpenAI endpoints; each choice is a request "
+        "counted against --max-batch-size + --max-waiting-requests (default %(default)s)",
+    )
+    group.add_argument(
         "--max-stop-strings",
         type=int,
         default=_DEFAULTS.max_stop_strings,
@@ -57,6 +64,7 @@ def request_limits(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "max_prompt_bytes": args.max_prompt_bytes,
         "max_prompts_per_request": args.max_prompts_per_request,
+        "max_n": args.max_n,
         "max_stop_strings": args.max_stop_strings,
         "max_stop_bytes": args.max_stop_bytes,
         "prepare_threads": args.prepare_threads,

@@ -37,6 +37,9 @@ class FakeModelRunner:
         if self.step_latency_s:
             time.sleep(self.step_latency_s)
         self.steps.append(batch)
+        for chunk in batch.chunks:  # a shared prefill copies from a request holding its KV
+            if chunk.copy_from is not None and chunk.copy_from not in self.live:
+                raise RuntimeError(f"no KV to copy from: {chunk.copy_from} holds no slot")
         self.live.update(c.request.request_id for c in batch.chunks)
         tokens = {c.request.request_id: self.script(c.request) for c in batch.chunks if c.samples}
         return RunnerOutput(sampled_token_ids=tokens)

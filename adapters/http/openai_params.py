@@ -6,9 +6,10 @@ from typing import Any
 from adapters.http.errors import HTTPError
 from adapters.http.openai_schemas import ChatCompletionRequest, CompletionRequest
 from domain.errors import InvalidParameterError
-from domain.sampling import SamplingParams
+from domain.sampling import MAX_LOGPROBS, SamplingParams
 
 Prompt = str | list[int]
+MAX_COMPLETION_LOGPROBS = 5  # the legacy endpoint's limit
 
 
 def refuse(*checks: tuple[str, bool]) -> None:
@@ -27,12 +28,6 @@ def check_stream_options(body: CompletionRequest | ChatCompletionRequest) -> Non
             "invalid_request_error",
             "stream_options",
         )
-
-
-def common_unsupported(body: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, bool]]:
-    return [
-        ("n", body.n not in (None, 1)),
-    ]
 
 
 def check_tools(body: ChatCompletionRequest) -> None:
@@ -64,7 +59,6 @@ def chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
         ("functions", bool(body.functions)),
         ("function_call", body.function_call is not None),
         ("response_format", not text_format),
-        ("top_logprobs", body.top_logprobs is not None),
         ("audio", body.audio is not None),
         ("modalities", body.modalities not in (None, ["text"])),
         ("prediction", body.prediction is not None),
@@ -72,10 +66,55 @@ def chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
     ]
 
 
+def choices(body: CompletionRequest | ChatCompletionRequest) -> int:
+    """``n``: choices per prompt (its range is the engine's ``check_room``'s)."""
+    return 1 if body.n is None else body.n
+
+
+def completion_logprobs(body: CompletionRequest) -> int | None:
+    """The legacy ``logprobs``: alternatives per token, 0..5 as OpenAI allows (None: off)."""
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise HTTPError(
+            400,
+            f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]",
+            "invalid_request_error",
+            "logprobs",
+        )
+    return body.logprobs
+
+
+def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """Chat's ``logprobs`` + ``top_logprobs`` (0..20, only with ``logprobs``) as
+    alternatives per token (None: no logprobs)."""
+    top = body.top_logprobs
+    if top is not None and not body.logprobs:
+        raise HTTPError(
+            400,
+            "top_logprobs needs logprobs to be true",
+            "invalid_request_error",
+            "top_logprobs",
+        )
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise HTTPError(
+            400,
+            f"top_logprobs must be in [0, {MAX_LOGPROBS}]",
+            "invalid_request_error",
+            "top_logprobs",
+        )
+    return (top or 0) if body.logprobs else None
+
+
 def sampling(
-    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, max_tokens_field: str
+    body: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    max_tokens_field: str,
+    *,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
-    """``max_tokens_field``: the request field ``max_tokens`` came from (errors name it)."""
+    """``max_tokens_field``: the request field ``max_tokens`` came from (errors name it).
+    ``logprobs``: alternatives per generated token (None: no logprobs);
+    ``prompt_logprobs``: per prompt token (``echo`` with logprobs)."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
         raise HTTPError(
@@ -96,6 +135,10 @@ def sampling(
             stop=stop,
             seed=body.seed,
             logit_bias=logit_bias(body.logit_bias),
+            min_tokens=body.min_tokens or 0,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs is not None,
+            prompt_top_logprobs=prompt_logprobs or 0,
         )
     except InvalidParameterError as e:
         param = max_tokens_field if e.param == "max_tokens" else e.param

@@ -1,65 +1,197 @@
 """The OpenAI faces' replies: collecting a request's outputs into a body, and the SSE chunks
-of streamed completions and chats."""
+of streamed completions and chats; logprobs in both wire shapes.
+
+A reply has choices: ``n`` per prompt, choice j of prompt i at index ``i * n + j``, each one
+engine request. Usage counts each prompt once (as OpenAI and vLLM do, whatever ``n``) and
+every choice's completion tokens.
+
+Token strings in logprobs are vLLM's: the token decoded alone (special tokens included), so
+a token holding part of a multi-byte character reads U+FFFD; ``bytes`` are that string's
+UTF-8. Logprobs of masked-out tokens (-inf) read -9999.0, as in vLLM (JSON has no -inf).
+"""
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 
 import msgspec
 from litestar import Response
 
 from adapters.http.errors import HTTPError
 from adapters.http.openai_schemas import (
+    ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
+    ChatMessageOut,
+    ChatTokenLogprob,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
+    TopLogprob,
     Usage,
 )
 from adapters.http.streaming import merge_streams
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()
-
+# Token ids -> their strings (each decoded alone): the engine client's ``token_texts``.
+TokenTexts = Callable[[Sequence[int]], list[str]]
+LOGPROB_FLOOR = -9999.0
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "stop"}
 
 
-async def collect(stream: AsyncIterator[StepOutput]) -> tuple[str, str | None, tuple[int, int]]:
-    parts, reason, counts = [], None, (0, 0)
+@dataclass
+class Collected:
+    """One choice's outputs, collected: its text, finish, counts, and the outputs that
+    carried a token (their logprobs; the first one also the prompt's)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    outputs: list[StepOutput] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Echo:
+    """What ``echo`` puts before a completion: the prompt's text and token ids."""
+
+    text: str
+    token_ids: Sequence[int]
+
+
+async def collect(stream: AsyncIterator[StepOutput]) -> Collected:
+    collected, parts = Collected(), []
     async for out in stream:
         if out.error is not None:
             raise HTTPError(500, out.error, "server_error")
         parts.append(out.text_delta)
+        if out.token_id is not None:
+            collected.outputs.append(out)
         if out.finished:
-            reason = FINISH_REASONS.get(out.finish_reason or "", out.finish_reason)
-            counts = (out.prompt_tokens, out.completion_tokens)
-    return "".join(parts), reason, counts
+            collected.finish_reason = finish_reason(out)
+            collected.prompt_tokens = out.prompt_tokens
+            collected.completion_tokens = out.completion_tokens
+    collected.text = "".join(parts)
+    return collected
 
 
-def total_usage(outputs: Sequence[tuple[str, str | None, tuple[int, int]]]) -> Usage:
-    prompt = sum(c[0] for _, _, c in outputs)
-    completion = sum(c[1] for _, _, c in outputs)
+def finish_reason(out: StepOutput) -> str | None:
+    if not out.finished:
+        return None
+    return FINISH_REASONS.get(out.finish_reason or "", out.finish_reason)
+
+
+def total_usage(choices: Sequence[Collected], n: int = 1) -> Usage:
+    """Each prompt's tokens once (choices ``i * n`` .. are one prompt's), every choice's
+    completion tokens."""
+    prompt = sum(c.prompt_tokens for c in choices[::n])
+    completion = sum(c.completion_tokens for c in choices)
     return Usage(prompt, completion, prompt + completion)
 
 
+# --- completions ------------------------------------------------------------------------
+
+
+def completion_choice(
+    index: int,
+    collected: Collected,
+    texts: TokenTexts,
+    logprobs: int | None,
+    echo: Echo | None,
+) -> CompletionChoice:
+    """``logprobs``: alternatives per token (None: no logprobs)."""
+    text = collected.text if echo is None else echo.text + collected.text
+    scores = None
+    if logprobs is not None:
+        scores = CompletionLogprobs([], [], [], [])
+        if echo is not None:
+            first = collected.outputs[0] if collected.outputs else None
+            _add_prompt_logprobs(scores, echo.token_ids, first, texts)
+        _add_completion_logprobs(scores, collected.outputs, texts, 0)
+    return CompletionChoice(index, text, collected.finish_reason, scores)
+
+
+def _add_prompt_logprobs(
+    scores: CompletionLogprobs,
+    prompt: Sequence[int],
+    first: StepOutput | None,
+    texts: TokenTexts,
+) -> None:
+    """The prompt's tokens: the first has no logprob (nothing predicts it)."""
+    logprobs = list(first.prompt_logprobs or ()) if first is not None else []
+    alternatives = list(first.prompt_top_logprobs or ()) if first is not None else []
+    strings = texts(prompt)
+    offset = 0
+    for i, token in enumerate(strings):
+        scores.tokens.append(token)
+        scores.text_offset.append(offset)
+        offset += len(token)
+        if i == 0 or i > len(logprobs):
+            scores.token_logprobs.append(None)
+            scores.top_logprobs.append(None)
+            continue
+        scores.token_logprobs.append(_floored(logprobs[i - 1]))
+        top = alternatives[i - 1] if i - 1 < len(alternatives) else ()
+        scores.top_logprobs.append(_top_dict(top, texts))
+
+
+def _add_completion_logprobs(
+    scores: CompletionLogprobs, outputs: Sequence[StepOutput], texts: TokenTexts, offset: int
+) -> int:
+    """Append each output's token; returns the text offset after them (text offsets count
+    characters of the token strings, from ``offset``, or from the echoed prompt's end)."""
+    if scores.text_offset:
+        offset = scores.text_offset[-1] + len(scores.tokens[-1])
+    strings = texts([o.token_id for o in outputs if o.token_id is not None])
+    for out, token in zip(outputs, strings, strict=True):
+        scores.tokens.append(token)
+        scores.token_logprobs.append(_floored(out.logprob))
+        scores.top_logprobs.append(_top_dict(out.top_logprobs or (), texts))
+        scores.text_offset.append(offset)
+        offset += len(token)
+    return offset
+
+
+def _top_dict(top: Sequence[tuple[int, float]], texts: TokenTexts) -> dict[str, float]:
+    strings = texts([t for t, _ in top])
+    return {s: _floored(v) for s, (_, v) in zip(strings, top, strict=True)}
+
+
+@dataclass
+class _StreamedChoice:
+    """A streamed completion choice's state: echo still owed, text offset so far."""
+
+    echo: Echo | None
+    offset: int = 0
+
+
 async def completion_chunks(
-    reply_id: str, model: str, streams: list[AsyncIterator[StepOutput]], include_usage: bool
+    reply_id: str,
+    model: str,
+    streams: list[AsyncIterator[StepOutput]],
+    include_usage: bool,
+    *,
+    texts: TokenTexts,
+    n: int = 1,
+    logprobs: int | None = None,
+    echoes: Sequence[Echo | None] = (),
 ) -> AsyncIterator[bytes]:
+    """``echoes``: per prompt, what ``echo`` puts first (none: no echo)."""
     created, totals = int(time.time()), [0, 0]
+    states = [_StreamedChoice(echoes[i // n] if echoes else None) for i in range(len(streams))]
     async for index, out in merge_streams(streams):
         if out.error is not None:
             yield error_chunk(out.error)
             return
-        reason = (
-            FINISH_REASONS.get(out.finish_reason or "", out.finish_reason) if out.finished else None
-        )
         if out.finished:
-            totals[0] += out.prompt_tokens
+            totals[0] += out.prompt_tokens if index % n == 0 else 0
             totals[1] += out.completion_tokens
-        yield _encoder.encode(
-            Completion(reply_id, created, model, [CompletionChoice(index, out.text_delta, reason)])
-        )
+        choice = _completion_delta(index, out, states[index], texts, logprobs)
+        yield _encoder.encode(Completion(reply_id, created, model, [choice]))
     if include_usage:
         yield _encoder.encode(
             Completion(reply_id, created, model, [], Usage(totals[0], totals[1], sum(totals)))
@@ -67,31 +199,93 @@ async def completion_chunks(
     yield b"[DONE]"
 
 
+def _completion_delta(
+    index: int, out: StepOutput, state: _StreamedChoice, texts: TokenTexts, logprobs: int | None
+) -> CompletionChoice:
+    """One output of a streamed completion choice (the echo before its first)."""
+    echo, state.echo = state.echo, None
+    text = out.text_delta if echo is None else echo.text + out.text_delta
+    scores = None
+    if logprobs is not None:
+        scores = CompletionLogprobs([], [], [], [])
+        if echo is not None:
+            _add_prompt_logprobs(scores, echo.token_ids, out, texts)
+        outputs = [out] if out.token_id is not None else []
+        state.offset = _add_completion_logprobs(scores, outputs, texts, state.offset)
+    return CompletionChoice(index, text, finish_reason(out), scores)
+
+
+# --- chat -------------------------------------------------------------------------------
+
+
+def chat_choice(
+    index: int, collected: Collected, texts: TokenTexts, top_logprobs: int | None
+) -> ChatChoice:
+    """``top_logprobs``: alternatives per token (None: no logprobs)."""
+    scores = None
+    if top_logprobs is not None:
+        scores = ChatLogprobs(chat_logprobs(collected.outputs, texts))
+    return ChatChoice(index, ChatMessageOut(collected.text), collected.finish_reason, scores)
+
+
+def chat_logprobs(outputs: Sequence[StepOutput], texts: TokenTexts) -> list[ChatTokenLogprob]:
+    outputs = [o for o in outputs if o.token_id is not None]
+    strings = texts([o.token_id for o in outputs if o.token_id is not None])
+    items = []
+    for out, token in zip(outputs, strings, strict=True):
+        top = out.top_logprobs or ()
+        alternatives = [
+            TopLogprob(s, _floored(v), list(s.encode()))
+            for s, (_, v) in zip(texts([t for t, _ in top]), top, strict=True)
+        ]
+        items.append(
+            ChatTokenLogprob(token, _floored(out.logprob), list(token.encode()), alternatives)
+        )
+    return items
+
+
 async def chat_chunks(
-    reply_id: str, model: str, stream: AsyncIterator[StepOutput], include_usage: bool
+    reply_id: str,
+    model: str,
+    streams: list[AsyncIterator[StepOutput]],
+    include_usage: bool,
+    *,
+    texts: TokenTexts,
+    top_logprobs: int | None = None,
 ) -> AsyncIterator[bytes]:
+    """The chunks of ``streams`` (one per choice; its index in the list): each choice
+    opens with its role, then carries its text and (``top_logprobs`` not None) each
+    token's logprobs, then its finish."""
     created = int(time.time())
 
-    def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
-        return _encoder.encode(
-            ChatCompletionChunk(reply_id, created, model, [ChatChunkChoice(0, delta, reason)])
-        )
+    def chunk(
+        index: int, delta: ChatDelta, reason: str | None = None, scores: ChatLogprobs | None = None
+    ) -> bytes:
+        choice = ChatChunkChoice(index, delta, reason, scores)
+        return _encoder.encode(ChatCompletionChunk(reply_id, created, model, [choice]))
 
-    yield chunk(ChatDelta(role="assistant", content=""))
-    usage = None
-    async for out in stream:
+    for index in range(len(streams)):
+        yield chunk(index, ChatDelta(role="assistant", content=""))
+    prompt = completion = 0
+    async for index, out in merge_streams(streams):
         if out.error is not None:
             yield error_chunk(out.error)
             return
-        if out.text_delta:
-            yield chunk(ChatDelta(content=out.text_delta))
+        scores = None
+        if top_logprobs is not None and out.token_id is not None:
+            scores = ChatLogprobs(chat_logprobs([out], texts))
+        if out.text_delta or scores is not None:
+            yield chunk(index, ChatDelta(content=out.text_delta), None, scores)
         if out.finished:
-            yield chunk(ChatDelta(), FINISH_REASONS.get(out.finish_reason or "", out.finish_reason))
-            usage = Usage(
-                out.prompt_tokens, out.completion_tokens, out.prompt_tokens + out.completion_tokens
+            yield chunk(index, ChatDelta(), finish_reason(out))
+            prompt = out.prompt_tokens  # one prompt, counted once
+            completion += out.completion_tokens
+    if include_usage:
+        yield _encoder.encode(
+            ChatCompletionChunk(
+                reply_id, created, model, [], Usage(prompt, completion, prompt + completion)
             )
-    if include_usage and usage is not None:
-        yield _encoder.encode(ChatCompletionChunk(reply_id, created, model, [], usage))
+        )
     yield b"[DONE]"
 
 
@@ -103,3 +297,8 @@ def error_chunk(message: str) -> bytes:
 
 def json_response(payload: msgspec.Struct) -> Response[bytes]:
     return Response(_encoder.encode(payload), media_type="application/json")
+
+
+def _floored(logprob: float | None) -> float:
+    """A logprob JSON can carry (-inf, a masked-out token, reads ``LOGPROB_FLOOR``)."""
+    return LOGPROB_FLOOR if logprob is None else max(logprob, LOGPROB_FLOOR)

@@ -16,29 +16,31 @@ from adapters.http.access import inference_guard, reserve
 from adapters.http.errors import OPENAI_ERRORS, HTTPError, check_content_type, error_param
 from adapters.http.openai_params import (
     Prompt,
+    chat_top_logprobs,
     chat_unsupported,
     check_stream_options,
     check_tools,
-    common_unsupported,
+    choices,
+    completion_logprobs,
     parse_messages,
     parse_prompts,
     refuse,
     sampling,
 )
 from adapters.http.openai_replies import (
+    Echo,
+    chat_choice,
     chat_chunks,
     collect,
+    completion_choice,
     completion_chunks,
     json_response,
     total_usage,
 )
 from adapters.http.openai_schemas import (
-    ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
-    ChatMessageOut,
     Completion,
-    CompletionChoice,
     CompletionRequest,
 )
 from adapters.http.ownership import request_group, request_record
@@ -80,32 +82,55 @@ def openai_routes(
         record = _note(request, body.model, body.user, body.stream)
         model = names.resolve(request, body.model, OPENAI_ERRORS)
         check_stream_options(body)
+        n = choices(body)
         refuse(
-            ("best_of", body.best_of not in (None, 1)),
-            ("echo", bool(body.echo)),
+            ("best_of", body.best_of not in (None, 1, n)),  # best_of == n: n choices, all shown
             ("suffix", body.suffix is not None),
-            # Completions' logprobs is a count (0 included: the chosen token's); unsupported.
-            ("logprobs", body.logprobs is not None),
-            *common_unsupported(body),
         )
+        logprobs = completion_logprobs(body)
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        params = sampling(body, max_tokens, "max_tokens")
+        params = sampling(
+            body,
+            max_tokens,
+            "max_tokens",
+            logprobs=logprobs,
+            prompt_logprobs=logprobs if body.echo else None,
+        )
         prompts = parse_prompts(body.prompt)
         texts = [p for p in prompts if isinstance(p, str)]
-        _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt")
+        _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt", n)
         with record.timing("tokenize"):
             prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
-        await _reserve(request, prepared, params)
+        echoes = []
+        if body.echo:  # the prompt before each choice's text
+            echoes = [await _echo(engine, p, i) for p, i in zip(prompts, prepared, strict=True)]
+        await _reserve(request, prepared, params, n=n)
         group = _prioritized(request, body.priority, None)
-        streams = _admit(group, "cmpl", prepared, params, "prompt", model.adapter_id)
+        streams = _admit(group, "cmpl", prepared, params, "prompt", n, model.adapter_id)
         reply_id = new_request_id("cmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(completion_chunks(reply_id, model.id, streams, usage))
+            return sse(
+                completion_chunks(
+                    reply_id,
+                    model.id,
+                    streams,
+                    usage,
+                    texts=engine.token_texts,
+                    n=n,
+                    logprobs=logprobs,
+                    echoes=echoes,
+                )
+            )
         outputs = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
-        choices = [CompletionChoice(i, text, reason) for i, (text, reason, _) in enumerate(outputs)]
+        replies = [
+            completion_choice(
+                i, out, engine.token_texts, logprobs, echoes[i // n] if echoes else None
+            )
+            for i, out in enumerate(outputs)
+        ]
         return json_response(
-            Completion(reply_id, int(time.time()), model.id, choices, total_usage(outputs))
+            Completion(reply_id, int(time.time()), model.id, replies, total_usage(outputs, n))
         )
 
     @post("/v1/chat/completions", status_code=200, guards=guards)
@@ -115,56 +140,64 @@ def openai_routes(
         model = names.resolve(request, body.model, OPENAI_ERRORS)
         check_stream_options(body)
         check_tools(body)
-        refuse(
-            *chat_unsupported(body),
-            ("logprobs", body.logprobs not in (None, False)),
-            *common_unsupported(body),
-        )
+        refuse(*chat_unsupported(body))
+        n, top_logprobs = choices(body), chat_top_logprobs(body)
         messages = parse_messages(body.messages)
         # The limits that do not depend on max_tokens, before the template runs.
-        checked = sampling(body, 1, "max_tokens")
-        _precheck(engine, checked, [[m["content"] for m in messages]], 1, "messages")
+        checked = sampling(body, max(1, body.min_tokens or 0), "max_tokens")
+        _precheck(engine, checked, [[m["content"] for m in messages]], 1, "messages", n)
         with record.timing("render_chat"):
             prompt = await _render(engine, messages)
         if body.max_completion_tokens is not None:
-            params = sampling(body, body.max_completion_tokens, "max_completion_tokens")
+            max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
         elif body.max_tokens is not None:
-            params = sampling(body, body.max_tokens, "max_tokens")
+            max_tokens, field = body.max_tokens, "max_tokens"
         else:  # as much as the context leaves (at least one token: a full context is a 400)
-            params = sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
+            max_tokens, field = max(engine.max_seq_len - len(prompt), 1), "max_tokens"
+        params = sampling(body, max_tokens, field, logprobs=top_logprobs)
         with record.timing("tokenize"):
             prepared = await _prepare(engine, prompt, params, "messages")
         explicit = body.max_completion_tokens is not None or body.max_tokens is not None
-        await _reserve(request, [prepared], params, explicit)
+        await _reserve(request, [prepared], params, explicit, n)
         group = _prioritized(request, body.priority, body.metadata)
-        [stream] = _admit(group, "chatcmpl", [prepared], params, "messages", model.adapter_id)
+        streams = _admit(group, "chatcmpl", [prepared], params, "messages", n, model.adapter_id)
         reply_id = new_request_id("chatcmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_chunks(reply_id, model.id, stream, usage))
-        text, reason, counts = await unless_disconnected(request, collect(stream))
-        choice = ChatChoice(0, ChatMessageOut(text), reason)
-        return json_response(
-            ChatCompletion(
-                reply_id,
-                int(time.time()),
-                model.id,
-                [choice],
-                total_usage([(text, reason, counts)]),
+            return sse(
+                chat_chunks(
+                    reply_id,
+                    model.id,
+                    streams,
+                    usage,
+                    texts=engine.token_texts,
+                    top_logprobs=top_logprobs,
+                )
             )
+        outputs = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
+        replies = [
+            chat_choice(j, out, engine.token_texts, top_logprobs) for j, out in enumerate(outputs)
+        ]
+        return json_response(
+            ChatCompletion(reply_id, int(time.time()), model.id, replies, total_usage(outputs, n))
         )
 
     return [completions, chat_completions]
 
 
 async def _reserve(
-    request: Request, prepared: list[list[int]], params: SamplingParams, explicit: bool = True
+    request: Request,
+    prepared: list[list[int]],
+    params: SamplingParams,
+    explicit: bool = True,
+    n: int = 1,
 ) -> None:
     """Reserve the tokens the request may use under its tenant's limits: prompts +
-    max_tokens each; a chat without a max_tokens reserves its prompt + at most
-    ``UNSET_MAX_TOKENS_RESERVE`` (its real use is counted when it ends)."""
+    max_tokens for each of their ``n`` choices; a chat without a max_tokens reserves its
+    prompt + at most ``UNSET_MAX_TOKENS_RESERVE`` per choice (its real use is counted when
+    it ends)."""
     out = params.max_tokens if explicit else min(params.max_tokens, UNSET_MAX_TOKENS_RESERVE)
-    tokens = sum(len(p) for p in prepared) + out * len(prepared)
+    tokens = sum(len(p) for p in prepared) + out * len(prepared) * n
     await reserve(request, tokens, OPENAI_ERRORS)
 
 
@@ -224,6 +257,12 @@ def decode_body(decoder: msgspec.json.Decoder[T], request: Request, raw: bytes) 
         raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
 
+async def _echo(engine: EngineClient, prompt: Prompt, prompt_ids: list[int]) -> Echo:
+    """What ``echo`` puts first: the prompt's text (token ids: decoded) and its ids."""
+    text = prompt if isinstance(prompt, str) else await engine.detokenize(prompt)
+    return Echo(text, prompt_ids)
+
+
 async def _render(engine: EngineClient, messages: list[dict[str, Any]]) -> list[int]:
     try:
         return await engine.render_chat(messages)
@@ -237,15 +276,16 @@ def _precheck(
     prompts: Sequence[Sequence[str]],
     count: int,
     field: str,
+    n: int = 1,
 ) -> None:
     """What is cheap to check before any tokenizing: the stop-string limits, each prompt's
-    size (a prompt is a list of texts: a chat's messages), and room for ``count`` requests
-    (a full engine answers 503 at once)."""
+    size (a prompt is a list of texts: a chat's messages), and room for ``count`` prompts
+    of ``n`` choices (a full engine answers 503 at once)."""
     try:
         engine.check_params(params)
         for texts in prompts:
             engine.check_prompt_size(texts, field)
-        engine.check_room(count)
+        engine.check_room(count, n)
     except Exception as e:
         raise OPENAI_ERRORS.error(e, field) from e
 
@@ -266,13 +306,14 @@ def _admit(
     prompts: Sequence[list[int]],
     params: SamplingParams,
     field: str,
+    n: int = 1,
     adapter_id: str | None = None,
 ) -> list[AsyncIterator[StepOutput]]:
-    """Queue every prepared prompt or none, on LoRA adapter ``adapter_id`` (None: the base
-    model); the HTTP request's group owns them (its end, however it comes, aborts those
-    still running)."""
-    request_ids = [new_request_id(prefix) for _ in prompts]
+    """Queue ``n`` choices of every prepared prompt, or nothing, on LoRA adapter
+    ``adapter_id`` (None: the base model); the HTTP request's group owns them (its end,
+    however it comes, aborts those still running)."""
+    request_ids = [new_request_id(prefix) for _ in range(len(prompts) * n)]
     try:
-        return group.admit(request_ids, prompts, params, adapter_id=adapter_id)
+        return group.admit(request_ids, prompts, params, n, adapter_id=adapter_id)
     except Exception as e:
         raise OPENAI_ERRORS.error(e, field) from e

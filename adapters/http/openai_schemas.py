@@ -36,6 +36,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     priority: int | None = None  # vLLM's: lower runs earlier (default 0), may preempt
+    min_tokens: int | None = None  # vLLM's: no EOS / stop id before this many tokens
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -76,11 +77,21 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
+class CompletionLogprobs(msgspec.Struct):
+    """The legacy shape: per token its string, logprob, top alternatives (string ->
+    logprob; None for the echoed prompt's first token) and offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(msgspec.Struct):
@@ -99,11 +110,29 @@ class ChatMessageOut(msgspec.Struct):
     refusal: None = None
 
 
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
 class ChatChoice(msgspec.Struct):
     index: int
     message: ChatMessageOut
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct):
@@ -125,7 +154,7 @@ class ChatChunkChoice(msgspec.Struct):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):

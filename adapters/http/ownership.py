@@ -222,11 +222,12 @@ class RecordingGroup:
         request_ids: Sequence[str],
         prompts: Sequence[list[int]],
         params: SamplingParams,
+        n: int = 1,
         *,
         adapter_id: str | None = None,
     ) -> list[AsyncIterator[StepOutput]]:
-        streams = self._group.admit(request_ids, prompts, params, adapter_id=adapter_id)
-        self._record.prompt_tokens += sum(map(len, prompts))
+        streams = self._group.admit(request_ids, prompts, params, n, adapter_id=adapter_id)
+        self._record.prompt_tokens += sum(map(len, prompts))  # once per prompt, whatever n
         return [self._recorded(stream) for stream in streams]
 
     def close(self) -> None:

@@ -190,6 +190,7 @@ def _engine_params(
             stop_token_ids=tuple(p.stop_token_ids or ()),
             ignore_eos=explicit,
             logprobs=topk_sample,
+            logprobs_mode="raw",  # the model's, as its training forward scores them
             prompt_logprobs=prompt_logprobs or topk_prompt > 0,
             prompt_top_logprobs=topk_prompt,
         )

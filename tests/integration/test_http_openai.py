@@ -108,8 +108,13 @@ def test_completion_streaming_ends_with_done(http: TestClient) -> None:
     [
         ({"model": "other"}, 404, "model"),
         ({"temperature": 5.0}, 400, "temperature"),
-        ({"n": 2}, 400, "n"),
-        ({"logprobs": True}, 400, "logprobs"),
+        ({"n": 0}, 400, "n"),
+        ({"n": 17}, 400, "n"),
+        ({"top_logprobs": 2}, 400, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
+        ({"max_tokens": 4, "extra_body": {"min_tokens": 5}}, 400, "min_tokens"),
+        ({"extra_body": {"min_tokens": -1}}, 400, "min_tokens"),
         ({"extra_body": {"frobnicate": 1}}, 400, "frobnicate"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},

@@ -195,15 +195,38 @@ def test_repetition_penalty_counts_prompt_tokens() -> None:
     assert result.token_ids == [1]  # 3.0 / 2 < 2.0
 
 
-def test_logprobs_come_from_the_raw_distribution_with_sorted_top_n() -> None:
+def test_raw_logprobs_come_from_the_model_distribution_with_sorted_top_n() -> None:
     logits = _logits(3, 50)
     params = [
-        SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.5, logprobs=4),
-        SamplingParams(logprobs=0),
+        SamplingParams(
+            temperature=0.5, top_k=3, repetition_penalty=1.5, logprobs=4, logprobs_mode="raw"
+        ),
+        SamplingParams(logprobs=0, logprobs_mode="raw"),
         SamplingParams(),
     ]
     result = _sample(logits, params, output_ids=[[1, 2], [], []])
     expected = torch.log_softmax(logits, dim=-1)
+    _assert_logprobs(result, expected)
+
+
+def test_processed_logprobs_are_of_the_distribution_sampled_from() -> None:
+    """Penalized logits over the temperature (greedy rows: not divided), before top-k."""
+    logits = _logits(3, 50)
+    params = [
+        SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.5, logprobs=4),
+        SamplingParams(temperature=0.0, frequency_penalty=1.0, logprobs=0),
+        SamplingParams(),
+    ]
+    result = _sample(logits, params, output_ids=[[1, 2], [3], []])
+    penalized = apply_penalties(
+        logits, [[], [], []], [[1, 2], [3], []], [1.5, 1, 1], [0] * 3, [0, 1, 0]
+    )
+    expected = torch.log_softmax(penalized / torch.tensor([0.5, 1.0, 1.0])[:, None], dim=-1)
+    _assert_logprobs(result, expected)
+    assert result.token_ids[1] == int(penalized[1].argmax())
+
+
+def _assert_logprobs(result: SampledTokens, expected: torch.Tensor) -> None:
     assert result.logprobs is not None and result.top_logprobs is not None
     chosen = expected.gather(1, torch.tensor(result.token_ids)[:, None]).squeeze(1)
     assert_close(torch.tensor(result.logprobs), chosen)

@@ -1,5 +1,6 @@
 """TorchModelRunner under the engine: batched outputs equal each request run alone."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,8 @@ def _run_all(model, requests: dict[str, tuple[str, SamplingParams]]) -> dict[str
 
 def test_logit_bias_and_allowed_ids_apply_to_their_rows_only(model) -> None:
     """The logits seam: one batched step, each row processed by its own request's params;
-    the other rows are what they are alone, and logprobs stay the model's own."""
+    the other rows are what they are alone; logprobs are those of the processed
+    distribution (``raw`` mode: the model's own)."""
     plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
     forced = SamplingParams(
         temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0, logit_bias=((77, 100.0),)
@@ -125,8 +127,11 @@ def test_logit_bias_and_allowed_ids_apply_to_their_rows_only(model) -> None:
     assert [o.token_id for o in out["forced"]] == [77] * 6
     assert {o.token_id for o in out["allowed"]} <= {40, 41, 42}
     assert [o.token_id for o in out["allowed"]] == alone(model, PROMPTS[2], allowed)
-    # A +100 bias makes 77 certain to be sampled, but its reported logprob is the model's.
-    assert all(o.logprob is not None and o.logprob < -0.01 for o in out["forced"])
+    # A +100 bias makes 77 certain to be sampled: its processed logprob is ~0, the model's not.
+    assert all(o.logprob is not None and o.logprob > -1e-3 for o in out["forced"])
+    raw = dataclasses.replace(forced, logprobs_mode="raw")
+    out = _run_all(model, {"raw": (PROMPTS[1], raw)})
+    assert all(o.logprob is not None and o.logprob < -0.01 for o in out["raw"])
     assert alone(model, PROMPTS[1], forced) == [77] * 6  # generate() shares the seam
 
 

@@ -26,6 +26,7 @@ from adapters.torch.models.kv_cache import SlotKVCache
 from adapters.torch.models.layers import MixedBatch
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.logits import process_logits
+from adapters.torch.runtime.min_tokens import suppress_stop_tokens
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from domain.config import EngineConfig
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
@@ -70,7 +71,7 @@ class TorchModelRunner:
             logits, (prompt_logprobs, prompt_top) = self._forward(
                 singles, prompts, sampled, scored, slots
             )
-            output = self._sample(sampled, logits)
+            output = self._sample(sampled, logits, batch.eos_token_ids)
         output.prompt_logprobs.update(prompt_logprobs)
         output.prompt_top_logprobs.update(prompt_top)
         return output
@@ -95,6 +96,10 @@ class TorchModelRunner:
             raise RuntimeError("no free KV slot: more running requests than max_batch_size")
         self.slots.append(request.request_id)
         self.lengths.append(0)
+        if chunk.copy_from is not None:  # another choice of the prompt computed its KV
+            source = self.slots.index(chunk.copy_from)
+            self.cache.move(source, len(self.slots) - 1, chunk.start)
+            self.lengths[-1] = chunk.start
         seed = request.sampling_params.seed
         generator = make_generator(seed, self.device) if seed is not None else None
         if generator is not None and request.generated_token_ids:
@@ -172,14 +177,17 @@ class TorchModelRunner:
         positions = [by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in rows]
         return tokens, positions
 
-    def _sample(self, chunks: list[ScheduledChunk], logits: Tensor) -> RunnerOutput:
+    def _sample(
+        self, chunks: list[ScheduledChunk], logits: Tensor, eos_token_ids: frozenset[int]
+    ) -> RunnerOutput:
         """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order."""
         if not chunks:
             return RunnerOutput()
         requests = [c.request for c in chunks]
         params = [r.sampling_params for r in requests]
+        processed = suppress_stop_tokens(process_logits(logits, params), requests, eos_token_ids)
         result = self.sampler.sample(
-            process_logits(logits, params),  # forward -> per-row processing -> sampling
+            processed,  # forward -> per-row processing -> sampling
             params,
             prompt_ids=[r.prompt_token_ids for r in requests],
             output_ids=[r.generated_token_ids for r in requests],

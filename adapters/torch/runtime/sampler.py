@@ -33,8 +33,10 @@ _RADIX_WIDTHS = (11, 10, 10)
 class SampledTokens:
     """Per row: the chosen id; when any row asked, its logprob and the top-N alternatives.
 
-    Logprobs come from the model's raw distribution (log-softmax of the logits before
-    penalties, temperature and filters), as OpenAI's ``logprobs`` mean. ``top_logprobs`` rows
+    Logprobs come from the distribution each row's ``params.logprobs_mode`` names (see
+    :class:`SamplingParams`): ``processed``, the one sampled from (log-softmax of the
+    processed, penalized logits divided by the temperature, greedy rows undivided, before
+    the top-k / top-p / min-p truncation), or ``raw``, the model's. ``top_logprobs`` rows
     hold ``params.logprobs`` pairs, best first, and are empty for rows that asked for none.
     """
 
@@ -65,13 +67,13 @@ class TokenSampler:
 
         ``generators[i]`` is row i's own generator (seeded requests) or ``None`` (global RNG).
         ``raw_logits``: the model's logits before per-row processing (bias, masks), which
-        reported logprobs come from; None: ``logits`` are the model's own.
+        ``raw``-mode logprobs come from; None: ``logits`` are the model's own.
         """
         raw = logits if raw_logits is None else raw_logits
         assert logits.shape[0] == len(params) == len(prompt_ids) == len(output_ids)
         assert len(generators) == len(params)
         if all(p.greedy and not p.has_penalties for p in params):
-            return _collect(_argmax(logits), raw, params)
+            return _collect(_argmax(logits), _scored(raw, logits, params), params)
         penalized = (
             _penalize_rows(logits.float(), params, prompt_ids, output_ids)
             if any(p.has_penalties for p in params)
@@ -86,7 +88,23 @@ class TokenSampler:
                 token_ids = _sample_rows(kernels, penalized, params, uniforms)
             else:
                 token_ids = sample_from_probs(filtered_probs(penalized.float(), params), uniforms)
-        return _collect(token_ids, raw, params)
+        return _collect(token_ids, _scored(raw, penalized, params), params)
+
+
+def _scored(raw: Tensor, processed: Tensor, params: Sequence[SamplingParams]) -> Tensor | None:
+    """``[B, V]`` logits whose log-softmax each row reports: ``processed`` (after per-row
+    processing and penalties) divided by the row's temperature (1 for greedy rows) in
+    ``processed`` mode, ``raw`` in ``raw`` mode; None when no row asked for logprobs."""
+    if all(p.logprobs is None for p in params):
+        return None
+    if all(p.logprobs_mode == "raw" for p in params):
+        return raw
+    temperature = _row_values([1.0 if p.greedy else p.temperature for p in params], processed)
+    scored = processed.float() / temperature[:, None]
+    if all(p.logprobs_mode == "processed" for p in params):
+        return scored
+    is_raw = torch.tensor([p.logprobs_mode == "raw" for p in params], device=raw.device)
+    return torch.where(is_raw[:, None], raw.float(), scored)
 
 
 def filtered_probs(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
@@ -290,13 +308,15 @@ def _row_values(values: Sequence[float], like: Tensor) -> Tensor:
     return torch.tensor(values, dtype=torch.float32, device=like.device)
 
 
-def _collect(token_ids: Tensor, raw: Tensor, params: Sequence[SamplingParams]) -> SampledTokens:
-    """Bring ids ``[B]`` (and, if asked, logprobs of the logits ``raw`` ``[B, V]``, computed
-    in float32) to the host at once."""
+def _collect(
+    token_ids: Tensor, scored: Tensor | None, params: Sequence[SamplingParams]
+) -> SampledTokens:
+    """Bring ids ``[B]`` (and, if asked, logprobs of the logits ``scored`` ``[B, V]``,
+    computed in float32) to the host at once."""
     wanted = [p.logprobs for p in params]
-    if all(n is None for n in wanted):
+    if scored is None:
         return SampledTokens(token_ids.tolist(), None, None)
-    logprobs = torch.log_softmax(raw.float(), dim=-1)
+    logprobs = torch.log_softmax(scored.float(), dim=-1)
     n_max = max(n or 0 for n in wanted)
     top = logprobs.topk(n_max, dim=-1)
     chosen = logprobs.gather(1, token_ids[:, None])
