@@ -17,7 +17,7 @@ from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
-from entrypoints.container import DTYPES, create_container
+from entrypoints.container import DTYPES, TOOL_CALL_PARSERS, create_container
 from entrypoints.observability_flags import add_observability_args, observability_settings
 from entrypoints.request_flags import add_request_limit_args, request_limits
 from entrypoints.server import add_connection_args, connection_limits, run_server
@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    serve.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=TOOL_CALL_PARSERS,
+        help="the format the model writes tool calls in (default auto: by the chat template; "
+        "Qwen/Hermes and ChatML: hermes, Llama 3: llama3_json, Gemma: pythonic)",
+    )
     add_request_limit_args(serve)
     add_connection_args(serve)
     add_transport_args(serve)
@@ -279,6 +286,7 @@ def _serve(args: argparse.Namespace) -> int:
         idempotency_max_keys=args.idempotency_max_keys,
         on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
         transport=transport,
+        tool_call_parser=args.tool_call_parser,
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:

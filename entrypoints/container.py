@@ -43,6 +43,7 @@ from application.observers import ObserverGroup, TrainingObserverGroup
 from application.quotas import Quotas
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
+from application.tool_parsers import FORMATS, detect_format
 from domain.config import EngineConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 from domain.ports import Tokenizer
@@ -73,6 +74,18 @@ def build_model(resolved: ResolvedModel, dtype: str, device: str | None) -> Tran
 def build_tokenizer(resolved: ResolvedModel) -> Tokenizer:
     # Dummy-weight models have no tokenizer: bytes work with any real vocabulary size.
     return HFTokenizer.from_folder(resolved.path) if resolved.has_tokenizer else ByteTokenizer()
+
+
+TOOL_CALL_PARSERS = ("auto", *FORMATS)
+
+
+def choose_tool_parser(flag: str | None, tokenizer: Tokenizer) -> str:
+    """``--tool-call-parser``: a format's name, or ``auto``: the one the chat template's
+    model family writes (ChatML and templates without tools: ``hermes``)."""
+    if flag and flag != "auto":
+        return flag
+    template = tokenizer.chat_template if isinstance(tokenizer, HFTokenizer) else None
+    return detect_format(template)
 
 
 def resolve(spec: str | None, cache_dir: str | None, progress: bool) -> ResolvedModel:
@@ -234,6 +247,7 @@ def build_http_app(
     idempotency_ttl_s: float | None,
     transport: TransportSettings | None = None,
     draining: Draining | None = None,
+    tool_parser: str = "hermes",
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
@@ -254,6 +268,7 @@ def build_http_app(
         sse_heartbeat_s=transport.sse_heartbeat_interval,
         request_timeout_s=transport.request_timeout,
         draining=draining,
+        tool_parser=tool_parser,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -338,6 +353,7 @@ class Container(containers.DeclarativeContainer):
     idempotency = providers.Singleton(
         build_idempotency, config.idempotency_ttl_s, config.idempotency_max_keys, config.redis_url
     )
+    tool_parser = providers.Singleton(choose_tool_parser, config.tool_call_parser, tokenizer)
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
     http_app = providers.Singleton(
@@ -355,6 +371,7 @@ class Container(containers.DeclarativeContainer):
         config.idempotency_ttl_s,
         config.transport,
         draining,
+        tool_parser,
     )
 
 
@@ -381,6 +398,7 @@ def create_container(
     idempotency_ttl_s: float = DEFAULT_TTL_S,
     idempotency_max_keys: int = 10_000,
     transport: TransportSettings | None = None,
+    tool_call_parser: str = "auto",
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -392,11 +410,17 @@ def create_container(
     ``idempotency_ttl_s``: how long replies to Idempotency-Key requests are kept (0: the
     header is ignored), in Redis or in memory (``idempotency_max_keys`` at most);
     ``transport``: CORS, SSE heartbeats, the request deadline (TLS and the drain timeout
-    are the server's)."""
+    are the server's); ``tool_call_parser``: the format tool calls are parsed in (``auto``:
+    the chat template's)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    if tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(
+            f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+            f"got {tool_call_parser!r}"
+        )
     if training_backend not in TRAINING_BACKENDS:
         raise ValueError(
             f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
@@ -425,6 +449,7 @@ def create_container(
             "idempotency_max_keys": idempotency_max_keys,
             "transport": transport,
             "training_backend": training_backend,
+            "tool_call_parser": tool_call_parser,
         }
     )
     if engine is not None:

@@ -62,6 +62,7 @@ def create_app(
     sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     request_timeout_s: float = 0.0,
     draining: Draining | None = None,
+    tool_parser: str = "hermes",
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
@@ -74,7 +75,8 @@ def create_app(
     CORS headers); ``sse_heartbeat_s``: a ping in event streams silent that long (0: none);
     ``request_timeout_s``: the deadline of the OpenAI and ``/v1/generate`` requests (0:
     none); ``draining``: the server's drain state (``entrypoints.server`` begins it on
-    SIGTERM)."""
+    SIGTERM); ``tool_parser``: the format the model writes tool calls in (``hermes``,
+    ``llama3_json``, ``pythonic``)."""
     draining = draining or Draining()
 
     @asynccontextmanager
@@ -143,7 +145,7 @@ def create_app(
             health,
             ready,
             *extra,
-            *openai_routes(engine, model_name, access),
+            *openai_routes(engine, model_name, access, tool_parser),
             *tokenize_routes(engine, model_name, access),
             *routers,
         ],

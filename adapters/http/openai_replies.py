@@ -16,6 +16,7 @@ from adapters.http.openai_schemas import (
     CompletionChoice,
     Usage,
 )
+from adapters.http.openai_tools import ToolStream
 from adapters.http.streaming import merge_streams
 from domain.request import StepOutput
 
@@ -68,8 +69,13 @@ async def completion_chunks(
 
 
 async def chat_chunks(
-    reply_id: str, model: str, stream: AsyncIterator[StepOutput], include_usage: bool
+    reply_id: str,
+    model: str,
+    stream: AsyncIterator[StepOutput],
+    include_usage: bool,
+    tools: ToolStream | None = None,
 ) -> AsyncIterator[bytes]:
+    """``tools``: turns the text into content and tool-call deltas (None: all content)."""
     created = int(time.time())
 
     def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
@@ -83,10 +89,14 @@ async def chat_chunks(
         if out.error is not None:
             yield error_chunk(out.error)
             return
-        if out.text_delta:
+        if tools is not None:
+            for delta in tools.deltas(out.text_delta, out.finished):
+                yield chunk(delta)
+        elif out.text_delta:
             yield chunk(ChatDelta(content=out.text_delta))
         if out.finished:
-            yield chunk(ChatDelta(), FINISH_REASONS.get(out.finish_reason or "", out.finish_reason))
+            reason = FINISH_REASONS.get(out.finish_reason or "", out.finish_reason)
+            yield chunk(ChatDelta(), tools.finish_reason(reason) if tools else reason)
             usage = Usage(
                 out.prompt_tokens, out.completion_tokens, out.prompt_tokens + out.completion_tokens
             )

@@ -18,7 +18,6 @@ from adapters.http.openai_params import (
     Prompt,
     chat_unsupported,
     check_stream_options,
-    check_tools,
     common_unsupported,
     parse_messages,
     parse_prompts,
@@ -36,19 +35,20 @@ from adapters.http.openai_schemas import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
-    ChatMessageOut,
     Completion,
     CompletionChoice,
     CompletionRequest,
     ModelCard,
     ModelList,
 )
+from adapters.http.openai_tools import ChatTools, constrain, tool_request, tool_texts
 from adapters.http.ownership import request_group, request_record
 from adapters.http.streaming import sse, unless_disconnected
 from application.access import Access
 from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
+from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -64,10 +64,15 @@ UNSET_MAX_TOKENS_RESERVE = 256
 
 
 def openai_routes(
-    engine: EngineClient, model_name: str, access: Access | None = None
+    engine: EngineClient,
+    model_name: str,
+    access: Access | None = None,
+    tool_parser: str = "hermes",
 ) -> list[HTTPRouteHandler]:
-    """``access``: API keys and limits (None: an open server)."""
+    """``access``: API keys and limits (None: an open server); ``tool_parser``: the format
+    the model writes tool calls in (a name in ``application.tool_parsers.FORMATS``)."""
     created = int(time.time())
+    chat_tools = ChatTools(FORMATS[tool_parser])
     guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
 
     @get("/v1/models", guards=guards)
@@ -125,7 +130,7 @@ def openai_routes(
         check_served_model(body.model, model_name)
         check_model(request, model_name, OPENAI_ERRORS)
         check_stream_options(body)
-        check_tools(body)
+        tools = tool_request(body)
         refuse(
             *chat_unsupported(body),
             ("logprobs", body.logprobs not in (None, False)),
@@ -134,15 +139,18 @@ def openai_routes(
         messages = parse_messages(body.messages)
         # The limits that do not depend on max_tokens, before the template runs.
         checked = sampling(body, 1, "max_tokens")
-        _precheck(engine, checked, [[m["content"] for m in messages]], 1, "messages")
+        texts = [*(m["content"] for m in messages), *tool_texts(tools)]
+        _precheck(engine, checked, [texts], 1, "messages")
         with record.timing("render_chat"):
-            prompt = await _render(engine, messages)
+            messages, rendered_tools = await chat_tools.prepare(engine, messages, tools)
+            prompt = await _render(engine, messages, rendered_tools)
         if body.max_completion_tokens is not None:
             params = sampling(body, body.max_completion_tokens, "max_completion_tokens")
         elif body.max_tokens is not None:
             params = sampling(body, body.max_tokens, "max_tokens")
         else:  # as much as the context leaves (at least one token: a full context is a 400)
             params = sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
+        params = constrain(params, tools)
         with record.timing("tokenize"):
             prepared = await _prepare(engine, prompt, params, "messages")
         explicit = body.max_completion_tokens is not None or body.max_tokens is not None
@@ -152,9 +160,10 @@ def openai_routes(
         reply_id = new_request_id("chatcmpl")
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_chunks(reply_id, model_name, stream, usage))
+            return sse(chat_chunks(reply_id, model_name, stream, usage, chat_tools.stream(tools)))
         text, reason, counts = await unless_disconnected(request, collect(stream))
-        choice = ChatChoice(0, ChatMessageOut(text), reason)
+        message, reason = chat_tools.reply(tools, text, reason)
+        choice = ChatChoice(0, message, reason)
         return json_response(
             ChatCompletion(
                 reply_id,
@@ -247,9 +256,13 @@ def check_served_model(requested: str | None, served: str) -> None:
         )
 
 
-async def _render(engine: EngineClient, messages: list[dict[str, Any]]) -> list[int]:
+async def _render(
+    engine: EngineClient,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     try:
-        return await engine.render_chat(messages)
+        return await engine.render_chat(messages, tools)
     except InvalidParameterError as e:
         raise OPENAI_ERRORS.error(e, "messages") from e
 
