@@ -323,3 +323,20 @@ def test_bad_tool_requests_get_400_naming_the_field(
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_the_sdk_message_goes_back_into_the_history(
+    client: openai.OpenAI, replies: Replies
+) -> None:
+    """The README's loop: the reply's message object, then the tool's result."""
+    replies.text = HERMES_CALL
+    reply = chat(client, tools=[WEATHER])
+    call = reply.choices[0].message.tool_calls[0]
+    messages = [
+        *USER,
+        reply.choices[0].message,
+        {"role": "tool", "tool_call_id": call.id, "content": "18C"},
+    ]
+    replies.text = "18C."
+    assert chat(client, tools=[WEATHER], messages=messages).choices[0].message.content == "18C."
+    assert HERMES_CALL in replies.prompt() and "<tool_response>\n18C" in replies.prompt()
