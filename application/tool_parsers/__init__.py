@@ -100,12 +100,10 @@ class NamedCallParser:
     def __init__(self, name: str) -> None:
         self._name = name
         self._deltas = CallDeltas()
-        self._text = ""
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = [] if self._deltas.count else [self._deltas.start(self._name)]
-        self._text += text
-        return events + self._deltas.arguments(self._text)
+        return events + self._deltas.fragment(text)
 
     def finish(self) -> list[Event]:
         return self.feed("")

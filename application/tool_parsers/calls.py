@@ -78,60 +78,77 @@ class CallDeltas:
         self._sent = 0
         return ToolCallDelta(self.count - 1, name=name)
 
-    def arguments(self, text: str) -> list[Event]:
-        """The new part of the current call's arguments (``text``: all of them so far)."""
-        new, self._sent = text[self._sent :], len(text)
-        return [ToolCallDelta(self.count - 1, arguments=new)] if new else []
+    @property
+    def sent(self) -> bool:
+        """Some of the current call's arguments were sent."""
+        return self._sent > 0
+
+    def fragment(self, text: str) -> list[Event]:
+        """The next piece of the current call's arguments."""
+        self._sent += len(text)
+        return [ToolCallDelta(self.count - 1, arguments=text)] if text else []
 
 
 class JsonCallScanner:
     """One JSON call object, ``{"name": "f", "arguments": {...}}``, scanned as its text
-    arrives: the name once its string is complete, the arguments' raw text as it grows
-    (an object's text is streamed as written; a string holding JSON, ``null`` or no
-    arguments at all are known when the call ends).
+    arrives, in time linear in its length: the name once its string is complete, the
+    arguments' text as it grows (an object's text is passed on as written; a string
+    holding JSON, ``null`` or no arguments at all are known when the call ends).
 
-    ``text``: what was fed; ``end``: the index just past the call's closing brace, once
-    seen (text beyond it belongs to the caller); ``error``: the text is not a call object.
+    ``end``: the closing brace was seen; ``error``: the text is not a call object;
+    ``rest``: what was fed after either.
     """
 
     def __init__(self, argument_keys: Sequence[str]) -> None:
         self._argument_keys = tuple(argument_keys)
-        self.text = ""
         self.name: str | None = None
-        self.end: int | None = None
-        self.error = False
-        self._pos = 0
+        self.end = self.error = False
+        self.rest = ""
+        self._consumed: list[str] = []
         self._stack: list[str] = []
         self._in_string = self._escape = False
         self._expect = "open"  # open key colon value string primitive nested after
         self._key: str | None = None
-        self._token_start = 0
-        self._args_start: int | None = None
-        self._args_end: int | None = None
-
-    def feed(self, text: str) -> None:
-        self.text += text
-        while not (self.error or self.end is not None) and self._pos < len(self.text):
-            self._step(self.text[self._pos], self._pos)
-            self._pos += 1
+        self._token: list[str] | None = None  # the key or value being read, when needed
+        self._args = "none"  # none, object (being read), other (being read), done
+        self._args_text: str | None = None  # a non-object arguments value
+        self._args_parts: list[str] = []  # an object's text, as read
+        self._fresh = 0  # parts not yet taken
 
     @property
-    def consumed(self) -> int:
-        """How much of ``text`` was scanned (all of it, or up to the end or the error)."""
-        return self._pos
+    def done(self) -> bool:
+        return self.end or self.error
 
-    def streamable_arguments(self) -> str:
-        """The arguments' text so far, when they are an object being written."""
-        start = self._args_start
-        if start is None or self.text[start] != "{":
-            return ""
-        return self.text[start : self._pos if self._args_end is None else self._args_end]
+    def feed(self, text: str) -> None:
+        if self.done:
+            self.rest += text
+            return
+        for i, c in enumerate(text):
+            had_token, was_args = self._token is not None, self._args == "object"
+            self._step(c)
+            if had_token and self._token is not None:
+                self._token.append(c)
+            if was_args or self._args == "object":
+                self._args_parts.append(c)
+            if self.done:
+                self._consumed.append(text[: i + 1])
+                self.rest = text[i + 1 :]
+                return
+        self._consumed.append(text)
+
+    def consumed_text(self) -> str:
+        return "".join(self._consumed)
+
+    def take_arguments(self) -> str:
+        """The object arguments' text read since the last call."""
+        fresh, self._fresh = self._args_parts[self._fresh :], len(self._args_parts)
+        return "".join(fresh)
 
     def final_arguments(self) -> str | None:
         """The arguments once the call is complete (None: not a JSON object)."""
-        if self._args_start is None or self._args_end is None:
-            return "{}" if self._args_start is None else None
-        raw = self.text[self._args_start : self._args_end]
+        if self._args == "none":
+            return "{}"
+        raw = "".join(self._args_parts) if self._args_text is None else self._args_text
         try:
             value = json.loads(raw)
         except ValueError:
@@ -142,7 +159,7 @@ class JsonCallScanner:
             return value
         return raw if isinstance(value, dict) else None
 
-    def _step(self, c: str, i: int) -> None:
+    def _step(self, c: str) -> None:
         if self._in_string:
             if self._escape:
                 self._escape = False
@@ -151,86 +168,97 @@ class JsonCallScanner:
             elif c == '"':
                 self._in_string = False
                 if len(self._stack) == 1:
-                    self._string_closed(i + 1)
+                    self._string_closed(c)
             return
         top = len(self._stack) == 1
         if c == '"':
             self._in_string = True
             if top and self._expect == "key":
-                self._token_start = i
+                self._token = [c]
             elif top:
-                self._value_starts(i, "string")
+                self._value_starts(c, "string")
         elif c in "{[":
             if not self._stack:
                 self.error = c != "{"
                 self._expect = "key"
             elif top:
-                self._value_starts(i, "nested")
+                self._value_starts(c, "nested")
             self._stack.append("}" if c == "{" else "]")
         elif c in "}]":
-            self._close(c, i)
+            self._close(c)
         elif not self._stack:
             self.error = not c.isspace()
         elif top:
-            self._top_level(c, i)
+            self._top_level(c)
 
-    def _close(self, c: str, i: int) -> None:
+    def _close(self, c: str) -> None:
         if not self._stack or self._stack.pop() != c:
             self.error = True
             return
         if self._stack:
             if len(self._stack) == 1:
-                self._value_ends(i + 1)
+                self._value_ends(c)
             return
         if self._expect == "primitive":
-            self._value_ends(i)
+            self._value_ends("")
         self.error = self._expect not in ("after", "key")
-        self.end = i + 1
+        self.end = not self.error
 
-    def _top_level(self, c: str, i: int) -> None:
+    def _top_level(self, c: str) -> None:
         expect = self._expect
         if c == ":" and expect == "colon":
             self._expect = "value"
         elif c == "," and expect in ("after", "primitive"):
             if expect == "primitive":
-                self._value_ends(i)
+                self._value_ends("")
             self._expect = "key"
         elif c.isspace():
             if expect == "primitive":
-                self._value_ends(i)
+                self._value_ends("")
         elif expect == "value":
-            self._value_starts(i, "primitive")
+            self._value_starts(c, "primitive")
         elif expect != "primitive":
             self.error = True
 
-    def _string_closed(self, end: int) -> None:
+    def _string_closed(self, c: str) -> None:
         if self._expect == "key":
             try:
-                self._key = json.loads(self.text[self._token_start : end])
+                self._key = json.loads("".join(self._token or ()) + c)
             except ValueError:
                 self.error = True
-            self._expect = "colon"
+            self._token, self._expect = None, "colon"
         elif self._expect == "string":
-            self._value_ends(end)
+            self._value_ends(c)
 
-    def _value_starts(self, i: int, kind: str) -> None:
+    def _value_starts(self, c: str, kind: str) -> None:
         if self._expect != "value":
             self.error = True
             return
-        self._expect, self._token_start = kind, i
-        if self._key in self._argument_keys and self._args_start is None:
-            self._args_start = i
+        self._expect = kind
+        is_args = self._key in self._argument_keys and self._args == "none"
+        if is_args and c == "{":
+            self._args = "object"
+        elif is_args or self._key == "name":
+            self._token = [c]
+            self._args = "other" if is_args else self._args
 
-    def _value_ends(self, end: int) -> None:
-        if self._key == "name" and self.name is None:
-            try:
-                name = json.loads(self.text[self._token_start : end])
-            except ValueError:
-                name = None
-            self.name = name if isinstance(name, str) and name else None
-        if self._token_start == self._args_start:
-            self._args_end = end
+    def _value_ends(self, closing: str) -> None:
+        """``closing``: the value's last character, when it is the current one."""
         self._expect = "after"
+        if self._args == "object":
+            self._args = "done"
+            return
+        if self._token is None:
+            return
+        text, self._token = "".join(self._token) + closing, None
+        if self._args == "other":
+            self._args, self._args_text = "done", text
+            return
+        try:
+            name = json.loads(text)
+        except ValueError:
+            name = None
+        self.name = name if isinstance(name, str) and name and self.name is None else self.name
 
 
 class JsonCallStream:
@@ -248,25 +276,22 @@ class JsonCallStream:
 
     @property
     def done(self) -> bool:
-        return self.scanner.end is not None or self.scanner.error
+        return self.scanner.done
 
     def feed(self, text: str) -> list[Event]:
         scanner = self.scanner
         scanner.feed(text)
+        events: list[Event] = []
         if not self.committed:
             name = scanner.name
             known = name is not None and (self._tool_names is None or name in self._tool_names)
             if not known:
-                self.rejected = scanner.error or name is not None or scanner.end is not None
+                self.rejected = scanner.done or name is not None
                 return []
             assert name is not None
             self.committed = True
-            events: list[Event] = [self._deltas.start(name)]
-        else:
-            events = []
-        if scanner.end is None:
-            return events + self._deltas.arguments(scanner.streamable_arguments())
-        final = scanner.final_arguments()
-        return events + self._deltas.arguments(
-            scanner.streamable_arguments() if final is None else final
-        )
+            events.append(self._deltas.start(name))
+        events += self._deltas.fragment(scanner.take_arguments())
+        if scanner.end and not self._deltas.sent:
+            events += self._deltas.fragment(scanner.final_arguments() or "")
+        return events

@@ -43,7 +43,7 @@ class HermesParser:
     def finish(self) -> list[Event]:
         held, self._held = self._held, ""
         if self._call is not None and not self._call.committed:
-            return [START + self._call.scanner.text]
+            return [START + self._call.scanner.consumed_text()]
         if self._call is not None or self._after_call or self._skipping:
             return []
         return [held] if held.strip() or (held and self._deltas.count == 0) else []
@@ -71,13 +71,12 @@ class HermesParser:
         scanner = call.scanner
         if call.rejected:  # not a call after all: its text is content
             self._call = None
-            self._held = scanner.text[scanner.consumed :]
-            return [START + scanner.text[: scanner.consumed]]
+            self._held = scanner.rest
+            return [START + scanner.consumed_text()]
         if call.done:
             self._call = None
-            self._held = scanner.text[scanner.consumed :]
-            self._after_call = scanner.end is not None
-            self._skipping = scanner.end is None
+            self._held = scanner.rest
+            self._after_call, self._skipping = scanner.end, not scanner.end
         return events
 
     def _close_call(self) -> None:

@@ -81,14 +81,14 @@ class JsonCallsParser:
         text, self._held = self._held, ""
         events = call.feed(text)
         scanner = call.scanner
-        if call.rejected or (call.done and scanner.end is None):
+        if call.rejected or (call.done and not scanner.end):
             self._current = None
             if self._deltas.count == 0:
                 return self._to_content()
             self._state = "done"
         elif call.done:
             self._current = None
-            self._held, self._state = scanner.text[scanner.consumed :], "between"
+            self._held, self._state = scanner.rest, "between"
         return events
 
     def _content(self) -> list[Event]:

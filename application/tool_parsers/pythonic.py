@@ -87,7 +87,7 @@ class PythonicParser:
         if parsed is None or (self._tool_names is not None and parsed[0] not in self._tool_names):
             return self._broken()
         name, arguments = parsed
-        return [self._deltas.start(name), *self._deltas.arguments(arguments)]
+        return [self._deltas.start(name), *self._deltas.fragment(arguments)]
 
     def _broken(self) -> list[Event]:
         if self._deltas.count:
