@@ -17,7 +17,7 @@ from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
-from entrypoints.container import DTYPES, create_container
+from entrypoints.container import DTYPES, TOOL_CALL_PARSERS, create_container
 from entrypoints.embedding_flags import add_embedding_args, embedding_limits, embedding_model
 from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
 from entrypoints.observability_flags import add_observability_args, observability_settings
@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_model_name_args(serve)
+    serve.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=TOOL_CALL_PARSERS,
+        help="the format the model writes tool calls in (default auto: by the chat template; "
+        "Qwen/Hermes and ChatML: hermes, Llama 3: llama3_json, Gemma: pythonic)",
+    )
     add_request_limit_args(serve)
     add_embedding_args(serve)
     add_connection_args(serve)
@@ -286,6 +293,7 @@ def _serve(args: argparse.Namespace) -> int:
         transport=transport,
         embedding_model=embedding_model(args),
         embedding_limits=embedding_limits(args, config.max_prompt_bytes),
+        tool_call_parser=args.tool_call_parser,
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:

@@ -48,6 +48,7 @@ from application.quotas import Quotas
 from application.served_models import ServedModels
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
+from application.tool_parsers import FORMATS, detect_format
 from domain.config import EngineConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 from domain.ports import Tokenizer
@@ -79,6 +80,18 @@ def build_model(resolved: ResolvedModel, dtype: str, device: str | None) -> Tran
 def build_tokenizer(resolved: ResolvedModel) -> Tokenizer:
     # Dummy-weight models have no tokenizer: bytes work with any real vocabulary size.
     return HFTokenizer.from_folder(resolved.path) if resolved.has_tokenizer else ByteTokenizer()
+
+
+TOOL_CALL_PARSERS = ("auto", *FORMATS)
+
+
+def choose_tool_parser(flag: str | None, tokenizer: Tokenizer) -> str:
+    """``--tool-call-parser``: a format's name, or ``auto``: the one the chat template's
+    model family writes (ChatML and templates without tools: ``hermes``)."""
+    if flag and flag != "auto":
+        return flag
+    template = tokenizer.chat_template if isinstance(tokenizer, HFTokenizer) else None
+    return detect_format(template)
 
 
 def resolve(spec: str | None, cache_dir: str | None, progress: bool) -> ResolvedModel:
@@ -291,6 +304,7 @@ def build_http_app(
     draining: Draining | None = None,
     models: ServedModels | None = None,
     embeddings: EmbeddingService | None = None,
+    tool_parser: str = "hermes",
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
@@ -313,6 +327,7 @@ def build_http_app(
         draining=draining,
         models=models,
         embeddings=embeddings,
+        tool_parser=tool_parser,
     )
     return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
@@ -421,6 +436,7 @@ class Container(containers.DeclarativeContainer):
         lora_serving,
         tinker,
     )
+    tool_parser = providers.Singleton(choose_tool_parser, config.tool_call_parser, tokenizer)
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
     http_app = providers.Singleton(
@@ -440,6 +456,7 @@ class Container(containers.DeclarativeContainer):
         draining,
         served_models,
         embeddings,
+        tool_parser,
     )
 
 
@@ -469,6 +486,7 @@ def create_container(
     models: ModelSettings | None = None,
     embedding_model: str | None = None,
     embedding_limits: EmbeddingLimits | None = None,
+    tool_call_parser: str = "auto",
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -484,11 +502,17 @@ def create_container(
     modules (``served_model_name`` is the model's id); ``embedding_model``: serve
     ``/v1/embeddings`` with it (a spec of
     :func:`resolve_embedding_model`; the fake runner serves a :class:`FakeEmbedder` under
-    that name; None: no embeddings), under ``embedding_limits``."""
+    that name; None: no embeddings), under ``embedding_limits``; ``tool_call_parser``: the
+    format tool calls are parsed in (``auto``: the chat template's)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    if tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(
+            f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+            f"got {tool_call_parser!r}"
+        )
     if training_backend not in TRAINING_BACKENDS:
         raise ValueError(
             f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
@@ -520,6 +544,7 @@ def create_container(
             "models": models,
             "embedding_model": embedding_model,
             "embedding_limits": embedding_limits,
+            "tool_call_parser": tool_call_parser,
         }
     )
     if engine is not None:

@@ -86,6 +86,11 @@ class HFTokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    @property
+    def chat_template(self) -> str | None:
+        """The template's source (the composition root picks a tool-call format by it)."""
+        return self._template_source
+
     def encode(
         self, text: str, *, add_special_tokens: bool = True, parse_special_tokens: bool = True
     ) -> list[int]:

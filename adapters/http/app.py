@@ -68,6 +68,7 @@ def create_app(
     draining: Draining | None = None,
     models: ServedModels | None = None,
     embeddings: EmbeddingService | None = None,
+    tool_parser: str = "hermes",
 ) -> Litestar:
     """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
     (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
@@ -82,7 +83,8 @@ def create_app(
     none); ``draining``: the server's drain state (``entrypoints.server`` begins it on
     SIGTERM); ``models``: the models served by name (default: ``model_name`` alone), with
     the Tinker API the callers' checkpoints too; ``embeddings``: also serve
-    ``/v1/embeddings`` with it."""
+    ``/v1/embeddings`` with it; ``tool_parser``: the format the model writes tool calls in
+    (``hermes``, ``llama3_json``, ``pythonic``)."""
     draining = draining or Draining()
     owner = tinker_guard(tinker_api_keys, access).tenant if tinker is not None else None
     names = ModelNames(models or ServedModels([model_name], model_name), owner)
@@ -156,7 +158,7 @@ def create_app(
             ready,
             *extra,
             *models_routes(engine, names, access, _embedding_card(embeddings)),
-            *openai_routes(engine, model_name, access, names),
+            *openai_routes(engine, model_name, access, names, tool_parser),
             *tokenize_routes(engine, model_name, access, names),
             *(embedding_routes(embeddings, access) if embeddings is not None else []),
             *routers,

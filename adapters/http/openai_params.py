@@ -30,33 +30,10 @@ def check_stream_options(body: CompletionRequest | ChatCompletionRequest) -> Non
         )
 
 
-def check_tools(body: ChatCompletionRequest) -> None:
-    """OpenAI's answers: an empty ``tools`` (or ``functions``) list is too short, and the
-    tool options need tools."""
-    for name, tools in (("tools", body.tools), ("functions", body.functions)):
-        if tools == []:
-            raise HTTPError(400, f"[] is too short - '{name}'", "invalid_request_error", name)
-    if body.tools is not None:
-        return
-    for name, option in (
-        ("tool_choice", body.tool_choice),
-        ("parallel_tool_calls", body.parallel_tool_calls),
-    ):
-        if option is not None:
-            raise HTTPError(
-                400,
-                f"Invalid value for '{name}': '{name}' is only allowed when 'tools' are specified.",
-                "invalid_request_error",
-                name,
-            )
-
-
 def chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
     text_format = body.response_format in (None, {"type": "text"})
     return [
-        ("tools", bool(body.tools)),
-        ("tool_choice", body.tool_choice not in (None, "none", "auto")),
-        ("functions", bool(body.functions)),
+        ("functions", bool(body.functions)),  # the legacy form of tools
         ("function_call", body.function_call is not None),
         ("response_format", not text_format),
         ("audio", body.audio is not None),

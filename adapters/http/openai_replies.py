@@ -32,6 +32,7 @@ from adapters.http.openai_schemas import (
     TopLogprob,
     Usage,
 )
+from adapters.http.openai_tools import ToolStream
 from adapters.http.streaming import merge_streams
 from domain.request import StepOutput
 
@@ -219,13 +220,19 @@ def _completion_delta(
 
 
 def chat_choice(
-    index: int, collected: Collected, texts: TokenTexts, top_logprobs: int | None
+    index: int,
+    collected: Collected,
+    texts: TokenTexts,
+    top_logprobs: int | None,
+    reply: tuple[ChatMessageOut, str | None] | None = None,
 ) -> ChatChoice:
-    """``top_logprobs``: alternatives per token (None: no logprobs)."""
+    """``top_logprobs``: alternatives per token (None: no logprobs); ``reply``: the
+    message and finish reason when tools read the text (None: the text as content)."""
     scores = None
     if top_logprobs is not None:
         scores = ChatLogprobs(chat_logprobs(collected.outputs, texts))
-    return ChatChoice(index, ChatMessageOut(collected.text), collected.finish_reason, scores)
+    message, reason = reply or (ChatMessageOut(collected.text), collected.finish_reason)
+    return ChatChoice(index, message, reason, scores)
 
 
 def chat_logprobs(outputs: Sequence[StepOutput], texts: TokenTexts) -> list[ChatTokenLogprob]:
@@ -252,10 +259,12 @@ async def chat_chunks(
     *,
     texts: TokenTexts,
     top_logprobs: int | None = None,
+    tools: Sequence[ToolStream | None] = (),
 ) -> AsyncIterator[bytes]:
     """The chunks of ``streams`` (one per choice; its index in the list): each choice
     opens with its role, then carries its text and (``top_logprobs`` not None) each
-    token's logprobs, then its finish."""
+    token's logprobs, then its finish. ``tools``: per choice, what turns its text into
+    content and tool-call deltas (none: all content)."""
     created = int(time.time())
 
     def chunk(
@@ -274,10 +283,20 @@ async def chat_chunks(
         scores = None
         if top_logprobs is not None and out.token_id is not None:
             scores = ChatLogprobs(chat_logprobs([out], texts))
-        if out.text_delta or scores is not None:
+        tool_stream = tools[index] if index < len(tools) else None
+        if tool_stream is not None:
+            deltas = tool_stream.deltas(out.text_delta, out.finished)
+            if scores is not None and not deltas:
+                deltas = [ChatDelta(content="")]
+            for i, delta in enumerate(deltas):  # the token's logprobs on its first delta
+                yield chunk(index, delta, None, scores if i == 0 else None)
+        elif out.text_delta or scores is not None:
             yield chunk(index, ChatDelta(content=out.text_delta), None, scores)
         if out.finished:
-            yield chunk(index, ChatDelta(), finish_reason(out))
+            reason = finish_reason(out)
+            if tool_stream is not None:
+                reason = tool_stream.finish_reason(reason)
+            yield chunk(index, ChatDelta(), reason)
             prompt = out.prompt_tokens  # one prompt, counted once
             completion += out.completion_tokens
     if include_usage:

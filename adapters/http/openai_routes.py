@@ -19,7 +19,6 @@ from adapters.http.openai_params import (
     chat_top_logprobs,
     chat_unsupported,
     check_stream_options,
-    check_tools,
     choices,
     completion_logprobs,
     parse_messages,
@@ -43,6 +42,7 @@ from adapters.http.openai_schemas import (
     Completion,
     CompletionRequest,
 )
+from adapters.http.openai_tools import ChatTools, constrain, tool_request, tool_texts
 from adapters.http.ownership import request_group, request_record
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import sse, unless_disconnected
@@ -51,6 +51,7 @@ from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
 from application.served_models import ServedModels
+from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
@@ -70,10 +71,13 @@ def openai_routes(
     model_name: str,
     access: Access | None = None,
     names: ModelNames | None = None,
+    tool_parser: str = "hermes",
 ) -> list[HTTPRouteHandler]:
     """``access``: API keys and limits (None: an open server); ``names``: the models served
-    (default: ``model_name`` alone)."""
+    (default: ``model_name`` alone); ``tool_parser``: the format the model writes tool
+    calls in (a name in ``application.tool_parsers.FORMATS``)."""
     names = names or ModelNames(ServedModels([model_name], model_name))
+    chat_tools = ChatTools(FORMATS[tool_parser])
     guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
 
     @post("/v1/completions", status_code=200, guards=guards)
@@ -139,22 +143,24 @@ def openai_routes(
         record = _note(request, body.model, body.user, body.stream)
         model = names.resolve(request, body.model, OPENAI_ERRORS)
         check_stream_options(body)
-        check_tools(body)
+        tools = tool_request(body)
         refuse(*chat_unsupported(body))
         n, top_logprobs = choices(body), chat_top_logprobs(body)
         messages = parse_messages(body.messages)
         # The limits that do not depend on max_tokens, before the template runs.
         checked = sampling(body, max(1, body.min_tokens or 0), "max_tokens")
-        _precheck(engine, checked, [[m["content"] for m in messages]], 1, "messages", n)
+        texts = [*(m["content"] for m in messages), *tool_texts(tools)]
+        _precheck(engine, checked, [texts], 1, "messages", n)
         with record.timing("render_chat"):
-            prompt = await _render(engine, messages)
+            messages, rendered_tools = await chat_tools.prepare(engine, messages, tools)
+            prompt = await _render(engine, messages, rendered_tools)
         if body.max_completion_tokens is not None:
             max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
         elif body.max_tokens is not None:
             max_tokens, field = body.max_tokens, "max_tokens"
         else:  # as much as the context leaves (at least one token: a full context is a 400)
             max_tokens, field = max(engine.max_seq_len - len(prompt), 1), "max_tokens"
-        params = sampling(body, max_tokens, field, logprobs=top_logprobs)
+        params = constrain(sampling(body, max_tokens, field, logprobs=top_logprobs), tools)
         with record.timing("tokenize"):
             prepared = await _prepare(engine, prompt, params, "messages")
         explicit = body.max_completion_tokens is not None or body.max_tokens is not None
@@ -172,11 +178,19 @@ def openai_routes(
                     usage,
                     texts=engine.token_texts,
                     top_logprobs=top_logprobs,
+                    tools=[chat_tools.stream(tools) for _ in streams],
                 )
             )
         outputs = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
         replies = [
-            chat_choice(j, out, engine.token_texts, top_logprobs) for j, out in enumerate(outputs)
+            chat_choice(
+                j,
+                out,
+                engine.token_texts,
+                top_logprobs,
+                chat_tools.reply(tools, out.text, out.finish_reason),
+            )
+            for j, out in enumerate(outputs)
         ]
         return json_response(
             ChatCompletion(reply_id, int(time.time()), model.id, replies, total_usage(outputs, n))
@@ -263,9 +277,13 @@ async def _echo(engine: EngineClient, prompt: Prompt, prompt_ids: list[int]) -> 
     return Echo(text, prompt_ids)
 
 
-async def _render(engine: EngineClient, messages: list[dict[str, Any]]) -> list[int]:
+async def _render(
+    engine: EngineClient,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     try:
-        return await engine.render_chat(messages)
+        return await engine.render_chat(messages, tools)
     except InvalidParameterError as e:
         raise OPENAI_ERRORS.error(e, "messages") from e
 

@@ -104,10 +104,22 @@ class Completion(msgspec.Struct):
     system_fingerprint: None = None
 
 
+class FunctionCallOut(msgspec.Struct):
+    name: str
+    arguments: str  # a JSON object's text
+
+
+class ToolCallOut(msgspec.Struct):
+    id: str
+    function: FunctionCallOut
+    type: str = "function"
+
+
 class ChatMessageOut(msgspec.Struct):
-    content: str
+    content: str | None  # None: the message only calls tools
     role: str = "assistant"
     refusal: None = None
+    tool_calls: list[ToolCallOut] | msgspec.UnsetType = msgspec.UNSET  # left out when none
 
 
 class TopLogprob(msgspec.Struct):
@@ -145,9 +157,25 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: None = None
 
 
+class FunctionDeltaOut(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaOut(msgspec.Struct, omit_defaults=True):
+    """A call's first delta has ``id``, ``type`` and ``function.name``; later ones only
+    argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDeltaOut | None = None
+
+
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

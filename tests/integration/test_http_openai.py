@@ -117,9 +117,9 @@ def test_completion_streaming_ends_with_done(http: TestClient) -> None:
         ({"extra_body": {"min_tokens": -1}}, 400, "min_tokens"),
         ({"extra_body": {"frobnicate": 1}}, 400, "frobnicate"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
             400,
-            "tools",
+            "tools[0].function.parameters",
         ),
         ({"max_tokens": 0}, 400, "max_tokens"),
         ({"max_completion_tokens": 0}, 400, "max_completion_tokens"),

@@ -1,0 +1,174 @@
+"""Tools and tool-call histories rendered through real chat templates: one that handles
+tools (Qwen / Hermes style) and plain ChatML (SmolLM2's, which knows no tools: our
+system prompt and the Hermes format stand in), on a tiny byte-level tokenizer."""
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from adapters.fake import ByteTokenizer
+from adapters.hf_tokenizer.tokenizer import HFTokenizer
+from adapters.http.openai_tools import ChatTools, ToolRequest, probe_template
+from application.tool_parsers import FORMATS, detect_format
+from entrypoints.container import choose_tool_parser
+
+# SmolLM2-135M-Instruct's template, as its tokenizer_config.json has it.
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# The tool parts of Qwen2.5's template, shortened.
+QWEN_STYLE = """\
+{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{{ message.content }}
+{%- for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",  # null on the wire: parse_messages makes it ""
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "windy"},
+]
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def byte_level_tokenizer(template: str) -> HFTokenizer:
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    rust = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    rust.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    rust.decoder = decoders.ByteLevel()
+    rust.add_special_tokens(
+        [AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]
+    )
+    return HFTokenizer(
+        rust,
+        eos_token_ids=frozenset({rust.token_to_id("<|im_end|>")}),
+        chat_template=template,
+        special_tokens={"eos_token": "<|im_end|>"},
+    )
+
+
+class Renderer:
+    """The one part of the engine client the tool handling renders through."""
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    async def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        return self.tokenizer.render_chat(messages, tools=tools)
+
+
+def rendered(template: str, messages: list[dict[str, Any]], choice: str = "auto") -> str:
+    engine = Renderer(byte_level_tokenizer(template))
+    request = ToolRequest([WEATHER], choice, parallel=True)
+
+    async def render() -> str:
+        chat_tools = ChatTools(FORMATS["hermes"])
+        messages_out, tools = await chat_tools.prepare(engine, messages, request)  # type: ignore[arg-type]
+        ids = await engine.render_chat(messages_out, tools)
+        return engine.tokenizer.decode(ids, skip_special_tokens=False)
+
+    return asyncio.run(render())
+
+
+def test_probes_tell_what_each_template_renders() -> None:
+    for template, expected in ((QWEN_STYLE, True), (CHATML, False)):
+        support = asyncio.run(probe_template(Renderer(byte_level_tokenizer(template))))  # type: ignore[arg-type]
+        assert (support.renders_tools, support.renders_tool_calls) == (expected, expected)
+
+
+def test_a_template_with_tools_renders_them_and_the_history_itself() -> None:
+    text = rendered(QWEN_STYLE, HISTORY)
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert f"<|im_start|>assistant\n{CALL_TEXT}<|im_end|>" in text  # arguments as an object
+    assert "<tool_response>\n18C\n</tool_response>" in text
+    assert "You may call one or more functions" not in text  # no prompt of ours
+
+
+def test_chatml_gets_our_system_prompt_and_the_history_in_hermes_format() -> None:
+    text = rendered(CHATML, HISTORY)
+    assert text.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more functions")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert "named SmolLM" not in text  # our system turn replaces the template's default
+    assert f"<|im_start|>assistant\n{CALL_TEXT}<|im_end|>" in text
+    results = "<tool_response>\n18C\n</tool_response>\n<tool_response>\nwindy\n</tool_response>"
+    assert f"<|im_start|>user\n{results}<|im_end|>" in text  # both results in one turn
+    assert "<|im_start|>tool" not in text
+
+
+def test_chatml_keeps_the_clients_system_prompt_before_ours() -> None:
+    text = rendered(CHATML, [{"role": "system", "content": "Be brief."}, *HISTORY[:1]])
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+
+
+def test_choice_none_leaves_the_tools_out_but_renders_the_history() -> None:
+    for template in (QWEN_STYLE, CHATML):
+        text = rendered(template, HISTORY, choice="none")
+        assert "<tools>" not in text and CALL_TEXT in text
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (QWEN_STYLE, "hermes"),
+        (CHATML, "hermes"),
+        (None, "hermes"),
+        ("{{ '<|start_header_id|>ipython<|end_header_id|>' }}<|python_tag|>", "llama3_json"),
+        ("{{ '<start_of_turn>user\n' }}", "pythonic"),
+    ],
+)
+def test_the_format_is_chosen_by_the_template(template: str | None, expected: str) -> None:
+    assert detect_format(template) == expected
+
+
+def test_the_flag_chooses_the_parser_or_leaves_it_to_the_template() -> None:
+    llama = byte_level_tokenizer("<|python_tag|>{{ messages[0].content }}")
+    assert choose_tool_parser("auto", llama) == "llama3_json"
+    assert choose_tool_parser("pythonic", llama) == "pythonic"
+    assert choose_tool_parser("auto", ByteTokenizer()) == "hermes"
