@@ -67,7 +67,9 @@ def xgrammar_backend(folder: Path) -> Backend:
     bitmask = xgrammar.allocate_token_bitmask(1, VOCAB)
 
     def compile_(schema: str) -> Any:
-        return xgrammar.GrammarMatcher(compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
+        return xgrammar.GrammarMatcher(
+            compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+        )
 
     def walk(matcher: Any, ids: list[int]) -> list[float]:
         times = []
@@ -103,9 +105,7 @@ def measure(name: str, backend: Backend, encode: Callable[[str], list[int]], rep
             failures.append(f"{case.name}: {str(e).splitlines()[0][:100]}")
     mask_us.sort()
     print(f"\n{name}: {compiled}/{len(SCHEMAS)} schemas compiled and walked")
-    print(
-        f"  compile ms: median {statistics.median(compile_ms):.2f}, max {max(compile_ms):.2f}"
-    )
+    print(f"  compile ms: median {statistics.median(compile_ms):.2f}, max {max(compile_ms):.2f}")
     print(
         f"  mask us/token: median {statistics.median(mask_us):.0f}, "
         f"p99 {mask_us[int(len(mask_us) * 0.99)]:.0f}, max {mask_us[-1]:.0f}, "

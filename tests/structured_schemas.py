@@ -59,7 +59,12 @@ SCHEMAS: list[SchemaCase] = [
     ),
     SchemaCase(
         "nested_object",
-        _obj({"user": _obj({"id": {"type": "integer"}, "email": SHORT}), "active": {"type": "boolean"}}),
+        _obj(
+            {
+                "user": _obj({"id": {"type": "integer"}, "email": SHORT}),
+                "active": {"type": "boolean"},
+            }
+        ),
         "Describe a user account.",
         {"user": {"id": 7, "email": "a@b.c"}, "active": False},
     ),
@@ -77,7 +82,12 @@ SCHEMAS: list[SchemaCase] = [
     ),
     SchemaCase(
         "array_exact",
-        {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 3, "maxItems": 3},
+        {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 20},
+            "minItems": 3,
+            "maxItems": 3,
+        },
         "Name three fruits.",
         ["apple", "pear", "plum"],
     ),
@@ -255,7 +265,12 @@ SCHEMAS: list[SchemaCase] = [
             }
         ),
         "Write a short recipe.",
-        {"dish": "Soup", "servings": 2, "ingredients": [{"item": "leek", "grams": 300}], "vegetarian": True},
+        {
+            "dish": "Soup",
+            "servings": 2,
+            "ingredients": [{"item": "leek", "grams": 300}],
+            "vegetarian": True,
+        },
     ),
     SchemaCase(
         "empty_schema",  # any JSON value

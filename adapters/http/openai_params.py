@@ -5,6 +5,7 @@ from typing import Any
 
 from adapters.http.errors import HTTPError
 from adapters.http.openai_schemas import ChatCompletionRequest, CompletionRequest
+from adapters.http.openai_structured import structured_output
 from domain.errors import InvalidParameterError
 from domain.sampling import SamplingParams
 
@@ -57,13 +58,11 @@ def check_tools(body: ChatCompletionRequest) -> None:
 
 
 def chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
-    text_format = body.response_format in (None, {"type": "text"})
     return [
         ("tools", bool(body.tools)),
         ("tool_choice", body.tool_choice not in (None, "none", "auto")),
         ("functions", bool(body.functions)),
         ("function_call", body.function_call is not None),
-        ("response_format", not text_format),
         ("top_logprobs", body.top_logprobs is not None),
         ("audio", body.audio is not None),
         ("modalities", body.modalities not in (None, ["text"])),
@@ -76,6 +75,7 @@ def sampling(
     body: CompletionRequest | ChatCompletionRequest, max_tokens: int, max_tokens_field: str
 ) -> SamplingParams:
     """``max_tokens_field``: the request field ``max_tokens`` came from (errors name it)."""
+    structured = structured_output(body)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
         raise HTTPError(
@@ -96,6 +96,7 @@ def sampling(
             stop=stop,
             seed=body.seed,
             logit_bias=logit_bias(body.logit_bias),
+            structured=structured[0] if structured else None,
         )
     except InvalidParameterError as e:
         param = max_tokens_field if e.param == "max_tokens" else e.param

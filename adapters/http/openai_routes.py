@@ -43,6 +43,7 @@ from adapters.http.openai_schemas import (
     ModelCard,
     ModelList,
 )
+from adapters.http.openai_structured import field_error, structured_output
 from adapters.http.ownership import request_group, request_record
 from adapters.http.streaming import sse, unless_disconnected
 from application.access import Access
@@ -50,6 +51,7 @@ from application.engine_client import EngineClient, OwnedRequests
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
 from domain.errors import InvalidParameterError
+from domain.ports import STRUCTURED_PARAM
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 
@@ -104,7 +106,10 @@ def openai_routes(
         texts = [p for p in prompts if isinstance(p, str)]
         _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt")
         with record.timing("tokenize"):
-            prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
+            prepared = [
+                await _prepare(engine, prompt, params, "prompt", _structured_field(body))
+                for prompt in prompts
+            ]
         await _reserve(request, prepared, params)
         group = _prioritized(request, body.priority, None)
         streams = _admit(group, "cmpl", prepared, params, "prompt")
@@ -144,7 +149,7 @@ def openai_routes(
         else:  # as much as the context leaves (at least one token: a full context is a 400)
             params = sampling(body, max(engine.max_seq_len - len(prompt), 1), "max_tokens")
         with record.timing("tokenize"):
-            prepared = await _prepare(engine, prompt, params, "messages")
+            prepared = await _prepare(engine, prompt, params, "messages", _structured_field(body))
         explicit = body.max_completion_tokens is not None or body.max_tokens is not None
         await _reserve(request, [prepared], params, explicit)
         group = _prioritized(request, body.priority, body.metadata)
@@ -274,13 +279,28 @@ def _precheck(
 
 
 async def _prepare(
-    engine: EngineClient, prompt: Prompt, params: SamplingParams, field: str
+    engine: EngineClient,
+    prompt: Prompt,
+    params: SamplingParams,
+    field: str,
+    structured_field: str = STRUCTURED_PARAM,
 ) -> list[int]:
-    """A prompt's token ids, validated, off the event loop (errors name ``field``)."""
+    """A prompt's token ids, validated, off the event loop (errors name ``field``, or
+    ``structured_field`` for the output constraint)."""
     try:
         return await engine.prepare(prompt, params)
+    except InvalidParameterError as e:
+        if e.param == STRUCTURED_PARAM:
+            raise field_error(e, structured_field) from e
+        raise OPENAI_ERRORS.error(e, field) from e
     except Exception as e:
         raise OPENAI_ERRORS.error(e, field) from e
+
+
+def _structured_field(body: CompletionRequest | ChatCompletionRequest) -> str:
+    """The field the body's output constraint came from."""
+    found = structured_output(body)
+    return found[1] if found else STRUCTURED_PARAM
 
 
 def _admit(

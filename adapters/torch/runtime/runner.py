@@ -4,9 +4,10 @@ Each running request owns a slot of a preallocated :class:`SlotKVCache` (occupie
 kept compacted: a freed slot takes the last one's contents). A step runs the decoding
 requests' tokens (each row at its own position) and the prompt chunks as one flat forward
 (:class:`MixedBatch`: one matmul per projection for every token of the step); then the
-rows that asked for it get their logits processed (bias, allowed-token masks:
-:mod:`adapters.torch.runtime.logits`), and one sampler call samples every row that needs a
-token.
+rows that asked for it get their logits processed (bias, allowed-token masks, grammar
+masks for structured outputs: :mod:`adapters.torch.runtime.logits`), and one sampler call
+samples every row that needs a token. Grammar masks are computed on a worker thread while
+the forward runs (:mod:`adapters.torch.runtime.structured`).
 
 With a :class:`LoraServing`, each request may name a LoRA adapter: the step routes every
 token (and every logits row) to its request's adapter, so requests on different adapters
@@ -27,6 +28,7 @@ from adapters.torch.models.layers import MixedBatch
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
+from adapters.torch.runtime.structured import GrammarMasks, GrammarMatchers, GrammarStep, joined
 from domain.config import EngineConfig
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 
@@ -38,7 +40,10 @@ class TorchModelRunner:
         config: EngineConfig,
         sampler: TokenSampler | None = None,
         lora: LoraServing | None = None,
+        grammar: GrammarMatchers | None = None,
     ):
+        """``grammar``: per-request matchers for structured outputs (their vocabulary is
+        the model's)."""
         self.model = model
         self.sampler = sampler or TokenSampler()
         self.lora = lora
@@ -54,6 +59,12 @@ class TorchModelRunner:
         self.slots: list[str] = []  # slot index -> request id
         self.lengths: list[int] = []  # positions written per slot
         self.generators: dict[str, torch.Generator | None] = {}
+        if grammar is not None and grammar.vocab_size != model.config.vocab_size:
+            raise ValueError(
+                f"the grammar's vocabulary ({grammar.vocab_size}) is not the model's "
+                f"({model.config.vocab_size})"
+            )
+        self.grammar = GrammarStep(grammar) if grammar is not None else None
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         if not batch.chunks:
@@ -66,16 +77,21 @@ class TorchModelRunner:
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
-        with torch.inference_mode():
+        masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None
+        with torch.inference_mode(), joined(masks):
             logits, (prompt_logprobs, prompt_top) = self._forward(
                 singles, prompts, sampled, scored, slots
             )
-            output = self._sample(sampled, logits)
+            output = self._sample(sampled, logits, masks)
+        if self.grammar is not None:
+            self.grammar.advance(output.sampled_token_ids)
         output.prompt_logprobs.update(prompt_logprobs)
         output.prompt_top_logprobs.update(prompt_top)
         return output
 
     def release(self, request_ids: Sequence[str]) -> None:
+        if self.grammar is not None:
+            self.grammar.release(request_ids)
         for request_id in request_ids:
             if request_id not in self.generators:
                 continue  # never ran here, or already released
@@ -172,14 +188,18 @@ class TorchModelRunner:
         positions = [by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in rows]
         return tokens, positions
 
-    def _sample(self, chunks: list[ScheduledChunk], logits: Tensor) -> RunnerOutput:
-        """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order."""
+    def _sample(
+        self, chunks: list[ScheduledChunk], logits: Tensor, masks: GrammarMasks | None = None
+    ) -> RunnerOutput:
+        """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order; ``masks``: the grammar
+        rows' (being computed)."""
         if not chunks:
             return RunnerOutput()
         requests = [c.request for c in chunks]
         params = [r.sampling_params for r in requests]
+        grammar = (masks.rows, masks.result().to(logits.device)) if masks else None
         result = self.sampler.sample(
-            process_logits(logits, params),  # forward -> per-row processing -> sampling
+            process_logits(logits, params, grammar),  # forward -> per-row processing -> sampling
             params,
             prompt_ids=[r.prompt_token_ids for r in requests],
             output_ids=[r.generated_token_ids for r in requests],
