@@ -95,7 +95,7 @@ SCHEMAS: list[SchemaCase] = [
         "array_of_objects",
         {
             "type": "array",
-            "items": _obj({"sku": SHORT, "qty": {"type": "integer", "minimum": 1}}),
+            "items": _obj({"sku": SHORT, "qty": {"type": "integer", "minimum": 1, "maximum": 99}}),
             "minItems": 1,
             "maxItems": 3,
         },
