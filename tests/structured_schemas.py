@@ -30,8 +30,19 @@ SHORT = {"type": "string", "maxLength": 40}
 
 SCHEMAS: list[SchemaCase] = [
     SchemaCase("string", {"type": "string", "maxLength": 60}, "Name a city.", "Paris"),
-    SchemaCase("integer", {"type": "integer"}, "How many legs has a spider?", 8),
-    SchemaCase("number", {"type": "number"}, "What is pi to two decimals?", 3.14),
+    # Bounds on top-level numbers: a small model left free continues a number's digits.
+    SchemaCase(
+        "integer",
+        {"type": "integer", "minimum": 0, "maximum": 100},
+        "How many legs has a spider?",
+        8,
+    ),
+    SchemaCase(
+        "number",
+        {"type": "number", "minimum": 0, "maximum": 10, "multipleOf": 0.01},
+        "What is pi to two decimals?",
+        3.14,
+    ),
     SchemaCase("boolean", {"type": "boolean"}, "Is water wet?", True),
     SchemaCase("null", {"type": "null"}, "Say nothing.", None),
     SchemaCase(
@@ -145,7 +156,7 @@ SCHEMAS: list[SchemaCase] = [
     ),
     SchemaCase(
         "anyof_scalar",
-        {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 20}]},
+        {"anyOf": [{"type": "integer", "maximum": 9999}, {"type": "string", "maxLength": 20}]},
         "Give an id, a number or a short string.",
         "abc",
     ),
@@ -275,7 +286,7 @@ SCHEMAS: list[SchemaCase] = [
     SchemaCase(
         "empty_schema",  # any JSON value
         {},
-        "Give any JSON value.",
+        "Give a JSON list of the numbers one, two and three.",
         {"x": [1, "y"]},
     ),
     SchemaCase(
