@@ -33,7 +33,7 @@ from application.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.observer import StepObserver
-from domain.ports import ChatMessage, ModelRunner, Tokenizer
+from domain.ports import ChatMessage, GrammarCompiler, ModelRunner, Tokenizer
 from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler
@@ -98,6 +98,7 @@ class AsyncEngine:
         observer: StepObserver | None = None,
         scheduler: Scheduler | None = None,
         clock: Callable[[], float] = time.monotonic,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         self.sink = QueueOutputSink()
         self.engine = Engine(
@@ -109,6 +110,7 @@ class AsyncEngine:
             clock=clock,
             vocab_size=vocab_size,
             observer=observer,
+            grammar=grammar,
         )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -28,7 +28,7 @@ from domain.observer import (
     StepRow,
     StepStats,
 )
-from domain.ports import ModelRunner, OutputSink, Tokenizer
+from domain.ports import STRUCTURED_PARAM, GrammarCompiler, ModelRunner, OutputSink, Tokenizer
 from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
@@ -50,10 +50,12 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         vocab_size: int | None = None,
         observer: StepObserver | None = None,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         """``vocab_size``: the model's, when it differs from the tokenizer's (token-id
         prompts are checked against it: an id past the embedding would fail the whole step).
-        ``observer``: receives every step's :class:`StepStats` (metrics, tracing)."""
+        ``observer``: receives every step's :class:`StepStats` (metrics, tracing).
+        ``grammar``: checks structured-output constraints (None: they are refused)."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -63,6 +65,7 @@ class Engine:
         self.observer: StepObserver = observer or NullObserver()
         self.output = OutputProcessor(tokenizer)
         self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
+        self.grammar = grammar
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
@@ -132,6 +135,7 @@ class Engine:
                 "prompt", f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
             )
         self.check_token_ids(params)
+        self.check_structured(params)
         return prompt_ids
 
     def check_token_ids(self, params: SamplingParams) -> None:
@@ -145,6 +149,17 @@ class Engine:
                 raise InvalidParameterError(
                     name, f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
                 )
+
+    def check_structured(self, params: SamplingParams) -> None:
+        """A structured-output constraint compiles for this model (may take milliseconds:
+        call it off the event loop, as ``prepare`` is)."""
+        if params.structured is None:
+            return
+        if self.grammar is None:
+            raise InvalidParameterError(
+                STRUCTURED_PARAM, "structured outputs are not available on this server"
+            )
+        self.grammar.check(params.structured)
 
     def add_request(
         self,

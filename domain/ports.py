@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from domain.request import StepOutput
+    from domain.sampling import StructuredOutput
     from domain.scheduler import RunnerOutput, SchedulerOutput
 
 ChatMessage = Mapping[str, Any]
@@ -102,4 +103,20 @@ class Embedder(Protocol):
     def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One unit-length vector per input (1 to ``max_tokens`` ids each), in order; an
         input's vector does not depend on the others in the call."""
+        ...
+
+
+# The parameter a structured-output error names (a face may rename it to its own field).
+STRUCTURED_PARAM = "response_format"
+
+
+class GrammarCompiler(Protocol):
+    """Compiles structured-output constraints (JSON schemas, regexes, choices, grammars)
+    for the model's tokenizer; the engine checks each request's constraint with it when the
+    request is prepared. The torch runner's matchers come from the same adapter
+    (``adapters/grammar``)."""
+
+    def check(self, structured: "StructuredOutput") -> None:
+        """``InvalidParameterError`` (param ``STRUCTURED_PARAM``) when ``structured`` is
+        invalid or uses what the backend does not support."""
         ...

@@ -16,8 +16,9 @@ from dependency_injector import containers, providers
 
 from adapters.fake.embedder import FakeEmbedder
 from adapters.fake.runner import FakeModelRunner
-from adapters.fake.tokenizer import ByteTokenizer
+from adapters.fake.tokenizer import BYTE_OFFSET, ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
+from adapters.grammar import LLGuidanceCompiler, RequestMatchers
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
 from adapters.http.ownership import Draining
@@ -92,6 +93,29 @@ def choose_tool_parser(flag: str | None, tokenizer: Tokenizer) -> str:
         return flag
     template = tokenizer.chat_template if isinstance(tokenizer, HFTokenizer) else None
     return detect_format(template)
+
+
+def build_grammar(
+    resolved: ResolvedModel, vocab_size: int, tokenizer: Tokenizer
+) -> LLGuidanceCompiler:
+    """Structured outputs over the model's tokenizer (bytes for dummy-weight models)."""
+    if resolved.has_tokenizer:
+        path = resolved.path / "tokenizer.json"
+        return LLGuidanceCompiler.from_tokenizer_json(path, vocab_size, tokenizer.eos_token_ids)
+    return build_byte_grammar(vocab_size)
+
+
+def build_byte_grammar(vocab_size: int) -> LLGuidanceCompiler:
+    """Structured outputs over :class:`ByteTokenizer` for a model of ``vocab_size`` ids
+    (the ids past the tokenizer's are never allowed)."""
+    tokenizer = ByteTokenizer()
+    tokens = tokenizer.token_bytes()
+    unused = range(len(tokens), vocab_size)
+    return LLGuidanceCompiler.from_token_bytes(
+        tokens + [b"<unused%d>" % i for i in unused],
+        special_ids=[*range(BYTE_OFFSET), *unused],
+        eos_token_ids=tokenizer.eos_token_ids,
+    )
 
 
 def resolve(spec: str | None, cache_dir: str | None, progress: bool) -> ResolvedModel:
@@ -360,16 +384,28 @@ class Container(containers.DeclarativeContainer):
         ),
         fake=providers.Object(None),
     )
-    torch_runner = providers.Singleton(
-        TorchModelRunner, model, engine_config, sampler, lora_serving
-    )
-    fake_runner = providers.Singleton(FakeModelRunner)
-    runner = providers.Selector(config.runner, torch=torch_runner, fake=fake_runner)
     vocab_size = providers.Selector(
         config.runner,
         torch=model.provided.config.vocab_size,
         fake=providers.Object(None),  # the tokenizer's
     )
+    # Structured outputs (None: refused): the compiler checks requests, the matchers run
+    # in the torch runner.
+    grammar = providers.Selector(
+        config.runner,
+        torch=providers.Singleton(build_grammar, resolved_model, vocab_size, torch_tokenizer),
+        fake=providers.Object(None),
+    )
+    torch_runner = providers.Singleton(
+        TorchModelRunner,
+        model,
+        engine_config,
+        sampler,
+        lora_serving,
+        providers.Singleton(RequestMatchers, grammar),
+    )
+    fake_runner = providers.Singleton(FakeModelRunner)
+    runner = providers.Selector(config.runner, torch=torch_runner, fake=fake_runner)
 
     # Metrics and traces (None when off); every step's statistics go to the observer
     # (both of them, or a test's override).
@@ -379,7 +415,13 @@ class Container(containers.DeclarativeContainer):
     tracing = providers.Singleton(build_tracing, config.observability, served_names)
     observer = providers.Singleton(build_observer, metrics, tracing)
     async_engine = providers.Singleton(
-        AsyncEngine, engine_config, runner, tokenizer, vocab_size=vocab_size, observer=observer
+        AsyncEngine,
+        engine_config,
+        runner,
+        tokenizer,
+        vocab_size=vocab_size,
+        observer=observer,
+        grammar=grammar,
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink

@@ -36,6 +36,10 @@ class ByteTokenizer:
     def has_chat_template(self) -> bool:
         return True
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes, special tokens as their text (ids below ``BYTE_OFFSET``)."""
+        return [t.encode() for t in SPECIAL_TOKENS] + [bytes([b]) for b in range(256)]
+
     def encode(
         self, text: str, *, add_special_tokens: bool = True, parse_special_tokens: bool = True
     ) -> list[int]:

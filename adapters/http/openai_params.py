@@ -5,6 +5,7 @@ from typing import Any
 
 from adapters.http.errors import HTTPError
 from adapters.http.openai_schemas import ChatCompletionRequest, CompletionRequest
+from adapters.http.openai_structured import structured_output
 from domain.errors import InvalidParameterError
 from domain.sampling import MAX_LOGPROBS, SamplingParams
 
@@ -31,11 +32,9 @@ def check_stream_options(body: CompletionRequest | ChatCompletionRequest) -> Non
 
 
 def chat_unsupported(body: ChatCompletionRequest) -> list[tuple[str, bool]]:
-    text_format = body.response_format in (None, {"type": "text"})
     return [
         ("functions", bool(body.functions)),  # the legacy form of tools
         ("function_call", body.function_call is not None),
-        ("response_format", not text_format),
         ("audio", body.audio is not None),
         ("modalities", body.modalities not in (None, ["text"])),
         ("prediction", body.prediction is not None),
@@ -92,6 +91,7 @@ def sampling(
     """``max_tokens_field``: the request field ``max_tokens`` came from (errors name it).
     ``logprobs``: alternatives per generated token (None: no logprobs);
     ``prompt_logprobs``: per prompt token (``echo`` with logprobs)."""
+    structured = structured_output(body)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
         raise HTTPError(
@@ -116,6 +116,7 @@ def sampling(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs is not None,
             prompt_top_logprobs=prompt_logprobs or 0,
+            structured=structured[0] if structured else None,
         )
     except InvalidParameterError as e:
         param = max_tokens_field if e.param == "max_tokens" else e.param

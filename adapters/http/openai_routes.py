@@ -42,6 +42,7 @@ from adapters.http.openai_schemas import (
     Completion,
     CompletionRequest,
 )
+from adapters.http.openai_structured import field_error, structured_output
 from adapters.http.openai_tools import ChatTools, constrain, tool_request, tool_texts
 from adapters.http.ownership import request_group, request_record
 from adapters.http.served_models import ModelNames
@@ -53,6 +54,7 @@ from application.request_record import RequestRecord
 from application.served_models import ServedModels
 from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
+from domain.ports import STRUCTURED_PARAM
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 
@@ -104,7 +106,10 @@ def openai_routes(
         texts = [p for p in prompts if isinstance(p, str)]
         _precheck(engine, params, [[t] for t in texts], len(prompts), "prompt", n)
         with record.timing("tokenize"):
-            prepared = [await _prepare(engine, prompt, params, "prompt") for prompt in prompts]
+            prepared = [
+                await _prepare(engine, prompt, params, "prompt", _structured_field(body))
+                for prompt in prompts
+            ]
         echoes = []
         if body.echo:  # the prompt before each choice's text
             echoes = [await _echo(engine, p, i) for p, i in zip(prompts, prepared, strict=True)]
@@ -162,7 +167,8 @@ def openai_routes(
             max_tokens, field = max(engine.max_seq_len - len(prompt), 1), "max_tokens"
         params = constrain(sampling(body, max_tokens, field, logprobs=top_logprobs), tools)
         with record.timing("tokenize"):
-            prepared = await _prepare(engine, prompt, params, "messages")
+            constrained_by = "tools" if tools and tools.constrained else _structured_field(body)
+            prepared = await _prepare(engine, prompt, params, "messages", constrained_by)
         explicit = body.max_completion_tokens is not None or body.max_tokens is not None
         await _reserve(request, [prepared], params, explicit, n)
         group = _prioritized(request, body.priority, body.metadata)
@@ -309,13 +315,28 @@ def _precheck(
 
 
 async def _prepare(
-    engine: EngineClient, prompt: Prompt, params: SamplingParams, field: str
+    engine: EngineClient,
+    prompt: Prompt,
+    params: SamplingParams,
+    field: str,
+    structured_field: str = STRUCTURED_PARAM,
 ) -> list[int]:
-    """A prompt's token ids, validated, off the event loop (errors name ``field``)."""
+    """A prompt's token ids, validated, off the event loop (errors name ``field``, or
+    ``structured_field`` for the output constraint)."""
     try:
         return await engine.prepare(prompt, params)
+    except InvalidParameterError as e:
+        if e.param == STRUCTURED_PARAM:
+            raise field_error(e, structured_field) from e
+        raise OPENAI_ERRORS.error(e, field) from e
     except Exception as e:
         raise OPENAI_ERRORS.error(e, field) from e
+
+
+def _structured_field(body: CompletionRequest | ChatCompletionRequest) -> str:
+    """The field the body's output constraint came from."""
+    found = structured_output(body)
+    return found[1] if found else STRUCTURED_PARAM
 
 
 def _admit(

@@ -37,6 +37,14 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     logit_bias: dict[str, float] | None = None
     priority: int | None = None  # vLLM's: lower runs earlier (default 0), may preempt
     min_tokens: int | None = None  # vLLM's: no EOS / stop id before this many tokens
+    # Structured outputs (adapters/http/openai_structured.py): vLLM's, then its older names.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -45,6 +53,7 @@ class CompletionRequest(_Sampling, kw_only=True):
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None  # vLLM's: as chat's
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):

@@ -1,8 +1,9 @@
 """Per-row logits processing between the forward and the sampler.
 
 Each request's ``SamplingParams`` may bias token ids (``logit_bias``) or allow only some
-(``allowed_token_ids``); later, grammar masks for structured output join here. Only rows
-that ask are touched, and a batch where none asks returns its logits untouched (no copy).
+(``allowed_token_ids``), and a structured-output row gets its grammar's bitmask (computed
+by :mod:`adapters.torch.runtime.structured`). Only rows that ask are touched, and a batch
+where none asks returns its logits untouched (no copy).
 """
 
 from collections.abc import Sequence
@@ -13,9 +14,14 @@ from torch import Tensor
 from domain.sampling import SamplingParams
 
 
-def process_logits(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+def process_logits(
+    logits: Tensor,
+    params: Sequence[SamplingParams],
+    grammar: tuple[Sequence[int], Tensor] | None = None,
+) -> Tensor:
     """``logits`` ``[B, V]`` with each row's processing applied (a new tensor when any row
-    asks, else ``logits`` itself)."""
+    asks, else ``logits`` itself). ``grammar``: the structured-output rows and their
+    bitmasks (int32 ``[rows, ceil(V / 32)]``, bit ``t`` set: token ``t`` allowed)."""
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
         return logits
@@ -36,4 +42,18 @@ def process_logits(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
             ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=out.device)
             bias = torch.tensor([b for _, b in p.logit_bias], dtype=out.dtype, device=out.device)
             out[i].index_add_(0, ids, bias)
+    if grammar is not None:
+        apply_bitmask(out, *grammar)
     return out
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_bitmask(logits: Tensor, rows: Sequence[int], bitmask: Tensor) -> None:
+    """Sets ``logits[rows[i], t]`` to -inf where bit ``t`` of ``bitmask[i]`` is clear."""
+    vocab_size = logits.shape[-1]
+    allowed = ((bitmask[:, :, None] >> _BITS) & 1).bool().flatten(1)[:, :vocab_size]
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    masked = logits[index].masked_fill_(~allowed.to(logits.device), float("-inf"))
+    logits.index_copy_(0, index, masked)

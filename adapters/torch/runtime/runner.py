@@ -4,9 +4,10 @@ Each running request owns a slot of a preallocated :class:`SlotKVCache` (occupie
 kept compacted: a freed slot takes the last one's contents). A step runs the decoding
 requests' tokens (each row at its own position) and the prompt chunks as one flat forward
 (:class:`MixedBatch`: one matmul per projection for every token of the step); then the
-rows that asked for it get their logits processed (bias, allowed-token masks:
-:mod:`adapters.torch.runtime.logits`), and one sampler call samples every row that needs a
-token.
+rows that asked for it get their logits processed (bias, allowed-token masks, grammar
+masks for structured outputs: :mod:`adapters.torch.runtime.logits`), and one sampler call
+samples every row that needs a token. Grammar masks are computed on a worker thread while
+the forward runs (:mod:`adapters.torch.runtime.structured`).
 
 With a :class:`LoraServing`, each request may name a LoRA adapter: the step routes every
 token (and every logits row) to its request's adapter, so requests on different adapters
@@ -28,6 +29,7 @@ from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.min_tokens import suppress_stop_tokens
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
+from adapters.torch.runtime.structured import GrammarMasks, GrammarMatchers, GrammarStep, joined
 from domain.config import EngineConfig
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 
@@ -39,7 +41,10 @@ class TorchModelRunner:
         config: EngineConfig,
         sampler: TokenSampler | None = None,
         lora: LoraServing | None = None,
+        grammar: GrammarMatchers | None = None,
     ):
+        """``grammar``: per-request matchers for structured outputs (their vocabulary is
+        the model's)."""
         self.model = model
         self.sampler = sampler or TokenSampler()
         self.lora = lora
@@ -55,6 +60,12 @@ class TorchModelRunner:
         self.slots: list[str] = []  # slot index -> request id
         self.lengths: list[int] = []  # positions written per slot
         self.generators: dict[str, torch.Generator | None] = {}
+        if grammar is not None and grammar.vocab_size != model.config.vocab_size:
+            raise ValueError(
+                f"the grammar's vocabulary ({grammar.vocab_size}) is not the model's "
+                f"({model.config.vocab_size})"
+            )
+        self.grammar = GrammarStep(grammar) if grammar is not None else None
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         if not batch.chunks:
@@ -67,16 +78,21 @@ class TorchModelRunner:
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
-        with torch.inference_mode():
+        masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None
+        with torch.inference_mode(), joined(masks):
             logits, (prompt_logprobs, prompt_top) = self._forward(
                 singles, prompts, sampled, scored, slots
             )
-            output = self._sample(sampled, logits, batch.eos_token_ids)
+            output = self._sample(sampled, logits, batch.eos_token_ids, masks)
+        if self.grammar is not None:
+            self.grammar.advance(output.sampled_token_ids)
         output.prompt_logprobs.update(prompt_logprobs)
         output.prompt_top_logprobs.update(prompt_top)
         return output
 
     def release(self, request_ids: Sequence[str]) -> None:
+        if self.grammar is not None:
+            self.grammar.release(request_ids)
         for request_id in request_ids:
             if request_id not in self.generators:
                 continue  # never ran here, or already released
@@ -178,14 +194,22 @@ class TorchModelRunner:
         return tokens, positions
 
     def _sample(
-        self, chunks: list[ScheduledChunk], logits: Tensor, eos_token_ids: frozenset[int]
+        self,
+        chunks: list[ScheduledChunk],
+        logits: Tensor,
+        eos_token_ids: frozenset[int],
+        masks: GrammarMasks | None = None,
     ) -> RunnerOutput:
-        """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order."""
+        """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order; ``masks``: the grammar
+        rows' (being computed)."""
         if not chunks:
             return RunnerOutput()
         requests = [c.request for c in chunks]
         params = [r.sampling_params for r in requests]
-        processed = suppress_stop_tokens(process_logits(logits, params), requests, eos_token_ids)
+        grammar = (masks.rows, masks.result().to(logits.device)) if masks else None
+        processed = suppress_stop_tokens(
+            process_logits(logits, params, grammar), requests, eos_token_ids
+        )
         result = self.sampler.sample(
             processed,  # forward -> per-row processing -> sampling
             params,

@@ -1,0 +1,94 @@
+"""Grammar masks for the torch runner's structured-output rows, off the critical path.
+
+A step's grammar rows get their next-token bitmasks computed on a worker thread while the
+forward runs (the matchers release the GIL); the runner joins before sampling and the
+masks are applied in :func:`adapters.torch.runtime.logits.process_logits`. The matchers
+themselves live behind :class:`GrammarMatchers` (``adapters/grammar`` implements it).
+"""
+
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from domain.request import Request
+from domain.sampling import StructuredOutput
+
+
+class GrammarMatchers(Protocol):
+    """One grammar matcher per running structured-output request."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def fill(
+        self, rows: Sequence[tuple[str, StructuredOutput, Sequence[int]]], bitmask: Tensor
+    ) -> None:
+        """Row ``i`` of ``bitmask`` (int32 ``[len(rows), ceil(vocab / 32)]``): the tokens
+        ``rows[i]`` (request id, constraint, tokens generated so far) may take next; a
+        request met for the first time starts a matcher that consumes those tokens."""
+        ...
+
+    def advance(self, request_id: str, token_id: int) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+@dataclass
+class GrammarMasks:
+    """A step's masks: ``rows`` (indices into the step's sampled rows) and, once
+    computed, their ``bitmask``."""
+
+    rows: list[int]
+    bitmask: Tensor
+    done: Future[None]
+
+    def result(self) -> Tensor:
+        self.done.result()  # re-raises what failed on the worker
+        return self.bitmask
+
+
+class GrammarStep:
+    def __init__(self, matchers: GrammarMatchers) -> None:
+        self.matchers = matchers
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+
+    def begin(self, requests: Sequence[Request]) -> GrammarMasks | None:
+        """Start the masks of ``requests`` (the step's sampled rows, in order) that have a
+        structured-output constraint; None when none has."""
+        rows = [i for i, r in enumerate(requests) if r.sampling_params.structured is not None]
+        if not rows:
+            return None
+        words = (self.matchers.vocab_size + 31) // 32
+        bitmask = torch.empty((len(rows), words), dtype=torch.int32)
+        grammar_rows = []
+        for i in rows:
+            request = requests[i]
+            structured = request.sampling_params.structured
+            assert structured is not None
+            grammar_rows.append((request.request_id, structured, request.generated_token_ids))
+        done = self._worker.submit(self.matchers.fill, grammar_rows, bitmask)
+        return GrammarMasks(rows, bitmask, done)
+
+    def advance(self, sampled: Mapping[str, int]) -> None:
+        for request_id, token_id in sampled.items():
+            self.matchers.advance(request_id, token_id)
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self.matchers.release(request_id)
+
+
+@contextmanager
+def joined(masks: GrammarMasks | None) -> Iterator[None]:
+    """Waits for the worker on the way out, whatever happened (a failed forward must not
+    leave it touching matchers that the engine then releases)."""
+    try:
+        yield
+    finally:
+        if masks is not None:
+            masks.done.exception()  # waits; a failure is raised where the masks are used
