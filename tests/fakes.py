@@ -9,8 +9,9 @@ from adapters.fake.tokenizer import ByteTokenizer
 from application.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.observer import StepObserver
-from domain.ports import ModelRunner, Tokenizer
+from domain.ports import GrammarCompiler, ModelRunner, Tokenizer
 from domain.request import Request, StepOutput
+from domain.sampling import StructuredOutput
 from domain.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -40,11 +41,13 @@ def fake_async_engine(
     step_latency_s: float = 0.0,
     observer: StepObserver | None = None,
     scheduler: Scheduler | None = None,
+    grammar: GrammarCompiler | None = None,
     **config: Any,
 ) -> AsyncEngine:
     """An :class:`AsyncEngine` (not started) on ``runner`` (default: a
     :class:`FakeModelRunner` with ``script`` and ``step_latency_s``) and ``tokenizer``
-    (default: :class:`ByteTokenizer`); ``config``: :class:`EngineConfig` fields."""
+    (default: :class:`ByteTokenizer`); ``grammar``: structured outputs' checks (None: they
+    are refused); ``config``: :class:`EngineConfig` fields."""
     if runner is None:
         runner = FakeModelRunner(script=script, step_latency_s=step_latency_s)
     return AsyncEngine(
@@ -53,7 +56,16 @@ def fake_async_engine(
         tokenizer or ByteTokenizer(),
         observer=observer,
         scheduler=scheduler,
+        grammar=grammar,
     )
+
+
+class AcceptingGrammar:
+    """A ``GrammarCompiler`` that accepts every constraint: for faces over the fake runner,
+    which does not enforce constraints anyway (the real compiler: ``adapters/grammar``)."""
+
+    def check(self, structured: StructuredOutput) -> None:
+        pass
 
 
 def torch_async_engine(

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.http import create_app
 from domain.request import Request
-from tests.fakes import fake_async_engine
+from tests.fakes import AcceptingGrammar, fake_async_engine
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
@@ -62,7 +62,9 @@ def replies() -> Replies:
 
 @pytest.fixture
 def http(replies: Replies) -> Iterator[TestClient]:
-    engine = fake_async_engine(script=replies.script(), tokenizer=TOKENIZER, max_seq_len=2048)
+    engine = fake_async_engine(
+        script=replies.script(), tokenizer=TOKENIZER, max_seq_len=2048, grammar=AcceptingGrammar()
+    )
     with TestClient(app=create_app(engine, MODEL)) as client:
         yield client
 
