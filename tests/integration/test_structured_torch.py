@@ -128,6 +128,19 @@ def test_the_grammar_composes_with_logit_bias(model, compiler) -> None:
     assert text(sink, "r") == "{}"
 
 
+def test_a_grammar_decides_the_end_even_with_min_tokens(model, compiler) -> None:
+    """A choice completes in a few tokens, before ``min_tokens``: the grammar allows only
+    EOS then, and ``min_tokens`` does not mask it (else no token would be left)."""
+    e, _, sink = engine(model, compiler)
+    structured = StructuredOutput("choice", '["ok"]')
+    params = SamplingParams(max_tokens=20, min_tokens=10, temperature=0.0, structured=structured)
+    e.add_request("r", "go", params)
+    while e.has_work():
+        e.step()
+    assert text(sink, "r") == "ok" and sink.of("r")[-1].finish_reason == "eos"
+    assert len(sink.of("r")) == 3  # "o", "k", EOS: no token drawn from an all-masked row
+
+
 def test_aborting_a_request_frees_its_matcher(model, compiler) -> None:
     e, matchers, _ = engine(model, compiler)
     e.add_request("r", "go", json_params(RECORD, temperature=0.0))

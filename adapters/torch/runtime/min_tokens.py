@@ -15,9 +15,11 @@ from domain.request import Request
 
 
 def ids_to_suppress(request: Request, eos_token_ids: frozenset[int]) -> list[int]:
-    """The ids ``request`` may not sample now (empty once it reached ``min_tokens``)."""
+    """The ids ``request`` may not sample now (empty once it reached ``min_tokens``). A
+    structured output's grammar decides where its document ends (once complete it allows
+    only EOS), so ``min_tokens`` does not apply to it."""
     params = request.sampling_params
-    if len(request.generated_token_ids) >= params.min_tokens:
+    if len(request.generated_token_ids) >= params.min_tokens or params.structured is not None:
         return []
     ids = set(params.stop_token_ids)
     if not params.ignore_eos:
