@@ -9,7 +9,7 @@ ratios to ``n=1`` (issue 14's goal: ``n=8`` within 1.3x of ``n=1`` on a 1,000-to
 
 Usage:
     .venv/bin/python benchmarks/bench_n.py [--model SPEC] [--n 8] [--prompt-tokens 1000]
-        [--rounds 5] [--dtype bfloat16]
+        [--rounds 5] [--dtype float32]
 """
 
 import argparse
@@ -49,7 +49,7 @@ def ttft(engine: Engine, admit: Callable[[list[str]], None], ids: list[str]) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="float32", help="bfloat16 where the CPU has it (see cpu-baseline)")
     p.add_argument("--device", default=None)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=1000)
