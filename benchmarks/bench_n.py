@@ -49,7 +49,7 @@ def ttft(engine: Engine, admit: Callable[[list[str]], None], ids: list[str]) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M")
-    p.add_argument("--dtype", default="float32", help="bfloat16 where the CPU has it (see cpu-baseline)")
+    p.add_argument("--dtype", default="float32", help="bfloat16 where the CPU runs it fast")
     p.add_argument("--device", default=None)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=1000)
