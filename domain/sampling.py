@@ -114,7 +114,8 @@ class SamplingParams:
     def for_choice(self, index: int) -> "SamplingParams":
         """The parameters of choice ``index`` of a request asking for several (``n``): a
         seeded request's choice j draws from ``seed + j`` (wrapping within 64 bits), so
-        choices differ and choice 0 is what the request alone would give."""
+        choices differ and choice 0 draws from the seed the request alone would (with a
+        shared prefill its logits may differ by float rounding)."""
         if self.seed is None or index == 0:
             return self
         seed = (self.seed + index + 2**63) % 2**64 - 2**63

@@ -75,16 +75,17 @@ def test_completion_logprobs_with_echo(client: openai.OpenAI) -> None:
 
 
 def test_n_choices_with_a_seed(client: openai.OpenAI) -> None:
-    def ask(n: int) -> list[str]:
+    def ask(n: int, temperature: float = 1.0) -> list[str]:
         reply = client.chat.completions.create(
-            model=MODEL, messages=USER, max_tokens=8, n=n, seed=11, temperature=1.0
+            model=MODEL, messages=USER, max_tokens=8, n=n, seed=11, temperature=temperature
         )
         assert [c.index for c in reply.choices] == list(range(n))
         return [c.message.content or "" for c in reply.choices]
 
     three = ask(3)
     assert ask(3) == three  # reproducible
-    assert ask(1) == three[:1]  # choice 0 is the n=1 answer
+    assert len(set(three)) > 1  # seed + j: the choices differ
+    assert ask(3, temperature=0.0) == ask(1, temperature=0.0) * 3  # greedy: one answer
     indexes = set()
     for chunk in client.completions.create(
         model=MODEL, prompt="Once upon a time", max_tokens=4, n=2, stream=True, seed=3
