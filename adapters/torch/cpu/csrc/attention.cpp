@@ -1,5 +1,5 @@
-// Causal GQA attention over the bf16 KV cache (decode rows and prompt chunks), and a decode
-// step's cache writes.
+// Causal GQA attention over the bf16 KV cache (decode rows and prompt chunks; decode rows
+// through the block tables of a paged cache too), and a decode step's cache writes.
 #include "common.h"
 #include "kernels.h"
 
@@ -36,38 +36,51 @@ void softmax_inplace(float* s, int64_t n) {
   }
 }
 
-// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing values v [n, dim] (bf16 rows): per
-// block of 64 columns, each value row is loaded once for all G heads, with the G x 4
-// accumulators in registers.
+// A run of consecutive keys of one KV head: the whole context of a contiguous cache, or the
+// part of it in one block of a paged one. k, v: n rows of dim bf16 each.
+struct KeyRun {
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t n;
+};
+
+// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing the values of `runs` (key l = the
+// runs' rows in order): per block of 64 columns, each value row is loaded once for all G
+// heads, with the G x 4 accumulators in registers.
 template <int G>
-void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_t n, int64_t dim,
+void weighted_values(const float* p, int64_t p_stride, const KeyRun* runs, int64_t nruns, int64_t dim,
                      uint16_t* out, int64_t out_stride, float* out_f32) {
   for (int64_t d0 = 0; d0 < dim; d0 += 64) {
     const int chunks = static_cast<int>(std::min<int64_t>(4, (dim - d0) / 16));
     __m512 acc[G][4];
     for (int h = 0; h < G; ++h)
       for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
-    if (chunks == 4) {
-      for (int64_t l = 0; l < n; ++l) {
-        const uint16_t* row = v + l * dim + d0;
-        const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
-        const __m512 v2 = load_bf16x16(row + 32), v3 = load_bf16x16(row + 48);
-        for (int h = 0; h < G; ++h) {
-          const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
-          acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
-          acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
-          acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
-          acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+    int64_t l = 0;  // the key's index in p
+    for (int64_t r = 0; r < nruns; ++r) {
+      const uint16_t* v = runs[r].v;
+      const int64_t n = runs[r].n;
+      if (chunks == 4) {
+        for (int64_t j = 0; j < n; ++j, ++l) {
+          const uint16_t* row = v + j * dim + d0;
+          const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
+          const __m512 v2 = load_bf16x16(row + 32), v3 = load_bf16x16(row + 48);
+          for (int h = 0; h < G; ++h) {
+            const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
+            acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+            acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+            acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
+            acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+          }
         }
-      }
-    } else {  // a 32-column tail (head_dim % 64 == 32)
-      for (int64_t l = 0; l < n; ++l) {
-        const uint16_t* row = v + l * dim + d0;
-        const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
-        for (int h = 0; h < G; ++h) {
-          const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
-          acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
-          acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+      } else {  // a 32-column tail (head_dim % 64 == 32)
+        for (int64_t j = 0; j < n; ++j, ++l) {
+          const uint16_t* row = v + j * dim + d0;
+          const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
+          for (int h = 0; h < G; ++h) {
+            const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
+            acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+            acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+          }
         }
       }
     }
@@ -83,19 +96,26 @@ void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_
 }
 
 // For any group size; rows of `out` (bf16), or of `out_f32` (float32, unrounded) when given.
-void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const uint16_t* v,
-                         int64_t n, int64_t dim, uint16_t* out, int64_t out_stride, float* out_f32 = nullptr) {
+void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const KeyRun* runs, int64_t nruns,
+                         int64_t dim, uint16_t* out, int64_t out_stride, float* out_f32 = nullptr) {
   for (int64_t h0 = 0; h0 < group; h0 += 4) {
     const float* ph = p + h0 * p_stride;
     uint16_t* oh = out == nullptr ? nullptr : out + h0 * out_stride;
     float* fh = out_f32 == nullptr ? nullptr : out_f32 + h0 * out_stride;
     switch (std::min<int64_t>(4, group - h0)) {
-      case 1: weighted_values<1>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
-      case 2: weighted_values<2>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
-      case 3: weighted_values<3>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
-      default: weighted_values<4>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
+      case 1: weighted_values<1>(ph, p_stride, runs, nruns, dim, oh, out_stride, fh); break;
+      case 2: weighted_values<2>(ph, p_stride, runs, nruns, dim, oh, out_stride, fh); break;
+      case 3: weighted_values<3>(ph, p_stride, runs, nruns, dim, oh, out_stride, fh); break;
+      default: weighted_values<4>(ph, p_stride, runs, nruns, dim, oh, out_stride, fh); break;
     }
   }
+}
+
+// The same over n contiguous value rows v.
+void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const uint16_t* v, int64_t n,
+                         int64_t dim, uint16_t* out, int64_t out_stride, float* out_f32 = nullptr) {
+  const KeyRun run{nullptr, v, n};
+  weighted_values_any(group, p, p_stride, &run, 1, dim, out, out_stride, out_f32);
 }
 
 // Sums of 16 vectors, as one vector: lane i = sum of the 16 lanes of v[i]. A transpose-and-add
@@ -281,6 +301,43 @@ void prompt_rows(const uint32_t* const* q, const uint32_t* kt, const uint32_t* v
   pv_blocks<R>(p, vp + lo * block_words, hi - lo, dim, out);
 }
 
+// Flash decoding's merge, inside a parallel region: per (row, KV head), `splits` pieces of
+// `group` records [max score, sum of exp(score - max), unnormalized P @ V (float32, dim)] ->
+// the group's output rows of O [rows, heads, dim] (bf16).
+void merge_pieces(const float* part, int64_t batch, int64_t kv_heads, int64_t splits, int64_t group, int64_t dim,
+                  uint16_t* O) {
+  const int64_t record = dim + 2, heads = kv_heads * group;
+#pragma omp for schedule(static) collapse(2)
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const float* recs = part + (b * kv_heads + g) * splits * group * record;
+      for (int64_t h = 0; h < group; ++h) {
+        uint16_t* o = O + (b * heads + g * group + h) * dim;
+        float top = -INFINITY;
+        for (int64_t c = 0; c < splits; ++c) top = std::max(top, recs[(c * group + h) * record]);
+        if (top == -INFINITY) {  // no keys at all
+          std::fill(o, o + dim, 0);
+          continue;
+        }
+        float total = 0.f;
+        for (int64_t c = 0; c < splits; ++c) {
+          const float* r = recs + (c * group + h) * record;
+          total += r[1] * std::exp(r[0] - top);
+        }
+        for (int64_t d = 0; d < dim; d += 16) {
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t c = 0; c < splits; ++c) {
+            const float* r = recs + (c * group + h) * record;
+            if (r[1] == 0.f) continue;
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(std::exp(r[0] - top) / total), _mm512_loadu_ps(r + 2 + d), acc);
+          }
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc)));
+        }
+      }
+    }
+  }
+}
+
 // Causal attention over a bf16 cache, heads grouped per KV head (GQA), for decode (T = 1) and
 // prefill (T > 1) alike: q [B, H, T, D] bf16; k, v [B, Hkv, L, D] bf16 with contiguous rows
 // (views of the cache). Query t of row b sits at position len_b - T + t, where len_b =
@@ -437,35 +494,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
           }
         }
       }
-#pragma omp for schedule(static) collapse(2)
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          const float* recs = part.data() + (b * kv_heads + g) * splits * group * record;
-          for (int64_t h = 0; h < group; ++h) {
-            uint16_t* o = O + (b * heads + g * group + h) * dim;
-            float top = -INFINITY;
-            for (int64_t c = 0; c < splits; ++c) top = std::max(top, recs[(c * group + h) * record]);
-            if (top == -INFINITY) {  // no keys at all
-              std::fill(o, o + dim, 0);
-              continue;
-            }
-            float total = 0.f;
-            for (int64_t c = 0; c < splits; ++c) {
-              const float* r = recs + (c * group + h) * record;
-              total += r[1] * std::exp(r[0] - top);
-            }
-            for (int64_t d = 0; d < dim; d += 16) {
-              __m512 acc = _mm512_setzero_ps();
-              for (int64_t c = 0; c < splits; ++c) {
-                const float* r = recs + (c * group + h) * record;
-                if (r[1] == 0.f) continue;
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(std::exp(r[0] - top) / total), _mm512_loadu_ps(r + 2 + d), acc);
-              }
-              _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc)));
-            }
-          }
-        }
-      }
+      merge_pieces(part.data(), batch, kv_heads, splits, group, dim, O);
     }
     return out.transpose(1, 2);
   }
@@ -499,6 +528,143 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
           softmax_inplace(s, n);
         }
         weighted_values_any(group, scores.data(), s_stride, vh, n, dim, o, dim);
+      }
+    }
+  }
+  return out.transpose(1, 2);
+}
+
+// The runs of keys [from, from + count) of KV head g of a sequence whose blocks are `table`
+// (pools [blocks, Hkv, bs, D]): one run per block touched. Returns how many.
+int64_t key_runs(const uint16_t* K, const uint16_t* V, const int32_t* table, int64_t g, int64_t kv_heads,
+                 int64_t bs, int64_t dim, int64_t from, int64_t count, KeyRun* runs) {
+  int64_t n = 0;
+  for (int64_t pos = from, end = from + count; pos < end;) {
+    const int64_t off = pos % bs, take = std::min(bs - off, end - pos);
+    const int64_t at = ((static_cast<int64_t>(table[pos / bs]) * kv_heads + g) * bs + off) * dim;
+    runs[n++] = {K + at, V + at, take};
+    pos += take;
+  }
+  return n;
+}
+
+// One KV group's heads (q: group rows, q_stride apart) over `count` keys in `runs`: scores,
+// then either a softmax and P @ V into out (bf16 rows, dim apart), or (rec given) exp(s - max)
+// with [max, sum] and the unnormalized P @ V as flash decoding's records (record floats apart).
+void paged_piece(const uint16_t* q, int64_t q_stride, int64_t group, const KeyRun* runs, int64_t nruns,
+                 int64_t count, int64_t dim, float scale, float* scores, int64_t s_stride, uint16_t* out,
+                 float* rec, int64_t record) {
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scores + h * s_stride;
+    int64_t at = 0;
+    for (int64_t i = 0; i < nruns; ++i) {
+      if (h == 0 && i + 1 < nruns) {  // the next block's keys start streaming now
+        const char* next = reinterpret_cast<const char*>(runs[i + 1].k);
+        for (int64_t byte = 0; byte < runs[i + 1].n * dim * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T0);
+      }
+      dot_scores(q + h * q_stride, runs[i].k, runs[i].n, dim, scale, s + at, h == 0 ? runs[i].v : nullptr);
+      at += runs[i].n;
+    }
+    if (rec != nullptr)
+      rec[h * record + 1] = exp_inplace(s, count, &rec[h * record]);
+    else
+      softmax_inplace(s, count);
+  }
+  if (rec != nullptr)
+    weighted_values_any(group, scores, s_stride, runs, nruns, dim, nullptr, record, rec + 2);
+  else
+    weighted_values_any(group, scores, s_stride, runs, nruns, dim, out, dim);
+}
+
+// Decode attention read through block tables (no gather): q [R, H, 1, D] bf16; k_pool, v_pool
+// [blocks, Hkv, bs, D] bf16 contiguous (one layer of a paged cache); tables [R, max_blocks]
+// int32; lengths [R] int64: row r attends keys [start, lengths[r]) of its sequence, start =
+// lengths[r] - window for a sliding window (window > 0), else 0. Returns [R, H, 1, D] bf16 (a
+// transposed view of a contiguous [R, 1, H, D]), as `attention` does for decode rows: the same
+// scoring and P @ V, one key run per block, and the same split of long rows into pieces.
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                              const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,
+                              double scale) {
+  check_bf16_rows(q, "q");
+  check_bf16(k_pool, "k_pool");
+  check_bf16(v_pool, "v_pool");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
+  TORCH_CHECK(q.size(2) == 1 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes() && k_pool.size(3) == dim &&
+                  heads % k_pool.size(1) == 0 && dim % 32 == 0,
+              "paged_attention: q [R, H, 1, D], pools [blocks, Hkv, bs, D], D % 32 == 0");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && tables.dim() == 2 && tables.size(0) == batch &&
+                  tables.is_contiguous() && lengths.scalar_type() == at::kLong && lengths.numel() == batch &&
+                  lengths.is_contiguous(),
+              "paged_attention: tables int32 [R, max_blocks], lengths int64 [R]");
+  const int64_t blocks = k_pool.size(0), kv_heads = k_pool.size(1), bs = k_pool.size(2);
+  const int64_t max_blocks = tables.size(1), group = heads / kv_heads;
+  const int32_t* T = tables.data_ptr<int32_t>();
+  const int64_t* lens = lengths.data_ptr<int64_t>();
+  std::vector<int64_t> first(batch), count(batch);  // keys [first, first + count) per row
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * bs, "paged_attention: a length past its block table");
+    first[b] = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+    count[b] = lens[b] - first[b];
+    for (int64_t i = first[b] / bs; i * bs < lens[b]; ++i)
+      TORCH_CHECK(T[b * max_blocks + i] >= 0 && T[b * max_blocks + i] < blocks, "paged_attention: block out of range");
+    longest = std::max(longest, count[b]);
+  }
+  auto out = torch::empty({batch, 1, heads, dim}, q.options());
+  const uint16_t* Q = bits(q);
+  const uint16_t* K = bits(k_pool);
+  const uint16_t* V = bits(v_pool);
+  uint16_t* O = bits_mut(out);
+  const int64_t s_stride = (longest + 15) / 16 * 16 + 16, run_capacity = max_blocks + 1;
+  const float fscale = static_cast<float>(scale);
+  const int64_t pairs = batch * kv_heads, threads = omp_get_max_threads();
+  const int64_t splits = pairs >= 2 * threads ? 1 : std::min((2 * threads + pairs - 1) / pairs, longest / kMinSplitKeys);
+  if (splits > 1) {  // as `attention` does: pieces merged as flash decoding does
+    const int64_t record = dim + 2;
+    std::vector<float> part(pairs * splits * group * record);
+#pragma omp parallel
+    {
+      std::vector<float> scores(group * s_stride);
+      std::vector<KeyRun> runs(run_capacity);
+#pragma omp for schedule(static) collapse(3)
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          for (int64_t c = 0; c < splits; ++c) {
+            const int64_t n = count[b], from = first[b] + n * c / splits;
+            const int64_t piece = first[b] + n * (c + 1) / splits - from;
+            float* rec = part.data() + ((b * kv_heads + g) * splits + c) * group * record;
+            if (piece == 0) {
+              for (int64_t h = 0; h < group; ++h) {
+                rec[h * record] = -INFINITY;
+                rec[h * record + 1] = 0.f;
+              }
+              continue;
+            }
+            const int64_t nruns = key_runs(K, V, T + b * max_blocks, g, kv_heads, bs, dim, from, piece, runs.data());
+            paged_piece(Q + b * q.stride(0) + g * group * q.stride(1), q.stride(1), group, runs.data(), nruns, piece,
+                        dim, fscale, scores.data(), s_stride, nullptr, rec, record);
+          }
+        }
+      }
+      merge_pieces(part.data(), batch, kv_heads, splits, group, dim, O);
+    }
+    return out.transpose(1, 2);
+  }
+#pragma omp parallel
+  {
+    std::vector<float> scores(group * s_stride);
+    std::vector<KeyRun> runs(run_capacity);
+#pragma omp for schedule(static) collapse(2)
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        uint16_t* o = O + (b * heads + g * group) * dim;
+        if (count[b] == 0) {
+          std::fill(o, o + group * dim, 0);
+          continue;
+        }
+        const int64_t nruns = key_runs(K, V, T + b * max_blocks, g, kv_heads, bs, dim, first[b], count[b], runs.data());
+        paged_piece(Q + b * q.stride(0) + g * group * q.stride(1), q.stride(1), group, runs.data(), nruns, count[b],
+                    dim, fscale, scores.data(), s_stride, o, nullptr, 0);
       }
     }
   }
