@@ -8,7 +8,8 @@
   gating (PyTorch runs ~9 and ~4 small ops), RoPE in one pass (instead of roll, multiply and
   addcmul), and causal GQA attention over the bf16 KV cache for decode rows and prompt
   chunks. A decode step of a small model is bound by weight and KV reads and per-op
-  dispatch. (The cache's writes and the sampler use the same module, see ``kernels.py``.)
+  dispatch. (The cache's writes and the
+  sampler use the same module, see ``kernels.py``.)
 - Without them, linear weights are prepacked into oneDNN's blocked layout (what inductor's
   freezing pass does): a bf16 matmul ~1.5x faster than ``F.linear``, identical results.
 
@@ -180,6 +181,8 @@ def optimize_for_cpu(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
+            # A block-table decode attention kernel, where the build has one (branch wt-paged).
+            module.paged_attention_kernel = getattr(kernels, "paged_attention", None)
     for module in model.modules():
         if isinstance(module, LlamaBlock | Gemma3Block) and FusedDecodeLayer.applies(module):
             module.decode_kernel = FusedDecodeLayer(module, kernels)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from adapters.torch.models.config import ModelConfig, RopeConfig
 from adapters.torch.models.kv_cache import DecodeRows, KVCache, KVStore, SlotKVCache
+from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping
 
 
 class RMSNorm(nn.Module):
@@ -127,6 +128,10 @@ class Attention(nn.Module):
         self.attention_kernel = None
         # And a one-pass :func:`apply_rope` (same arguments, same result).
         self.rope_kernel: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+        # And decode attention read through block tables: (q [R, H, 1, D], k, v pools
+        # [blocks, Hkv, block_size, D], tables [R, max_blocks] int32, lengths [R] int64,
+        # window, scale) -> [R, H, 1, D].
+        self.paged_attention_kernel: PagedKernel | None = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: "Cache | None"
@@ -142,7 +147,7 @@ class Attention(nn.Module):
         rotate = self.rope_kernel or apply_rope
         q, k = rotate(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
         v = v.transpose(1, 2)
-        if isinstance(cache, MixedView):
+        if isinstance(cache, MixedView | PagedView):
             y = cache.attend(self.layer, q, k, v, self._attend)
         else:
             if cache is not None:
@@ -151,7 +156,18 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
-        """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``."""
+        """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``; or, when
+        ``mask.tables`` is set, ``k, v`` one layer's block pools read through them."""
+        if mask.tables is not None:
+            paged = self.paged_attention_kernel
+            if (
+                paged is not None
+                and q.shape[2] == 1
+                and q.dtype == k.dtype
+                and mask.lengths is not None
+            ):
+                return paged(q, k, v, mask.tables, mask.lengths, mask.window, self.scale)
+            k, v = gather(k, mask.tables, mask.kv_len), gather(v, mask.tables, mask.kv_len)
         kernel = self.attention_kernel
         if (
             kernel is not None
@@ -202,9 +218,11 @@ class AttnMask:
     the same mask is also given as ``lengths`` (``[B]`` or ``[1]``: row ``b``'s last query
     sees keys ``< lengths[b]``, earlier queries one fewer each, causally) and ``window``
     (only the last ``window`` keys up to a query's position; 0 = all), for a kernel.
+    Over a paged cache, ``tables`` ``[B, max_blocks]`` int32 are the rows' block tables and
+    ``kv_len`` the positions the mask spans (what a gather reads).
     """
 
-    __slots__ = ("is_causal", "kv_start", "lengths", "mask", "window")
+    __slots__ = ("is_causal", "kv_len", "kv_start", "lengths", "mask", "tables", "window")
 
     def __init__(
         self,
@@ -217,6 +235,13 @@ class AttnMask:
     ) -> None:
         self.mask, self.is_causal, self.kv_start = mask, is_causal, kv_start
         self.lengths, self.window = lengths, window
+        self.tables: Tensor | None = None
+        self.kv_len = 0
+
+    def paged(self, tables: Tensor, kv_len: int) -> "AttnMask":
+        """This mask over keys read through block ``tables`` (``kv_len`` positions)."""
+        self.tables, self.kv_len = tables, kv_len
+        return self
 
 
 def position_mask(positions: Tensor, kv_len: int, window: int | None) -> AttnMask:
@@ -339,13 +364,95 @@ class MixedView:
         return batch.cache.decode_rows(layer, mask.lengths, mask.window)
 
 
-Cache = KVStore | MixedView
+class PagedBatch:
+    """:class:`MixedBatch` over a :class:`PagedKVCache`: ``N`` flat tokens, first the decode
+    rows ``(block table, position)`` (one token each), then the prompt chunks ``(block
+    table, start, length)``; a table lists a sequence's blocks in order, covering its
+    positions up to this step's last. Every token's key and value are written through the
+    step's slot mapping (one ``index_copy_`` per layer); attention reads each part's keys
+    through its tables: one batched call for the decode rows, one per chunk.
+    """
+
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        rows: list[tuple[list[int], int]],
+        chunks: list[tuple[list[int], int, int]],
+        windows: dict[bool, int | None],
+        device: torch.device,
+    ) -> None:
+        self.cache, self.rows, size = cache, len(rows), cache.block_size
+        token_positions = [position for _, position in rows]
+        slots = [s for table, p in rows for s in slot_mapping(table, p, 1, size)]
+        self.decode_masks: dict[bool, AttnMask] = {}
+        if rows:
+            at, kv_len = torch.tensor(token_positions, device=device), max(token_positions) + 1
+            tables = block_tables([table for table, _ in rows], device)
+            self.decode_masks = {
+                s: position_mask(at, kv_len, w).paged(tables, kv_len) for s, w in windows.items()
+            }
+        self.chunks: list[tuple[int, int]] = []  # token offset, length
+        self.chunk_masks: list[dict[bool, AttnMask]] = []
+        for table, start, length in chunks:
+            self.chunks.append((len(token_positions), length))
+            tables = block_tables([table], device)
+            self.chunk_masks.append(
+                {
+                    s: build_mask(start, length, None, w, device).paged(tables, start + length)
+                    for s, w in windows.items()
+                }
+            )
+            token_positions.extend(range(start, start + length))
+            slots.extend(slot_mapping(table, start, length, size))
+        self.positions = torch.tensor(token_positions, device=device)
+        self.write_index = cache.write_index(torch.tensor(slots, device=device))
+
+    def view(self, sliding: bool) -> "PagedView":
+        return PagedView(self, sliding)
+
+
+class PagedView:
+    """A :class:`PagedBatch` as seen by one kind of layer (global or sliding-window)."""
+
+    def __init__(self, batch: PagedBatch, sliding: bool) -> None:
+        self.batch, self.sliding = batch, sliding
+
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attend: Callable[[Tensor, Tensor, Tensor, AttnMask], Tensor],
+    ) -> Tensor:
+        """``q`` ``[1, H, N, D]``, ``k, v`` ``[1, Hkv, N, D]`` -> ``[1, H, N, D]``."""
+        batch, rows, outs = self.batch, self.batch.rows, []
+        cache = batch.cache
+        cache.write(layer, k[0].transpose(0, 1), v[0].transpose(0, 1), batch.write_index)
+        k_pool, v_pool = cache.k_layers[layer], cache.v_layers[layer]
+        if rows:  # [1, H, R, D] -> [R, H, 1, D] and back
+            q_rows = q[0, :, :rows].transpose(0, 1).unsqueeze(2)
+            y = attend(q_rows, k_pool, v_pool, batch.decode_masks[self.sliding])
+            outs.append(y[:, :, 0].transpose(0, 1).unsqueeze(0))
+        for (offset, length), masks in zip(batch.chunks, batch.chunk_masks, strict=True):
+            outs.append(
+                attend(q[:, :, offset : offset + length], k_pool, v_pool, masks[self.sliding])
+            )
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+    def decode_rows(self, layer: int) -> DecodeRows | None:
+        """No fused decode layer over block tables yet: the modules run."""
+        return None
+
+
+Cache = KVStore | MixedView | PagedView
+PagedKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 
 
 def decode_rows(cache: Cache | None, layer: int, mask: AttnMask, x: Tensor) -> DecodeRows | None:
     """The step as decode rows (every token a sequence's next one, no padding) for a fused
     decode layer, or None: prompt chunks, several tokens, padding, no cache."""
-    if isinstance(cache, MixedView):
+    if isinstance(cache, MixedView | PagedView):
         return cache.decode_rows(layer)
     if isinstance(cache, KVCache) and x.shape[:2] == (1, 1) and mask.lengths is not None:
         return cache.decode_rows(layer, mask.lengths, mask.window)

@@ -15,6 +15,7 @@ from adapters.torch.models.layers import (
     AttnMask,
     Cache,
     MixedBatch,
+    PagedBatch,
     RMSNorm,
     RotaryTable,
     build_mask,
@@ -103,7 +104,9 @@ class Transformer(nn.Module):
             x = layer(x, ropes[sliding], masks[sliding], None)
         return self.norm(x)
 
-    def forward_mixed(self, input_ids: Tensor, batch: MixedBatch, sample_rows: Tensor) -> Tensor:
+    def forward_mixed(
+        self, input_ids: Tensor, batch: MixedBatch | PagedBatch, sample_rows: Tensor
+    ) -> Tensor:
         """One continuous-batching step: ``input_ids`` ``[N]`` laid out as ``batch`` says;
         returns logits ``[S, vocab]`` of the tokens at ``sample_rows`` ``[S]``."""
         ropes = {s: table.gather_tokens(batch.positions) for s, table in self.rope.items()}

@@ -1,0 +1,117 @@
+"""Paged KV storage: every layer's keys and values in one pool of fixed-size blocks.
+
+The pool is ``[layers, num_blocks, kv_heads, block_size, head_dim]``: within a block, each
+KV head's ``block_size`` keys are contiguous ``head_dim`` rows, the same rows the contiguous
+cache gives the CPU attention kernel (``dot_scores`` reads 16 keys of one head at a time and
+the P @ V loop walks value rows), so the paged kernel reads a block as it read a run of the
+slot cache, and a block of 16 keys is exactly one of its key tiles. (vLLM's CUDA layout
+``[blocks, block_size, kv_heads, head_dim]`` suits a token-major write; here the writes are a
+few rows a step and the reads are the whole context, so the reads choose.)
+
+A token at position ``p`` of a sequence whose block table is ``table`` lives in slot
+``table[p // block_size] * block_size + p % block_size``. A step writes its new keys and
+values by slot mapping (one slot per flat token) and reads each row's context through its
+block table (``[rows, max_blocks]`` int32, padded with any valid block) and context length.
+Without a kernel, reading gathers a row's blocks into a contiguous ``[rows, kv_heads, ctx,
+head_dim]`` view for SDPA (the pool is zeroed at creation, so the padding keys of a gather
+are finite and a masked-out key contributes 0, never NaN).
+
+How the runner switches to it (the next step; :class:`~adapters.torch.models.layers.PagedBatch`
+is the counterpart of ``MixedBatch`` and takes plain lists): the scheduler's block manager
+owns the block tables, so ``SchedulerOutput`` must carry, per scheduled chunk, the request's
+block table (block ids, in order, covering ``start + num_tokens`` positions) and the
+copy-on-write pairs of the step (``(source, target)`` blocks to copy before the forward,
+:meth:`PagedKVCache.copy_blocks`); the runner derives the slot mapping from the tables and
+positions, so it need not travel. Slots and ``SlotKVCache.move`` go: ``n`` > 1 siblings and
+cached prefixes share blocks by reference. The fused decode layer needs the pool's layer
+``[num_blocks, kv_heads, block_size, head_dim]``, the step's slot mapping (its cache write)
+and the decode rows' block tables and context lengths instead of ``positions`` / ``kv_len``:
+its attention call becomes ``paged_attention`` and its write ``write_slots``. The C++
+``paged_attention`` (decode attention straight through the block tables) is written on
+branch ``wt-paged`` but not merged: it and its refactor of the contiguous kernel need a CPU
+with AVX512-BF16 to be tested; until then ``Attention.paged_attention_kernel`` stays None
+and decode rows gather their blocks.
+"""
+
+import torch
+from torch import Tensor
+
+from adapters.torch.models.config import ModelConfig
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class PagedKVCache:
+    """Keys and values of every layer in ``num_blocks`` blocks of ``block_size`` positions."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
+        shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[3]
+
+    def write_index(self, slot_mapping: Tensor) -> Tensor:
+        """Where each token's heads go, as rows of one layer seen as ``[-1, head_dim]``:
+        ``slot_mapping`` ``[N]`` -> ``[N * kv_heads]`` (token-major), made once per step."""
+        kv_heads, size = self.k.shape[2], self.block_size
+        heads = torch.arange(kv_heads, device=slot_mapping.device)
+        block, offset = slot_mapping // size, slot_mapping % size
+        return ((block[:, None] * kv_heads + heads[None, :]) * size + offset[:, None]).flatten()
+
+    def write(self, layer: int, k: Tensor, v: Tensor, index: Tensor) -> None:
+        """Store ``k, v`` ``[N, kv_heads, head_dim]`` at the rows :meth:`write_index` gave."""
+        dim = k.shape[-1]
+        self.k_layers[layer].view(-1, dim).index_copy_(0, index, k.reshape(-1, dim))
+        self.v_layers[layer].view(-1, dim).index_copy_(0, index, v.reshape(-1, dim))
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block ``source`` -> block ``target`` in every layer, per pair."""
+        if not pairs:
+            return
+        source = torch.tensor([s for s, _ in pairs], device=self.k.device)
+        target = torch.tensor([t for _, t in pairs], device=self.k.device)
+        self.k[:, target] = self.k[:, source]
+        self.v[:, target] = self.v[:, source]
+
+
+def slot_mapping(table: list[int], start: int, length: int, block_size: int) -> list[int]:
+    """The slots of positions ``[start, start + length)`` of a sequence with block ``table``."""
+    return [
+        table[p // block_size] * block_size + p % block_size for p in range(start, start + length)
+    ]
+
+
+def gather(pool: Tensor, tables: Tensor, length: int) -> Tensor:
+    """One layer's pool ``[num_blocks, kv_heads, block_size, D]`` read through ``tables``
+    ``[rows, max_blocks]`` -> ``[rows, kv_heads, length, D]`` contiguous (the first
+    ``length`` positions of each row's blocks, in table order)."""
+    rows = tables.shape[0]
+    _, kv_heads, size, dim = pool.shape
+    needed = -(-length // size)
+    blocks = pool[tables[:, :needed].long()]  # [rows, needed, kv_heads, size, D]
+    flat = blocks.transpose(1, 2).reshape(rows, kv_heads, needed * size, dim)
+    return flat[:, :, :length] if needed * size != length else flat
+
+
+def block_tables(tables: list[list[int]], device: torch.device | str) -> Tensor:
+    """Per-row block tables -> ``[rows, max_blocks]`` int32, short rows padded with block 0
+    (a valid block: padded positions are read only past a row's length, and masked)."""
+    width = max((len(t) for t in tables), default=0)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    return torch.tensor(padded, dtype=torch.int32, device=device).view(len(tables), width)

@@ -1,0 +1,212 @@
+"""Attention through the paged KV cache equals the contiguous path (fp32, every family)."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.testing import assert_close
+
+from adapters.torch.cpu.kernels import cpu_kernels
+from adapters.torch.loader import load_model
+from adapters.torch.models.layers import Attention, PagedBatch
+from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping
+from adapters.torch.models.transformer import Transformer
+from tests.integration.tiny_models import VOCAB, save_tiny_model
+
+TOL = {"atol": 1e-4, "rtol": 1e-4}
+BLOCK = 4  # small blocks: every sequence spans several, and chunks straddle their edges
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+def model(request, tmp_path_factory) -> Transformer:
+    folder = tmp_path_factory.mktemp(request.param)
+    save_tiny_model(request.param, folder)
+    return load_model(folder, dtype=torch.float32)
+
+
+class Pool:
+    """A paged cache whose blocks are handed out in a scrambled order."""
+
+    def __init__(self, model: Transformer, num_blocks: int = 40, seed: int = 0) -> None:
+        self.cache = PagedKVCache(
+            model.config, num_blocks, BLOCK, dtype=torch.float32, device="cpu"
+        )
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+
+    def grow(self, table: list[int], length: int) -> list[int]:
+        while len(table) * BLOCK < length:
+            table.append(self.free.pop())
+        return table
+
+
+def _ids(length: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (length,), generator=generator).tolist()
+
+
+def _full(model: Transformer, ids: list[int]) -> Tensor:
+    """Logits ``[len(ids), vocab]`` of one forward without a cache (the contiguous truth)."""
+    return model(torch.tensor([ids]))[0]
+
+
+def _step(
+    model: Transformer,
+    cache: PagedKVCache,
+    rows: list[tuple[list[int], int, int]],
+    chunks: list[tuple[list[int], int, list[int]]],
+) -> Tensor:
+    """One paged step: decode rows ``(table, position, token)`` and prompt chunks ``(table,
+    start, tokens)``; returns every token's logits ``[N, vocab]``."""
+    tokens = [token for _, _, token in rows] + [t for _, _, ids in chunks for t in ids]
+    batch = PagedBatch(
+        cache,
+        [(table, position) for table, position, _ in rows],
+        [(table, start, len(ids)) for table, start, ids in chunks],
+        model.windows(),
+        torch.device("cpu"),
+    )
+    every = torch.arange(len(tokens))
+    return model.forward_mixed(torch.tensor(tokens), batch, every)
+
+
+@torch.inference_mode()
+def test_prefill_decode_rows_and_a_chunk_after_a_cached_prefix_equal_the_full_forward(
+    model: Transformer,
+) -> None:
+    # Three sequences prefilled in one step (blocks handed out scrambled), then one step of
+    # two decode rows at different lengths beside a 7-token chunk after sequence 0's 10
+    # cached positions (past Gemma's sliding window of 6), then a decode step for all three.
+    pool = Pool(model)
+    seqs = [_ids(17, 1), _ids(3, 2), _ids(6, 3)]
+    tables: list[list[int]] = [[], [], []]
+    prompts = [(pool.grow(tables[0], 10), 0, seqs[0][:10])]
+    prompts += [(pool.grow(tables[i], 2 if i == 1 else 5), 0, seqs[i][:-1]) for i in (1, 2)]
+    logits = _step(model, pool.cache, [], prompts)
+    assert_close(logits[:10], _full(model, seqs[0][:10]), **TOL)
+    assert_close(logits[10:12], _full(model, seqs[1][:2]), **TOL)
+    assert_close(logits[12:], _full(model, seqs[2][:5]), **TOL)
+
+    rows = [(pool.grow(tables[1], 3), 2, seqs[1][2]), (pool.grow(tables[2], 6), 5, seqs[2][5])]
+    logits = _step(model, pool.cache, rows, [(pool.grow(tables[0], 17), 10, seqs[0][10:])])
+    assert_close(logits[0], _full(model, seqs[1])[-1], **TOL)
+    assert_close(logits[1], _full(model, seqs[2])[-1], **TOL)
+    assert_close(logits[2:], _full(model, seqs[0])[10:], **TOL)
+
+    extra = [_ids(1, 10 + i)[0] for i in range(3)]
+    rows = [(pool.grow(tables[i], len(seq) + 1), len(seq), extra[i]) for i, seq in enumerate(seqs)]
+    logits = _step(model, pool.cache, rows, [])
+    for i, seq in enumerate(seqs):
+        assert_close(logits[i], _full(model, [*seq, extra[i]])[-1], **TOL)
+    assert len({b for t in tables for b in t}) == sum(len(t) for t in tables)  # no sharing
+
+
+@torch.inference_mode()
+def test_a_copied_block_lets_a_sibling_diverge_from_a_shared_prefix(model: Transformer) -> None:
+    # Two choices share a 9-token prompt's blocks; the last, partly filled block is copied
+    # (copy-on-write) before each writes its own next token into it.
+    pool = Pool(model, seed=1)
+    prompt = _ids(9, 4)
+    shared = pool.grow([], 9)
+    _step(model, pool.cache, [], [(shared, 0, prompt)])
+    sibling = [*shared[:-1], pool.free.pop()]
+    pool.cache.copy_blocks([(shared[-1], sibling[-1])])
+    a, b = _ids(2, 5)
+    logits = _step(model, pool.cache, [(shared, 9, a), (sibling, 9, b)], [])
+    assert_close(logits[0], _full(model, [*prompt, a])[-1], **TOL)
+    assert_close(logits[1], _full(model, [*prompt, b])[-1], **TOL)
+    # position 8 (offset 0) was copied; position 9 (offset 1) is each choice's own
+    k = pool.cache.k
+    assert torch.equal(k[:, shared[-1], :, 0], k[:, sibling[-1], :, 0])
+    assert not torch.equal(k[:, shared[-1], :, 1], k[:, sibling[-1], :, 1])
+
+
+def test_slot_mapping_and_gather_read_back_what_was_written_in_table_order() -> None:
+    pool = torch.zeros(6, 2, BLOCK, 8)
+    table = [4, 0, 5]
+    slots = slot_mapping(table, 2, 9, BLOCK)
+    assert slots == [18, 19, 0, 1, 2, 3, 20, 21, 22]
+    written = torch.randn(9, 2, 8)
+    blocks, offsets = torch.tensor(slots) // BLOCK, torch.tensor(slots) % BLOCK
+    pool[blocks, :, offsets] = written
+    got = gather(pool, block_tables([table, [1]], "cpu"), 11)
+    assert got.shape == (2, 2, 11, 8)
+    assert torch.equal(got[0, :, 2:].transpose(0, 1), written)
+    assert block_tables([table, [1]], "cpu").tolist() == [[4, 0, 5], [1, 0, 0]]
+
+
+kernels = cpu_kernels()
+
+
+@pytest.mark.skipif(
+    kernels is None or not hasattr(kernels, "paged_attention"),
+    reason="no AVX512-BF16, no C++ toolchain, or no paged kernel in this build (branch wt-paged)",
+)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "lengths", "window"),
+    [
+        (9, 3, 64, [37], 0),  # one row
+        (9, 3, 64, [600], 0),  # one long row: split into pieces
+        (9, 3, 64, [37, 1, 20, 64], 0),  # rows at different lengths
+        (4, 1, 256, [5, 300], 0),
+        (8, 8, 32, [40, 2, 9], 6),  # sliding window
+        (15, 5, 64, [700], 100),  # a long row under a window
+    ],
+)
+def test_the_paged_decode_kernel_equals_attention_over_the_gathered_blocks(
+    heads: int, kv_heads: int, dim: int, lengths: list[int], window: int
+) -> None:
+    torch.manual_seed(len(lengths) + dim)
+    size, bf16 = 16, torch.bfloat16
+    blocks = [-(-n // size) for n in lengths]
+    order = torch.randperm(sum(blocks) + 3).tolist()  # scrambled, a few blocks unused
+    tables, at = [], 0
+    for n in blocks:
+        tables.append(order[at : at + n])
+        at += n
+    k_pool, v_pool = torch.randn(2, len(order), kv_heads, size, dim, dtype=bf16)
+    tables_t = block_tables(tables, "cpu")
+    lengths_t = torch.tensor(lengths)
+    q = torch.randn(len(lengths), 1, heads, dim, dtype=bf16).transpose(1, 2)
+    got = kernels.paged_attention(q, k_pool, v_pool, tables_t, lengths_t, window, 0.1)
+    assert got.shape == q.shape
+    k, v = gather(k_pool, tables_t, max(lengths)), gather(v_pool, tables_t, max(lengths))
+    expected = torch.empty(q.shape, dtype=torch.float32)
+    for r, n in enumerate(lengths):
+        start = max(0, n - window) if window else 0
+        expected[r : r + 1] = F.scaled_dot_product_attention(
+            q[r : r + 1].float(),
+            k[r : r + 1, :, start:n].float(),
+            v[r : r + 1, :, start:n].float(),
+            scale=0.1,
+            enable_gqa=True,
+        )
+    assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+    contiguous = kernels.attention(q, k, v, lengths_t, window, 0.1)
+    assert_close(got, contiguous, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.skipif(
+    kernels is None or not hasattr(kernels, "paged_attention"),
+    reason="no AVX512-BF16, no C++ toolchain, or no paged kernel in this build (branch wt-paged)",
+)
+def test_the_paged_kernel_in_the_model_equals_the_gathered_path(tmp_path: Path) -> None:
+    save_tiny_model("gemma3", tmp_path)
+    model = load_model(tmp_path, dtype=torch.bfloat16)
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    assert all(a.paged_attention_kernel is not None for a in attention)
+    pool = Pool(model)
+    pool.cache = PagedKVCache(model.config, 40, BLOCK, dtype=torch.bfloat16, device="cpu")
+    seqs = [_ids(13, 1), _ids(3, 2)]
+    tables = [pool.grow([], 14), pool.grow([], 4)]
+    with torch.inference_mode():
+        _step(model, pool.cache, [], [(t, 0, s) for t, s in zip(tables, seqs, strict=True)])
+        rows = [(tables[0], 13, 7), (tables[1], 3, 9)]
+        fast = _step(model, pool.cache, rows, [])
+        for a in attention:
+            a.paged_attention_kernel = None
+        slow = _step(model, pool.cache, rows, [])
+    assert_close(fast, slow, atol=0.05, rtol=0.02)
