@@ -308,12 +308,14 @@ class ChatTools:
         parser = self.parser(request)
         if parser is None or request is None:
             return ChatMessageOut(text), reason
-        content, calls = parse_all(parser, text)
+        cut = reason == "length"
+        content, calls = parse_all(parser, text, truncated=cut)
         if not calls:
             return ChatMessageOut(text), reason
         calls = calls if request.parallel else calls[:1]
         out = [ToolCallOut(new_call_id(), FunctionCallOut(c.name, c.arguments)) for c in calls]
-        return ChatMessageOut(content, tool_calls=out), "tool_calls"
+        # Cut by max_tokens: the complete calls, and the finish reason stays "length".
+        return ChatMessageOut(content, tool_calls=out), reason if cut else "tool_calls"
 
 
 def constrain(params: SamplingParams, request: ToolRequest | None) -> SamplingParams:

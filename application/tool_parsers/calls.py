@@ -38,9 +38,13 @@ class StreamingToolParser(Protocol):
         ...
 
 
-def parse_all(parser: StreamingToolParser, text: str) -> tuple[str | None, list[ToolCall]]:
+def parse_all(
+    parser: StreamingToolParser, text: str, *, truncated: bool = False
+) -> tuple[str | None, list[ToolCall]]:
     """The whole output at once: its content (None when it is only calls) and its calls.
-    A call whose arguments are not a JSON object makes the whole text content."""
+    A call whose arguments are not a JSON object makes the whole text content — except,
+    when the output was ``truncated`` (cut by ``max_tokens``), the calls cut short at its
+    end, which are dropped: the complete calls before them stand."""
     events = [*parser.feed(text), *parser.finish()]
     content = "".join(e for e in events if isinstance(e, str))
     names: dict[int, str] = {}
@@ -51,6 +55,8 @@ def parse_all(parser: StreamingToolParser, text: str) -> tuple[str | None, list[
                 names[event.index] = event.name
             arguments.setdefault(event.index, []).append(event.arguments)
     calls = [ToolCall(names[i], "".join(arguments[i])) for i in sorted(names)]
+    while truncated and calls and not is_json_object(calls[-1].arguments):
+        calls.pop()
     if not all(is_json_object(c.arguments) for c in calls):
         return text, []
     if not calls:

@@ -62,19 +62,23 @@ def test_invoke_and_stream_answer_text(llm: ChatOpenAI) -> None:
 
 
 def test_bind_tools_with_a_required_choice_returns_valid_calls(llm: ChatOpenAI) -> None:
-    # "any" is OpenAI's "required". One call: a 135M model asked for "one or more" keeps
-    # calling until max_tokens cuts the array (then its text comes back as content).
-    bound = llm.bind_tools([get_weather, add], tool_choice="any", parallel_tool_calls=False)
+    bound = llm.bind_tools([get_weather, add], tool_choice="any")  # OpenAI's "required"
     reply = bound.invoke("What is the weather in Paris?")
+    # A 135M model asked for "one or more" calls may go on until max_tokens cuts the array:
+    # the complete calls come back either way.
     assert reply.tool_calls, reply
-    assert len(reply.tool_calls) == 1
     for call in reply.tool_calls:
         assert call["name"] in {"get_weather", "add"}
         if call["name"] == "get_weather":
             assert isinstance(call["args"]["city"], str)
         else:
             assert isinstance(call["args"]["a"], int) and isinstance(call["args"]["b"], int)
-    assert reply.response_metadata["finish_reason"] == "tool_calls"
+    finish = reply.response_metadata["finish_reason"]
+    assert finish in ("tool_calls", "length")
+    one = llm.bind_tools([get_weather, add], tool_choice="any", parallel_tool_calls=False)
+    single = one.invoke("What is the weather in Paris?")
+    assert len(single.tool_calls) == 1
+    assert single.response_metadata["finish_reason"] == "tool_calls"
 
 
 def test_bind_tools_with_a_named_choice_and_the_result_back_in_the_history(

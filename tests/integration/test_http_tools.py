@@ -78,7 +78,10 @@ def client(http: TestClient) -> openai.OpenAI:
 
 def chat(client: openai.OpenAI, **kwargs: Any) -> Any:
     return client.chat.completions.create(
-        model=MODEL, messages=kwargs.pop("messages", USER), max_tokens=256, **kwargs
+        model=MODEL,
+        messages=kwargs.pop("messages", USER),
+        max_tokens=kwargs.pop("max_tokens", 256),
+        **kwargs,
     )
 
 
@@ -173,6 +176,18 @@ def test_required_constrains_to_an_array_of_calls(client: openai.OpenAI, replies
     assert (
         schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
     )
+
+
+def test_calls_cut_by_max_tokens_keep_the_complete_ones(
+    client: openai.OpenAI, replies: Replies
+) -> None:
+    first = f'[{{"name": "get_weather", "parameters": {PARIS}}}, '
+    replies.text = first + '{"name": "get_time", "parameters": {"zone": "Europe/Par'
+    cut = len(TOKENIZER.encode(replies.text, add_special_tokens=False)) - 2
+    reply = chat(client, tools=[WEATHER, TIME], tool_choice="required", max_tokens=cut)
+    [call] = reply.choices[0].message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == ("get_weather", PARIS)
+    assert reply.choices[0].finish_reason == "length"
 
 
 def test_required_without_parallel_calls_allows_one(

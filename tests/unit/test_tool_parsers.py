@@ -126,6 +126,19 @@ def test_whole_output_parses_to_content_and_calls(case: tuple) -> None:
     assert parse_all(make(), text) == (content, calls)
 
 
+def test_an_output_cut_by_max_tokens_keeps_its_complete_calls() -> None:
+    cut = (
+        '[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+        '{"name": "get_time", "parameters": {"zo'
+    )
+    assert parse_all(required(), cut, truncated=True) == (None, [PARIS])
+    assert parse_all(required(), cut) == (cut, [])  # not cut: malformed, all content
+    hermes_cut = tag(PARIS) + '<tool_call>{"name": "get_time", "arguments": {"zo'
+    assert parse_all(hermes(), hermes_cut, truncated=True) == (None, [PARIS])
+    only_partial = '[{"name": "get_weather", "parameters": {"ci'
+    assert parse_all(required(), only_partial, truncated=True) == ("", [])
+
+
 def stream(parser: StreamingToolParser, text: str, seed: int) -> list[str | ToolCallDelta]:
     rng, events, i = random.Random(seed), [], 0
     while i < len(text):
