@@ -12,19 +12,16 @@ Smoke test: ``--sentences 32 --runs 1 --warmup 0``.
 """
 
 import argparse
-import contextlib
-import os
 import random
 import statistics
-import subprocess
 import time
-from pathlib import Path
 
 import torch
 from sentence_transformers import SentenceTransformer
 
 from adapters.torch.embedder import FORWARD_BATCH, TorchEmbedder
 from adapters.weights.embedding import resolve_minilm
+from benchmarks import bench_serving as bs
 
 WORD_LIST = (
     "the of and to in is that for it as was with be by on not he this are or his from at "
@@ -93,7 +90,7 @@ def _max_diff(ours: TorchEmbedder, theirs: SentenceTransformer, sentences: list[
 def _report(
     args: argparse.Namespace, sentences: list[str], rows: list[tuple[float, float]], diff: float
 ) -> None:
-    print(_machine())
+    print(bs.machine_line())
     words = statistics.median(len(s.split()) for s in sentences)
     print(
         f"all-MiniLM-L6-v2 float32, {len(sentences)} sentences (median {words:.0f} words), "
@@ -107,22 +104,6 @@ def _report(
     ratios = [theirs / ours for ours, theirs in rows]
     print(f"| ratio (median of per-run ratios) | {statistics.median(ratios):.2f}x |")
     print("\nper-run ratios: " + ", ".join(f"{r:.2f}" for r in ratios))
-
-
-def _machine() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    return (
-        f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, commit {commit or '?'}"
-    )
 
 
 if __name__ == "__main__":

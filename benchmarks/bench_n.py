@@ -13,8 +13,6 @@ Usage:
 """
 
 import argparse
-import contextlib
-import os
 import random
 import statistics
 import sys
@@ -26,6 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from application.engine import Engine  # noqa: E402
+from benchmarks import bench_serving as bs  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 from entrypoints.container import create_container  # noqa: E402
@@ -84,26 +83,12 @@ def main() -> None:
         for name in order:
             times[name].append(cases[name]())
     base = statistics.median(times["n=1"])
-    print(machine_line())
+    print(bs.machine_line())
     print(f"model {container.resolved_model().name}, {args.prompt_tokens}-token prompt, ")
     print(f"{args.rounds} rounds, medians (max_num_batched_tokens {config.max_num_batched_tokens})")
     for name, values in times.items():
         median = statistics.median(values)
         print(f"  {name:>12}: TTFT {median * 1000:8.1f} ms  ({median / base:.2f}x n=1)")
-
-
-def machine_line() -> str:
-    import torch
-
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    if torch.cuda.is_available():
-        cpu += f", GPU {torch.cuda.get_device_name()}"
-    return f"machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
 
 
 if __name__ == "__main__":

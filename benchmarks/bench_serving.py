@@ -590,6 +590,8 @@ def machine_line() -> str:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
     ).stdout.strip()
     omp = os.environ.get("OMP_NUM_THREADS", "unset")
+    if torch.cuda.is_available():
+        cpu += f", GPU {torch.cuda.get_device_name()}"
     return (
         f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads (OMP_NUM_THREADS {omp}), commit {commit or '?'}"
