@@ -69,6 +69,7 @@ class Engine:
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
+        self._prefix_counts = (0, 0)  # the scheduler's cumulative prefix counters, last seen
 
     def check_params(self, params: SamplingParams) -> None:
         """The server's limits on ``stop`` and ``stop_token_ids`` (a 400 naming the field)."""
@@ -298,10 +299,14 @@ class Engine:
                 decode += chunk.num_tokens - in_prompt
                 rows.append(StepRow(request.request_id, in_prompt, chunk.num_tokens - in_prompt))
         running, waiting = self.scheduler.counts()
+        kv = self.scheduler.kv_stats()
+        queried = kv.prefix_queried_tokens - self._prefix_counts[0]
+        hit = kv.prefix_hit_tokens - self._prefix_counts[1]
+        self._prefix_counts = (kv.prefix_queried_tokens, kv.prefix_hit_tokens)
         stats = StepStats(
             ran,
             now,
-            SchedulerStats(running, waiting, prefill, decode, running / self.config.max_batch_size),
+            SchedulerStats(running, waiting, prefill, decode, kv.usage, queried, hit),
             sampled,
             tuple(first),
             tuple(_request_stats(r, now) for r in ended),

@@ -33,11 +33,29 @@ class EngineConfig:
     # Special-token text inside chat message content is parsed as control tokens (the old
     # behaviour: only for trusted callers; by default it is plain text).
     trust_chat_special_tokens: bool = False
+    # Paged KV cache (continuous and static batching): positions per block, blocks in the
+    # pool (None: ``max_batch_size`` requests at ``max_seq_len`` each, as contiguous slots
+    # held), and prefix caching (full blocks of computed KV reused by later requests).
+    kv_block_size: int = 16
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
 
     @property
     def capacity(self) -> int:
         """Requests the engine holds at most: running plus waiting."""
         return self.max_batch_size + self.max_waiting_requests
+
+    @property
+    def kv_blocks(self) -> int:
+        """The KV pool's size in blocks (``num_kv_blocks``, or its default)."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        return self.max_batch_size * self.blocks_per_sequence
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        """Blocks one request of ``max_seq_len`` positions holds."""
+        return -(-self.max_seq_len // self.kv_block_size)
 
     def __post_init__(self) -> None:
         _one_of("batching_mode", self.batching_mode, BATCHING_MODES)
@@ -49,6 +67,7 @@ class EngineConfig:
             "max_prompts_per_request",
             "max_n",
             "prepare_threads",
+            "kv_block_size",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -58,6 +77,10 @@ class EngineConfig:
                 raise InvalidParameterError(name, "must be >= 0")
         if self.batch_wait_timeout_s < 0:
             raise InvalidParameterError("batch_wait_timeout_s", "must be >= 0")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < self.blocks_per_sequence:
+            raise InvalidParameterError(
+                "num_kv_blocks", "must hold one request of max_seq_len positions"
+            )
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidParameterError(
                 "max_num_batched_tokens", "must be at least max_batch_size (one token each)"

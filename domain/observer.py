@@ -22,7 +22,11 @@ class SchedulerStats:
     waiting: int  # requests queued for a slot
     prefill_tokens: int  # prompt tokens run this step
     decode_tokens: int  # generated tokens fed back this step (one per decoding request)
-    kv_usage: float  # fraction of the KV cache in use (slots today, blocks with paged KV)
+    kv_usage: float  # fraction of the KV cache's blocks referenced by requests
+    # Prefix caching this step: prompt tokens of admitted requests looked up in the cache,
+    # and of those found cached (not computed).
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,17 +9,24 @@ Stop *strings* need text: the engine's output stage finds them and hands them ba
 The continuous policy is fair across tenants (weighted fair queuing on tokens scheduled)
 and honours ``request.context.priority``, preempting lower-priority requests when the batch
 is full; the static policy is FCFS.
+
+KV memory is paged (:mod:`domain.kv_blocks`): each policy owns a :class:`BlockManager`, and
+every scheduled chunk carries its request's block table for the runner. The continuous
+policy admits and grows requests by free blocks, reuses cached prefixes (prefix caching)
+and preempts when blocks run out; the static policy reserves ``max_seq_len`` positions per
+request of a batch (no prefix caching).
 """
 
 import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
+from domain.kv_blocks import BlockManager, CachedPrefix
 from domain.request import Request, is_stop_token, token_finish_reason
 
 
@@ -27,13 +34,14 @@ from domain.request import Request, is_stop_token, token_finish_reason
 class ScheduledChunk:
     """``num_tokens`` of ``request``'s tokens, from position ``start``, run this step.
 
-    ``copy_from``: a running request whose KV of positions ``[0, start)`` the runner copies
-    into this request's new slot before the step (a choice sharing another's prefill)."""
+    ``block_table``: the request's KV blocks, in order, covering positions ``[0, start +
+    num_tokens)`` (position ``p`` in block ``p // block_size``); positions before ``start``
+    hold computed KV (its own, a cached prefix's or a sibling choice's, shared)."""
 
     request: Request
     start: int
     num_tokens: int
-    copy_from: str | None = None
+    block_table: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
@@ -60,6 +68,16 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class KVStats:
+    """The KV block pool: the fraction referenced by requests, and the prefix cache's
+    cumulative counters (tokens of admitted requests looked up, of those found cached)."""
+
+    usage: float
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +126,8 @@ class Scheduler(Protocol):
         """(running, waiting): requests holding a batch slot, requests queued for one."""
         ...
 
+    def kv_stats(self) -> KVStats: ...
+
 
 class _WaitingQueue(Protocol):
     """The waiting requests, however a policy orders them."""
@@ -128,9 +148,24 @@ class _QueueingScheduler:
 
     waiting: _WaitingQueue
 
-    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int]) -> None:
+    def __init__(
+        self, config: EngineConfig, eos_token_ids: Iterable[int], *, prefix_caching: bool
+    ) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.blocks = BlockManager(
+            config.kv_blocks, config.kv_block_size, enable_caching=prefix_caching
+        )
+
+    def kv_stats(self) -> KVStats:
+        blocks = self.blocks
+        return KVStats(blocks.usage, blocks.prefix_queried_tokens, blocks.prefix_hit_tokens)
+
+    def _table(self, chunk: ScheduledChunk) -> ScheduledChunk:
+        """``chunk`` with its request's block table (the blocks its positions need)."""
+        table = self.blocks.block_table(chunk.request.request_id)
+        needed = self.blocks.num_blocks_for(chunk.start + chunk.num_tokens)
+        return replace(chunk, block_table=tuple(table[:needed]))
 
     def room(self) -> int:
         return self.config.capacity - len(self.waiting) - self._num_live()
@@ -213,7 +248,8 @@ class StaticScheduler(_QueueingScheduler):
     """Seed 000 §3: a batch forms (bounded wait), runs until every member is done, clears.
 
     Batches form FCFS: tenants and priorities (``request.context``) are ignored and nothing
-    is preempted.
+    is preempted. Each member reserves KV blocks for ``max_seq_len`` positions when its
+    batch starts (the batch stops growing when blocks run out) and frees them when it ends.
     """
 
     def __init__(
@@ -222,7 +258,7 @@ class StaticScheduler(_QueueingScheduler):
         eos_token_ids: Iterable[int] = (),
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        super().__init__(config, eos_token_ids)
+        super().__init__(config, eos_token_ids, prefix_caching=False)
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.clock = clock
@@ -230,8 +266,11 @@ class StaticScheduler(_QueueingScheduler):
 
     def schedule(self) -> SchedulerOutput:
         if self.active and not all(r.is_done for r in self.active):
-            return SchedulerOutput(_next_tokens(self.active), eos_token_ids=self.eos_token_ids)
+            chunks = [self._table(c) for c in _next_tokens(self.active)]
+            return SchedulerOutput(chunks, eos_token_ids=self.eos_token_ids)
         released = [r.request_id for r in self.active]
+        for request_id in released:
+            self.blocks.free(request_id)
         self.active = []
         if not self.waiting:
             return SchedulerOutput(released=released)
@@ -244,9 +283,12 @@ class StaticScheduler(_QueueingScheduler):
 
     def _start_batch(self) -> list[ScheduledChunk]:
         self._batch_wait_deadline = None
+        seq_len = self.config.max_seq_len
         while self.waiting and len(self.active) < self.config.max_batch_size:
+            if self.blocks.allocate(self.waiting[0].request_id, seq_len) is None:
+                break
             self.active.append(self.waiting.popleft())
-        return [ScheduledChunk(r, 0, r.num_prompt_tokens) for r in self.active]
+        return [self._table(ScheduledChunk(r, 0, r.num_prompt_tokens)) for r in self.active]
 
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self.active)
@@ -278,8 +320,18 @@ class ContinuousScheduler(_QueueingScheduler):
     - preemption: with the batch full, a waiting request of strictly higher priority than
       a running one takes the slot of the youngest (latest arrival) of the lowest-priority
       running requests. That request goes back to the front of its tenant's queue with its
-      runner state released; admitted again, it prefills its prompt and the tokens it
-      generated so far (recompute), then goes on generating.
+      runner state and KV blocks released; admitted again, it prefills its prompt and the
+      tokens it generated so far (recompute; from its cached prefix when its blocks are
+      still cached), then goes on generating.
+
+    KV blocks: a request is admitted when blocks for its first chunk are free (after its
+    cached prefix: ``num_computed_tokens`` starts there; requests asking for prompt
+    logprobs run every position); each step's chunk allocates its growth. When the blocks
+    run out, the youngest of the lowest-priority running requests is preempted (the
+    growing request itself when it is that one), and an admission preempts only running
+    requests of lower priority. Blocks are committed (named for prefix reuse) after each
+    step, freed when a request ends or is preempted; ``n`` > 1 choices fork the first
+    choice's full prompt blocks.
 
     Weights: ``tenant_weights`` here or :meth:`set_tenant_weights` (default 1.0).
     """
@@ -291,7 +343,7 @@ class ContinuousScheduler(_QueueingScheduler):
         *,
         tenant_weights: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(config, eos_token_ids)
+        super().__init__(config, eos_token_ids, prefix_caching=config.enable_prefix_caching)
         self.waiting: _FairQueue = _FairQueue()
         self.running: list[Request] = []
         self._running_priorities: Counter[int] = Counter()
@@ -299,6 +351,7 @@ class ContinuousScheduler(_QueueingScheduler):
         self._vtime: dict[str | None, float] = {}  # tenant -> tokens scheduled / weight
         self._active: dict[str | None, int] = {}  # tenant -> its requests waiting or running
         self._vclock = 0.0  # the system's virtual time: the least active one, kept when idle
+        self._budget = 0  # tokens left in the step being scheduled
         self.set_tenant_weights(tenant_weights or {})
 
     def set_tenant_weights(self, weights: Mapping[str, float]) -> None:
@@ -330,43 +383,119 @@ class ContinuousScheduler(_QueueingScheduler):
         for request in self.running:
             if request.is_done:
                 released.append(request.request_id)
+                self.blocks.free(request.request_id)
                 self._running_priorities[request.context.priority] -= 1
                 self._deactivate(request.context.tenant_id)
         if released:
             self.running = [r for r in self.running if not r.is_done]
             self._running_priorities = +self._running_priorities  # drop zero counts
         preempted = self._preempt()
-        released += preempted
-        budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        for request in self._budget_order(budget):
-            if budget == 0:
+        self._budget = self.config.max_num_batched_tokens
+        chunks: dict[str, ScheduledChunk] = {}  # request id -> its chunk, in schedule order
+        for request in self._budget_order(self._budget):
+            if self._budget == 0:
                 break
-            budget -= self._add_chunk(chunks, request, budget)
-        while self.waiting and len(self.running) < self.config.max_batch_size and budget > 0:
+            if request.request_id not in preempted:  # not a victim of this step
+                self._add_chunk(chunks, request, preempted)
+        while self.waiting and len(self.running) < self.config.max_batch_size and self._budget:
             request = self.waiting.pop_next(self.virtual_time)
-            self.running.append(request)
-            self._running_priorities[request.context.priority] += 1
-            budget -= self._add_chunk(chunks, request, budget)
-        return SchedulerOutput(chunks, released, preempted, self.eos_token_ids)
+            if not self._admit(request, chunks, preempted):
+                self.waiting.requeue(request)
+                break
+        released += preempted
+        return SchedulerOutput(list(chunks.values()), released, preempted, self.eos_token_ids)
 
-    def _add_chunk(self, chunks: list[ScheduledChunk], request: Request, budget: int) -> int:
-        """Append ``request``'s chunk for this step (``budget`` > 0), if it has one; returns
-        the tokens it takes from the budget."""
+    def update_from_output(
+        self, output: SchedulerOutput, result: RunnerOutput
+    ) -> list[SampledToken]:
+        sampled = super().update_from_output(output, result)
+        if self.blocks.enable_caching:  # name the blocks this step filled, for reuse
+            size = self.blocks.block_size
+            for chunk in output.chunks:
+                request, end = chunk.request, chunk.start + chunk.num_tokens
+                if end // size > chunk.start // size and request.request_id in self.blocks:
+                    self.blocks.commit(request.request_id, request.token_ids_from(0, end), end)
+        return sampled
+
+    def _admit(
+        self, request: Request, chunks: dict[str, ScheduledChunk], preempted: list[str]
+    ) -> bool:
+        """Start running ``request`` (its first chunk scheduled, if it has one now); False
+        when its first chunk's blocks cannot be had (it holds none)."""
+        if not self._add_chunk(chunks, request, preempted, admitting=True):
+            self.blocks.free(request.request_id)  # a fork's shared blocks
+            request.num_computed_tokens = 0
+            return False
+        self.running.append(request)
+        self._running_priorities[request.context.priority] += 1
+        return True
+
+    def _cached_prefix(self, request: Request) -> CachedPrefix:
+        """The cached blocks ``request`` can start from (none when it needs prompt
+        logprobs: those positions must run)."""
+        if request.sampling_params.prompt_logprobs:
+            return CachedPrefix()
+        tokens = request.token_ids_from(0, request.num_tokens)
+        return self.blocks.find_cached_prefix(tokens, request.adapter_id)
+
+    def _add_chunk(
+        self,
+        chunks: dict[str, ScheduledChunk],
+        request: Request,
+        preempted: list[str],
+        *,
+        admitting: bool = False,
+    ) -> bool:
+        """Schedule ``request``'s chunk for this step (the budget > 0), if it has one, its
+        blocks allocated: a request without blocks starts from its cached prefix; when
+        blocks run out, running requests are preempted (``request`` itself when it is the
+        victim). ``admitting``: ``request`` is not running yet and preempts only requests
+        of lower priority; False when that does not free enough."""
+        prefix = None
         chunk = self._shared_prefill(request)
         if chunk is None and request.prefill_source_id is None:
-            chunk = _chunk(request, budget)
-        if chunk is None:
-            return 0
-        chunks.append(chunk)
-        self._charge(request, chunk.num_tokens)
-        return chunk.num_tokens
+            if request.request_id not in self.blocks:
+                prefix = self._cached_prefix(request)
+                request.num_computed_tokens = prefix.num_tokens
+            chunk = _chunk(request, self._budget)
+        if chunk is None and prefix is None:
+            return True  # a choice waiting for its source's prefill
+        end = chunk.start + chunk.num_tokens if chunk else request.num_computed_tokens
+        adapter_id, blocks = request.adapter_id, self.blocks
+        while (
+            blocks.allocate(request.request_id, end, adapter_id=adapter_id, prefix=prefix) is None
+        ):
+            victim = self._victim()
+            if admitting and (
+                victim is None or victim.context.priority >= request.context.priority
+            ):
+                return False
+            assert victim is not None  # request itself is running
+            self._evict(victim, chunks, preempted)
+            if victim is request:
+                return True
+        if chunk is not None:
+            chunks[request.request_id] = self._table(chunk)
+            self._charge(request, chunk.num_tokens)
+            self._budget -= chunk.num_tokens
+        return True
+
+    def _evict(
+        self, victim: Request, chunks: dict[str, ScheduledChunk], preempted: list[str]
+    ) -> None:
+        """Preempt ``victim`` for its KV blocks (its chunk this step, if any, unscheduled)."""
+        chunk = chunks.pop(victim.request_id, None)
+        if chunk is not None:
+            self._budget += chunk.num_tokens
+        self._requeue(victim)
+        preempted.append(victim.request_id)
 
     def _shared_prefill(self, request: Request) -> ScheduledChunk | None:
-        """A choice sharing another's prefill (``prefill_source_id``): its last prompt token,
-        its KV before that copied from the source, once the source computed those positions
-        (None meanwhile: it waits). When the source cannot serve (done, or not running: it
-        was preempted), the link is dropped and the request prefills itself."""
+        """A choice sharing another's prefill (``prefill_source_id``): once the source
+        computed the prompt's first ``num_prompt_tokens - 1`` positions, this request forks
+        its full blocks among them and runs the rest (None meanwhile: it waits). When the
+        source cannot serve (done, or not running: it was preempted), the link is dropped
+        and the request prefills itself."""
         source_id = request.prefill_source_id
         if source_id is None:
             return None
@@ -377,15 +506,16 @@ class ContinuousScheduler(_QueueingScheduler):
         start = request.num_prompt_tokens - 1
         if source.num_computed_tokens < start:
             return None
-        request.prefill_source_id = None  # copied once; a recompute prefills itself
-        return ScheduledChunk(request, start, request.num_tokens - start, copy_from=source_id)
+        request.prefill_source_id = None  # forked once; a recompute prefills itself
+        request.num_computed_tokens = self.blocks.fork(source_id, request.request_id, start)
+        return _chunk(request, self._budget)
 
     def _budget_order(self, budget: int) -> list[Request]:
         """Running requests in the order they take the step's budget: admission order when
         it covers them all, else by priority then tenant virtual time (stable)."""
         needed = sum(r.num_tokens - r.num_computed_tokens for r in self.running)
         if needed <= budget:
-            return self.running
+            return list(self.running)  # a copy: preemption removes running requests
         return sorted(
             self.running,
             key=lambda r: (-r.context.priority, self.virtual_time(r.context.tenant_id)),
@@ -426,6 +556,7 @@ class ContinuousScheduler(_QueueingScheduler):
 
     def _requeue(self, request: Request) -> None:
         """Preempt a running request: its tokens so far are recomputed when readmitted."""
+        self.blocks.free(request.request_id)
         self.running.remove(request)
         self._running_priorities[request.context.priority] -= 1
         self._running_priorities = +self._running_priorities
@@ -541,7 +672,7 @@ def _queue_key(request: Request) -> tuple[int, str | None]:
 def _chunk(request: Request, budget: int) -> ScheduledChunk | None:
     end = request.num_tokens
     if request.shares_prefill and request.num_computed_tokens < request.num_prompt_tokens - 1:
-        end = request.num_prompt_tokens - 1  # its choices copy this much, then all run on
+        end = request.num_prompt_tokens - 1  # its choices fork this much, then all run on
     count = min(end - request.num_computed_tokens, budget)
     return ScheduledChunk(request, request.num_computed_tokens, count) if count > 0 else None
 

@@ -27,19 +27,28 @@ class FakeModelRunner:
         *,
         script: Callable[[Request], int] | None = None,
         step_latency_s: float = 0.0,
+        block_size: int = 16,
     ) -> None:
         self.script = script or next_token(vocab_size)
         self.step_latency_s = step_latency_s
-        self.live: set[str] = set()  # requests holding runner state (a KV slot)
+        self.block_size = block_size
+        self.live: set[str] = set()  # requests holding runner state (a generator)
         self.steps: list[SchedulerOutput] = []
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         if self.step_latency_s:
             time.sleep(self.step_latency_s)
         self.steps.append(batch)
-        for chunk in batch.chunks:  # a shared prefill copies from a request holding its KV
-            if chunk.copy_from is not None and chunk.copy_from not in self.live:
-                raise RuntimeError(f"no KV to copy from: {chunk.copy_from} holds no slot")
+        written: dict[int, str] = {}  # block -> the request writing into it this step
+        for chunk in batch.chunks:  # as the torch runner needs them: tables cover the chunk
+            end, size = chunk.start + chunk.num_tokens, self.block_size
+            if len(chunk.block_table) * size < end:
+                raise RuntimeError(
+                    f"{chunk.request.request_id}: no KV block for position {end - 1}"
+                )
+            for block in chunk.block_table[chunk.start // size : -(-end // size)]:
+                if written.setdefault(block, chunk.request.request_id) != chunk.request.request_id:
+                    raise RuntimeError(f"block {block} written by two requests in one step")
         self.live.update(c.request.request_id for c in batch.chunks)
         tokens = {c.request.request_id: self.script(c.request) for c in batch.chunks if c.samples}
         return RunnerOutput(sampled_token_ids=tokens)

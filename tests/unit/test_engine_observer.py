@@ -120,11 +120,13 @@ def test_an_aborted_request_is_reported_at_the_next_step() -> None:
     assert ended["waiting"].scheduled_s is None and ended["running"].first_token_s is not None
 
 
-def test_kv_usage_is_the_share_of_batch_slots_in_use() -> None:
-    engine, _ = make(max_batch_size=4)
+def test_kv_usage_is_the_share_of_kv_blocks_in_use() -> None:
+    engine, _ = make(max_batch_size=4, max_seq_len=256, num_kv_blocks=16)
     for name in "ab":
-        engine.add_request(name, "hi", greedy())
-    assert engine.step().scheduler.kv_usage == 0.5
+        engine.add_request(name, "hi", greedy())  # 3 tokens: one block each
+    stats = engine.step().scheduler
+    assert stats.kv_usage == 2 / 16
+    assert (stats.prefix_queried_tokens, stats.prefix_hit_tokens) == (6, 0)
 
 
 def test_a_failed_step_reports_its_requests_as_errors() -> None:

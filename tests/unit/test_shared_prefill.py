@@ -1,5 +1,6 @@
 """``n`` choices of one prompt share its prefill: the first computes the prompt, the others
-wait, copy its KV and run only the last prompt token (no model, no torch)."""
+wait, fork its full KV blocks and run only the rest of the prompt (under a block: blocks of
+16 positions here; no model, no torch)."""
 
 import pytest
 
@@ -23,13 +24,13 @@ def engine(budget: int = 512, batch: int = 8, **config) -> tuple[Engine, FakeMod
     return Engine(cfg, runner, ByteTokenizer(), ListSink()), runner
 
 
-def chunks(runner: FakeModelRunner) -> list[list[tuple[str, int, int, str | None]]]:
-    """Per step: (request id, start, tokens, copied from) of each chunk."""
+def chunks(runner: FakeModelRunner) -> list[list[tuple[str, int, int]]]:
+    """Per step: (request id, start, tokens) of each chunk."""
     return [[_row(c) for c in step.chunks] for step in runner.steps]
 
 
-def _row(chunk: ScheduledChunk) -> tuple[str, int, int, str | None]:
-    return chunk.request.request_id, chunk.start, chunk.num_tokens, chunk.copy_from
+def _row(chunk: ScheduledChunk) -> tuple[str, int, int]:
+    return chunk.request.request_id, chunk.start, chunk.num_tokens
 
 
 def run(e: Engine) -> int:
@@ -40,15 +41,18 @@ def run(e: Engine) -> int:
     return prefill
 
 
-def test_choices_wait_for_the_first_and_copy_its_prompt() -> None:
+def test_choices_wait_for_the_first_and_fork_its_prompt() -> None:
     e, runner = engine()
     e.admit(["a", "b", "c"], [PROMPT], PARAMS, n=3)
     prefill = run(e)
     steps = chunks(runner)
-    assert steps[0] == [("a", 0, 19, None)]  # all but the last token; b and c wait
-    # Every choice runs the last prompt token (b and c on a copy of a's KV), and samples.
-    assert steps[1] == [("a", 19, 1, None), ("b", 19, 1, "a"), ("c", 19, 1, "a")]
-    assert prefill == 20 + 1 + 1
+    assert steps[0] == [("a", 0, 19)]  # all but the last token; b and c wait
+    # Every choice runs the rest of the prompt (b and c share a's first block), and samples.
+    assert steps[1] == [("a", 19, 1), ("b", 16, 4), ("c", 16, 4)]
+    tables = {c.request.request_id: c.block_table for c in runner.steps[1].chunks}
+    assert tables["a"][0] == tables["b"][0] == tables["c"][0]
+    assert len({tables[r][1] for r in "abc"}) == 3  # the partial block is each one's own
+    assert prefill == 20 + 4 + 4
     outputs = e.sink.outputs  # type: ignore[attr-defined]
     assert {o.request_id for o in outputs if o.finished} == {"a", "b", "c"}
 
@@ -59,11 +63,11 @@ def test_a_chunked_prefill_is_waited_for_to_its_end() -> None:
     run(e)
     steps = chunks(runner)
     assert steps[:3] == [
-        [("a", 0, 8, None)],
-        [("a", 8, 8, None)],
-        [("a", 16, 3, None)],
+        [("a", 0, 8)],
+        [("a", 8, 8)],
+        [("a", 16, 3)],
     ]
-    assert steps[3] == [("a", 19, 1, None), ("b", 19, 1, "a")]
+    assert steps[3] == [("a", 19, 1), ("b", 16, 4)]
 
 
 def test_a_choice_whose_source_ended_prefills_itself() -> None:
@@ -72,7 +76,7 @@ def test_a_choice_whose_source_ended_prefills_itself() -> None:
     e.step()  # a computed 8 of 20 tokens
     e.abort("a")
     prefill = run(e)
-    assert chunks(runner)[1][0] == ("b", 0, 8, None)
+    assert chunks(runner)[1][0] == ("b", 0, 8)
     assert prefill == 20
 
 
@@ -86,12 +90,13 @@ def test_a_choice_whose_source_was_preempted_prefills_itself() -> None:
     for r in (a, b):
         scheduler.add_request(r)
     first = scheduler.schedule()
-    assert [_row(c) for c in first.chunks] == [("a", 0, 19, None)]  # b admitted, waiting
+    assert [_row(c) for c in first.chunks] == [("a", 0, 19)]  # b admitted, waiting
     scheduler.update_from_output(first, RunnerOutput())
     scheduler.add_request(Request("u", [1, 2], PARAMS, 2.0, context=RequestContext(priority=5)))
     second = scheduler.schedule()
     assert second.preempted == ["a"]
-    assert ("b", 0, 20, None) in [_row(c) for c in second.chunks]
+    # b starts from a's first block, cached when a freed it (prefix caching).
+    assert ("b", 16, 4) in [_row(c) for c in second.chunks]
 
 
 def test_choices_of_several_prompts_share_within_their_prompt() -> None:
@@ -99,9 +104,9 @@ def test_choices_of_several_prompts_share_within_their_prompt() -> None:
     other = list(range(40, 45))
     e.admit(["a0", "a1", "b0", "b1"], [PROMPT, other], PARAMS, n=2)
     prefill = run(e)
-    assert ("a1", 19, 1, "a0") in chunks(runner)[1]
-    assert ("b1", 4, 1, "b0") in chunks(runner)[1]
-    assert prefill == 20 + 5 + 2
+    assert ("a1", 16, 4) in chunks(runner)[1]
+    assert ("b1", 0, 5) in chunks(runner)[1]  # no full block to share
+    assert prefill == 20 + 5 + 4 + 5
     requests = [c.request for c in runner.steps[1].chunks]
     assert [r.prompt_token_ids for r in requests] == [PROMPT, PROMPT, other, other]
 
@@ -112,7 +117,11 @@ def test_prompt_logprobs_and_one_token_prompts_are_not_shared() -> None:
     e.admit(["a", "b"], [PROMPT], scored, n=2)
     e.admit(["c", "d"], [[5]], PARAMS, n=2)
     run(e)
-    assert all(row[3] is None for step in chunks(runner) for row in step)
+    first: dict[str, int] = {}
+    for step in chunks(runner):
+        for request_id, start, _ in step:
+            first.setdefault(request_id, start)
+    assert first == {"a": 0, "b": 0, "c": 0, "d": 0}
 
 
 def test_seeded_choices_draw_from_seed_plus_their_index() -> None:
@@ -147,5 +156,5 @@ def test_min_tokens_must_fit_in_max_tokens() -> None:
 def test_choices_share_even_when_the_first_token_ends_every_choice() -> None:
     e, runner = engine()
     e.admit(["a", "b"], [PROMPT], SamplingParams(max_tokens=1), n=2)
-    assert run(e) == 20 + 1
-    assert chunks(runner)[1] == [("a", 19, 1, None), ("b", 19, 1, "a")]
+    assert run(e) == 20 + 4
+    assert chunks(runner)[1] == [("a", 19, 1), ("b", 16, 4)]

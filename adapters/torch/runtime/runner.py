@@ -1,9 +1,11 @@
 """TorchModelRunner: the ModelRunner port over our models, for static and continuous batching.
 
-Each running request owns a slot of a preallocated :class:`SlotKVCache` (occupied slots are
-kept compacted: a freed slot takes the last one's contents). A step runs the decoding
+KV lives in a :class:`PagedKVCache` (a pool of fixed-size blocks); the scheduler's block
+manager decides which blocks each request uses and every scheduled chunk carries its
+request's block table, so the runner keeps no per-request KV state (requests sharing a
+cached prefix or a sibling choice's prompt read the same blocks). A step runs the decoding
 requests' tokens (each row at its own position) and the prompt chunks as one flat forward
-(:class:`MixedBatch`: one matmul per projection for every token of the step); then the
+(:class:`PagedBatch`: one matmul per projection for every token of the step); then the
 rows that asked for it get their logits processed (bias, allowed-token masks, grammar
 masks for structured outputs: :mod:`adapters.torch.runtime.logits`), and one sampler call
 samples every row that needs a token. Grammar masks are computed on a worker thread while
@@ -23,8 +25,8 @@ import torch
 from torch import Tensor
 
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.models.kv_cache import SlotKVCache
-from adapters.torch.models.layers import MixedBatch
+from adapters.torch.models.layers import PagedBatch
+from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.min_tokens import suppress_stop_tokens
@@ -50,15 +52,13 @@ class TorchModelRunner:
         self.lora = lora
         weight = model.embed_tokens.weight
         self.device = weight.device
-        self.cache = SlotKVCache(
+        self.cache = PagedKVCache(
             model.config,
-            config.max_batch_size,
-            config.max_seq_len,
+            config.kv_blocks,
+            config.kv_block_size,
             dtype=weight.dtype,
             device=weight.device,
         )
-        self.slots: list[str] = []  # slot index -> request id
-        self.lengths: list[int] = []  # positions written per slot
         self.generators: dict[str, torch.Generator | None] = {}
         if grammar is not None and grammar.vocab_size != model.config.vocab_size:
             raise ValueError(
@@ -71,18 +71,14 @@ class TorchModelRunner:
         if not batch.chunks:
             return RunnerOutput()
         for chunk in batch.chunks:
-            self._ensure_slot(chunk)
-        slot_of = {request_id: slot for slot, request_id in enumerate(self.slots)}
-        slots = {id(c): slot_of[c.request.request_id] for c in batch.chunks}  # id(chunk) -> slot
+            self._ensure_generator(chunk)
         singles = [c for c in batch.chunks if c.num_tokens == 1]
         prompts = [c for c in batch.chunks if c.num_tokens > 1]
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
         masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None
         with torch.inference_mode(), joined(masks):
-            logits, (prompt_logprobs, prompt_top) = self._forward(
-                singles, prompts, sampled, scored, slots
-            )
+            logits, (prompt_logprobs, prompt_top) = self._forward(singles, prompts, sampled, scored)
             output = self._sample(sampled, logits, batch.eos_token_ids, masks)
         if self.grammar is not None:
             self.grammar.advance(output.sampled_token_ids)
@@ -93,29 +89,13 @@ class TorchModelRunner:
     def release(self, request_ids: Sequence[str]) -> None:
         if self.grammar is not None:
             self.grammar.release(request_ids)
-        for request_id in request_ids:
-            if request_id not in self.generators:
-                continue  # never ran here, or already released
-            del self.generators[request_id]
-            slot, last = self.slots.index(request_id), len(self.slots) - 1
-            if slot != last:  # keep occupied slots contiguous for the batched decode
-                self.cache.move(last, slot, self.lengths[last])
-                self.slots[slot], self.lengths[slot] = self.slots[last], self.lengths[last]
-            self.slots.pop()
-            self.lengths.pop()
+        for request_id in request_ids:  # KV blocks are the scheduler's to free
+            self.generators.pop(request_id, None)
 
-    def _ensure_slot(self, chunk: ScheduledChunk) -> None:
+    def _ensure_generator(self, chunk: ScheduledChunk) -> None:
         request = chunk.request
         if request.request_id in self.generators:
             return
-        if len(self.slots) >= self.cache.k.shape[1]:
-            raise RuntimeError("no free KV slot: more running requests than max_batch_size")
-        self.slots.append(request.request_id)
-        self.lengths.append(0)
-        if chunk.copy_from is not None:  # another choice of the prompt computed its KV
-            source = self.slots.index(chunk.copy_from)
-            self.cache.move(source, len(self.slots) - 1, chunk.start)
-            self.lengths[-1] = chunk.start
         seed = request.sampling_params.seed
         generator = make_generator(seed, self.device) if seed is not None else None
         if generator is not None and request.generated_token_ids:
@@ -133,20 +113,18 @@ class TorchModelRunner:
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
         scored: list[ScheduledChunk],
-        slots: dict[int, int],
     ) -> tuple[Tensor, "PromptScores"]:
         """Logits ``[len(sampled), vocab]`` of one step, and the prompt logprobs of
         ``scored``: the decode rows (if any) and every prompt chunk's tokens run as one flat
-        forward (see :class:`MixedBatch`)."""
-        tokens, positions = self._decode_rows(singles, slots) if singles else ([], [])
-        first_row = {id(c): slots[id(c)] for c in singles}  # id(chunk) -> its first row
-        token_adapters: list[str | None] = [None] * len(tokens)
-        for chunk in singles:
-            token_adapters[slots[id(chunk)]] = chunk.request.adapter_id
+        forward (see :class:`PagedBatch`), each reading its KV through its block table."""
+        tokens = [c.token_ids[0] for c in singles]
+        rows_in = [(list(c.block_table), c.start) for c in singles]
+        first_row = {id(c): row for row, c in enumerate(singles)}  # id(chunk) -> its first row
+        token_adapters: list[str | None] = [c.request.adapter_id for c in singles]
         chunks = []
         for chunk in prompts:
             first_row[id(chunk)] = len(tokens)
-            chunks.append((slots[id(chunk)], chunk.start, chunk.num_tokens))
+            chunks.append((list(chunk.block_table), chunk.start, chunk.num_tokens))
             tokens.extend(chunk.token_ids)
             token_adapters.extend([chunk.request.adapter_id] * chunk.num_tokens)
         rows = [first_row[id(c)] + c.num_tokens - 1 for c in sampled]
@@ -159,15 +137,13 @@ class TorchModelRunner:
             targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
             k = chunk.request.sampling_params.prompt_top_logprobs
             spans.append((chunk.request.request_id, count, k))
-        batch = MixedBatch(self.cache, positions, chunks, self.model.windows(), self.device)
+        batch = PagedBatch(self.cache, rows_in, chunks, self.model.windows(), self.device)
         with self._routed(token_adapters, [token_adapters[r] for r in rows]):
             logits = self.model.forward_mixed(
                 torch.tensor(tokens, device=self.device),
                 batch,
                 torch.tensor(rows, dtype=torch.long, device=self.device),
             )
-        for chunk in singles + prompts:  # the positions this step wrote
-            self.lengths[slots[id(chunk)]] = chunk.start + chunk.num_tokens
         if not spans:
             return logits, ({}, {})
         scores = _prompt_logprobs(logits[len(sampled) :], targets, spans)
@@ -179,19 +155,6 @@ class TorchModelRunner:
         if self.lora is None or not any(token_adapters):
             return nullcontext()
         return self.lora.route(token_adapters, row_adapters)
-
-    def _decode_rows(
-        self, singles: list[ScheduledChunk], slots: dict[int, int]
-    ) -> tuple[list[int], list[int]]:
-        """Token and position of every occupied slot's row: a decoding request's token, or
-        for a slot without one this step (mid-prefill) a placeholder at its next free
-        position, which a later write overwrites."""
-        by_slot = {slots[id(c)]: c for c in singles}
-        last = self.cache.max_seq_len - 1
-        rows = range(len(self.slots))
-        tokens = [by_slot[s].token_ids[0] if s in by_slot else 0 for s in rows]
-        positions = [by_slot[s].start if s in by_slot else min(self.lengths[s], last) for s in rows]
-        return tokens, positions
 
     def _sample(
         self,
