@@ -44,7 +44,7 @@ def impl(request) -> Impl:
     model = request.getfixturevalue("tiny_model")
     return Impl(
         lambda: TorchModelRunner(model, CONFIG),
-        lambda r: set(r.slots) | set(r.generators),  # type: ignore[attr-defined]
+        lambda r: set(r.generators),  # type: ignore[attr-defined]
         VOCAB,
     )
 
@@ -57,9 +57,14 @@ def new_request(prompt: Sequence[int], params: SamplingParams = GREEDY) -> Reque
 
 
 def chunk(request: Request, num_tokens: int | None = None) -> ScheduledChunk:
-    """The request's next ``num_tokens`` (default: all it has not computed yet)."""
+    """The request's next ``num_tokens`` (default: all it has not computed yet), with a
+    block table of its own among any ``max_batch_size`` requests made one after another
+    (the KV pool holds that many at ``max_seq_len``)."""
     remaining = request.num_tokens - request.num_computed_tokens
-    return ScheduledChunk(request, request.num_computed_tokens, num_tokens or remaining)
+    per = CONFIG.blocks_per_sequence
+    first = int(request.request_id.removeprefix("req-")) % CONFIG.max_batch_size * per
+    table = tuple(range(first, first + per))
+    return ScheduledChunk(request, request.num_computed_tokens, num_tokens or remaining, table)
 
 
 def step(runner: ModelRunner, chunks: list[ScheduledChunk]) -> RunnerOutput:

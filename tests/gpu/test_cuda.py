@@ -127,7 +127,7 @@ def _run_engine(model, config: EngineConfig, params: list[SamplingParams]) -> di
             break
         engine.step()
     engine.step()  # releases the last finished requests
-    assert runner.slots == [] and runner.generators == {}
+    assert runner.generators == {}
     return {
         f"r{i}": [o.token_id for o in sink.outputs if o.request_id == f"r{i}"]  # type: ignore[misc]
         for i in range(len(PROMPTS))

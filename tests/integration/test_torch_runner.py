@@ -75,7 +75,36 @@ def test_batched_greedy_outputs_equal_each_request_alone(model, mode, budget) ->
     for i, prompt in enumerate(PROMPTS):
         got = [o.token_id for o in sink.outputs if o.request_id == f"r{i}"]
         assert got == alone(model, prompt, params[i]), f"request r{i}"
-    assert runner.slots == [] and runner.generators == {}
+    assert runner.generators == {}
+    assert engine.scheduler.blocks.num_free_blocks == config.kv_blocks  # type: ignore[attr-defined]
+
+
+def test_a_cached_prefix_is_reused_with_the_same_greedy_output(model) -> None:
+    """Prefix caching: a later request computes only what follows the full blocks an
+    earlier one left cached, and generates what it generates alone."""
+    config = EngineConfig(max_batch_size=2, max_seq_len=128)
+    engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink := ListSink())
+    shared = "A system prompt shared by every request, two blocks long: "
+    prompts = {"first": shared + "one?", "second": shared + "two!", "again": shared + "one?"}
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prefill, hits = {}, {}
+    for name, prompt in prompts.items():
+        engine.add_request(name, prompt, params)
+        prefill[name] = hits[name] = 0
+        while engine.has_work():
+            stats = engine.step().scheduler
+            prefill[name] += stats.prefill_tokens
+            hits[name] += stats.prefix_hit_tokens
+    ids = {name: TOKENIZER.encode(prompt) for name, prompt in prompts.items()}
+    n = len(ids["first"])
+    common = next(i for i, (a, b) in enumerate(zip(ids["first"], ids["second"])) if a != b)
+    assert common >= 32
+    assert (prefill["first"], hits["first"]) == (n, 0)
+    assert hits["second"] == common // 16 * 16 and prefill["second"] == n - hits["second"]
+    assert hits["again"] == (n - 1) // 16 * 16 and prefill["again"] == n - hits["again"]
+    for name, prompt in prompts.items():
+        got = [o.token_id for o in sink.outputs if o.request_id == name]
+        assert got == alone(model, prompt, params), name
 
 
 def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
