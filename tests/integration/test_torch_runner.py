@@ -97,7 +97,9 @@ def test_a_cached_prefix_is_reused_with_the_same_greedy_output(model) -> None:
             hits[name] += stats.prefix_hit_tokens
     ids = {name: TOKENIZER.encode(prompt) for name, prompt in prompts.items()}
     n = len(ids["first"])
-    common = next(i for i, (a, b) in enumerate(zip(ids["first"], ids["second"])) if a != b)
+    common = next(
+        i for i, (a, b) in enumerate(zip(ids["first"], ids["second"], strict=False)) if a != b
+    )
     assert common >= 32
     assert (prefill["first"], hits["first"]) == (n, 0)
     assert hits["second"] == common // 16 * 16 and prefill["second"] == n - hits["second"]
