@@ -67,7 +67,7 @@ class ModelRunner(Protocol):
     def execute(self, batch: "SchedulerOutput") -> "RunnerOutput": ...
 
     def release(self, request_ids: Sequence[str]) -> None:
-        """Free what the runner keeps per request (KV slot, generator)."""
+        """Free what the runner keeps per request (generator, grammar matcher)."""
         ...
 
 

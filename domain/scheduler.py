@@ -56,7 +56,8 @@ class ScheduledChunk:
 @dataclass(frozen=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
-    # Requests whose runner state (KV slot, generator) can be freed now.
+    # Requests whose runner state (generator, grammar matcher) can be freed now; their KV
+    # blocks are the scheduler's, freed already.
     released: list[str] = field(default_factory=list)
     # Requests put back to the waiting queue this step (also in ``released``): when
     # admitted again they start over at position 0 (prompt and generated tokens recomputed).

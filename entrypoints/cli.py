@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-num-seqs",
         type=int,
         default=8,
-        help="running requests at most (KV slots)",
+        help="running requests at most (the KV cache holds this many at --max-seq-len)",
     )
     serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
     serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-seq-len", "--max-model-len", type=int, default=2048, help="prompt + output tokens"
     )
     serve.add_argument("--max-num-batched-tokens", type=int, default=512)
+    serve.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt in full (default: reuse cached KV blocks of shared prefixes)",
+    )
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_model_name_args(serve)
     serve.add_argument(
@@ -204,7 +210,7 @@ def _generate(args: argparse.Namespace) -> int:
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
             f"exceeds the model's context length {limit}",
         )
-    # One request: a KV slot as long as it can need, no waiting queue.
+    # One request: KV blocks for as long as it can get, no waiting queue.
     config = EngineConfig(
         max_seq_len=max(1, len(prompt_ids) + params.max_tokens),
         max_batch_size=1,
@@ -269,6 +275,7 @@ def _serve(args: argparse.Namespace) -> int:
         batching_mode=args.batching_mode,
         batch_wait_timeout_s=args.batch_wait_timeout,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.prefix_caching,
         **request_limits(args),
     )
     container = create_container(

@@ -65,6 +65,9 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
     assert main([*argv, "--dtype", "half"]) == 2
     assert (seen["model"], seen["dtype"]) == ("dummy:SmolLM2-135M", "float16")
     assert (seen["engine"].max_seq_len, seen["engine"].max_batch_size) == (512, 4)
+    assert seen["engine"].enable_prefix_caching  # on by default
+    assert main([*argv, "--no-prefix-caching"]) == 2
+    assert not seen["engine"].enable_prefix_caching
     assert main(["serve", "--dtype", "auto"]) == 2 and seen["dtype"] == "bfloat16"
 
 

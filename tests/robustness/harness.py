@@ -48,7 +48,10 @@ class Stack:
         if engine.has_work():
             left["scheduled"] = True
         if self.runner.live:
-            left["kv_slots"] = sorted(self.runner.live)
+            left["runner_state"] = sorted(self.runner.live)
+        blocks = engine.scheduler.blocks  # type: ignore[attr-defined]
+        if blocks.num_free_blocks < blocks.num_blocks:
+            left["kv_blocks"] = blocks.num_blocks - blocks.num_free_blocks
         if len(self.engine.sink):
             left["open_streams"] = len(self.engine.sink)
         return left
@@ -61,7 +64,7 @@ class Stack:
         return left
 
     def wait_busy(self, timeout_s: float = 5.0) -> None:
-        """Until some request holds a KV slot (it is running)."""
+        """Until some request holds runner state (it is running)."""
         deadline = time.monotonic() + timeout_s
         while not self.runner.live:
             assert time.monotonic() < deadline, "no request started"

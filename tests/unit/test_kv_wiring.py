@@ -5,6 +5,8 @@ hands a block to two writers, and every chunk's table covers its positions."""
 import itertools
 import random
 
+import pytest
+
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner
 from application.engine import Engine
@@ -86,3 +88,17 @@ def test_blocks_running_out_preempt_the_youngest_and_it_recomputes() -> None:
     for request_id in ("old", "young"):
         assert len([o for o in sink.outputs if o.request_id == request_id]) == 30
     assert engine.scheduler.blocks.num_free_blocks == 4  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_repeated_prompt_computes_only_its_last_block_with_prefix_caching(caching) -> None:
+    config = EngineConfig(max_batch_size=2, max_seq_len=96, enable_prefix_caching=caching)
+    engine = Engine(config, FakeModelRunner(), ByteTokenizer(), ListSink())
+    prompt = list(range(1, 41))  # 40 tokens: two full blocks, then 8 positions
+    prefill = []
+    for name in ("first", "second"):
+        engine.add_request(name, prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        prefill.append(0)
+        for _ in range(10):
+            prefill[-1] += engine.step().scheduler.prefill_tokens
+    assert prefill == ([40, 8] if caching else [40, 40])
