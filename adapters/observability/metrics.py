@@ -14,6 +14,8 @@ Engine (from ``StepStats``):
   slot / queued for one, after the latest step.
 - ``infer:kv_cache_usage_perc``: fraction (0..1) of the KV cache in use;
   ``infer:kv_cache_bytes``: the bytes that fraction is (usage * the cache's size).
+- ``infer:prefix_cache_queries_total`` / ``infer:prefix_cache_hits_total``: prompt tokens
+  of admitted requests looked up in the prefix cache / found there (not computed).
 - ``infer:prompt_tokens_total``: prompt (prefill) tokens run; ``infer:generation_tokens_total``:
   tokens sampled; ``infer:num_preemptions_total``: requests put back to the queue.
 - ``infer:request_success_total{finished_reason}``: ended requests by reason (eos, stop,
@@ -153,6 +155,12 @@ class Metrics:
             "infer:kv_cache_usage_perc", "Fraction of the KV cache in use (0..1)."
         )
         self._kv_bytes = gauge("infer:kv_cache_bytes", "Bytes of the KV cache in use.")
+        self._prefix_queries = counter(
+            "infer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self._prefix_hits = counter(
+            "infer:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)."
+        )
         # Engine: tokens and events.
         self._prompt_tokens = counter("infer:prompt_tokens", "Prompt (prefill) tokens run.")
         self._generation_tokens = counter("infer:generation_tokens", "Tokens sampled.")
@@ -310,6 +318,9 @@ class Metrics:
         self._waiting.set(scheduler.waiting)
         self._kv_usage.set(scheduler.kv_usage)
         self._kv_bytes.set(scheduler.kv_usage * self._kv_cache_bytes)
+        if scheduler.prefix_queried_tokens:
+            self._prefix_queries.inc(scheduler.prefix_queried_tokens)
+            self._prefix_hits.inc(scheduler.prefix_hit_tokens)
         if scheduler.prefill_tokens:
             self._prompt_tokens.inc(scheduler.prefill_tokens)
         if stats.sampled_tokens:

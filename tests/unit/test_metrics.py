@@ -150,6 +150,16 @@ def test_gauges_follow_the_latest_step() -> None:
     assert value(s, "infer:kv_cache_bytes") == 0.0
 
 
+def test_prefix_cache_lookups_and_hits_are_counted() -> None:
+    metrics = Metrics("m", max_batch_size=4)
+    metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 40, 0, 0.1, 40, 0)))
+    metrics.on_step(StepStats(True, 2.0, SchedulerStats(2, 0, 8, 1, 0.2, 40, 32)))
+    metrics.on_step(StepStats(True, 3.0, SchedulerStats(2, 0, 0, 2, 0.2)))
+    s = scrape(metrics)
+    assert value(s, "infer:prefix_cache_queries_total") == 80
+    assert value(s, "infer:prefix_cache_hits_total") == 32
+
+
 def test_a_request_life_adds_up() -> None:
     metrics = Metrics("m", max_batch_size=4, kv_cache_bytes=1000)
     one_request_life(metrics)
