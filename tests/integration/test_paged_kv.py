@@ -2,6 +2,7 @@
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from adapters.torch.cpu.kernels import cpu_kernels
+from adapters.torch.cpu.portable import install_paged_attention, portable_kernels
 from adapters.torch.loader import load_model
 from adapters.torch.models.layers import Attention, PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping
@@ -139,12 +141,17 @@ def test_slot_mapping_and_gather_read_back_what_was_written_in_table_order() -> 
 
 
 kernels = cpu_kernels()
+portable = portable_kernels()
+# (the kernels module, dtype): the portable kernel wherever a compiler is, in float32 and
+# bf16; the AVX512-BF16 one where that CPU is and the build has it (branch wt-paged).
+PAGED_KERNELS = [
+    pytest.param(portable, torch.float32, id="portable-fp32"),
+    pytest.param(portable, torch.bfloat16, id="portable-bf16"),
+    pytest.param(kernels, torch.bfloat16, id="avx512-bf16"),
+]
 
 
-@pytest.mark.skipif(
-    kernels is None or not hasattr(kernels, "paged_attention"),
-    reason="no AVX512-BF16, no C++ toolchain, or no paged kernel in this build (branch wt-paged)",
-)
+@pytest.mark.parametrize(("impl", "dtype"), PAGED_KERNELS)
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "lengths", "window"),
     [
@@ -157,10 +164,18 @@ kernels = cpu_kernels()
     ],
 )
 def test_the_paged_decode_kernel_equals_attention_over_the_gathered_blocks(
-    heads: int, kv_heads: int, dim: int, lengths: list[int], window: int
+    impl: Any,
+    dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    lengths: list[int],
+    window: int,
 ) -> None:
+    if impl is None or not hasattr(impl, "paged_attention"):
+        pytest.skip("no C++ toolchain, or no such kernel on this CPU / in this build")
     torch.manual_seed(len(lengths) + dim)
-    size, bf16 = 16, torch.bfloat16
+    size, bf16 = 16, dtype
     blocks = [-(-n // size) for n in lengths]
     order = torch.randperm(sum(blocks) + 3).tolist()  # scrambled, a few blocks unused
     tables, at = [], 0
@@ -171,7 +186,7 @@ def test_the_paged_decode_kernel_equals_attention_over_the_gathered_blocks(
     tables_t = block_tables(tables, "cpu")
     lengths_t = torch.tensor(lengths)
     q = torch.randn(len(lengths), 1, heads, dim, dtype=bf16).transpose(1, 2)
-    got = kernels.paged_attention(q, k_pool, v_pool, tables_t, lengths_t, window, 0.1)
+    got = impl.paged_attention(q, k_pool, v_pool, tables_t, lengths_t, window, 0.1)
     assert got.shape == q.shape
     k, v = gather(k_pool, tables_t, max(lengths)), gather(v_pool, tables_t, max(lengths))
     expected = torch.empty(q.shape, dtype=torch.float32)
@@ -184,9 +199,36 @@ def test_the_paged_decode_kernel_equals_attention_over_the_gathered_blocks(
             scale=0.1,
             enable_gqa=True,
         )
-    assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
-    contiguous = kernels.attention(q, k, v, lengths_t, window, 0.1)
-    assert_close(got, contiguous, atol=1e-2, rtol=1e-2)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+    if impl is kernels:
+        contiguous = kernels.attention(q, k, v, lengths_t, window, 0.1)
+        assert_close(got, contiguous, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.skipif(portable is None, reason="no C++ toolchain")
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_portable_paged_kernel_in_the_model_equals_the_gathered_path(
+    family: str, tmp_path: Path
+) -> None:
+    save_tiny_model(family, tmp_path)
+    model = load_model(tmp_path, dtype=torch.float32)
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    assert all(a.paged_attention_kernel is None for a in attention)
+    assert install_paged_attention(model)
+    pool = Pool(model)
+    seqs = [_ids(13, 1), _ids(3, 2), _ids(9, 3)]  # 13 + 1 is past Gemma's window of 6
+    tables = [pool.grow([], len(s) + 1) for s in seqs]
+    with torch.inference_mode():
+        _step(model, pool.cache, [], [(t, 0, s) for t, s in zip(tables, seqs, strict=True)])
+        rows = [(t, len(s), 7 + i) for i, (t, s) in enumerate(zip(tables, seqs, strict=True))]
+        fast = _step(model, pool.cache, rows, [])
+        for a in attention:
+            a.paged_attention_kernel = None
+        slow = _step(model, pool.cache, rows, [])
+    assert_close(fast, slow, **TOL)
+    for i, seq in enumerate(seqs):
+        assert_close(fast[i], _full(model, [*seq, 7 + i])[-1], **TOL)
 
 
 @pytest.mark.skipif(

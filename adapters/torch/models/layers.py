@@ -370,7 +370,9 @@ class PagedBatch:
     table, start, length)``; a table lists a sequence's blocks in order, covering its
     positions up to this step's last. Every token's key and value are written through the
     step's slot mapping (one ``index_copy_`` per layer); attention reads each part's keys
-    through its tables: one batched call for the decode rows, one per chunk.
+    through its tables: one batched call for the decode rows (the paged attention kernel
+    where one is installed, else SDPA over gathered blocks), one per chunk (a chunk from
+    position 0 attends over its own keys, nothing to read back).
     """
 
     def __init__(
@@ -395,13 +397,11 @@ class PagedBatch:
         self.chunk_masks: list[dict[bool, AttnMask]] = []
         for table, start, length in chunks:
             self.chunks.append((len(token_positions), length))
-            tables = block_tables([table], device)
-            self.chunk_masks.append(
-                {
-                    s: build_mask(start, length, None, w, device).paged(tables, start + length)
-                    for s, w in windows.items()
-                }
-            )
+            masks = {s: build_mask(start, length, None, w, device) for s, w in windows.items()}
+            if start:  # a chunk after computed positions reads them through its table
+                tables = block_tables([table], device)
+                masks = {s: mask.paged(tables, start + length) for s, mask in masks.items()}
+            self.chunk_masks.append(masks)
             token_positions.extend(range(start, start + length))
             slots.extend(slot_mapping(table, start, length, size))
         self.positions = torch.tensor(token_positions, device=device)
@@ -435,9 +435,11 @@ class PagedView:
             y = attend(q_rows, k_pool, v_pool, batch.decode_masks[self.sliding])
             outs.append(y[:, :, 0].transpose(0, 1).unsqueeze(0))
         for (offset, length), masks in zip(batch.chunks, batch.chunk_masks, strict=True):
-            outs.append(
-                attend(q[:, :, offset : offset + length], k_pool, v_pool, masks[self.sliding])
-            )
+            part, mask = slice(offset, offset + length), masks[self.sliding]
+            if mask.tables is None:  # a chunk from position 0 sees only its own keys
+                outs.append(attend(q[:, :, part], k[:, :, part], v[:, :, part], mask))
+            else:
+                outs.append(attend(q[:, :, part], k_pool, v_pool, mask))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def decode_rows(self, layer: int) -> DecodeRows | None:

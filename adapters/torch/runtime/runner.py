@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor
 
+from adapters.torch.cpu.portable import install_paged_attention
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
@@ -59,6 +60,8 @@ class TorchModelRunner:
             dtype=weight.dtype,
             device=weight.device,
         )
+        if self.device.type == "cpu":  # decode rows read the pool through their tables
+            install_paged_attention(model)
         self.generators: dict[str, torch.Generator | None] = {}
         if grammar is not None and grammar.vocab_size != model.config.vocab_size:
             raise ValueError(
