@@ -79,7 +79,9 @@ class EngineConfig:
             raise InvalidParameterError("batch_wait_timeout_s", "must be >= 0")
         if self.num_kv_blocks is not None and self.num_kv_blocks < self.blocks_per_sequence:
             raise InvalidParameterError(
-                "num_kv_blocks", "must hold one request of max_seq_len positions"
+                "num_kv_blocks",
+                f"must hold one request of max_seq_len = {self.max_seq_len} positions: "
+                f"{self.blocks_per_sequence} blocks of {self.kv_block_size} at least",
             )
         if self.max_num_batched_tokens < self.max_batch_size:
             raise InvalidParameterError(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dependency_injector import providers
 
 from adapters.observability.logging import configure_logging
+from adapters.torch.kv_sizing import KVCacheMemory, parse_kv_cache_memory
 from application.async_engine import AsyncEngine
 from application.keys import hash_key, new_key
 from application.request_ids import new_request_id
@@ -83,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         "--max-num-seqs",
         type=int,
         default=8,
-        help="running requests at most (the KV cache holds this many at --max-seq-len)",
+        help="running requests at most (without --kv-cache-memory or --num-kv-blocks, the "
+        "KV cache holds this many at --max-seq-len)",
     )
     serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
     serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
@@ -96,6 +98,23 @@ def _parser() -> argparse.ArgumentParser:
         dest="prefix_caching",
         action="store_false",
         help="compute every prompt in full (default: reuse cached KV blocks of shared prefixes)",
+    )
+    kv_pool = serve.add_mutually_exclusive_group()
+    kv_pool.add_argument(
+        "--kv-cache-memory",
+        type=_kv_cache_memory,
+        default=None,
+        metavar="SIZE|FRACTION",
+        help="KV cache budget: a size (512MiB, 4GiB, 2GB, bytes) or a fraction in (0, 1] "
+        "(CUDA: of the device's memory, the model's share included, as vLLM's "
+        "--gpu-memory-utilization; CPU: of the memory available now); the KV blocks fill it "
+        "(default: blocks for --max-num-seqs requests at --max-seq-len)",
+    )
+    kv_pool.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (instead)"
+    )
+    serve.add_argument(
+        "--kv-block-size", type=int, default=16, help="positions per KV block (default 16)"
     )
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_model_name_args(serve)
@@ -276,6 +295,8 @@ def _serve(args: argparse.Namespace) -> int:
         batch_wait_timeout_s=args.batch_wait_timeout,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.prefix_caching,
+        kv_block_size=args.kv_block_size,
+        num_kv_blocks=args.num_kv_blocks,
         **request_limits(args),
     )
     container = create_container(
@@ -301,16 +322,18 @@ def _serve(args: argparse.Namespace) -> int:
         embedding_model=embedding_model(args),
         embedding_limits=embedding_limits(args, config.max_prompt_bytes),
         tool_call_parser=args.tool_call_parser,
+        kv_cache_memory=args.kv_cache_memory,
     )
     limit = container.model().config.max_position_embeddings
     if config.max_seq_len > limit:
         raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
+    embeddings = container.embeddings()  # its weights loaded before the KV pool is sized
     app = container.http_app()
     url = f"{'https' if transport.tls else 'http'}://{args.host}:{args.port}"
     print(f"serving {container.resolved_model().name} at {url}", flush=True)
     served = [e.id for e in container.served_models().entries()]
     print(f"models: {', '.join(served)}", flush=True)
-    if (embeddings := container.embeddings()) is not None:
+    if embeddings is not None:
         print(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings", flush=True)
     if args.tinker:
         names = ", ".join(container.served_names())
@@ -334,6 +357,14 @@ def _serve(args: argparse.Namespace) -> int:
         **transport.uvicorn_tls(),
     )
     return 0
+
+
+def _kv_cache_memory(text: str) -> KVCacheMemory:
+    """``--kv-cache-memory``'s value; argparse names the flag in its error."""
+    try:
+        return parse_kv_cache_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _key(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ for a step observer).
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import structlog
 import torch
 from dependency_injector import containers, providers
 
@@ -30,6 +31,7 @@ from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.rate_limits import LimitsCounters
 from adapters.torch.embedder import TorchEmbedder
+from adapters.torch.kv_sizing import MIB, KVCacheMemory, size_kv_cache
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
@@ -63,6 +65,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 RUNNERS = ("torch", "fake")
 TRAINING_BACKENDS = ("lora", "toy")
 FAKE_MODEL_NAME = "fake"
+log = structlog.get_logger(__name__)
 
 
 def default_device() -> str:
@@ -76,6 +79,27 @@ def build_model(resolved: ResolvedModel, dtype: str, device: str | None) -> Tran
         device=device or default_device(),
         random_weights=resolved.random_weights,
     )
+
+
+def build_engine_config(
+    settings: EngineConfig, model: Transformer, memory: KVCacheMemory | None
+) -> EngineConfig:
+    """The torch runner's engine configuration: ``settings`` with as many KV blocks as
+    ``memory`` holds on the model's device in its dtype (None: ``settings``' blocks); logs
+    the pool once."""
+    weight = model.embed_tokens.weight
+    sizing = size_kv_cache(settings, model.config, weight.dtype, memory, weight.device)
+    config = sizing.config
+    log.info(
+        "KV cache",
+        blocks=sizing.num_blocks,
+        block_size=config.kv_block_size,
+        memory_mib=round(sizing.memory_bytes / MIB, 1),
+        tokens_per_request=config.max_seq_len,
+        max_concurrency=sizing.max_concurrency,
+        sized_by=str(memory) if memory is not None else "max_num_seqs",
+    )
+    return config
 
 
 def build_tokenizer(resolved: ResolvedModel) -> Tokenizer:
@@ -364,7 +388,16 @@ class Container(containers.DeclarativeContainer):
     )
     model = providers.Singleton(build_model, resolved_model, config.dtype, config.device)
     sampler = providers.Singleton(TokenSampler)
-    engine_config = providers.Singleton(EngineConfig)
+    # The engine's flags; the torch runner's KV pool is sized from them on the model (by
+    # ``kv_cache_memory`` when given), and the scheduler and the runner get that one.
+    engine_settings = providers.Singleton(EngineConfig)
+    engine_config = providers.Selector(
+        config.runner,
+        torch=providers.Singleton(
+            build_engine_config, engine_settings, model, config.kv_cache_memory
+        ),
+        fake=engine_settings,
+    )
     served_names = providers.Selector(
         config.runner,
         torch=providers.Singleton(
@@ -529,6 +562,7 @@ def create_container(
     embedding_model: str | None = None,
     embedding_limits: EmbeddingLimits | None = None,
     tool_call_parser: str = "auto",
+    kv_cache_memory: KVCacheMemory | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -545,7 +579,9 @@ def create_container(
     ``/v1/embeddings`` with it (a spec of
     :func:`resolve_embedding_model`; the fake runner serves a :class:`FakeEmbedder` under
     that name; None: no embeddings), under ``embedding_limits``; ``tool_call_parser``: the
-    format tool calls are parsed in (``auto``: the chat template's)."""
+    format tool calls are parsed in (``auto``: the chat template's); ``kv_cache_memory``:
+    the torch runner's KV blocks fill this budget (exclusive with ``engine``'s
+    ``num_kv_blocks``; the fake runner ignores it)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runner not in RUNNERS:
@@ -587,8 +623,11 @@ def create_container(
             "embedding_model": embedding_model,
             "embedding_limits": embedding_limits,
             "tool_call_parser": tool_call_parser,
+            "kv_cache_memory": kv_cache_memory,
         }
     )
     if engine is not None:
-        container.engine_config.override(providers.Object(engine))
+        if kv_cache_memory is not None and engine.num_kv_blocks is not None:
+            raise ValueError("give kv_cache_memory or the engine's num_kv_blocks, not both")
+        container.engine_settings.override(providers.Object(engine))
     return container

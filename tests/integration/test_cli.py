@@ -53,7 +53,7 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
 
     from entrypoints import cli
 
-    seen = {}
+    seen: dict = {}
 
     def fake_create_container(model, **kwargs):
         seen.update(model=model, dtype=kwargs["dtype"], engine=kwargs["engine"])
@@ -112,3 +112,117 @@ def test_a_bad_request_limit_is_refused_by_its_flag_before_the_model_loads(
     monkeypatch.setattr(cli, "create_container", lambda *a, **k: pytest.fail("loaded"))
     assert main(["serve", flag, "0"]) == 2
     assert f"error: {flag}: must be >= 1" in capsys.readouterr().err
+
+
+# SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; a bfloat16 block of 16 positions (K and V).
+SMOLLM2_BLOCK = 2 * 30 * 3 * 16 * 64 * 2
+
+
+def _serve_without_listening(monkeypatch) -> list:
+    """`infer serve` builds everything and returns instead of serving; the containers."""
+    from entrypoints import cli
+
+    built = []
+    real = cli.create_container
+
+    def spy(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(cli, "create_container", spy)
+    monkeypatch.setattr(cli, "run_server", lambda *a, **k: None)
+    return built
+
+
+def test_serve_sizes_the_kv_cache_by_memory(tmp_path, monkeypatch, capsys) -> None:
+    """--kv-cache-memory decides the block count: the scheduler's blocks and the runner's
+    pool agree, --max-num-seqs stays the running cap, and one log line says so."""
+    import json
+
+    built = _serve_without_listening(monkeypatch)
+    argv = ["serve", "dummy:SmolLM2-135M", "--device", "cpu", "--cache-dir", str(tmp_path)]
+    argv += ["--no-tinker", "--max-model-len", "512", "--max-num-seqs", "2"]
+    assert main([*argv, "--kv-cache-memory", "64MiB", "--log-format", "json"]) == 0
+    [container] = built
+    blocks = (64 << 20) // SMOLLM2_BLOCK  # 182
+    assert container.runner().cache.num_blocks == blocks
+    assert container.engine().scheduler.blocks.num_blocks == blocks
+    assert container.engine().config.max_batch_size == 2
+    logs = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line[:1] == "{"]
+    [line] = [entry for entry in logs if entry.get("event") == "KV cache"]
+    assert (line["blocks"], line["block_size"], line["max_concurrency"]) == (blocks, 16, 5)
+    assert line["memory_mib"] == round(blocks * SMOLLM2_BLOCK / (1 << 20), 1)
+    assert line["tokens_per_request"] == 512
+
+
+def test_serve_refuses_a_kv_budget_short_of_one_request(tmp_path, monkeypatch, capsys) -> None:
+    _serve_without_listening(monkeypatch)
+    argv = ["serve", "dummy:SmolLM2-135M", "--device", "cpu", "--cache-dir", str(tmp_path)]
+    argv += ["--no-tinker", "--max-model-len", "512", "--kv-cache-memory", "1MiB"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: --kv-cache-memory: 1.0 MiB hold 2 KV blocks" in err
+    assert "needs 32 blocks: 11.2 MiB at least" in err
+
+
+def test_serve_maps_the_kv_pool_flags(monkeypatch) -> None:
+    from adapters.torch.kv_sizing import KVCacheMemory
+    from entrypoints import cli
+
+    seen: dict = {}
+
+    def fake_create_container(model, **kwargs):
+        seen.update(engine=kwargs["engine"], memory=kwargs["kv_cache_memory"])
+        raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
+
+    monkeypatch.setattr(cli, "create_container", fake_create_container)
+    assert main(["serve"]) == 2  # the defaults: today's pool
+    assert (seen["memory"], seen["engine"].num_kv_blocks) == (None, None)
+    assert seen["engine"].kv_block_size == 16
+    assert main(["serve", "--kv-cache-memory", "0.9", "--kv-block-size", "32"]) == 2
+    assert seen["memory"] == KVCacheMemory(fraction=0.9) and seen["engine"].kv_block_size == 32
+    assert main(["serve", "--num-kv-blocks", "1000", "--max-seq-len", "256"]) == 2
+    assert seen["engine"].num_kv_blocks == 1000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--kv-cache-memory", "lots"], "argument --kv-cache-memory: 'lots' is not a size"),
+        (["--kv-cache-memory", "1.5"], "argument --kv-cache-memory: '1.5': a fraction"),
+        (
+            ["--kv-cache-memory", "1GiB", "--num-kv-blocks", "100"],
+            "argument --num-kv-blocks: not allowed with argument --kv-cache-memory",
+        ),
+    ],
+)
+def test_bad_kv_pool_flags_are_argparse_errors(argv, message, monkeypatch, capsys) -> None:
+    from entrypoints import cli
+
+    monkeypatch.setattr(cli, "create_container", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *argv])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_too_few_kv_blocks_are_refused_by_their_flag_saying_the_minimum(
+    monkeypatch, capsys
+) -> None:
+    from entrypoints import cli
+
+    monkeypatch.setattr(cli, "create_container", lambda *a, **k: pytest.fail("loaded"))
+    assert main(["serve", "--num-kv-blocks", "10", "--max-seq-len", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --num-kv-blocks: must hold one request" in err and "16 blocks" in err
+
+
+def test_the_fake_runner_ignores_the_kv_budget() -> None:
+    from adapters.torch.kv_sizing import KVCacheMemory
+    from domain.config import EngineConfig
+    from entrypoints.container import create_container
+
+    engine = EngineConfig(max_seq_len=64, max_batch_size=2)
+    tiny = KVCacheMemory(nbytes=1)  # would not hold a request on the torch runner
+    container = create_container(runner="fake", engine=engine, kv_cache_memory=tiny)
+    assert container.engine_config() is engine
+    assert container.engine().scheduler.blocks.num_blocks == engine.kv_blocks == 8

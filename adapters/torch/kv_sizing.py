@@ -1,0 +1,211 @@
+"""How many KV blocks fit a memory budget (``infer serve --kv-cache-memory``), vLLM-style.
+
+The budget is a size (``512MiB``, ``4GiB``, ``2GB``, plain bytes) or a fraction ``0 < x <=
+1``: on CUDA, vLLM's ``--gpu-memory-utilization`` (the process may use ``x`` of the device's
+total memory in all: the KV pool gets ``x * total`` minus what torch has allocated already,
+the weights included); on CPU, ``x`` of the memory available now (``MemAvailable``). A block
+holds ``block_size`` positions of keys and values for every layer and KV head, in the
+model's dtype (:class:`~adapters.torch.models.paged_kv.PagedKVCache`'s layout). The forward's
+activations come on top of the pool: leave them room.
+"""
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from adapters.torch.models.config import ModelConfig
+from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
+
+MIB = 1 << 20
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)")
+MEMINFO = Path("/proc/meminfo")
+
+
+@dataclass(frozen=True)
+class KVCacheMemory:
+    """A KV budget: ``nbytes`` bytes, or ``fraction`` of the memory there is (one of them)."""
+
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nbytes is None) == (self.fraction is None):
+            raise ValueError("give bytes or a fraction, one of them")
+        if self.nbytes is not None and self.nbytes < 1:
+            raise ValueError(f"{self.nbytes} bytes: must be >= 1")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction {self.fraction}: must be in (0, 1]")
+
+    def __str__(self) -> str:
+        return f"{self.fraction:g}" if self.fraction is not None else human_size(self.nbytes or 0)
+
+
+def parse_kv_cache_memory(text: str) -> KVCacheMemory:
+    """``512MiB``, ``4GiB``, ``2GB`` (units: B, KB/MB/GB/TB = powers of 1000, KiB/MiB/GiB/TiB
+    = powers of 1024, any case), plain integer bytes, or a fraction ``0 < x <= 1`` (``0.9``;
+    a number without a unit up to 1 is a fraction). ValueError says what is wrong."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    forms = "a size (512MiB, 4GiB, 2GB, bytes) or a fraction in (0, 1]"
+    if match is None:
+        raise ValueError(f"{text!r} is not {forms}")
+    number, unit = match.groups()
+    if unit not in UNITS:
+        known = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+        raise ValueError(f"{text!r}: unknown unit {unit!r} (units: {known})")
+    value = float(number)
+    if not unit and value <= 1:
+        if value == 0:
+            raise ValueError(f"{text!r} is not {forms}")
+        return KVCacheMemory(fraction=value)
+    if not unit and not value.is_integer():
+        raise ValueError(f"{text!r}: a fraction must be in (0, 1], a size whole bytes")
+    nbytes = int(value * UNITS[unit])
+    if nbytes < 1:
+        raise ValueError(f"{text!r} is not {forms}")
+    return KVCacheMemory(nbytes=nbytes)
+
+
+def human_size(nbytes: float) -> str:
+    """``nbytes`` in the largest binary unit it reaches: ``1.5 GiB``, ``16.0 KiB``."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes:.0f} bytes"
+
+
+def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Keys and values of ``block_size`` positions for every layer and KV head."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """``total``: what a fraction is of; ``used``: what this process holds of it already;
+    ``available``: what a new allocation may take now. On CPU, the memory available now
+    is both ``total`` and ``available``, and ``used`` is 0."""
+
+    total: int
+    used: int
+    available: int
+
+
+def cpu_available_memory() -> int:
+    """Bytes of memory available now: ``MemAvailable`` of ``/proc/meminfo``, else psutil's,
+    else free pages (``os.sysconf``)."""
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            name, _, rest = line.partition(":")
+            if name == "MemAvailable":
+                return int(rest.split()[0]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory(device: torch.device) -> DeviceMemory:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        allocated = torch.cuda.memory_allocated(device)
+        reclaimable = torch.cuda.memory_reserved(device) - allocated  # torch's cache
+        return DeviceMemory(total=total, used=allocated, available=free + reclaimable)
+    available = cpu_available_memory()
+    return DeviceMemory(total=available, used=0, available=available)
+
+
+def kv_budget(memory: KVCacheMemory, device: DeviceMemory) -> int:
+    """Bytes the KV pool may take: the size given, or ``fraction * total - used``; an
+    :class:`InvalidParameterError` (``kv_cache_memory``) when that is nothing or more than
+    is available."""
+    if memory.nbytes is not None:
+        budget = memory.nbytes
+    else:
+        assert memory.fraction is not None
+        budget = int(memory.fraction * device.total) - device.used
+        if budget <= 0:
+            raise InvalidParameterError(
+                "kv_cache_memory",
+                f"{memory} of {human_size(device.total)} leaves nothing for the KV cache: "
+                f"{human_size(device.used)} are in use already",
+            )
+    if budget > device.available:
+        raise InvalidParameterError(
+            "kv_cache_memory",
+            f"{memory} asks {human_size(budget)} for the KV cache, but only "
+            f"{human_size(device.available)} are available",
+        )
+    return budget
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    """The KV pool an engine runs with, and the engine configuration that says so."""
+
+    config: EngineConfig
+    bytes_per_block: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.config.kv_blocks
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def max_concurrency(self) -> int:
+        """Requests of ``max_seq_len`` positions the pool holds at once."""
+        return self.num_blocks // self.config.blocks_per_sequence
+
+
+def size_kv_cache(
+    engine: EngineConfig,
+    model: ModelConfig,
+    dtype: torch.dtype,
+    memory: KVCacheMemory | None = None,
+    device: torch.device | str = "cpu",
+    measured: DeviceMemory | None = None,
+) -> KVSizing:
+    """``engine`` with ``num_kv_blocks`` as many blocks as ``memory`` holds on ``device``
+    (its memory as ``measured``, else measured now); without ``memory``, ``engine`` as it
+    is. Too small a budget for one request of ``max_seq_len`` positions: an
+    :class:`InvalidParameterError` naming ``kv_cache_memory`` and the minimum."""
+    per_block = bytes_per_block(model, engine.kv_block_size, dtype)
+    if memory is None:
+        return KVSizing(engine, per_block)
+    if engine.num_kv_blocks is not None:
+        raise InvalidParameterError("kv_cache_memory", "give it or num_kv_blocks, not both")
+    budget = kv_budget(memory, measured or device_memory(torch.device(device)))
+    blocks = budget // per_block
+    needed = engine.blocks_per_sequence
+    if blocks < needed:
+        raise InvalidParameterError(
+            "kv_cache_memory",
+            f"{human_size(budget)} hold {blocks} KV blocks of {engine.kv_block_size} "
+            f"positions ({per_block} bytes each); one request of max_seq_len = "
+            f"{engine.max_seq_len} positions needs {needed} blocks: "
+            f"{human_size(needed * per_block)} at least",
+        )
+    return KVSizing(dataclasses.replace(engine, num_kv_blocks=blocks), per_block)
