@@ -17,15 +17,16 @@ from adapters.torch.cpu.fused_decode import (
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.loader import load_model
 from adapters.torch.models.config import RopeConfig
-from adapters.torch.models.kv_cache import KVCache, SlotKVCache
+from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.models.layers import (
     Attention,
-    MixedBatch,
+    PagedBatch,
     RMSNorm,
     RotaryTable,
     apply_rope,
     gelu_tanh,
 )
+from adapters.torch.models.paged_kv import PagedKVCache
 from tests.integration.tiny_models import save_tiny_model
 
 kernels = cpu_kernels()
@@ -188,18 +189,19 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
     model = load_model(tmp_path, dtype=BF16)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
     assert all(a.attention_kernel is not None for a in attention)
-    cache = SlotKVCache(model.config, 3, 32, dtype=BF16, device="cpu")
+    cache = PagedKVCache(model.config, 8, 16, dtype=BF16, device="cpu")
+    tables = [[5, 0], [3], [6]]
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3], [40, 41, 42, 43]]
     with torch.inference_mode():
-        for slot, prompt in enumerate(prompts):
-            model(torch.tensor([prompt]), kv_cache=cache.slot(slot, 0))
-        # One step: decode rows for slots 1 and 2, slot 0's row a placeholder, and a prompt
-        # chunk of 7 tokens for slot 0 after its 10 positions (beyond the sliding window).
-        tokens = torch.tensor([0, 2, 3, 20, 21, 22, 23, 24, 25, 26])
-        sample_rows = torch.tensor([1, 2, 9])
+        _prefill(model, cache, tables, prompts)
+        # One step: decode rows for sequences 1 and 2 and a prompt chunk of 7 tokens for
+        # sequence 0 after its 10 positions (beyond the sliding window).
+        tokens = torch.tensor([2, 3, 20, 21, 22, 23, 24, 25, 26])
+        sample_rows = torch.tensor([0, 1, 8])
 
         def step() -> Tensor:
-            batch = MixedBatch(cache, [10, 1, 4], [(0, 10, 7)], model.windows(), tokens.device)
+            rows = [(tables[1], 1), (tables[2], 4)]
+            batch = PagedBatch(cache, rows, [(tables[0], 10, 7)], model.windows(), tokens.device)
             return model.forward_mixed(tokens, batch, sample_rows)
 
         fast = step()
@@ -208,6 +210,16 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
         slow = step()
     assert fast.shape == (3, model.config.vocab_size)
     assert_close(fast, slow, atol=0.05, rtol=0.02)
+
+
+def _prefill(
+    model: nn.Module, cache: PagedKVCache, tables: list[list[int]], prompts: list[list[int]]
+) -> None:
+    """Every prompt from position 0 into its blocks, in one step."""
+    tokens = torch.tensor([t for p in prompts for t in p])
+    chunks = [(table, 0, len(p)) for table, p in zip(tables, prompts, strict=True)]
+    batch = PagedBatch(cache, [], chunks, model.windows(), torch.device("cpu"))
+    model.forward_mixed(tokens, batch, torch.arange(len(tokens)))
 
 
 def test_argmax_rows_matches_torch_including_ties() -> None:
@@ -287,16 +299,19 @@ def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(
         return torch.cat(logits, dim=1)
 
     def engine_steps() -> Tensor:
-        cache = SlotKVCache(model.config, 3, 32, dtype=BF16, device="cpu")
-        for slot, prompt in enumerate([[5, 6, 7, 8, 9, 10, 11], [3], [40, 41, 42, 43]]):
-            model(torch.tensor([prompt]), kv_cache=cache.slot(slot, 0))
-        logits = []
+        cache = PagedKVCache(model.config, 8, 16, dtype=BF16, device="cpu")
+        tables = [[4], [1], [6]]
+        _prefill(model, cache, tables, [[5, 6, 7, 8, 9, 10, 11], [3], [40, 41, 42, 43]])
+        logits, cpu = [], torch.device("cpu")
         for step, positions in enumerate(([7, 1, 4], [8, 2, 5])):  # decode rows only
-            batch = MixedBatch(cache, positions, [], model.windows(), torch.device("cpu"))
+            batch = PagedBatch(
+                cache, list(zip(tables, positions, strict=True)), [], model.windows(), cpu
+            )
             tokens = torch.tensor([20 + step, 30 + step, 40 + step])
             logits.append(model.forward_mixed(tokens, batch, torch.arange(3)))
-        # decode rows and a prompt chunk: the modules' path in both runs
-        batch = MixedBatch(cache, [9, 3], [(2, 6, 3)], model.windows(), torch.device("cpu"))
+        # decode rows and a prompt chunk
+        rows = [(tables[0], 9), (tables[1], 3)]
+        batch = PagedBatch(cache, rows, [(tables[2], 6, 3)], model.windows(), cpu)
         tokens = torch.tensor([50, 51, 52, 53, 54])
         logits.append(model.forward_mixed(tokens, batch, torch.tensor([0, 1, 4])))
         return torch.cat(logits)

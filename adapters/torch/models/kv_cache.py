@@ -1,4 +1,7 @@
-"""Contiguous, preallocated KV cache with a batch dimension (no per-step concatenation)."""
+"""Contiguous, preallocated KV cache with a batch dimension, for the model-level API
+(``Transformer.forward(ids, kv_cache)`` and :func:`~adapters.torch.runtime.generate.generate`:
+one prompt batch, no scheduler). The engine keeps its KV in the paged pool
+(:mod:`adapters.torch.models.paged_kv`)."""
 
 from dataclasses import dataclass
 from typing import Protocol
@@ -6,7 +9,6 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from adapters.torch.cpu.kernels import for_bf16_cpu
 from adapters.torch.models.config import ModelConfig
 
 
@@ -99,86 +101,3 @@ class KVCache:
             self.seq_len + 1,
             window,
         )
-
-
-class SlotKVCache:
-    """Continuous batching storage: one contiguous slot per running request,
-    ``[layers, slots, kv_heads, max_seq_len, head_dim]``.
-
-    A prefill chunk runs on :meth:`slot`, a one-row :class:`KVCache` view. A batched decode
-    step runs rows ``0..B-1`` = slots ``0..B-1`` (the runner keeps occupied slots
-    compacted), each writing its one new position; attention reads the slots' first
-    ``decode_len`` positions and masks each row beyond its own position.
-    """
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        slots: int,
-        max_seq_len: int,
-        *,
-        dtype: torch.dtype,
-        device: str | torch.device,
-    ) -> None:
-        shape = (config.num_layers, slots, config.num_kv_heads, max_seq_len, config.head_dim)
-        # Zeroed, unlike KVCache: a batched decode reads every row up to the longest row,
-        # and a masked-out key still multiplies its value by 0 — garbage NaN would leak.
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._k_layers, self._v_layers = self.k.unbind(0), self.v.unbind(0)
-        self._write_index = torch.empty(0, dtype=torch.long, device=device)
-        self._positions = self._write_index
-        kernels = for_bf16_cpu(self.k)
-        self._write_rows = kernels.write_rows if kernels is not None else None
-        self.decode_len = 0
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.k.shape[3]
-
-    def slot(self, index: int, seq_len: int) -> KVCache:
-        """Slot ``index`` as a batch-1 cache whose first ``seq_len`` positions are written."""
-        return KVCache(self.k[:, index : index + 1], self.v[:, index : index + 1], seq_len)
-
-    def begin_decode(self, positions: Tensor, decode_len: int) -> None:
-        """Row ``b`` writes its key/value at ``positions[b]`` ``[B]``; keys ``< decode_len``."""
-        self._positions = positions
-        if self._write_rows is None:
-            _, _, kv_heads, max_len, _ = self.k.shape
-            rows = torch.arange(positions.shape[0], device=positions.device)
-            heads = torch.arange(kv_heads, device=positions.device)
-            # Where row b, head h writes, as a row of a layer seen as
-            # [slots * kv_heads * max_len, D]: one index_copy_ per layer.
-            self._write_index = (
-                (rows[:, None] * kv_heads + heads[None, :]) * max_len + positions[:, None]
-            ).flatten()
-        self.decode_len = decode_len
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """``k, v`` ``[B, kv_heads, 1, D]`` -> keys/values ``[B, kv_heads, decode_len, D]``."""
-        k_all, v_all = self._k_layers[layer], self._v_layers[layer]
-        if self._write_rows is not None:
-            self._write_rows(k_all, k, self._positions)
-            self._write_rows(v_all, v, self._positions)
-        else:
-            dim = k.shape[-1]
-            k_all.view(-1, dim).index_copy_(0, self._write_index, k.reshape(-1, dim))
-            v_all.view(-1, dim).index_copy_(0, self._write_index, v.reshape(-1, dim))
-        rows = k.shape[0]
-        return k_all[:rows, :, : self.decode_len], v_all[:rows, :, : self.decode_len]
-
-    def decode_rows(self, layer: int, lengths: Tensor, window: int) -> DecodeRows:
-        """The rows of the decode step begun by :meth:`begin_decode`, for one layer."""
-        return DecodeRows(
-            self._k_layers[layer],
-            self._v_layers[layer],
-            self._positions,
-            lengths,
-            self.decode_len,
-            window,
-        )
-
-    def move(self, source: int, target: int, length: int) -> None:
-        """Copy slot ``source``'s first ``length`` positions into slot ``target``."""
-        self.k[:, target, :, :length] = self.k[:, source, :, :length]
-        self.v[:, target, :, :length] = self.v[:, source, :, :length]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.torch.models.config import ModelConfig, RopeConfig
-from adapters.torch.models.kv_cache import DecodeRows, KVCache, KVStore, SlotKVCache
+from adapters.torch.models.kv_cache import DecodeRows, KVCache, KVStore
 from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping
 
 
@@ -147,7 +147,7 @@ class Attention(nn.Module):
         rotate = self.rope_kernel or apply_rope
         q, k = rotate(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
         v = v.transpose(1, 2)
-        if isinstance(cache, MixedView | PagedView):
+        if isinstance(cache, PagedView):
             y = cache.attend(self.layer, q, k, v, self._attend)
         else:
             if cache is not None:
@@ -283,89 +283,9 @@ def build_mask(
     return AttnMask(mask, False, kv_start, lengths=lengths, window=window or 0)
 
 
-class MixedBatch:
-    """One continuous-batching step as one forward over ``N`` flat tokens: first ``R`` decode
-    rows (row ``r`` = cache slot ``r``, one token at ``positions[r]``), then prompt chunks
-    ``(slot, start, length)`` in order. Projections and MLPs run on all ``N`` tokens at once;
-    attention runs per part (one batched call for the decode rows, one per chunk), each
-    writing its keys and values into its slots first.
-    """
-
-    def __init__(
-        self,
-        cache: SlotKVCache,
-        positions: list[int],
-        chunks: list[tuple[int, int, int]],
-        windows: dict[bool, int | None],
-        device: torch.device,
-    ) -> None:
-        self.cache, self.rows = cache, len(positions)
-        self.decode_masks: dict[bool, AttnMask] = {}
-        if positions:
-            at = torch.tensor(positions, device=device)
-            cache.begin_decode(at, max(positions) + 1)
-            self.decode_masks = {
-                s: position_mask(at, max(positions) + 1, w) for s, w in windows.items()
-            }
-        token_positions = list(positions)
-        self.chunks: list[tuple[int, int, int, int]] = []  # slot, start, length, token offset
-        self.chunk_masks: list[dict[bool, AttnMask]] = []
-        for slot, start, length in chunks:
-            self.chunks.append((slot, start, length, len(token_positions)))
-            self.chunk_masks.append(
-                {s: build_mask(start, length, None, w, device) for s, w in windows.items()}
-            )
-            token_positions.extend(range(start, start + length))
-        self.positions = torch.tensor(token_positions, device=device)
-
-    def view(self, sliding: bool) -> "MixedView":
-        return MixedView(self, sliding)
-
-
-class MixedView:
-    """A :class:`MixedBatch` as seen by one kind of layer (global or sliding-window)."""
-
-    def __init__(self, batch: MixedBatch, sliding: bool) -> None:
-        self.batch, self.sliding = batch, sliding
-
-    def attend(
-        self,
-        layer: int,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        attend: Callable[[Tensor, Tensor, Tensor, AttnMask], Tensor],
-    ) -> Tensor:
-        """``q`` ``[1, H, N, D]``, ``k, v`` ``[1, Hkv, N, D]`` -> ``[1, H, N, D]``."""
-        batch, rows, outs = self.batch, self.batch.rows, []
-        if rows:
-
-            def per_row(t: Tensor) -> Tensor:  # [1, heads, R, D] -> [R, heads, 1, D]
-                return t[0, :, :rows].transpose(0, 1).unsqueeze(2)
-
-            k_all, v_all = batch.cache.update(layer, per_row(k), per_row(v))
-            y = attend(per_row(q), k_all, v_all, batch.decode_masks[self.sliding])
-            outs.append(y[:, :, 0].transpose(0, 1).unsqueeze(0))
-        for (slot, start, length, offset), masks in zip(
-            batch.chunks, batch.chunk_masks, strict=True
-        ):
-            part = slice(offset, offset + length)
-            k_all, v_all = batch.cache.slot(slot, start).update(layer, k[:, :, part], v[:, :, part])
-            outs.append(attend(q[:, :, part], k_all, v_all, masks[self.sliding]))
-        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-
-    def decode_rows(self, layer: int) -> DecodeRows | None:
-        """The step as decode rows for a fused decode layer (None when it has prompt chunks)."""
-        batch = self.batch
-        if batch.chunks or not batch.rows:
-            return None
-        mask = batch.decode_masks[self.sliding]
-        assert mask.lengths is not None
-        return batch.cache.decode_rows(layer, mask.lengths, mask.window)
-
-
 class PagedBatch:
-    """:class:`MixedBatch` over a :class:`PagedKVCache`: ``N`` flat tokens, first the decode
+    """One continuous-batching step over a :class:`PagedKVCache` as one forward: ``N`` flat
+    tokens (projections and MLPs run on all of them at once), first the decode
     rows ``(block table, position)`` (one token each), then the prompt chunks ``(block
     table, start, length)``; a table lists a sequence's blocks in order, covering its
     positions up to this step's last. Every token's key and value are written through the
@@ -447,14 +367,14 @@ class PagedView:
         return None
 
 
-Cache = KVStore | MixedView | PagedView
+Cache = KVStore | PagedView
 PagedKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 
 
 def decode_rows(cache: Cache | None, layer: int, mask: AttnMask, x: Tensor) -> DecodeRows | None:
     """The step as decode rows (every token a sequence's next one, no padding) for a fused
     decode layer, or None: prompt chunks, several tokens, padding, no cache."""
-    if isinstance(cache, MixedView | PagedView):
+    if isinstance(cache, PagedView):
         return cache.decode_rows(layer)
     if isinstance(cache, KVCache) and x.shape[:2] == (1, 1) and mask.lengths is not None:
         return cache.decode_rows(layer, mask.lengths, mask.window)

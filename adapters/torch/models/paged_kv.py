@@ -3,8 +3,8 @@
 The pool is ``[layers, num_blocks, kv_heads, block_size, head_dim]``: within a block, each
 KV head's ``block_size`` keys are contiguous ``head_dim`` rows, the same rows the contiguous
 cache gives the CPU attention kernel (``dot_scores`` reads 16 keys of one head at a time and
-the P @ V loop walks value rows), so the paged kernel reads a block as it read a run of the
-slot cache, and a block of 16 keys is exactly one of its key tiles. (vLLM's CUDA layout
+the P @ V loop walks value rows), so the paged kernel reads a block as it reads a run of the
+contiguous cache, and a block of 16 keys is exactly one of its key tiles. (vLLM's CUDA layout
 ``[blocks, block_size, kv_heads, head_dim]`` suits a token-major write; here the writes are a
 few rows a step and the reads are the whole context, so the reads choose.)
 
@@ -16,21 +16,16 @@ Without a kernel, reading gathers a row's blocks into a contiguous ``[rows, kv_h
 head_dim]`` view for SDPA (the pool is zeroed at creation, so the padding keys of a gather
 are finite and a masked-out key contributes 0, never NaN).
 
-How the runner switches to it (the next step; :class:`~adapters.torch.models.layers.PagedBatch`
-is the counterpart of ``MixedBatch`` and takes plain lists): the scheduler's block manager
-owns the block tables, so ``SchedulerOutput`` must carry, per scheduled chunk, the request's
-block table (block ids, in order, covering ``start + num_tokens`` positions) and the
-copy-on-write pairs of the step (``(source, target)`` blocks to copy before the forward,
-:meth:`PagedKVCache.copy_blocks`); the runner derives the slot mapping from the tables and
-positions, so it need not travel. Slots and ``SlotKVCache.move`` go: ``n`` > 1 siblings and
-cached prefixes share blocks by reference. The fused decode layer needs the pool's layer
-``[num_blocks, kv_heads, block_size, head_dim]``, the step's slot mapping (its cache write)
-and the decode rows' block tables and context lengths instead of ``positions`` / ``kv_len``:
-its attention call becomes ``paged_attention`` and its write ``write_slots``. The C++
-``paged_attention`` (decode attention straight through the block tables) is written on
-branch ``wt-paged`` but not merged: it and its refactor of the contiguous kernel need a CPU
-with AVX512-BF16 to be tested; until then ``Attention.paged_attention_kernel`` stays None
-and decode rows gather their blocks.
+The scheduler's block manager (:mod:`domain.kv_blocks`) decides which blocks each request
+uses; every scheduled chunk carries its request's block table, and the runner derives the
+step's slot mapping from the tables and positions. ``n`` > 1 siblings and cached prefixes
+share blocks by reference. Decode rows read the pool through their tables with a paged
+attention kernel: the portable one (:mod:`adapters.torch.cpu.portable`, any CPU with a C++
+compiler) or, where none could be built, SDPA over gathered blocks. The AVX512-BF16 fused
+decode layer (:mod:`adapters.torch.cpu.fused_decode`) still works on the contiguous
+:class:`~adapters.torch.models.kv_cache.KVCache` of the model-level API only; over the
+pool, its rows take the modules' path (a block-table ``decode_layer`` needs an
+AVX512-BF16 CPU to be built and tested; branch ``wt-paged`` has the attention half).
 """
 
 import torch

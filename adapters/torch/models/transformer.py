@@ -14,14 +14,13 @@ from adapters.torch.models.kv_cache import DecodeRows, KVCache
 from adapters.torch.models.layers import (
     AttnMask,
     Cache,
-    MixedBatch,
     PagedBatch,
     RMSNorm,
     RotaryTable,
     build_mask,
 )
 
-_NO_MASK = AttnMask(None, False)  # a MixedBatch carries its own masks
+_NO_MASK = AttnMask(None, False)  # a PagedBatch carries its own masks
 
 
 class Block(nn.Module):
@@ -104,9 +103,7 @@ class Transformer(nn.Module):
             x = layer(x, ropes[sliding], masks[sliding], None)
         return self.norm(x)
 
-    def forward_mixed(
-        self, input_ids: Tensor, batch: MixedBatch | PagedBatch, sample_rows: Tensor
-    ) -> Tensor:
+    def forward_mixed(self, input_ids: Tensor, batch: PagedBatch, sample_rows: Tensor) -> Tensor:
         """One continuous-batching step: ``input_ids`` ``[N]`` laid out as ``batch`` says;
         returns logits ``[S, vocab]`` of the tokens at ``sample_rows`` ``[S]``."""
         ropes = {s: table.gather_tokens(batch.positions) for s, table in self.rope.items()}
