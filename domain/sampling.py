@@ -6,6 +6,7 @@ from typing import Literal
 from domain.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
+MAX_CACHE_SALT = 256
 StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 LogprobsMode = Literal["processed", "raw"]
 
@@ -41,6 +42,10 @@ class SamplingParams:
     ``allowed_token_ids`` every other id is masked out (vLLM's name); until ``min_tokens``
     tokens are generated, EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked out.
 
+    ``cache_salt`` (vLLM's): the request reuses and leaves cached KV blocks only among
+    requests with the same salt, so a tenant's prompts cannot be probed through another
+    tenant's cache hits (None: the shared cache).
+
     ``logprobs_mode`` says which distribution reported token logprobs come from:
     ``processed`` (the default) is the one sampled from: log-softmax of the logits after
     that processing, the penalties, and division by the temperature (greedy rows: not
@@ -69,6 +74,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
     structured: StructuredOutput | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", "must be >= 1")
@@ -109,6 +115,11 @@ class SamplingParams:
             or (bool(self.allowed_token_ids) and all(t >= 0 for t in self.allowed_token_ids)),
             "allowed_token_ids",
             "must be a non-empty list of token ids >= 0",
+        )
+        _check(
+            self.cache_salt is None or 0 < len(self.cache_salt) <= MAX_CACHE_SALT,
+            "cache_salt",
+            f"must be a non-empty string of at most {MAX_CACHE_SALT} characters",
         )
 
     def for_choice(self, index: int) -> "SamplingParams":

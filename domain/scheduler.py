@@ -437,7 +437,7 @@ class ContinuousScheduler(_QueueingScheduler):
         if request.sampling_params.prompt_logprobs:
             return CachedPrefix()
         tokens = request.token_ids_from(0, request.num_tokens)
-        return self.blocks.find_cached_prefix(tokens, request.adapter_id)
+        return self.blocks.find_cached_prefix(tokens, _cache_namespace(request))
 
     def _add_chunk(
         self,
@@ -462,7 +462,7 @@ class ContinuousScheduler(_QueueingScheduler):
         if chunk is None and prefix is None:
             return True  # a choice waiting for its source's prefill
         end = chunk.start + chunk.num_tokens if chunk else request.num_computed_tokens
-        adapter_id, blocks = request.adapter_id, self.blocks
+        adapter_id, blocks = _cache_namespace(request), self.blocks
         while (
             blocks.allocate(request.request_id, end, adapter_id=adapter_id, prefix=prefix) is None
         ):
@@ -691,3 +691,13 @@ def make_scheduler(config: EngineConfig, eos_token_ids: Iterable[int]) -> Schedu
     if config.batching_mode == "static":
         return StaticScheduler(config, eos_token_ids)
     return ContinuousScheduler(config, eos_token_ids)
+
+
+def _cache_namespace(request: Request) -> str | None:
+    """What a request's KV blocks are keyed by beside their tokens: its LoRA adapter (KV
+    computed under other weights is never reused) and its ``cache_salt`` (blocks are shared
+    only between requests with the same salt)."""
+    salt = request.sampling_params.cache_salt
+    if salt is None:
+        return request.adapter_id
+    return f"{request.adapter_id or ''}\x00salt:{salt}"

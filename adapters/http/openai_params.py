@@ -117,6 +117,7 @@ def sampling(
             prompt_logprobs=prompt_logprobs is not None,
             prompt_top_logprobs=prompt_logprobs or 0,
             structured=structured[0] if structured else None,
+            cache_salt=body.cache_salt,
         )
     except InvalidParameterError as e:
         param = max_tokens_field if e.param == "max_tokens" else e.param

@@ -37,6 +37,8 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     logit_bias: dict[str, float] | None = None
     priority: int | None = None  # vLLM's: lower runs earlier (default 0), may preempt
     min_tokens: int | None = None  # vLLM's: no EOS / stop id before this many tokens
+    # vLLM's: prefix-cache blocks are shared only between requests with the same salt
+    cache_salt: str | None = None
     # Structured outputs (adapters/http/openai_structured.py): vLLM's, then its older names.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

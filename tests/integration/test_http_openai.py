@@ -81,6 +81,10 @@ def test_completion_accepts_several_prompts_and_token_ids(client: openai.OpenAI)
     assert all(c.text == "Paris" for c in reply.choices)
     ids = client.completions.create(model=MODEL, prompt=[1, 70, 80], max_tokens=5)
     assert ids.usage is not None and ids.usage.prompt_tokens == 3
+    salted = client.completions.create(
+        model=MODEL, prompt="Q:", max_tokens=5, extra_body={"cache_salt": "tenant-a"}
+    )
+    assert salted.choices[0].text == "Paris"
 
 
 def test_the_model_field_may_be_left_out(http: TestClient) -> None:
@@ -115,6 +119,8 @@ def test_completion_streaming_ends_with_done(http: TestClient) -> None:
         ({"logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
         ({"max_tokens": 4, "extra_body": {"min_tokens": 5}}, 400, "min_tokens"),
         ({"extra_body": {"min_tokens": -1}}, 400, "min_tokens"),
+        ({"extra_body": {"cache_salt": ""}}, 400, "cache_salt"),
+        ({"extra_body": {"cache_salt": 7}}, 400, "cache_salt"),
         ({"extra_body": {"frobnicate": 1}}, 400, "frobnicate"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},

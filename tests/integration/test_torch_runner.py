@@ -109,6 +109,29 @@ def test_a_cached_prefix_is_reused_with_the_same_greedy_output(model) -> None:
         assert got == alone(model, prompt, params), name
 
 
+def test_prompt_logprobs_are_computed_in_full_even_when_the_prefix_is_cached(model) -> None:
+    """A request asking for prompt logprobs runs every prompt position (the cached blocks
+    hold KV, not logits), and its logprobs equal those of an engine without caching."""
+    prompt = "A system prompt shared by every request, two blocks long: one?"
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=True)
+    results = {}
+    for caching in (True, False):
+        config = EngineConfig(max_batch_size=2, max_seq_len=128, enable_prefix_caching=caching)
+        engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, ListSink())
+        engine.add_request("warm", prompt, dataclasses.replace(params, prompt_logprobs=False))
+        while engine.has_work():
+            engine.step()
+        request = engine.add_request("scored", prompt, params)
+        hits = 0
+        while engine.has_work():
+            hits += engine.step().scheduler.prefix_hit_tokens
+        assert hits == 0
+        results[caching] = request.prompt_logprobs
+    n = len(TOKENIZER.encode(prompt))
+    assert len(results[True]) == n - 1
+    assert results[True] == pytest.approx(results[False], abs=1e-4)
+
+
 def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
     config = EngineConfig(max_batch_size=4, max_seq_len=96)
     runner = TorchModelRunner(model, config)

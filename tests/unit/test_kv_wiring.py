@@ -11,6 +11,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner
 from application.engine import Engine
 from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
 from domain.kv_blocks import BlockManager
 from domain.request import RequestContext
 from domain.sampling import SamplingParams
@@ -102,3 +103,23 @@ def test_a_repeated_prompt_computes_only_its_last_block_with_prefix_caching(cach
         for _ in range(10):
             prefill[-1] += engine.step().scheduler.prefill_tokens
     assert prefill == ([40, 8] if caching else [40, 40])
+
+
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt() -> None:
+    config = EngineConfig(max_batch_size=2, max_seq_len=96)
+    engine = Engine(config, FakeModelRunner(), ByteTokenizer(), ListSink())
+    prompt = list(range(1, 41))  # two full blocks, then 8 positions
+    prefill = {}
+    for name, salt in [("open", None), ("a1", "tenant-a"), ("b1", "tenant-b"), ("a2", "tenant-a")]:
+        params = SamplingParams(max_tokens=2, ignore_eos=True, cache_salt=salt)
+        engine.add_request(name, prompt, params)
+        prefill[name] = sum(engine.step().scheduler.prefill_tokens for _ in range(6))
+    # the unsalted request's blocks serve no salted one; a salt's serve only that salt
+    assert prefill == {"open": 40, "a1": 40, "b1": 40, "a2": 8}
+
+
+def test_an_empty_or_oversized_cache_salt_is_refused() -> None:
+    with pytest.raises(InvalidParameterError, match="cache_salt"):
+        SamplingParams(cache_salt="")
+    with pytest.raises(InvalidParameterError, match="cache_salt"):
+        SamplingParams(cache_salt="x" * 257)
