@@ -274,9 +274,10 @@ def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(
     arch: str, overrides: dict, tmp_path: Path
 ) -> None:
     """Blocks run decode rows as one kernel call (``decode_layer``); for a single sequence
-    (generate's cache) and for engine steps of several rows at their own positions (past
-    Gemma's sliding window too), the logits are identical to the modules' path, and steps
-    with prompt chunks keep the modules."""
+    (generate's cache) the logits are identical to the modules' path. Engine steps over the
+    paged pool (decode rows at their own positions, past Gemma's sliding window too, and
+    steps with prompt chunks) take the modules' path either way (no block-table
+    ``decode_layer`` yet) and must give the same logits too."""
     save_tiny_model(arch, tmp_path, **overrides)
     model = load_model(tmp_path, dtype=BF16)
     blocks = list(model.layers)
