@@ -252,3 +252,42 @@ def test_the_paged_kernel_in_the_model_equals_the_gathered_path(tmp_path: Path) 
             a.paged_attention_kernel = None
         slow = _step(model, pool.cache, rows, [])
     assert_close(fast, slow, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.skipif(portable is None, reason="no C++ toolchain")
+def test_the_portable_kernel_never_reads_past_a_rows_length() -> None:
+    """The runner leaves the pool uninitialized when decode rows read it through this
+    kernel: positions past a row's length (the rest of its last block, unused blocks) hold
+    NaN here and must not reach the output."""
+    torch.manual_seed(3)
+    k_pool = torch.full((6, 2, 16, 32), float("nan"))
+    v_pool = torch.full((6, 2, 16, 32), float("nan"))
+    tables = [[4, 1], [2]]
+    lengths = [20, 5]
+    for table, n in zip(tables, lengths, strict=True):
+        for p in range(n):
+            k_pool[table[p // 16], :, p % 16] = torch.randn(2, 32)
+            v_pool[table[p // 16], :, p % 16] = torch.randn(2, 32)
+    q = torch.randn(2, 4, 1, 32)
+    got = portable.paged_attention(
+        q, k_pool, v_pool, block_tables(tables, "cpu"), torch.tensor(lengths), 0, 0.2
+    )
+    assert torch.isfinite(got).all()
+    with pytest.raises(RuntimeError, match="out of its table"):
+        portable.paged_attention(
+            q, k_pool, v_pool, block_tables(tables, "cpu"), torch.tensor([33, 5]), 0, 0.2
+        )
+
+
+def test_the_runner_zeroes_the_pool_only_when_decode_rows_gather(tmp_path: Path) -> None:
+    from adapters.torch.runtime.runner import TorchModelRunner
+    from domain.config import EngineConfig
+
+    save_tiny_model("llama", tmp_path)
+    model = load_model(tmp_path, dtype=torch.float32)
+    runner = TorchModelRunner(model, EngineConfig(max_batch_size=2, max_seq_len=64))
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    kernel = all(a.paged_attention_kernel is not None for a in attention)
+    assert kernel == (portable is not None)
+    if not kernel:  # the gather reads padding: it must be finite
+        assert not runner.cache.k.any()

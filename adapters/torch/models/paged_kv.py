@@ -47,10 +47,15 @@ class PagedKVCache:
         *,
         dtype: torch.dtype,
         device: str | torch.device,
+        zeroed: bool = True,
     ) -> None:
+        """``zeroed`` False leaves the pool uninitialized (its memory becomes resident as
+        blocks are first written): only where nothing reads a position before it is
+        written, i.e. decode rows read through a paged kernel, never a gather."""
         shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        make = torch.zeros if zeroed else torch.empty
+        self.k = make(shape, dtype=dtype, device=device)
+        self.v = make(shape, dtype=dtype, device=device)
         self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
 
     @property

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from adapters.torch.cpu.portable import install_paged_attention
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.models.layers import PagedBatch
+from adapters.torch.models.layers import Attention, PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.logits import process_logits
@@ -53,15 +53,18 @@ class TorchModelRunner:
         self.lora = lora
         weight = model.embed_tokens.weight
         self.device = weight.device
+        if self.device.type == "cpu":  # decode rows read the pool through their tables
+            install_paged_attention(model)
+        attention = [m for m in model.modules() if isinstance(m, Attention)]
         self.cache = PagedKVCache(
             model.config,
             config.kv_blocks,
             config.kv_block_size,
             dtype=weight.dtype,
             device=weight.device,
+            # a gather reads padding positions (masked, but NaN * 0 is NaN): zeros then
+            zeroed=not all(m.paged_attention_kernel is not None for m in attention),
         )
-        if self.device.type == "cpu":  # decode rows read the pool through their tables
-            install_paged_attention(model)
         self.generators: dict[str, torch.Generator | None] = {}
         if grammar is not None and grammar.vocab_size != model.config.vocab_size:
             raise ValueError(
