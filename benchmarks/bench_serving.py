@@ -382,25 +382,41 @@ async def _first_model_id(client: httpx.AsyncClient, base_url: str) -> str:
 @contextlib.contextmanager
 def launched_server(args: argparse.Namespace, mode: str) -> Iterator[str]:
     """``infer serve`` in ``mode`` on a free port; yields its base URL, always stops it."""
+    serve_args = ["--model", args.model] if args.model else []
+    serve_args += ["--device", args.device] if args.device else []
+    serve_args += ["--dtype", args.dtype]
+    serve_args += ["--batching-mode", mode, "--max-batch-size", str(args.max_batch_size)]
+    serve_args += ["--max-waiting-requests", "256", "--max-seq-len", "1536", *args.server_arg]
+    with serve_process(serve_args, mode, args.startup_timeout) as (base_url, _):
+        yield base_url
+
+
+@contextlib.contextmanager
+def serve_process(
+    serve_args: list[str],
+    label: str,
+    startup_timeout: float,
+    cwd: Path = REPO_ROOT,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``infer serve SERVE_ARGS`` of the tree at ``cwd`` on 127.0.0.1 and a free port (log in
+    a temporary file named after ``label``); yields its base URL and process once /health
+    answers, always stops it."""
     port = _free_port()
     command = [sys.executable, "-m", "entrypoints.cli", "serve"]
-    command += ["--model", args.model] if args.model else []
-    command += ["--device", args.device] if args.device else []
-    command += ["--dtype", args.dtype, "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--batching-mode", mode, "--max-batch-size", str(args.max_batch_size)]
-    command += ["--max-waiting-requests", "256", "--max-seq-len", "1536", *args.server_arg]
-    log_name = f"bench_serving_{mode}_"
+    command += ["--host", "127.0.0.1", "--port", str(port), *serve_args]
+    log_name = f"bench_serving_{label}_"
     with tempfile.NamedTemporaryFile(prefix=log_name, suffix=".log", delete=False) as log:
-        _progress(f"launching {mode} server on port {port} (log: {log.name})")
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        _progress(f"launching {label} server on port {port} (log: {log.name})")
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             base_url = f"http://127.0.0.1:{port}"
-            _wait_healthy(proc, base_url, args.startup_timeout, Path(log.name))
-            _progress(f"{mode} server ready")
-            yield base_url
+            _wait_healthy(proc, base_url, startup_timeout, Path(log.name))
+            _progress(f"{label} server ready")
+            yield base_url, proc
         finally:
             _stop(proc)
-            _progress(f"{mode} server stopped")
+            _progress(f"{label} server stopped")
 
 
 def _free_port() -> int:
