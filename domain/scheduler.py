@@ -332,7 +332,8 @@ class ContinuousScheduler(_QueueingScheduler):
     growing request itself when it is that one), and an admission preempts only running
     requests of lower priority. Blocks are committed (named for prefix reuse) after each
     step, freed when a request ends or is preempted; ``n`` > 1 choices fork the first
-    choice's full prompt blocks.
+    choice's full prompt blocks, and so does a request admitted while a running one
+    computes its very prompt (in-flight sharing, with prefix caching on).
 
     Weights: ``tenant_weights`` here or :meth:`set_tenant_weights` (default 1.0).
     """
@@ -458,6 +459,8 @@ class ContinuousScheduler(_QueueingScheduler):
             if request.request_id not in self.blocks:
                 prefix = self._cached_prefix(request)
                 request.num_computed_tokens = prefix.num_tokens
+                if admitting and self._join_prefill(request, prefix):
+                    return True  # waits for the same prompt's prefill, then forks it
             chunk = _chunk(request, self._budget)
         if chunk is None and prefix is None:
             return True  # a choice waiting for its source's prefill
@@ -490,6 +493,33 @@ class ContinuousScheduler(_QueueingScheduler):
             self._budget += chunk.num_tokens
         self._requeue(victim)
         preempted.append(victim.request_id)
+
+    def _join_prefill(self, request: Request, prefix: CachedPrefix) -> bool:
+        """In-flight prefix sharing (with prefix caching on): a request whose whole prompt
+        a running request is computing right now (the same tokens, adapter and cache salt:
+        Tinker's ``num_samples``, a burst of one prompt) waits for that prefill and forks
+        its blocks, as ``n`` > 1 choices do (:meth:`_shared_prefill`), instead of computing
+        the prompt again beside it. True when it was linked (it holds no blocks)."""
+        if not self.blocks.enable_caching or request.sampling_params.prompt_logprobs:
+            return False
+        start, size = request.num_prompt_tokens - 1, self.blocks.block_size
+        if start // size * size <= prefix.num_tokens:
+            return False  # no full block to gain beyond what is cached
+        prompt, namespace = request.prompt_token_ids, _cache_namespace(request)
+        for source in self.running:
+            if (
+                source.num_prompt_tokens == request.num_prompt_tokens
+                and source.num_computed_tokens < start
+                and source.prefill_source_id is None
+                and not source.is_done
+                and source.request_id in self.blocks
+                and source.prompt_token_ids == prompt
+                and _cache_namespace(source) == namespace
+            ):
+                request.prefill_source_id = source.request_id
+                request.num_computed_tokens = 0
+                return True
+        return False
 
     def _shared_prefill(self, request: Request) -> ScheduledChunk | None:
         """A choice sharing another's prefill (``prefill_source_id``): once the source

@@ -60,3 +60,43 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
     assert [len(r.sequences) for r in results] == [24, 24]
     assert all(len(s.tokens) == 12 for r in results for s in r.sequences)
     assert sampler.slots.held == 0
+
+
+async def test_the_samples_of_one_call_compute_their_prompt_once(tmp_path: Path) -> None:
+    """Issue 15: ``num_samples`` requests of one prompt, admitted together, share one
+    prefill (the others fork its full KV blocks); a second call reuses the cached blocks."""
+    save_tiny_model("llama", tmp_path)
+    model = load_model(tmp_path, dtype=torch.float32)
+    lora = LoraServing(model)
+    config = EngineConfig(max_batch_size=4, max_waiting_requests=4, max_seq_len=96)
+    engine = torch_async_engine(model, config, lora=lora)
+    runner = engine.engine.runner
+    computed: list[int] = []
+    execute = runner.execute
+
+    def counting(batch):  # prompt positions each step runs
+        computed.append(
+            sum(c.num_tokens for c in batch.chunks if c.start < c.request.num_prompt_tokens)
+        )
+        return execute(batch)
+
+    runner.execute = counting  # type: ignore[method-assign]
+    sampler = EngineSampler(engine, lora, ["tiny"], max_in_engine=4)
+    params = TinkerSamplingParams(max_tokens=6, temperature=1.0, seed=3, stop_token_ids=())
+    prompt = [(7 * i) % 200 + 1 for i in range(40)]  # two full blocks, then 8 positions
+    engine.start()
+    try:
+        first = await sampler.sample(
+            WeightsSource("tiny"), prompt, params, 4, prompt_logprobs=False
+        )
+        once = sum(computed)
+        again = await sampler.sample(
+            WeightsSource("tiny"), prompt, params, 4, prompt_logprobs=False
+        )
+    finally:
+        await engine.stop()
+    # one sample computes 40 positions, three the 8 after the shared blocks (+1 sampled
+    # token each feeds back as a decode row, not counted: start >= prompt length)
+    assert once == 40 + 3 * 8
+    assert sum(computed) - once == 4 * 8  # all four start from the cached blocks
+    assert [len(s.tokens) for s in first.sequences + again.sequences] == [6] * 8

@@ -123,3 +123,29 @@ def test_an_empty_or_oversized_cache_salt_is_refused() -> None:
         SamplingParams(cache_salt="")
     with pytest.raises(InvalidParameterError, match="cache_salt"):
         SamplingParams(cache_salt="x" * 257)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_identical_prompts_queued_together_compute_the_prompt_once(caching) -> None:
+    """In-flight sharing (Tinker's num_samples, a burst of one prompt): requests admitted
+    while another computes their very prompt wait for it and fork its full blocks; with
+    prefix caching off each computes its own. Every request still gets all its tokens and
+    every block comes back."""
+    config = EngineConfig(
+        max_batch_size=5, max_seq_len=128, max_num_batched_tokens=256, enable_prefix_caching=caching
+    )
+    engine = Engine(config, FakeModelRunner(), ByteTokenizer(), sink := ListSink())
+    prompt = list(range(1, 41))  # 40 tokens: two full blocks, then 8 positions
+    for i in range(4):
+        engine.add_request(f"s{i}", prompt, SamplingParams(max_tokens=5, ignore_eos=True, seed=i))
+    engine.add_request("logprobs", prompt, SamplingParams(max_tokens=2, prompt_logprobs=True))
+    prefill = 0
+    for _ in range(60):
+        prefill += engine.step().scheduler.prefill_tokens
+    # caching: s0 computes 40, s1..s3 the 8 after the two shared blocks, and the request
+    # asking for prompt logprobs computes its whole prompt
+    assert prefill == (40 + 3 * 8 + 40 if caching else 5 * 40)
+    for i in range(4):
+        assert len([o for o in sink.outputs if o.request_id == f"s{i}" and o.token_id]) == 5
+    blocks = engine.scheduler.blocks  # type: ignore[attr-defined]
+    assert blocks.num_free_blocks == blocks.num_blocks and not engine.has_work()
