@@ -12,10 +12,13 @@ separate build: they need that ISA; these need only a compiler.
 import functools
 import hashlib
 import os
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import structlog
+import torch
 from torch import nn
 
 from adapters.torch.models.layers import Attention
@@ -37,20 +40,29 @@ def _isa_flags() -> list[str]:
 
 @functools.cache
 def portable_kernels() -> Any | None:
-    """The compiled module, or None where it cannot be built."""
+    """The compiled ops (``.paged_attention``), or None where they cannot be built."""
     if os.environ.get("INFER_CPU_KERNELS", "1") == "0":
         return None
     cflags = ["-O3", "-fopenmp", *_isa_flags()]
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
         sources = sorted(_SOURCES.glob("*.cpp"))
-        return load(
-            name=f"infer_cpu_portable_{_digest(sources, cflags)}",
+        name = f"infer_cpu_portable_{_digest(sources, cflags)}"
+        built = Path(_get_build_directory(name, verbose=False), f"{name}.so").exists()
+        if not built:  # long work shows progress: a first build takes ~30 s
+            log.info("compiling the portable CPU kernels for this CPU, once", flags=cflags)
+        start = time.perf_counter()
+        load(
+            name=name,
             sources=[str(path) for path in sources],
             extra_cflags=cflags,
             extra_ldflags=["-fopenmp"],
+            is_python_module=False,  # registers torch.ops.infer_portable
         )
+        if not built:
+            log.info("portable CPU kernels built", seconds=round(time.perf_counter() - start, 1))
+        return SimpleNamespace(paged_attention=torch.ops.infer_portable.paged_attention)
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("portable cpu kernels unavailable, using PyTorch ops", error=str(e))
         return None

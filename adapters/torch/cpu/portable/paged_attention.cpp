@@ -3,8 +3,11 @@
 // work item per (row, KV head) so the G query heads sharing a KV head read each key and
 // value once. Replaces "gather the blocks into a contiguous copy, then SDPA", which copies
 // every row's whole context twice per layer and step.
-#include <torch/extension.h>
+// ATen and the op registry only (not torch/extension.h, the whole C++ API and pybind11): the
+// build takes half the time. The op is torch.ops.infer_portable.paged_attention.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -102,14 +105,14 @@ void paged_decode(const T* q, const T* k_pool, const T* v_pool, const int32_t* t
 // q [R, H, 1, D]; k_pool, v_pool [blocks, Hkv, block_size, D]; tables [R, max_blocks] int32;
 // lengths [R] int64 (row r reads keys [max(0, lengths[r] - window), lengths[r]); window 0 =
 // all) -> [R, H, 1, D] in q's dtype.
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
-                              torch::Tensor tables, torch::Tensor lengths, int64_t window,
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
+                              at::Tensor tables, at::Tensor lengths, int64_t window,
                               double scale) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) == 1, "q must be [rows, heads, 1, dim]");
   TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes(), "pools must match");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "pools must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_pool.scalar_type(), "q and the pools differ in dtype");
-  TORCH_CHECK(tables.scalar_type() == torch::kInt32 && lengths.scalar_type() == torch::kInt64,
+  TORCH_CHECK(tables.scalar_type() == at::kInt && lengths.scalar_type() == at::kLong,
               "tables int32, lengths int64");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(3);
   const int64_t kv_heads = k_pool.size(1), block_size = k_pool.size(2);
@@ -122,7 +125,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tens
   const auto* len = lc.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r)
     TORCH_CHECK(len[r] >= 1 && len[r] <= max_blocks * block_size, "row length out of its table");
-  auto out = torch::empty_like(qc);
+  auto out = at::empty_like(qc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     paged_decode<scalar_t>(qc.data_ptr<scalar_t>(), k_pool.data_ptr<scalar_t>(),
                            v_pool.data_ptr<scalar_t>(), tc.data_ptr<int32_t>(), len,
@@ -132,6 +135,9 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tens
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "decode attention through block tables");
+TORCH_LIBRARY(infer_portable, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, Tensor lengths, "
+      "int window, float scale) -> Tensor",
+      &paged_attention);
 }
