@@ -1,9 +1,11 @@
 """Decode attention over a paged KV cache against the contiguous slot cache, one layer of
 SmolLM2-135M's shape (9 heads, 3 KV heads, head_dim 64), at a few batch sizes and context
 lengths. Rows: the compiled CPU kernels (``attention`` over contiguous slots vs
-``paged_attention`` through block tables, bf16; where AVX512-BF16 is available) and the
-PyTorch path (SDPA over the contiguous slots vs SDPA over blocks gathered through the tables;
-the CUDA path when ``--device cuda``). Blocks are handed out in a scrambled order, as a
+``paged_attention`` through block tables, bf16; where AVX512-BF16 is available), the
+portable paged kernel the runner installs on any CPU with a compiler
+(``adapters/torch/cpu/portable``, any dtype), and the PyTorch path (SDPA over the
+contiguous slots vs SDPA over blocks gathered through the tables; the CUDA path when
+``--device cuda``). Blocks are handed out in a scrambled order, as a
 long-running server's pool would be. Usage:
 
     .venv/bin/python benchmarks/bench_paged_attention.py [--batch 1,16,64] \\
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.torch.cpu.kernels import for_bf16_cpu
+from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.models.paged_kv import block_tables, gather
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
@@ -74,6 +77,13 @@ def _case(batch: int, context: int, dtype: torch.dtype, device: str, iters: int)
             device,
         ),
     }
+    portable = portable_kernels() if device == "cpu" else None
+    if portable is not None:
+        row["portable paged ms"] = _time(
+            lambda: portable.paged_attention(q, k_pool, v_pool, tables, lengths, 0, scale),
+            iters,
+            device,
+        )
     kernels = for_bf16_cpu(k_pool)
     if kernels is not None:
         row["kernel contiguous ms"] = _time(
@@ -101,6 +111,10 @@ def main() -> None:
         for b in map(int, args.batch.split(","))
         for c in map(int, args.context.split(","))
     ]
+    from benchmarks.bench_serving import machine_line
+
+    print(machine_line())
+    print(f"{args.dtype}, {HEADS} heads, {KV_HEADS} KV heads, head_dim {DIM}, blocks of {BLOCK}")
     columns = list(rows[0])
     print(" | ".join(columns))
     for row in rows:
