@@ -16,19 +16,19 @@ end). Servers run with their defaults but ``--dtype`` (float32 by default) and
 
 Part 2, concurrency within one KV memory budget (the engine in a subprocess per tree, no
 HTTP). The budget is ``--p2-slots`` (8) contiguous slots of ``--p2-max-seq-len`` (2048)
-positions: the contiguous tree (``--contiguous-tree``, default the git worktree of branch
-``main``) runs ``max_batch_size = slots`` (each running request holds a whole slot); this
-tree runs ``num_kv_blocks = slots * max_seq_len / block size`` (the same bytes) and
-``max_batch_size`` ``--p2-max-batch-size`` (256), so free blocks decide admission. Both get
-the same ``--p2-requests`` (64) requests, queued at once: prompt lengths in
-``--p2-prompt-len`` (100,600), outputs in ``--p2-output-len`` (32,128: the contiguous
-side runs ``sum(outputs) / slots`` decode steps at least, so longer outputs cost minutes
-on a small CPU; ``64,256`` is the issue's shape), random ids from
-``--seed`` (a hash of them is printed for both sides), greedy, EOS ignored. Reported: the
-peak and the mean (over steps) of requests running after each step (``StepStats.scheduler``),
-preemptions, output tok/s, the KV bytes each runner allocated. One warm-up request runs
-first. ``--p2-runner fake`` swaps the model for the fake runner (no model: concurrency
-only, tok/s is then the scheduler's overhead).
+positions: the contiguous tree (``--contiguous-tree``, a checkout of 812e5b4, the last
+commit with the contiguous-slot cache) runs ``max_batch_size = slots`` (each running request
+holds a whole slot); this tree runs ``num_kv_blocks = slots * max_seq_len / block size``
+(the same bytes) and ``max_batch_size`` ``--p2-max-batch-size`` (256), so free blocks decide
+admission. Both get the same ``--p2-requests`` (64) requests, queued at once: prompt lengths
+in ``--p2-prompt-len`` (100,600), outputs in ``--p2-output-len`` (32,128: the contiguous
+side runs ``sum(outputs) / slots`` decode steps at least, so longer outputs cost minutes on
+a small CPU; ``64,256`` is the issue's shape), random ids from ``--seed`` (a hash of them is
+printed for both sides), greedy, EOS ignored. Reported: the peak and the mean (over steps)
+of requests running after each step (``StepStats.scheduler``), preemptions, output tok/s,
+the KV bytes each runner allocated. One warm-up request runs first. ``--p2-runner fake``
+swaps the model for the fake runner (no model: concurrency only, tok/s is then the
+scheduler's overhead).
 
 Part 3, resident memory of the server process (``VmRSS`` / ``VmHWM`` from
 ``/proc/PID/status``): idle after startup (before any request), the peak during part 1's
@@ -42,7 +42,7 @@ Usage (from the repository root):
         [--part 1,2,3] [--model SPEC] [--dtype float32] [--requests 32]
         [--concurrency 8] [--system-len 1500] [--question-len 50] [--max-tokens 16]
         [--p2-requests 64] [--p2-slots 8] [--p2-runner torch|fake]
-        [--contiguous-tree /work/main] [--no-contiguous-server] [--result-json PATH]
+        [--contiguous-tree /tmp/base] [--no-contiguous-server] [--result-json PATH]
     .venv/bin/python benchmarks/bench_prefix.py --part 1 --requests 8   # smoke run
     .venv/bin/python benchmarks/bench_prefix.py --part 2 --p2-requests 16 --p2-slots 2 \\
         --p2-output-len 16,32                                       # smoke run
@@ -242,6 +242,11 @@ def run_summary(run: ServerRun) -> dict[str, Any]:
     }
 
 
+def _table_head(header: list[str]) -> list[str]:
+    """A blank line after a table's title, then its markdown header row and rule."""
+    return ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+
 def part1_table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> tuple[str, str]:
     """The markdown table and the off/on TTFT p50 ratio."""
     names = [n for n in (ON, OFF, CONTIGUOUS) if n in runs]
@@ -251,9 +256,7 @@ def part1_table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> tu
         f"## 1. Prefix caching: {args.requests} requests sharing a {args.system_len}-token "
         f"system prompt, {args.question_len}-token questions, {args.max_tokens} tokens out, "
         f"{args.concurrency} in flight",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *_table_head(header),
     ]
 
     def ttft(s: dict[str, Any], key: str) -> float | None:
@@ -294,10 +297,15 @@ def part1_table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> tu
 def part3_table(runs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "## 3. Server resident memory (MiB; part 1's load)",
-        "",
-        "| server | idle after startup (VmRSS) | peak under load (VmHWM) | peak sampled "
-        "(VmRSS, 50 ms) | after the load (VmRSS) |",
-        "|---|---|---|---|---|",
+        *_table_head(
+            [
+                "server",
+                "idle after startup (VmRSS)",
+                "peak under load (VmHWM)",
+                "peak sampled (VmRSS, 50 ms)",
+                "after the load (VmRSS)",
+            ]
+        ),
     ]
     for name, s in runs.items():
         cells = [_mib(s[k]) for k in ("rss_idle", "vm_hwm", "rss_peak_sampled", "rss_after")]
@@ -459,9 +467,7 @@ def part2_table(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> tu
         f"## 2. Concurrency in one KV budget: {args.p2_slots} contiguous slots of "
         f"{args.p2_max_seq_len} positions; {args.p2_requests} requests queued at once, "
         f"prompts {lo}-{hi}, outputs {olo}-{ohi} tokens ({args.p2_runner} runner)",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *_table_head(header),
     ]
     rows: list[tuple[str, str, int | None]] = [  # label, key, digits (None: no ratio)
         ("max running requests (config)", "max_batch_size", None),
@@ -534,21 +540,20 @@ def _mib(x: int | None) -> str:
     return "–" if x is None else f"{x / MIB:,.0f}"
 
 
+LAST_CONTIGUOUS = "812e5b4"  # the last commit whose engine kept KV in contiguous slots
+
+
 def contiguous_tree(flag: str | None) -> Path:
-    """``--contiguous-tree``, else the git worktree holding branch ``main``."""
-    if flag:
-        return Path(flag).resolve()
-    listing = subprocess.run(
-        ["git", "worktree", "list", "--porcelain"],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-    ).stdout
-    for entry in listing.split("\n\n"):
-        lines = entry.splitlines()
-        if "branch refs/heads/main" in lines and lines[0].startswith("worktree "):
-            return Path(lines[0].removeprefix("worktree ")).resolve()
-    raise SystemExit("no worktree of branch main: pass --contiguous-tree PATH")
+    """``--contiguous-tree``: a checkout whose engine still has the contiguous-slot cache
+    (refused otherwise: this tree against itself would compare paged with paged)."""
+    hint = f"a checkout of {LAST_CONTIGUOUS} (git worktree add /tmp/base {LAST_CONTIGUOUS})"
+    if not flag:
+        raise SystemExit(f"pass --contiguous-tree PATH: {hint}")
+    tree = Path(flag).resolve()
+    kv_cache = tree / "adapters/torch/models/kv_cache.py"
+    if not kv_cache.is_file() or "class SlotKVCache" not in kv_cache.read_text():
+        raise SystemExit(f"{tree} has no contiguous-slot KV cache: use {hint}")
+    return tree
 
 
 def _commit(tree: Path) -> str:
@@ -636,7 +641,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--contiguous-tree",
         default=None,
-        help="the tree with the contiguous-slot KV cache (default: git's worktree of main)",
+        help=f"a checkout with the contiguous-slot KV cache ({LAST_CONTIGUOUS}); parts 2 and 3",
     )
     p.add_argument("--result-json", default=None, help="write every number here")
     g = p.add_argument_group("parts 1 and 3: servers")
