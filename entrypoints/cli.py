@@ -18,7 +18,7 @@ from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
-from entrypoints.container import DTYPES, TOOL_CALL_PARSERS, create_container
+from entrypoints.container import DTYPES, QUANTIZATIONS, TOOL_CALL_PARSERS, create_container
 from entrypoints.embedding_flags import add_embedding_args, embedding_limits, embedding_model
 from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
 from entrypoints.observability_flags import add_observability_args, observability_settings
@@ -28,6 +28,7 @@ from entrypoints.tinker_flags import add_tinker_limit_args, tinker_limits
 from entrypoints.transport_flags import add_transport_args, transport_settings
 
 # vLLM's dtype names; `auto` is bfloat16, the dtype every supported model ships in.
+QUANTIZATION_CHOICES = [q for q in QUANTIZATIONS if q is not None]
 DTYPE_ALIASES = {"auto": "bfloat16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
 
 
@@ -174,6 +175,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="also vLLM's names: auto (= bfloat16), half, float, bf16",
     )
     p.add_argument(
+        "--quantization",
+        "-q",
+        default=None,
+        choices=QUANTIZATION_CHOICES,
+        help="weight-only quantization of the linears: int8 (per channel), int4 (groups of "
+        "32), gguf (a .gguf model's own quantized blocks, no dequantizing), auto (gguf for "
+        "GGUF models, else none); default: none (the weights in --dtype)",
+    )
+    p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
     )
     p.add_argument(
@@ -212,7 +222,11 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
 def _generate(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     container = create_container(
-        args.model, dtype=args.dtype, device=args.device, cache_dir=args.cache_dir
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        cache_dir=args.cache_dir,
+        quantization=args.quantization,
     )
     start = time.perf_counter()
     limit = container.model().config.max_position_embeddings
@@ -304,6 +318,7 @@ def _serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         cache_dir=args.cache_dir,
+        quantization=args.quantization,
         engine=config,
         served_model_name=served_model_name(args),
         models=models,

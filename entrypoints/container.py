@@ -36,6 +36,7 @@ from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.quant import METHODS, QuantLinear, has_gguf_blocks
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel, resolve_model
@@ -63,6 +64,7 @@ from entrypoints.transport_flags import TransportSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 RUNNERS = ("torch", "fake")
+QUANTIZATIONS = (None, "none", "auto", *METHODS)
 TRAINING_BACKENDS = ("lora", "toy")
 FAKE_MODEL_NAME = "fake"
 log = structlog.get_logger(__name__)
@@ -72,13 +74,36 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_model(resolved: ResolvedModel, dtype: str, device: str | None) -> Transformer:
-    return load_model(
+def build_model(
+    resolved: ResolvedModel, dtype: str, device: str | None, quantization: str | None = None
+) -> Transformer:
+    method = choose_quantization(quantization, resolved)
+    model = load_model(
         resolved.path,
         dtype=DTYPES[dtype],
         device=device or default_device(),
         random_weights=resolved.random_weights,
+        quantization=method,
     )
+    if method is not None:
+        linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+        log.info(
+            "quantized weights",
+            method=method,
+            linears=len(linears),
+            weights_mib=round(sum(m.weight_q.nbytes for m in linears) / MIB, 1),
+        )
+    return model
+
+
+def choose_quantization(flag: str | None, resolved: ResolvedModel) -> str | None:
+    """``--quantization``: a method, ``none`` (None), or ``auto``: ``gguf`` for a GGUF model
+    (its own quantized blocks), else none."""
+    if flag is None or flag == "none":
+        return None
+    if flag == "auto":
+        return "gguf" if has_gguf_blocks(resolved.path) else None
+    return flag
 
 
 def build_engine_config(
@@ -386,7 +411,9 @@ class Container(containers.DeclarativeContainer):
     resolved_model = providers.Singleton(
         resolve, config.model, config.cache_dir, config.progress.as_(bool)
     )
-    model = providers.Singleton(build_model, resolved_model, config.dtype, config.device)
+    model = providers.Singleton(
+        build_model, resolved_model, config.dtype, config.device, config.quantization
+    )
     sampler = providers.Singleton(TokenSampler)
     # The engine's flags; the torch runner's KV pool is sized from them on the model (by
     # ``kv_cache_memory`` when given), and the scheduler and the runner get that one.
@@ -563,6 +590,7 @@ def create_container(
     embedding_limits: EmbeddingLimits | None = None,
     tool_call_parser: str = "auto",
     kv_cache_memory: KVCacheMemory | None = None,
+    quantization: str | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
     model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
@@ -581,9 +609,14 @@ def create_container(
     that name; None: no embeddings), under ``embedding_limits``; ``tool_call_parser``: the
     format tool calls are parsed in (``auto``: the chat template's); ``kv_cache_memory``:
     the torch runner's KV blocks fill this budget (exclusive with ``engine``'s
-    ``num_kv_blocks``; the fake runner ignores it)."""
+    ``num_kv_blocks``; the fake runner ignores it); ``quantization``: the model's linears
+    as ``int8``, ``int4``, ``gguf`` (a GGUF's own blocks) or ``auto`` (``gguf`` for GGUF
+    models), None or ``none``: in ``dtype``."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if quantization not in QUANTIZATIONS:
+        choices = ", ".join(q for q in QUANTIZATIONS if q)
+        raise ValueError(f"quantization must be one of {choices}, got {quantization!r}")
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
     if tool_call_parser not in TOOL_CALL_PARSERS:
@@ -624,6 +657,7 @@ def create_container(
             "embedding_limits": embedding_limits,
             "tool_call_parser": tool_call_parser,
             "kv_cache_memory": kv_cache_memory,
+            "quantization": quantization,
         }
     )
     if engine is not None:

@@ -51,12 +51,14 @@ class LLM:
         device: str | None = None,
         engine: EngineConfig | None = None,
         cache_dir: str | None = None,
+        quantization: str | None = None,
     ) -> None:
         self._container = create_container(
             model,
             dtype=dtype,
             device=device,
             cache_dir=cache_dir,
+            quantization=quantization,
             engine=engine or EngineConfig(max_seq_len=2048),
         )
         self.model_name = self._container.resolved_model().name

@@ -20,6 +20,7 @@ from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
 from adapters.torch.models.qwen3 import Qwen3Model
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.quant import quantize_model
 from domain.errors import ModelLoadError
 
 FAMILIES: dict[str, Callable[[ModelConfig], Transformer]] = {
@@ -45,11 +46,14 @@ def load_model(
     random_weights: bool = False,
     seed: int = 0,
     prepack: bool = True,
+    quantization: str | None = None,
 ) -> Transformer:
     """Our model for ``folder/config.json`` with its safetensors weights, for inference.
 
     ``prepack`` applies :func:`optimize_for_cpu` to a bf16 CPU model (faster, but its linears
     are no longer plain parameters: pass False for a model to train or inspect).
+    ``quantization``: ``int8``, ``int4`` or ``gguf`` (see :mod:`adapters.torch.quant`) swaps
+    the linears for quantized ones; None keeps them in ``dtype``.
     """
     config = ModelConfig.from_folder(folder)
     family = FAMILIES[config.arch]
@@ -68,6 +72,10 @@ def load_model(
             model.lm_head.weight = model.embed_tokens.weight
     model.setup_rope(dtype, device)
     model.eval().requires_grad_(False)
+    if quantization is not None:
+        if random_weights and quantization == "gguf":
+            raise ModelLoadError("gguf quantization needs a GGUF model, not random weights")
+        quantize_model(model, quantization, folder=folder)
     if prepack and can_optimize(model):
         optimize_for_cpu(model)
     return model

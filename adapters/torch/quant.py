@@ -1,0 +1,372 @@
+"""Weight-only quantization of a model's linears: ``int8`` (per output channel), ``int4``
+(group-wise, asymmetric) and ``gguf`` (the GGUF file's own quantized blocks, repacked).
+
+Decode reads every weight once per step, so its speed follows the weights' bytes: int8
+halves bf16's, int4 with float16 scales and mins quarters it (4.5-5 bits a weight).
+
+The format (one for all three; ``adapters/weights/gguf_quant.py`` writes it from GGUF
+blocks): a weight ``W [N, K]`` is ``qweight`` (``int8 [N, K]``, or for 4 bits
+``uint8 [N, K/2]`` where, in each run of 32 k's, byte ``j`` holds element ``j`` in its low
+nibble and ``j + 16`` in its high one: GGUF Q4_0's layout), ``scales`` and optional
+``mins`` (``float16 [N, K/g]``), and ``W[n, k] = q[n, k] * scales[n, k/g] + mins[n, k/g]``.
+
+:class:`QuantLinear` runs it with the portable CPU kernel (``cpu/portable/quant_linear.cpp``:
+int8 dot products against activations quantized per 32 values for a few rows, dequantized
+tiles and a GEMM for many) where it is built, and everywhere else (CUDA, no compiler)
+dequantizes the weight for each call.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+
+from adapters.torch.cpu.portable import portable_kernels
+from adapters.torch.models.transformer import Transformer
+from domain.errors import ModelLoadError
+
+METHODS = ("int8", "int4", "gguf")
+INT4_GROUP_SIZE = 32
+# Rows from which the kernel dequantizes tiles for a GEMM instead of int8 dot products.
+DENSE_FROM_ROWS = 16
+QUANTIZED_FILE = "quantized.safetensors"
+QUANTIZATION_FILE = "quantization.json"
+FORMAT = "infer-quantized-v1"
+# HF module names -> ours (as the loader fuses them): (module, index in the fused rows).
+_FUSED = {
+    "self_attn.q_proj": ("attn.wqkv", 0),
+    "self_attn.k_proj": ("attn.wqkv", 1),
+    "self_attn.v_proj": ("attn.wqkv", 2),
+    "self_attn.o_proj": ("attn.wo", 0),
+    "mlp.gate_proj": ("mlp.w13", 0),
+    "mlp.up_proj": ("mlp.w13", 1),
+    "mlp.down_proj": ("mlp.w2", 0),
+}
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One linear's weight in the format above."""
+
+    qweight: Tensor
+    scales: Tensor
+    mins: Tensor | None
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, cols = self.qweight.shape
+        return rows, cols * 2 if self.bits == 4 else cols
+
+    def check(self) -> None:
+        n, k = self.shape
+        g = self.group_size
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+        if k % 32 or g <= 0 or k % g or g % (32 if self.bits == 4 else 16):
+            raise ValueError(f"group size {g} does not fit {self.bits}-bit rows of {k}")
+        want = torch.int8 if self.bits == 8 else torch.uint8
+        if self.qweight.dtype != want:
+            raise ValueError(f"{self.bits}-bit qweight must be {want}, got {self.qweight.dtype}")
+        for name, t in (("scales", self.scales), ("mins", self.mins)):
+            if t is not None and (t.dtype != torch.float16 or tuple(t.shape) != (n, k // g)):
+                raise ValueError(f"{name} must be float16 {(n, k // g)}, got {t.dtype} {t.shape}")
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.qweight, self.scales, self.mins)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+def quantize_int8(weight: Tensor, group_size: int | None = None) -> QuantizedWeight:
+    """Symmetric int8, one scale per output channel (``group_size`` None) or per group."""
+    n, k = weight.shape
+    g = group_size or k
+    w = weight.detach().float().reshape(n, k // g, g)
+    scales = (w.abs().amax(-1) / 127).to(torch.float16)
+    q = torch.round(w / _safe(scales)[..., None]).clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight(q.reshape(n, k), scales, None, 8, g)
+
+
+def quantize_int4(weight: Tensor, group_size: int = INT4_GROUP_SIZE) -> QuantizedWeight:
+    """Asymmetric 4 bits (GGUF Q4_1's scheme): per group, ``min + q * (max - min) / 15``."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    low, high = w.amin(-1), w.amax(-1)
+    scales, mins = ((high - low) / 15).to(torch.float16), low.to(torch.float16)
+    q = torch.round((w - mins.float()[..., None]) / _safe(scales)[..., None]).clamp(0, 15)
+    return QuantizedWeight(pack_int4(q.to(torch.uint8).reshape(n, k)), scales, mins, 4, group_size)
+
+
+def _safe(scales: Tensor) -> Tensor:
+    """Float scales with zeros replaced by one (an all-zero group quantizes to zeros)."""
+    s = scales.float()
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def pack_int4(q: Tensor) -> Tensor:
+    """``uint8 [N, K]`` of values 0..15 -> ``[N, K/2]`` in the layout above."""
+    n, k = q.shape
+    halves = q.reshape(n, k // 32, 2, 16)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """The inverse of :func:`pack_int4`."""
+    n, half = packed.shape
+    chunks = packed.reshape(n, half // 16, 1, 16)
+    return torch.cat((chunks & 15, chunks >> 4), dim=2).reshape(n, half * 2)
+
+
+def dequantize(w: QuantizedWeight, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The dense ``[N, K]`` weight."""
+    n, k = w.shape
+    q = unpack_int4(w.qweight) if w.bits == 4 else w.qweight
+    groups = q.float().reshape(n, k // w.group_size, w.group_size) * w.scales.float()[..., None]
+    if w.mins is not None:
+        groups = groups + w.mins.float()[..., None]
+    return groups.reshape(n, k).to(dtype)
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """The weights stacked along N (fused q/k/v, gate/up), in a format that holds them all
+    exactly: 4 bits widen to 8 (with mins), groups split to the smallest one."""
+    if len(parts) == 1:
+        return parts[0]
+    bits = max(p.bits for p in parts)
+    group = min(p.group_size for p in parts)
+    with_mins = any(p.mins is not None for p in parts)
+    if with_mins and group % 32:  # mins need whole 32-runs: requantize (no such GGUF mix known)
+        return quantize_int8(torch.cat([dequantize(p) for p in parts]), 32)
+    same = [_widen(p, bits, group, with_mins) for p in parts]
+    mins = torch.cat([p.mins for p in same if p.mins is not None]) if with_mins else None
+    return QuantizedWeight(
+        torch.cat([p.qweight for p in same]),
+        torch.cat([p.scales for p in same]),
+        mins,
+        bits,
+        group,
+    )
+
+
+def _widen(w: QuantizedWeight, bits: int, group: int, with_mins: bool) -> QuantizedWeight:
+    qweight, scales, mins = w.qweight, w.scales, w.mins
+    if bits != w.bits:  # 0..15 as int8, the mins unchanged
+        qweight = unpack_int4(qweight).to(torch.int8)
+    split = w.group_size // group
+    scales = scales.repeat_interleave(split, dim=1)
+    if mins is not None:
+        mins = mins.repeat_interleave(split, dim=1)
+    elif with_mins:
+        mins = torch.zeros_like(scales)
+    return QuantizedWeight(qweight, scales, mins, bits, group)
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ W.T (+ b)`` with ``W`` quantized; a drop-in for an inference ``nn.Linear``."""
+
+    qweight: Tensor
+    scales: Tensor
+    mins: Tensor | None
+
+    def __init__(self, weight: QuantizedWeight, bias: Tensor | None = None) -> None:
+        super().__init__()
+        weight.check()
+        self.out_features, self.in_features = weight.shape
+        self.bits, self.group_size = weight.bits, weight.group_size
+        self.register_buffer("qweight", weight.qweight)
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("mins", weight.mins)
+        self.bias = bias
+        self.dense_from_rows = DENSE_FROM_ROWS
+        self.kernel = _kernel() if weight.qweight.device.type == "cpu" else None
+
+    @property
+    def weight_q(self) -> QuantizedWeight:
+        return QuantizedWeight(self.qweight, self.scales, self.mins, self.bits, self.group_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.kernel is not None and flat.dtype in (torch.float32, torch.bfloat16):
+            y = self.kernel(
+                flat.contiguous(),
+                self.qweight,
+                self.scales,
+                self.mins,
+                self.bits,
+                self.group_size,
+                self.dense_from_rows,
+            )
+        else:
+            y = F.linear(flat, dequantize(self.weight_q, flat.dtype))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bits={self.bits}, group_size={self.group_size}, mins={self.mins is not None}"
+        )
+
+
+def _kernel() -> Any | None:
+    kernels = portable_kernels()
+    return getattr(kernels, "quant_linear", None)
+
+
+def linear_paths(model: Transformer, *, lm_head: bool) -> list[str]:
+    """The module paths of the linears quantization replaces."""
+    paths = [
+        f"layers.{i}.{name}"
+        for i in range(len(model.layers))
+        for name in ("attn.wqkv", "attn.wo", "mlp.w13", "mlp.w2")
+    ]
+    return [*paths, "lm_head"] if lm_head else paths
+
+
+def quantize_model(
+    model: Transformer, method: str, *, folder: Path | None = None, lm_head: bool = True
+) -> int:
+    """Swap the model's linears for :class:`QuantLinear` (in place); returns the weights'
+    bytes after. ``gguf`` takes the blocks ``folder`` holds (a converted GGUF); ``lm_head``:
+    the LM head too (the embedding table stays dense either way: a lookup reads one row)."""
+    if method not in METHODS:
+        raise ValueError(f"quantization must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "gguf":
+        if folder is None:
+            raise ModelLoadError("gguf quantization needs the model's folder")
+        weights = _gguf_weights(folder, model)
+    else:
+        weights = {}
+        for path in linear_paths(model, lm_head=lm_head):
+            dense = _dense(model.get_submodule(path))
+            device = dense.device
+            weights[path] = _to(
+                quantize_int8(dense) if method == "int8" else quantize_int4(dense), device
+            )
+    total = 0
+    for path, weight in weights.items():
+        old = model.get_submodule(path)
+        bias = getattr(old, "bias", None)
+        model.set_submodule(path, QuantLinear(weight, bias))
+        total += weight.nbytes
+    return total
+
+
+def _dense(module: nn.Module) -> Tensor:
+    weight = getattr(module, "weight", None)
+    if not isinstance(module, nn.Linear) or not isinstance(weight, Tensor):
+        raise ValueError(f"cannot quantize {type(module).__name__}: not a plain nn.Linear")
+    return weight
+
+
+def _to(w: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+    mins = None if w.mins is None else w.mins.to(device)
+    return QuantizedWeight(w.qweight.to(device), w.scales.to(device), mins, w.bits, w.group_size)
+
+
+def has_gguf_blocks(folder: Path) -> bool:
+    """Whether ``folder`` (a converted GGUF) kept the file's quantized blocks."""
+    return (folder / QUANTIZATION_FILE).is_file() and (folder / QUANTIZED_FILE).is_file()
+
+
+def _gguf_weights(folder: Path, model: Transformer) -> dict[str, QuantizedWeight]:
+    """Our module paths -> the GGUF's blocks, fused projections concatenated; a linear
+    whose parts were not all quantized in the file stays dense."""
+    if not has_gguf_blocks(folder):
+        raise ModelLoadError(
+            f"{folder}: no GGUF quantized weights (quantization gguf serves a .gguf model)"
+        )
+    try:
+        meta = json.loads((folder / QUANTIZATION_FILE).read_text())
+        entries: dict[str, dict[str, int]] = meta["tensors"]
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, not {FORMAT}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{folder / QUANTIZATION_FILE}: unreadable ({e})") from e
+    device = model.embed_tokens.weight.device
+    parts: dict[str, dict[int, QuantizedWeight]] = {}
+    try:
+        with safe_open(str(folder / QUANTIZED_FILE), framework="pt") as f:
+            stored = set(f.keys())
+            for name, entry in entries.items():
+                path, index = _our_path(name)
+                mins_key = f"{name}.mins"
+                weight = QuantizedWeight(
+                    f.get_tensor(f"{name}.qweight"),
+                    f.get_tensor(f"{name}.scales"),
+                    f.get_tensor(mins_key) if mins_key in stored else None,
+                    int(entry["bits"]),
+                    int(entry["group_size"]),
+                )
+                weight.check()
+                parts.setdefault(path, {})[index] = _to(weight, device)
+    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"{folder / QUANTIZED_FILE}: unreadable ({e})") from e
+    weights = {}
+    for path, pieces in parts.items():
+        module = model.get_submodule(path)
+        want = _fused_count(path)
+        if len(pieces) != want or sorted(pieces) != list(range(want)):
+            continue  # some parts were left dense in the file
+        weight = concat_rows([pieces[i] for i in range(want)])
+        if weight.shape != (module.out_features, module.in_features):
+            raise ModelLoadError(f"{folder}: quantized {path} is {weight.shape}")
+        weights[path] = weight
+    return weights
+
+
+def _our_path(hf_name: str) -> tuple[str, int]:
+    if hf_name == "lm_head":
+        return "lm_head", 0
+    prefix, _, rest = hf_name.removeprefix("model.").partition(".")
+    layer, _, module = rest.partition(".")
+    if prefix != "layers" or module not in _FUSED:
+        raise ValueError(f"unexpected quantized tensor {hf_name!r}")
+    target, index = _FUSED[module]
+    return f"layers.{layer}.{target}", index
+
+
+def _fused_count(path: str) -> int:
+    return 3 if path.endswith("wqkv") else 2 if path.endswith("w13") else 1
+
+
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How closely a quantized model follows its reference over some prompts, teacher
+    forced: ``top1`` the share of positions whose argmax next token is the same,
+    ``last_top1`` that share at each prompt's last position only, ``mean_kl`` the mean
+    KL(reference || model) of the next-token distributions in nats."""
+
+    positions: int
+    top1: float
+    last_top1: float
+    mean_kl: float
+
+
+@torch.inference_mode()
+def agreement(reference: Transformer, model: Transformer, prompts: list[list[int]]) -> Agreement:
+    """:class:`Agreement` of ``model`` with ``reference`` on ``prompts`` (token ids)."""
+    same = last_same = positions = 0
+    kl = 0.0
+    device = reference.embed_tokens.weight.device
+    for ids in prompts:
+        batch = torch.tensor([ids], device=device)
+        ref = reference(batch)[0].float().log_softmax(-1)
+        got = model(batch)[0].float().log_softmax(-1)
+        matches = ref.argmax(-1) == got.argmax(-1)
+        same += int(matches.sum())
+        last_same += int(matches[-1])
+        positions += len(ids)
+        kl += float((ref.exp() * (ref - got)).sum())
+    n = max(positions, 1)
+    return Agreement(positions, same / n, last_same / max(len(prompts), 1), kl / n)

@@ -1,0 +1,144 @@
+"""Weight-only quantization (adapters/torch/quant.py): the format, the quantizers, fused
+concatenation, QuantLinear on both paths, and models loaded quantized."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adapters.torch.loader import load_model
+from adapters.torch.quant import (
+    QuantizedWeight,
+    QuantLinear,
+    concat_rows,
+    dequantize,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+    unpack_int4,
+)
+from adapters.weights.dummy import resolve_dummy
+from domain.errors import ModelLoadError
+
+
+def _smollm2_config(tmp_path: Path) -> Path:
+    return resolve_dummy("SmolLM2-135M", tmp_path).path
+
+
+def _weight(n: int = 48, k: int = 128, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+
+def test_int4_packing_is_ggufs_q4_layout() -> None:
+    q = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64)
+    packed = pack_int4(q)
+    assert packed.shape == (1, 32)
+    # byte j of a 32-run: element j low, element j + 16 high
+    assert packed[0, 0].item() == q[0, 0].item() | (q[0, 16].item() << 4)
+    assert packed[0, 17].item() == q[0, 33].item() | (q[0, 49].item() << 4)
+    assert torch.equal(unpack_int4(packed), q)
+
+
+def test_int8_per_channel_error_within_half_a_step() -> None:
+    w = _weight()
+    qw = quantize_int8(w)
+    assert qw.scales.shape == (48, 1) and qw.mins is None and qw.group_size == 128
+    step = qw.scales.float()
+    assert ((dequantize(qw) - w).abs() <= step / 2 + 1e-3 * step).all()
+    assert qw.qweight.abs().max().item() == 127
+
+
+def test_int4_error_within_half_a_step_and_groups() -> None:
+    w = _weight()
+    qw = quantize_int4(w, 32)
+    assert qw.scales.shape == (48, 4) and qw.mins is not None
+    assert qw.qweight.shape == (48, 64)
+    step = qw.scales.float().repeat_interleave(32, dim=1)
+    assert ((dequantize(qw) - w).abs() <= step / 2 + 2e-3 * step.max()).all()
+    assert qw.nbytes == 48 * 64 + 2 * 48 * 4 * 2
+
+
+def test_zero_groups_quantize_to_zero() -> None:
+    w = torch.zeros(4, 64)
+    for qw in (quantize_int8(w), quantize_int4(w)):
+        assert torch.equal(dequantize(qw), w)
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("int4", "int4"),
+        ("int4", "int8"),
+        ("int8/16", "int8"),
+        ("int8", "int8/16", "int4"),
+    ],
+)
+def test_concat_rows_is_exact_across_formats(parts: tuple[str, ...]) -> None:
+    makers = {
+        "int4": lambda w: quantize_int4(w, 32),
+        "int8": lambda w: quantize_int8(w, 32),
+        "int8/16": lambda w: quantize_int8(w, 16),
+    }
+    weights = [makers[p](_weight(16, 64, i)) for i, p in enumerate(parts)]
+    fused = concat_rows(weights)
+    fused.check()
+    want = torch.cat([dequantize(w) for w in weights])
+    if "int4" in parts and "int8/16" in parts:  # mins on 16-groups: requantized to int8/32
+        assert fused.bits == 8 and fused.group_size == 32
+        assert (dequantize(fused) - want).abs().max() < 0.05
+    else:
+        assert torch.equal(dequantize(fused), want)
+
+
+def test_check_rejects_a_bad_format() -> None:
+    w = quantize_int4(_weight())
+    with pytest.raises(ValueError, match="group size"):
+        QuantizedWeight(w.qweight, w.scales, w.mins, 4, 48).check()
+    with pytest.raises(ValueError, match="float16"):
+        QuantizedWeight(w.qweight, w.scales.float(), w.mins, 4, 32).check()
+    with pytest.raises(ValueError, match="qweight"):
+        QuantizedWeight(w.qweight.to(torch.int8), w.scales, w.mins, 4, 32).check()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_quant_linear_matches_the_dequantized_weight(method: str, kernel: bool) -> None:
+    w = _weight(96, 256)
+    qw = quantize_int8(w) if method == "int8" else quantize_int4(w)
+    layer = QuantLinear(qw, bias=torch.ones(96))
+    if not kernel:
+        layer.kernel = None
+    elif layer.kernel is None:
+        pytest.skip("the portable CPU kernels are not built on this machine")
+    want_w = dequantize(qw)
+    for rows in (1, 5, 40):  # int8 dot products and dequantized tiles
+        x = torch.randn(2, rows, 256)
+        want = F.linear(x, want_w) + 1
+        got = layer(x)
+        assert got.shape == (2, rows, 96)
+        rel = (got - want).norm() / want.norm()
+        assert rel < (1e-2 if kernel else 1e-5), (rows, rel)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_model_quantized_stays_close_to_dense(method: str, tmp_path: Path) -> None:
+    folder = _smollm2_config(tmp_path)
+    dense = load_model(folder, dtype=torch.float32, random_weights=True, prepack=False)
+    quant = load_model(folder, dtype=torch.float32, random_weights=True, quantization=method)
+    linears = [m for m in quant.modules() if isinstance(m, QuantLinear)]
+    assert len(linears) == 4 * len(quant.layers) + 1  # the LM head included
+    ids = torch.tensor([[1, 5, 9, 300, 7, 42]])
+    a, b = dense(ids)[0, -1], quant(ids)[0, -1]
+    cos = F.cosine_similarity(a, b, dim=0).item()
+    assert cos > (0.995 if method == "int8" else 0.9), cos  # random weights, 30 layers
+
+
+def test_gguf_quantization_needs_gguf_blocks(tmp_path: Path) -> None:
+    folder = _smollm2_config(tmp_path)
+    model = load_model(folder, dtype=torch.float32, random_weights=True, prepack=False)
+    with pytest.raises(ModelLoadError, match="no GGUF quantized weights"):
+        quantize_model(model, "gguf", folder=folder)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        quantize_model(model, "int3")
