@@ -2,6 +2,8 @@
 
 Tensors are dequantized exactly (no requantization), renamed from llama.cpp's names to
 transformers' names, and put back into transformers' layout where llama.cpp changed it.
+Linear weights in a quantization infer can run (see gguf_quant) are also written, still
+quantized, to quantized.safetensors and listed in quantization.json.
 """
 
 import json
@@ -17,6 +19,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from adapters.weights.gguf_config import HF_FAMILIES, GGUFMetadata, generation_config, hf_config
+from adapters.weights.gguf_quant import DECODERS, QuantizedLinear
 from domain.errors import ModelLoadError
 
 # Read separately (tokens) or only by transformers' tokenizer builder.
@@ -51,6 +54,9 @@ GEMMA3_LAYER_NAMES = LAYER_NAMES | {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 LAYER_NAMES_BY_ARCH = {"llama": LAYER_NAMES, "qwen3": LAYER_NAMES, "gemma3": GEMMA3_LAYER_NAMES}
+# Linear layers' weights: the ones that may stay quantized.
+LAYER_LINEARS = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+QUANTIZATION_FORMAT = "infer-quantized-v1"
 # llama.cpp derives it from the rope scaling config: it goes back into config.json instead.
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -68,6 +74,7 @@ def convert_gguf(path: Path, out: Path, *, progress: bool) -> None:
         hf_name = hf_tensor_name(meta, name)
         tensors[hf_name] = to_hf_layout(meta.arch, hf_name, weight, config)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _save_quantized(meta, reader.tensors, config, out)
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_config(meta))
     if "tokenizer.ggml.model" in meta.values:
@@ -111,6 +118,62 @@ def _dequantize(path: Path, tensor: ReaderTensor) -> np.ndarray:
     if weight.shape != shape:
         raise ModelLoadError(f"{path}: tensor {tensor.name} is {weight.shape}, expected {shape}")
     return weight.astype(np.float32, copy=False)
+
+
+def _save_quantized(
+    meta: GGUFMetadata, tensors: list[ReaderTensor], config: dict[str, Any], out: Path
+) -> None:
+    """Write quantized.safetensors and quantization.json, if any linear has a decodable type.
+
+    A model with none (F16, or only other quantizations) gets neither file: it is dense.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    for hf_name, tensor in _linears(meta, tensors):
+        decode = DECODERS.get(tensor.tensor_type)
+        if decode is None:
+            continue
+        quantized = _to_hf_layout(meta.arch, hf_name, decode(tensor.data), config)
+        base = hf_name.removesuffix(".weight")
+        arrays[f"{base}.qweight"] = quantized.qweight
+        arrays[f"{base}.scales"] = quantized.scales
+        if quantized.mins is not None:
+            arrays[f"{base}.mins"] = quantized.mins
+        entries[base] = {
+            "bits": quantized.bits,
+            "group_size": quantized.group_size,
+            "gguf_type": tensor.tensor_type.name,
+        }
+    if not entries:
+        return
+    save_file(arrays, str(out / "quantized.safetensors"), metadata={"format": QUANTIZATION_FORMAT})
+    manifest = {"format": QUANTIZATION_FORMAT, "source": "gguf", "tensors": entries}
+    _write_json(out / "quantization.json", manifest)
+
+
+def _linears(meta: GGUFMetadata, tensors: list[ReaderTensor]) -> list[tuple[str, ReaderTensor]]:
+    """(HF name, tensor) of every linear weight; a tied token_embd is also ``lm_head``."""
+    names = {tensor.name for tensor in tensors}
+    linears = []
+    for tensor in tensors:
+        base, _, suffix = tensor.name.rpartition(".")
+        layer_linear = base.startswith("blk.") and base.rsplit(".", 1)[-1] in LAYER_LINEARS
+        if suffix == "weight" and (layer_linear or base == "output"):
+            linears.append((hf_tensor_name(meta, tensor.name), tensor))
+        elif tensor.name == "token_embd.weight" and "output.weight" not in names:
+            linears.append(("lm_head.weight", tensor))
+    return linears
+
+
+def _to_hf_layout(
+    arch: str, name: str, quantized: QuantizedLinear, config: dict[str, Any]
+) -> QuantizedLinear:
+    """The dense layout fix on each per-row array: rows are quantized independently."""
+    return quantized._replace(
+        qweight=to_hf_layout(arch, name, quantized.qweight, config),
+        scales=to_hf_layout(arch, name, quantized.scales, config),
+        mins=None if quantized.mins is None else to_hf_layout(arch, name, quantized.mins, config),
+    )
 
 
 def hf_tensor_name(meta: GGUFMetadata, gguf_name: str) -> str:
