@@ -20,7 +20,7 @@ from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
 from adapters.torch.models.qwen3 import Qwen3Model
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import quantize_model
+from adapters.torch.quant import QUANTIZED_FILE, quantize_model
 from domain.errors import ModelLoadError
 
 FAMILIES: dict[str, Callable[[ModelConfig], Transformer]] = {
@@ -154,7 +154,8 @@ def _weight_files(folder: Path) -> list[Path]:
             raise ModelLoadError(f"{index}: invalid shard index ({e})") from e
         files = [folder / name for name in sorted(set(weight_map.values()))]
     else:
-        files = sorted(folder.glob("*.safetensors"))
+        # quantized.safetensors holds a GGUF's blocks, read only by quantize_model
+        files = sorted(p for p in folder.glob("*.safetensors") if p.name != QUANTIZED_FILE)
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors weights found")
     missing = [f for f in files if not f.is_file()]
