@@ -136,6 +136,24 @@ def test_non_contiguous_input_and_a_large_layer() -> None:
         assert relative_error(got, want) < (1e-5 if dense_from_rows == 1 else 3e-2)
 
 
+@pytest.mark.parametrize("mode", ["inference_mode", "requires_grad"])
+def test_both_paths_work_in_inference_mode_and_with_grad_inputs(mode: str) -> None:
+    """The dense path's worker threads run ATen ops on the caller's tensors: they must work
+    whatever autograd state the caller (not the workers) is in."""
+    n, k = 1030, 256  # several tiles: several threads where there are
+    qweight, scales, mins = random_weight(n, k, 4, 32, True)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(4))
+    want = x @ reference_dequantize(qweight, scales, mins, 4, 32).T
+    for dense_from_rows in (1, DENSE_NEVER):
+        if mode == "inference_mode":
+            with torch.inference_mode():
+                got = portable.quant_linear(x, qweight, scales, mins, 4, 32, dense_from_rows)
+        else:
+            xg = x.clone().requires_grad_()
+            got = portable.quant_linear(xg, qweight, scales, mins, 4, 32, dense_from_rows)
+        assert relative_error(got, want) < (1e-5 if dense_from_rows == 1 else 3e-2)
+
+
 def test_no_rows_gives_an_empty_output() -> None:
     qweight, scales, _ = random_weight(N, K, 8, K, False)
     got = portable.quant_linear(torch.zeros(0, K), qweight, scales, None, 8, K, DENSE_NEVER)

@@ -401,7 +401,9 @@ void int_linear(const at::Tensor& x, const Weight& w, at::Tensor& y) {
 
 // y = x @ W.T with W dequantized a tile of rows at a time into T: each thread dequantizes a
 // tile (kept in its cache) and multiplies it with at::mm, single-threaded inside the
-// parallel region, straight into its columns of y.
+// parallel region, straight into its columns of y. Worker threads do not inherit the
+// caller's autograd / inference-mode state: InferenceMode lets them write into y whichever
+// mode made it.
 template <typename T>
 void dense_tiles(const at::Tensor& x, const Weight& w, at::Tensor& y) {
   const int64_t threads = at::get_num_threads();
@@ -410,6 +412,7 @@ void dense_tiles(const at::Tensor& x, const Weight& w, at::Tensor& y) {
   tiles = (tiles + threads - 1) / threads * threads;  // an equal share per thread
   const int64_t tile = (w.n + tiles - 1) / tiles;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    c10::InferenceMode inference;
     at::Tensor buf = at::empty({tile, w.k}, x.options());
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * tile, n1 = std::min(w.n, n0 + tile);
@@ -488,10 +491,11 @@ Weight check_weight(const at::Tensor& qweight, const at::Tensor& scales,
 }  // namespace
 
 // x [M, K] float32 or bfloat16 -> x @ W.T [M, N] in x's dtype; M < dense_from_rows takes the
-// int8-activation path, larger M the dequantize-and-GEMM one.
+// int8-activation path, larger M the dequantize-and-GEMM one. Inference only: no gradient.
 at::Tensor quant_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
                         std::optional<at::Tensor> mins, int64_t bits, int64_t group_size,
                         int64_t dense_from_rows) {
+  at::NoGradGuard no_grad;
   TORCH_CHECK(x.device().is_cpu(), "quant_linear: x must be on the CPU");
   TORCH_CHECK(x.dim() == 2, "quant_linear: x must be 2-D [M, K], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
