@@ -40,6 +40,7 @@ SHAPES = {
 }
 NEVER = 1 << 30
 COLD_BYTES = 64 << 20  # more than the last-level cache: every call reads from memory
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile")
 
 
 def _time(fn: Callable[[int], object], budget: float) -> float:
@@ -96,10 +97,10 @@ def _shape_rows(
     n, k = SHAPES[name]
     w32 = [torch.randn(n, k) * 0.02 for _ in range(_copies(4 * n * k, warm))]
     w16 = [w.bfloat16() for w in w32[: _copies(2 * n * k, warm)]]
-    # row name -> (call(x, i) on copy i, weight bytes a call reads)
-    rows: dict[str, tuple[Callable[[Tensor, int], Tensor], int]] = {
-        "F.linear fp32": (lambda x, i: F.linear(x, w32[i % len(w32)]), 4 * n * k),
-        "F.linear bf16": (lambda x, i: F.linear(x.bfloat16(), w16[i % len(w16)]), 2 * n * k),
+    # row name -> (call(x, i) on copy i, weight bytes a call reads, x's dtype)
+    rows: dict[str, tuple[Callable[[Tensor, int], Tensor], int, torch.dtype]] = {
+        "F.linear fp32": (lambda x, i: F.linear(x, w32[i % len(w32)]), 4 * n * k, torch.float32),
+        "F.linear bf16": (lambda x, i: F.linear(x, w16[i % len(w16)]), 2 * n * k, torch.bfloat16),
     }
     kernels = portable_kernels()
     if kernels is not None:
@@ -113,49 +114,28 @@ def _shape_rows(
                     q, s, mn, bits, group = copies[i % len(copies)]
                     return kernels.quant_linear(x, q, s, mn, bits, group, dense_from)
 
-                rows[f"{fmt} {path}"] = (call, _nbytes(q, s, mn))
+                rows[f"{fmt} {path}"] = (call, _nbytes(q, s, mn), torch.float32)
     out = []
     for m in ms:
         x = torch.randn(m, k)
-        for row, (call, nbytes) in rows.items():
-            out.append((name, m, row, _time(functools.partial(call, x), budget), nbytes))
+        for row, (call, nbytes, dtype) in rows.items():
+            t = _time(functools.partial(call, x.to(dtype)), budget)
+            out.append((name, m, row, t, nbytes))
     return out
 
 
 def _machine() -> str:
-    """CPU model, cores and the vector ISA flags that matter here, from /proc/cpuinfo."""
+    """CPU model, threads and the vector ISA flags that matter here, from /proc/cpuinfo."""
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return "cpu: unknown (no /proc/cpuinfo)"
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in info.splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown",
-    )
-    flags = set(
-        next(
-            (line.split(":", 1)[1] for line in info.splitlines() if line.startswith("flags")), ""
-        ).split()
-    )
-    isa = [
-        f
-        for f in (
-            "avx2",
-            "fma",
-            "f16c",
-            "avx512f",
-            "avx512_vnni",
-            "avx512_bf16",
-            "avx_vnni",
-            "amx_tile",
-        )
-        if f in flags
-    ]
-    return f"cpu: {model}, {torch.get_num_threads()} threads, ISA: {' '.join(isa)}"
+    fields = dict(line.split(":", 1) for line in reversed(lines) if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    isa = " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + " ".join(ISA_FLAGS)
+    model = fields.get("model name", "unknown")
+    return f"cpu: {model}, {torch.get_num_threads()} threads, ISA: {isa}"
 
 
 def main() -> None:
