@@ -406,7 +406,8 @@ void int_linear(const at::Tensor& x, const Weight& w, at::Tensor& y) {
 template <typename T>
 void dense_tiles(const at::Tensor& x, const Weight& w, at::Tensor& y) {
   const int64_t threads = at::get_num_threads();
-  const int64_t target = std::clamp<int64_t>((256 << 10) / (w.k * sizeof(T)), 16, 256);
+  // Tiles of ~1 MiB: at M = 256, 256 KiB ones ran 20-40 % behind F.linear, 1 MiB ones even.
+  const int64_t target = std::clamp<int64_t>((1 << 20) / (w.k * sizeof(T)), 16, 1024);
   int64_t tiles = (w.n + target - 1) / target;
   tiles = (tiles + threads - 1) / threads * threads;  // an equal share per thread
   const int64_t tile = (w.n + tiles - 1) / tiles;
