@@ -5,8 +5,11 @@ PyTorch path.
 
 Today: ``paged_attention``, decode attention read through the KV pool's block tables
 (:class:`~adapters.torch.models.paged_kv.PagedKVCache`) without gathering each row's
-context into a contiguous copy first. The AVX512-BF16 kernels (:mod:`.kernels`) are a
-separate build: they need that ISA; these need only a compiler.
+context into a contiguous copy first; ``quant_linear`` and ``quant_dequantize``, linear
+layers over quantized weights (int8, or 4-bit packed like GGUF Q4_0, float16 scales and
+optional mins per group): few rows multiply int8-quantized activations with the weights in
+integers, many rows dequantize tiles for a GEMM. The AVX512-BF16 kernels (:mod:`.kernels`)
+are a separate build: they need that ISA; these need only a compiler.
 """
 
 import functools
@@ -40,7 +43,8 @@ def _isa_flags() -> list[str]:
 
 @functools.cache
 def portable_kernels() -> Any | None:
-    """The compiled ops (``.paged_attention``), or None where they cannot be built."""
+    """The compiled ops (``.paged_attention``, ``.quant_linear``, ``.quant_dequantize``), or
+    None where they cannot be built."""
     if os.environ.get("INFER_CPU_KERNELS", "1") == "0":
         return None
     cflags = ["-O3", "-fopenmp", *_isa_flags()]
@@ -62,7 +66,12 @@ def portable_kernels() -> Any | None:
         )
         if not built:
             log.info("portable CPU kernels built", seconds=round(time.perf_counter() - start, 1))
-        return SimpleNamespace(paged_attention=torch.ops.infer_portable.paged_attention)
+        ops = torch.ops.infer_portable
+        return SimpleNamespace(
+            paged_attention=ops.paged_attention,
+            quant_linear=ops.quant_linear,
+            quant_dequantize=ops.quant_dequantize,
+        )
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("portable cpu kernels unavailable, using PyTorch ops", error=str(e))
         return None

@@ -1,0 +1,548 @@
+// Linear layers over infer's quantized weights ("infer-quantized-v1": int8 [N, K] or 4-bit
+// packed [N, K/2] in GGUF Q4_0's nibble order, float16 scales and optional mins per group
+// of g consecutive k's; W[n, k] = q * scale + min). Two paths, by the caller's row threshold:
+//  - few rows (decode, memory-bound): the activations are quantized to int8 per block of 32
+//    (llama.cpp's Q8_0: dx = max|x| / 127) and each block's dot product with the weights is
+//    done in integers (AVX2 maddubs + madd where the CPU has it), so the weights are read in
+//    their compact form, never widened to float: 4-bit ones are 8x smaller than float32;
+//  - many rows (prefill, compute-bound): tiles of the weight are dequantized to float32
+//    (bfloat16 where the CPU multiplies it natively) and multiplied with at::mm.
+// ATen and the op registry only, like paged_attention.cpp. Ops: torch.ops.infer_portable.
+// quant_linear and quant_dequantize.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/Utils.h>
+#include <torch/library.h>
+
+#if defined(__SSE__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // activation quantization block (and 4-bit packing chunk)
+constexpr int kTileRows = 4;    // weight rows a work item: in L1 for every activation row
+constexpr int kPrefetchTiles = 1;  // how far ahead the integer path prefetches weights
+
+// The checked weight arguments as raw pointers.
+struct Weight {
+  const uint8_t* q;       // row-major; int8 bytes for bits 8, packed nibbles for bits 4
+  const at::Half* scales; // [n, groups]
+  const at::Half* mins;   // [n, groups] or nullptr
+  int64_t n, k, bits, group, groups, row_bytes;
+
+  const uint8_t* row(int64_t r) const { return q + r * row_bytes; }
+};
+
+// float16 -> float32 for a run of values (F16C 8 at a time where the CPU has it).
+inline void halves_to_floats(const at::Half* src, float* dst, int64_t count) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= count; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < count; ++i) dst[i] = _cvtsh_ss(src[i].x);
+#else
+  for (; i < count; ++i) dst[i] = static_cast<float>(src[i]);
+#endif
+}
+
+// One dequantized row of W in float32. q * s is exact in float32 (<= 8-bit q times an
+// 11-bit float16 significand), so fused or separate multiply-add give the same float.
+void dequant_row(const Weight& w, int64_t n, float* scale, float* min, float* out) {
+  halves_to_floats(w.scales + n * w.groups, scale, w.groups);
+  if (w.mins != nullptr)
+    halves_to_floats(w.mins + n * w.groups, min, w.groups);
+  else
+    std::fill(min, min + w.groups, 0.0f);
+  const uint8_t* q = w.row(n);
+  if (w.bits == 8) {  // group % 16 == 0
+    const auto* qs = reinterpret_cast<const int8_t*>(q);
+    for (int64_t g = 0; g < w.groups; ++g) {
+      const float s = scale[g], m = min[g];
+      int64_t k = g * w.group;
+#if defined(__AVX2__)
+      const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m);
+      for (; k < (g + 1) * w.group; k += 8) {
+        const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + k));
+        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+        _mm256_storeu_ps(out + k, _mm256_fmadd_ps(qf, sv, mv));
+      }
+#endif
+      for (; k < (g + 1) * w.group; ++k) out[k] = static_cast<float>(qs[k]) * s + m;
+    }
+    return;
+  }
+  for (int64_t c = 0; c < w.k / kBlock; ++c) {  // bits 4: group % 32 == 0, one group a chunk
+    const int64_t g = c * kBlock / w.group;
+    const float s = scale[g], m = min[g];
+    const uint8_t* b = q + c * kBlock / 2;
+    float* o = out + c * kBlock;
+#if defined(__AVX2__)
+    const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i half[2] = {_mm_and_si128(raw, nib), _mm_and_si128(_mm_srli_epi16(raw, 4), nib)};
+    for (int h = 0; h < 2; ++h)  // low nibbles: k 0..15, high: 16..31; 8 k's a store
+      for (int e = 0; e < 2; ++e) {
+        const __m128i q8 = e == 0 ? half[h] : _mm_srli_si128(half[h], 8);
+        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q8));
+        _mm256_storeu_ps(o + h * 16 + e * 8, _mm256_fmadd_ps(qf, sv, mv));
+      }
+#else
+    for (int j = 0; j < kBlock / 2; ++j) {
+      o[j] = static_cast<float>(b[j] & 0x0F) * s + m;
+      o[j + kBlock / 2] = static_cast<float>(b[j] >> 4) * s + m;
+    }
+#endif
+  }
+}
+
+// Rows [first, last) of W, dequantized into dst ([last - first, k], T).
+template <typename T>
+void dequant_rows(const Weight& w, int64_t first, int64_t last, T* dst) {
+  std::vector<float> scale(w.groups), min(w.groups), row(w.k);
+  for (int64_t n = first; n < last; ++n) {
+    T* out = dst + (n - first) * w.k;
+    if constexpr (std::is_same_v<T, float>) {
+      dequant_row(w, n, scale.data(), min.data(), out);
+    } else {
+      dequant_row(w, n, scale.data(), min.data(), row.data());
+      for (int64_t k = 0; k < w.k; ++k) out[k] = static_cast<T>(row[k]);
+    }
+  }
+}
+
+// The activations quantized per block of 32: q = round(x / dx), dx = max|x| / 127, dx
+// repeated for each of a block's S weight-scale slots (S = 2 when a scale covers 16 k's);
+// and per weight group, sum(dx * q) over the group (what a group's min multiplies).
+struct Acts {
+  std::vector<int8_t> q;   // [m, k]
+  std::vector<float> d;    // [m, k / 32 * S]
+  std::vector<float> sum;  // [m, groups]
+};
+
+template <typename T>
+Acts quantize_acts(const T* x, int64_t rows, int64_t k, int64_t group, int S) {
+  const int64_t blocks = k / kBlock, halves = k / 16, groups = k / group;
+  Acts a{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks * S),
+         std::vector<float>(rows * groups, 0.0f)};
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> half_sum(halves);  // sum(dx * q) per 16 k's: group may be 16
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        float v[kBlock];
+        float amax = 0.0f;
+        for (int j = 0; j < kBlock; ++j) {
+          v[j] = static_cast<float>(x[r * k + b * kBlock + j]);
+          amax = std::max(amax, std::fabs(v[j]));
+        }
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int8_t* q = a.q.data() + r * k + b * kBlock;
+        int32_t s[2] = {0, 0};
+        for (int j = 0; j < kBlock; ++j) {
+          q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+          s[j / 16] += q[j];
+        }
+        for (int i = 0; i < S; ++i) a.d[(r * blocks + b) * S + i] = d;
+        half_sum[2 * b] = d * static_cast<float>(s[0]);
+        half_sum[2 * b + 1] = d * static_cast<float>(s[1]);
+      }
+      float* sum = a.sum.data() + r * groups;
+      for (int64_t h = 0; h < halves; ++h) sum[h * 16 / group] += half_sum[h];
+    }
+  });
+  return a;
+}
+
+// How a tile's weight bytes are laid out for the dot product: packed nibbles (16 bytes a
+// block), nibbles unpacked to one byte each (32 bytes a block, once per tile when several
+// activation rows reuse it), or int8.
+enum class Layout { kPacked4, kUnpacked4, kInt8 };
+
+template <Layout L>
+constexpr int64_t block_bytes() {
+  return L == Layout::kPacked4 ? kBlock / 2 : kBlock;
+}
+
+#if defined(__AVX2__)
+// A 32-block's products summed into 8 int32 lanes: lanes 0-3 from k 0..15, 4-7 from 16..31.
+template <Layout L>
+inline __m256i block_dot(const uint8_t* w, __m256i x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i wv;
+  if constexpr (L == Layout::kPacked4) {  // low nibbles: k 0..15, high nibbles: k 16..31
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+    wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw),
+                          _mm256_set1_epi8(0x0F));
+  } else {
+    wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  }
+  if constexpr (L == Layout::kInt8)  // maddubs wants one unsigned side: |w| * (x with w's sign)
+    return _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv)), ones);
+  else  // unsigned 0..15 times signed x
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones);
+}
+
+// acc + block b's products (weights w, activations x) times its scale(s) cs[b * S + h].
+template <Layout L, int S>
+inline __m256 block_fma(const uint8_t* w, const int8_t* x, const float* cs, int64_t b,
+                        __m256 acc) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kBlock));
+  const __m256 p = _mm256_cvtepi32_ps(block_dot<L>(w + b * block_bytes<L>(), xv));
+  const float* c = cs + b * S;
+  __m256 scale;
+  if constexpr (S == 1)
+    scale = _mm256_broadcast_ss(c);
+  else  // lanes 0-3 hold k 0..15, 4-7 hold k 16..31
+    scale = _mm256_set_m128(_mm_broadcast_ss(c + 1), _mm_broadcast_ss(c));
+  return _mm256_fmadd_ps(p, scale, acc);
+}
+
+// The four horizontal sums of a0..a3, in order.
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+#endif
+
+// kTileRows weight rows (w[r], block_bytes<L>() a block) dotted with one quantized activation
+// row: out[r] = sum over blocks of int_dot * cs[r][b * S + h] (dx * weight scale; S = 2: one
+// scale per 16 k's), plus sum over groups of min[r][g] * xs[g] when min is given.
+template <Layout L, int S>
+void dot_tile(const uint8_t* const* w, const int8_t* x, const float* cs, int64_t blocks,
+              const float* min, const float* xs, int64_t groups, float* out) {
+  constexpr int R = kTileRows;
+  const int64_t stride = blocks * S;  // of cs, per row
+#if defined(__AVX2__)
+  static_assert(R == 4, "the AVX2 epilogue sums four rows at once");
+  __m256 acc[R];
+  // One row after the other, so that the weights stream from memory in order: reading the
+  // rows a block each in turn halves the memory throughput (measured on Zen). Four
+  // accumulators a row (blocks b % 4) hide the FMA latency when the weights are in cache.
+  for (int r = 0; r < R; ++r) {
+    __m256 part[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                      _mm256_setzero_ps()};
+    const float* c = cs + r * stride;
+    int64_t b = 0;
+    for (; b + 4 <= blocks; b += 4)
+      for (int u = 0; u < 4; ++u) part[u] = block_fma<L, S>(w[r], x, c, b + u, part[u]);
+    for (int u = 0; b < blocks; ++b, ++u) part[u] = block_fma<L, S>(w[r], x, c, b, part[u]);
+    acc[r] = _mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3]));
+  }
+  float tail[R] = {};  // the groups past the last multiple of 8
+  if (min != nullptr) {
+    const int64_t vec = groups / 8 * 8;
+    for (int64_t g = 0; g < vec; g += 8) {
+      const __m256 xg = _mm256_loadu_ps(xs + g);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(min + r * groups + g), xg, acc[r]);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int64_t g = vec; g < groups; ++g) tail[r] += min[r * groups + g] * xs[g];
+  }
+  _mm_storeu_ps(out, _mm_add_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(tail)));
+#else
+  constexpr int64_t wbytes = block_bytes<L>();
+  for (int r = 0; r < R; ++r) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* wb = w[r] + b * wbytes;
+      const int8_t* xb = x + b * kBlock;
+      int32_t half[2] = {0, 0};
+      for (int j = 0; j < kBlock; ++j) {
+        int32_t q;
+        if constexpr (L == Layout::kPacked4)
+          q = j < 16 ? (wb[j] & 0x0F) : (wb[j - 16] >> 4);
+        else if constexpr (L == Layout::kUnpacked4)
+          q = wb[j];
+        else
+          q = static_cast<int8_t>(wb[j]);
+        half[j / 16] += q * xb[j];
+      }
+      const float* c = cs + r * stride + b * S;
+      if constexpr (S == 1)
+        acc += static_cast<float>(half[0] + half[1]) * c[0];
+      else
+        acc += static_cast<float>(half[0]) * c[0] + static_cast<float>(half[1]) * c[1];
+    }
+    for (int64_t g = 0; min != nullptr && g < groups; ++g) acc += min[r * groups + g] * xs[g];
+    out[r] = acc;
+  }
+#endif
+}
+
+// Per-thread buffers of the integer path for one tile: its scales expanded to one per scale
+// slot (S per 32-block, [row][slot]), its mins ([row][group]), the scales times one
+// activation row's dx, and its 4-bit weights unpacked to bytes.
+struct Scratch {
+  std::vector<float> scale, min, cs;
+  std::vector<uint8_t> unpacked;
+  Scratch(const Weight& w, int64_t slots)
+      : scale(kTileRows * slots), min(kTileRows * w.groups), cs(kTileRows * slots),
+        unpacked(w.bits == 4 ? kTileRows * w.k : 0) {}
+};
+
+// A 4-bit row's nibbles as one byte per k (the chunk layout: low nibbles first).
+void unpack_row(const uint8_t* q, int64_t k, uint8_t* out) {
+  for (int64_t c = 0; c < k / kBlock; ++c) {
+    const uint8_t* in = q + c * kBlock / 2;
+    uint8_t* o = out + c * kBlock;
+#if defined(__AVX2__)
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
+                        _mm256_and_si256(both, _mm256_set1_epi8(0x0F)));
+#else
+    for (int j = 0; j < kBlock / 2; ++j) {
+      o[j] = in[j] & 0x0F;
+      o[j + kBlock / 2] = in[j] >> 4;
+    }
+#endif
+  }
+}
+
+// Asks for the next tile's weights, scales and mins while this one computes (the hardware
+// prefetcher alone leaves ~10 % of the memory throughput, measured on Zen).
+void prefetch_tile(const Weight& w, int64_t n0) {
+#if defined(__SSE__) || defined(__AVX2__)
+  if (n0 >= w.n) return;
+  const int64_t rows = std::min<int64_t>(kTileRows, w.n - n0);
+  const auto* q = reinterpret_cast<const char*>(w.row(n0));
+  for (int64_t i = 0; i < rows * w.row_bytes; i += 64) _mm_prefetch(q + i, _MM_HINT_T0);
+  const int64_t half_bytes = rows * w.groups * 2;
+  const auto* sc = reinterpret_cast<const char*>(w.scales + n0 * w.groups);
+  for (int64_t i = 0; i < half_bytes; i += 64) _mm_prefetch(sc + i, _MM_HINT_T0);
+  const auto* mn = reinterpret_cast<const char*>(w.mins + n0 * w.groups);
+  for (int64_t i = 0; w.mins != nullptr && i < half_bytes; i += 64)
+    _mm_prefetch(mn + i, _MM_HINT_T0);
+#endif
+}
+
+// Output columns [n0, n0 + 4) (fewer at the end: the last row stands in for missing ones)
+// for every activation row: the tile's weights are read from memory once and reused from
+// L1 for all of them.
+template <Layout L, int S, typename T>
+void int_tile(const Weight& w, const Acts& a, int64_t rows, int64_t n0, Scratch& sc, T* y) {
+  constexpr int R = kTileRows;
+  const int64_t blocks = w.k / kBlock, slots = blocks * S, per_group = slots / w.groups;
+  const bool unpack = L == Layout::kPacked4 && rows > 1;
+  prefetch_tile(w, n0 + kPrefetchTiles * R);
+  const uint8_t* wr[R];
+  for (int r = 0; r < R; ++r) {
+    const int64_t n = std::min(n0 + r, w.n - 1);
+    wr[r] = w.row(n);
+    if (unpack) {
+      unpack_row(wr[r], w.k, sc.unpacked.data() + r * w.k);
+      wr[r] = sc.unpacked.data() + r * w.k;
+    }
+    float* scale = sc.scale.data() + r * slots;
+    halves_to_floats(w.scales + n * w.groups, scale, w.groups);
+    for (int64_t g = w.groups - 1; per_group > 1 && g >= 0; --g) {  // slot i: group i / per
+      const float v = scale[g];  // expanded in place from the back
+      std::fill(scale + g * per_group, scale + (g + 1) * per_group, v);
+    }
+    if (w.mins != nullptr)
+      halves_to_floats(w.mins + n * w.groups, sc.min.data() + r * w.groups, w.groups);
+  }
+  const float* min = w.mins != nullptr ? sc.min.data() : nullptr;
+  const int valid = static_cast<int>(std::min<int64_t>(R, w.n - n0));
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* dx = a.d.data() + m * slots;
+    for (int r = 0; r < R; ++r) {
+      float* cs = sc.cs.data() + r * slots;
+      const float* scale = sc.scale.data() + r * slots;
+      for (int64_t i = 0; i < slots; ++i) cs[i] = scale[i] * dx[i];
+    }
+    float dot[R];
+    const int8_t* x = a.q.data() + m * w.k;
+    const float* xs = a.sum.data() + m * w.groups;
+    if (unpack)
+      dot_tile<Layout::kUnpacked4, S>(wr, x, sc.cs.data(), blocks, min, xs, w.groups, dot);
+    else
+      dot_tile<L, S>(wr, x, sc.cs.data(), blocks, min, xs, w.groups, dot);
+    for (int r = 0; r < valid; ++r) y[m * w.n + n0 + r] = static_cast<T>(dot[r]);
+  }
+}
+
+template <Layout L, int S, typename T>
+void int_path(const Weight& w, const Acts& a, int64_t rows, T* y) {
+  const int64_t tiles = (w.n + kTileRows - 1) / kTileRows;
+  const int64_t work = std::max<int64_t>(1, rows * (w.k / kBlock) * kTileRows);
+  const int64_t grain = std::max<int64_t>(1, 8192 / work);  // tiny layers stay on one thread
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+    Scratch sc(w, (w.k / kBlock) * S);
+    for (int64_t t = begin; t < end; ++t) int_tile<L, S>(w, a, rows, t * kTileRows, sc, y);
+  });
+}
+
+template <typename T>
+void int_linear(const at::Tensor& x, const Weight& w, at::Tensor& y) {
+  const int64_t rows = x.size(0);
+  const int S = w.group % kBlock == 0 ? 1 : 2;
+  const Acts a = quantize_acts(x.data_ptr<T>(), rows, w.k, w.group, S);
+  T* out = y.data_ptr<T>();
+  if (w.bits == 4)
+    int_path<Layout::kPacked4, 1>(w, a, rows, out);
+  else if (w.group % kBlock == 0)
+    int_path<Layout::kInt8, 1>(w, a, rows, out);
+  else
+    int_path<Layout::kInt8, 2>(w, a, rows, out);
+}
+
+// y = x @ W.T with W dequantized a tile of rows at a time into T: each thread dequantizes a
+// tile (kept in its cache) and multiplies it with at::mm, single-threaded inside the
+// parallel region, straight into its columns of y. Worker threads do not inherit the
+// caller's autograd / inference-mode state: InferenceMode lets them write into y whichever
+// mode made it.
+template <typename T>
+void dense_tiles(const at::Tensor& x, const Weight& w, at::Tensor& y) {
+  const int64_t threads = at::get_num_threads();
+  // Tiles of ~1 MiB: at M = 256, 256 KiB ones ran 20-40 % behind F.linear, 1 MiB ones even.
+  const int64_t target = std::clamp<int64_t>((1 << 20) / (w.k * sizeof(T)), 16, 1024);
+  int64_t tiles = (w.n + target - 1) / target;
+  tiles = (tiles + threads - 1) / threads * threads;  // an equal share per thread
+  const int64_t tile = (w.n + tiles - 1) / tiles;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    c10::InferenceMode inference;
+    at::Tensor buf = at::empty({tile, w.k}, x.options());
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * tile, n1 = std::min(w.n, n0 + tile);
+      if (n0 >= n1) break;
+      dequant_rows(w, n0, n1, buf.data_ptr<T>());
+      at::Tensor cols = y.narrow(1, n0, n1 - n0);
+      at::mm_out(cols, x, buf.narrow(0, 0, n1 - n0).t());
+    }
+  });
+}
+
+// Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16, AMX): elsewhere a bfloat16
+// GEMM is emulated and several times slower than a float32 one.
+bool native_bf16() {
+  static const bool has = [] {
+    const auto caps = at::cpu::get_cpu_capabilities();
+    auto on = [&](const char* key) {
+      const auto it = caps.find(key);
+      return it != caps.end() && it->second.isBool() && it->second.toBool();
+    };
+    return on("avx512_bf16") || on("amx_bf16");
+  }();
+  return has;
+}
+
+// The dense path in float32, or in bfloat16 for bfloat16 x where the CPU has it natively.
+at::Tensor dense_linear(const at::Tensor& x, const Weight& w) {
+  if (x.scalar_type() == at::kBFloat16 && native_bf16()) {
+    auto y = at::empty({x.size(0), w.n}, x.options());
+    dense_tiles<at::BFloat16>(x, w, y);
+    return y;
+  }
+  const auto xf = x.to(at::kFloat);
+  auto y = at::empty({x.size(0), w.n}, xf.options());
+  dense_tiles<float>(xf, w, y);
+  return y.to(x.scalar_type());
+}
+
+Weight check_weight(const at::Tensor& qweight, const at::Tensor& scales,
+                    const std::optional<at::Tensor>& mins, int64_t bits, int64_t group,
+                    std::optional<int64_t> k_from_x) {
+  TORCH_CHECK(bits == 4 || bits == 8, "quantized weights: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(qweight.device().is_cpu() && scales.device().is_cpu(),
+              "quantized weights: tensors must be on the CPU");
+  TORCH_CHECK(qweight.dim() == 2, "qweight must be 2-D [N, K] (bits 8) or [N, K/2] (bits 4)");
+  const auto want = bits == 8 ? at::kChar : at::kByte;
+  TORCH_CHECK(qweight.scalar_type() == want, "bits ", bits, ": qweight must be ",
+              bits == 8 ? "int8" : "uint8", ", got ", qweight.scalar_type());
+  const int64_t n = qweight.size(0), k = bits == 8 ? qweight.size(1) : 2 * qweight.size(1);
+  if (k_from_x)
+    TORCH_CHECK(*k_from_x == k, "x has ", *k_from_x, " features but the ", bits,
+                "-bit qweight ", qweight.sizes(), " holds K = ", k);
+  TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32, got ", k);
+  TORCH_CHECK(group > 0 && k % group == 0, "group_size ", group, " must divide K = ", k);
+  const int64_t unit = bits == 8 ? 16 : 32;
+  TORCH_CHECK(group % unit == 0, "bits ", bits, ": group_size must be a multiple of ", unit,
+              ", got ", group);
+  const int64_t groups = k / group;
+  TORCH_CHECK(scales.scalar_type() == at::kHalf, "scales must be float16, got ",
+              scales.scalar_type());
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == groups,
+              "scales must be [N, K/group_size] = [", n, ", ", groups, "], got ", scales.sizes());
+  if (mins) {
+    TORCH_CHECK(mins->device().is_cpu(), "quantized weights: tensors must be on the CPU");
+    TORCH_CHECK(mins->scalar_type() == at::kHalf, "mins must be float16, got ",
+                mins->scalar_type());
+    TORCH_CHECK(mins->dim() == 2 && mins->size(0) == n && mins->size(1) == groups,
+                "mins must be [N, K/group_size] = [", n, ", ", groups, "], got ", mins->sizes());
+  }
+  return Weight{reinterpret_cast<const uint8_t*>(qweight.data_ptr()),
+                scales.data_ptr<at::Half>(),
+                mins ? mins->data_ptr<at::Half>() : nullptr,
+                n, k, bits, group, groups, qweight.size(1)};
+}
+
+}  // namespace
+
+// x [M, K] float32 or bfloat16 -> x @ W.T [M, N] in x's dtype; M < dense_from_rows takes the
+// int8-activation path, larger M the dequantize-and-GEMM one. Inference only: no gradient.
+at::Tensor quant_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
+                        std::optional<at::Tensor> mins, int64_t bits, int64_t group_size,
+                        int64_t dense_from_rows) {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(x.device().is_cpu(), "quant_linear: x must be on the CPU");
+  TORCH_CHECK(x.dim() == 2, "quant_linear: x must be 2-D [M, K], got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "quant_linear: x must be float32 or bfloat16, got ", x.scalar_type());
+  auto qw = qweight.contiguous();
+  auto sc = scales.contiguous();
+  std::optional<at::Tensor> mn;
+  if (mins) mn = mins->contiguous();
+  const Weight w = check_weight(qw, sc, mn, bits, group_size, x.size(1));
+  auto xc = x.contiguous();
+  if (xc.size(0) >= dense_from_rows && xc.size(0) > 0 && w.n > 0) return dense_linear(xc, w);
+  auto y = at::empty({xc.size(0), w.n}, xc.options());
+  if (xc.size(0) == 0 || w.n == 0) return y;
+  if (xc.scalar_type() == at::kFloat)
+    int_linear<float>(xc, w, y);
+  else
+    int_linear<at::BFloat16>(xc, w, y);
+  return y;
+}
+
+// The dense [N, K] weight in dtype (float32, bfloat16 or float16).
+at::Tensor quant_dequantize(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> mins,
+                            int64_t bits, int64_t group_size, at::ScalarType dtype) {
+  auto qw = qweight.contiguous();
+  auto sc = scales.contiguous();
+  std::optional<at::Tensor> mn;
+  if (mins) mn = mins->contiguous();
+  const Weight w = check_weight(qw, sc, mn, bits, group_size, std::nullopt);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "quant_dequantize: dtype must be float32, bfloat16 or float16, got ", dtype);
+  auto out = at::empty({w.n, w.k}, qw.options().dtype(dtype));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "quant_dequantize", [&] {
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    at::parallel_for(0, w.n, 16, [&](int64_t begin, int64_t end) {
+      dequant_rows(w, begin, end, dst + begin * w.k);
+    });
+  });
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(infer_portable, m) {
+  m.def(
+      "quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, int bits, "
+      "int group_size, int dense_from_rows) -> Tensor",
+      &quant_linear);
+  m.def(
+      "quant_dequantize(Tensor qweight, Tensor scales, Tensor? mins, int bits, int group_size, "
+      "ScalarType dtype) -> Tensor",
+      &quant_dequantize);
+}

@@ -1,0 +1,197 @@
+"""The portable quantized-linear kernels (``quant_linear``, ``quant_dequantize``) against a
+pure-torch dequantizer written from the format's spec (infer-quantized-v1): int8 or 4-bit
+packed (GGUF Q4_0's nibble order) weights, float16 scales and optional mins per group."""
+
+import pytest
+import torch
+from torch import Tensor
+
+from adapters.torch.cpu.portable import portable_kernels
+
+portable = portable_kernels()
+pytestmark = pytest.mark.skipif(portable is None, reason="no C++ toolchain")
+DENSE_NEVER = 1 << 30  # dense_from_rows no batch reaches: always the int8-activation path
+
+
+def reference_dequantize(
+    qweight: Tensor, scales: Tensor, mins: Tensor | None, bits: int, group: int
+) -> Tensor:
+    """W[n, k] = q[n, k] * scales[n, k // g] (+ mins[n, k // g]), float32, from the spec."""
+    if bits == 4:  # chunk c of 32 k's: byte j's low nibble is k = 32c + j, high is 32c + 16 + j
+        n = qweight.shape[0]
+        chunks = qweight.view(n, -1, 16).to(torch.int32)
+        q = torch.cat([chunks & 0x0F, chunks >> 4], dim=2).reshape(n, -1)
+    else:
+        q = qweight.to(torch.int32)
+    w = q.float() * scales.float().repeat_interleave(group, dim=1)
+    if mins is not None:
+        w = w + mins.float().repeat_interleave(group, dim=1)
+    return w
+
+
+def random_weight(
+    n: int, k: int, bits: int, group: int, with_mins: bool, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    gen = torch.Generator().manual_seed(seed)
+    if bits == 4:
+        qweight = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    else:
+        low = -128 if with_mins else -127
+        qweight = torch.randint(low, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).half()
+    mins = (torch.randn(n, k // group, generator=gen) * 0.05).half() if with_mins else None
+    return qweight, scales, mins
+
+
+# (bits, group_size or 0 for per-channel, mins)
+FORMATS = [
+    pytest.param(4, 32, True, id="int4-g32-mins"),
+    pytest.param(4, 64, True, id="int4-g64-mins"),
+    pytest.param(4, 128, True, id="int4-g128-mins"),
+    pytest.param(4, 32, False, id="int4-g32"),
+    pytest.param(8, 0, False, id="int8-per-channel"),
+    pytest.param(8, 16, False, id="int8-g16"),
+    pytest.param(8, 32, True, id="int8-g32-mins"),
+]
+N, K = 37, 256  # N not a multiple of the kernel's 4-row tiles
+
+
+@pytest.mark.parametrize(("bits", "group", "with_mins"), FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_equals_the_spec_exactly(
+    bits: int, group: int, with_mins: bool, dtype: torch.dtype
+) -> None:
+    group = group or K
+    qweight, scales, mins = random_weight(N, K, bits, group, with_mins)
+    got = portable.quant_dequantize(qweight, scales, mins, bits, group, dtype)
+    assert got.dtype == dtype and got.shape == (N, K)
+    assert torch.equal(got, reference_dequantize(qweight, scales, mins, bits, group).to(dtype))
+
+
+def relative_error(got: Tensor, want: Tensor) -> float:
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def int8_activations(x: Tensor) -> Tensor:
+    """x as the int8-activation path sees it: per block of 32, round(x / dx) * dx with
+    dx = max|x| / 127 (llama.cpp's Q8_0)."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    dx = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    q = torch.where(dx > 0, torch.round(blocks / dx), torch.zeros_like(blocks))
+    return (q * dx).reshape(x.shape)
+
+
+@pytest.mark.parametrize(("bits", "group", "with_mins"), FORMATS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 33])
+def test_the_int8_activation_path_matches_the_dense_product(
+    bits: int, group: int, with_mins: bool, rows: int
+) -> None:
+    group = group or K
+    qweight, scales, mins = random_weight(N, K, bits, group, with_mins, seed=rows)
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
+    w = reference_dequantize(qweight, scales, mins, bits, group)
+    got = portable.quant_linear(x, qweight, scales, mins, bits, group, DENSE_NEVER)
+    assert got.shape == (rows, N) and got.dtype == torch.float32
+    # the same product up to float32 rounding, once x is rounded to int8 per block; the
+    # rounding of x itself moves the output by ~0.5 % of its norm (up to ~1.5 % on a draw)
+    assert relative_error(got, int8_activations(x) @ w.T) < 1e-5
+    assert relative_error(got, x @ w.T) < 3e-2
+
+
+@pytest.mark.parametrize(("bits", "group", "with_mins"), FORMATS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 33])
+def test_the_dense_path_matches_the_dense_product(
+    bits: int, group: int, with_mins: bool, rows: int
+) -> None:
+    group = group or K
+    qweight, scales, mins = random_weight(N, K, bits, group, with_mins, seed=rows)
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
+    want = x @ reference_dequantize(qweight, scales, mins, bits, group).T
+    got = portable.quant_linear(x, qweight, scales, mins, bits, group, 1)
+    assert got.shape == (rows, N) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dense_from_rows", [1, DENSE_NEVER], ids=["dense", "int8"])
+@pytest.mark.parametrize(("bits", "group", "with_mins"), [FORMATS[0], FORMATS[5]])
+def test_bfloat16_input_gives_bfloat16_output(
+    bits: int, group: int, with_mins: bool, dense_from_rows: int
+) -> None:
+    qweight, scales, mins = random_weight(N, K, bits, group, with_mins)
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(5))
+    want = x @ reference_dequantize(qweight, scales, mins, bits, group).T
+    got = portable.quant_linear(x.bfloat16(), qweight, scales, mins, bits, group, dense_from_rows)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, N)
+    assert relative_error(got, want) < 3e-2  # bfloat16 x and output: ~0.4 % each
+
+
+def test_non_contiguous_input_and_a_large_layer() -> None:
+    """A transposed x; N and K large enough for several threads' chunks and tiles."""
+    n, k = 1030, 1536
+    qweight, scales, mins = random_weight(n, k, 4, 32, True, seed=7)
+    x = torch.randn(k, 6, generator=torch.Generator().manual_seed(7)).T
+    want = x @ reference_dequantize(qweight, scales, mins, 4, 32).T
+    for dense_from_rows in (1, DENSE_NEVER):
+        got = portable.quant_linear(x, qweight, scales, mins, 4, 32, dense_from_rows)
+        assert relative_error(got, want) < (1e-5 if dense_from_rows == 1 else 3e-2)
+
+
+@pytest.mark.parametrize("mode", ["inference_mode", "requires_grad"])
+def test_both_paths_work_in_inference_mode_and_with_grad_inputs(mode: str) -> None:
+    """The dense path's worker threads run ATen ops on the caller's tensors: they must work
+    whatever autograd state the caller (not the workers) is in."""
+    n, k = 1030, 256  # several tiles: several threads where there are
+    qweight, scales, mins = random_weight(n, k, 4, 32, True)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(4))
+    want = x @ reference_dequantize(qweight, scales, mins, 4, 32).T
+    for dense_from_rows in (1, DENSE_NEVER):
+        if mode == "inference_mode":
+            with torch.inference_mode():
+                got = portable.quant_linear(x, qweight, scales, mins, 4, 32, dense_from_rows)
+        else:
+            xg = x.clone().requires_grad_()
+            got = portable.quant_linear(xg, qweight, scales, mins, 4, 32, dense_from_rows)
+        assert relative_error(got, want) < (1e-5 if dense_from_rows == 1 else 3e-2)
+
+
+def test_no_rows_gives_an_empty_output() -> None:
+    qweight, scales, _ = random_weight(N, K, 8, K, False)
+    got = portable.quant_linear(torch.zeros(0, K), qweight, scales, None, 8, K, DENSE_NEVER)
+    assert got.shape == (0, N)
+
+
+def bad_arguments() -> list:
+    q8, s8, _ = random_weight(N, K, 8, 32, False)
+    q4, s4, m4 = random_weight(N, K, 4, 32, True)
+    x = torch.randn(2, K)
+    return [
+        pytest.param((x, q8, s8, None, 6, 32), "bits must be 4 or 8", id="bits"),
+        pytest.param((x, q8.view(torch.uint8), s8, None, 8, 32), "must be int8", id="q8-dtype"),
+        pytest.param((x, q4.view(torch.int8), s4, m4, 4, 32), "must be uint8", id="q4-dtype"),
+        pytest.param((x[:, :128], q8, s8, None, 8, 32), "x has 128 features", id="k-mismatch"),
+        pytest.param((x, q8, s8.float(), None, 8, 32), "scales must be float16", id="scale-dt"),
+        pytest.param((x, q8, s8[:, :4], None, 8, 32), "scales must be [N, K/group", id="scales"),
+        pytest.param((x, q4, s4, m4[:-1], 4, 32), "mins must be [N, K/group", id="mins"),
+        pytest.param((x, q4, s4, m4.float(), 4, 32), "mins must be float16", id="mins-dt"),
+        pytest.param((x, q8, s8, None, 8, 48), "must divide K", id="group-divides"),
+        pytest.param((x, q8, s8, None, 8, 8), "multiple of 16", id="group8"),
+        pytest.param((x, q4, s4, m4, 4, 16), "multiple of 32", id="group16-int4"),
+        pytest.param((x.double(), q8, s8, None, 8, 32), "float32 or bfloat16", id="x-dtype"),
+        pytest.param((x[0], q8, s8, None, 8, 32), "must be 2-D", id="x-dim"),
+    ]
+
+
+@pytest.mark.parametrize(("args", "message"), bad_arguments())
+def test_bad_arguments_raise_a_clear_error(args: tuple, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message.replace("[", r"\[")):
+        portable.quant_linear(*args, DENSE_NEVER)
+
+
+def test_k_must_be_a_multiple_of_32() -> None:
+    k = 48  # a multiple of 16: a valid int8 group size, but not of the 32-block
+    qweight = torch.zeros(4, k, dtype=torch.int8)
+    scales = torch.ones(4, k // 16, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        portable.quant_linear(torch.randn(1, k), qweight, scales, None, 8, 16, DENSE_NEVER)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        portable.quant_dequantize(qweight, scales, None, 8, 16, torch.float32)
