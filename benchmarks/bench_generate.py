@@ -1,10 +1,11 @@
 """Single-request TTFT and decode speed: our generate() next to transformers' generate.
 
 Same weights (the converted HF folder), dtype, thread count and prompt, in one run,
-interleaved, reporting medians and ratios. Usage:
+interleaved, reporting medians and ratios; ``--quantization none,int8,int4,gguf`` times
+each of our variants side by side (ratios against transformers' dense model). Usage:
 
     .venv/bin/python benchmarks/bench_generate.py [--model SPEC] [--dtype bfloat16]
-        [--new-tokens 128] [--runs 3] [--threads 2]
+        [--new-tokens 128] [--runs 3] [--threads 2] [--quantization none,int8,int4]
 """
 
 import argparse
@@ -34,20 +35,27 @@ PROMPT = (
 def main() -> None:
     args = _args()
     torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    container = create_container(args.model, dtype=args.dtype, progress=True)
-    model, tokenizer = container.model(), container.tokenizer()
-    load_s = time.perf_counter() - t0
+    models, load_s = {}, {}
+    for method in args.quantization.split(","):
+        t0 = time.perf_counter()
+        container = create_container(
+            args.model, dtype=args.dtype, progress=True, quantization=method
+        )
+        models[method], tokenizer = container.model(), container.tokenizer()
+        load_s[method] = time.perf_counter() - t0
     folder = container.resolved_model().path
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[args.dtype]).eval()
     prompt_ids = tokenizer.encode(PROMPT)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     for _ in range(args.warmup):
-        _time_ours(model, tokenizer, prompt_ids, params)
+        for model in models.values():
+            _time_ours(model, tokenizer, prompt_ids, params)
         _time_hf(reference, prompt_ids, args.new_tokens)
-    ours, theirs = [], []
+    ours: dict[str, list[tuple[float, float]]] = {method: [] for method in models}
+    theirs = []
     for _ in range(args.runs):
-        ours.append(_time_ours(model, tokenizer, prompt_ids, params))
+        for method, model in models.items():
+            ours[method].append(_time_ours(model, tokenizer, prompt_ids, params))
         theirs.append(_time_hf(reference, prompt_ids, args.new_tokens))
     _report(args, load_s, len(prompt_ids), ours, theirs)
 
@@ -62,6 +70,11 @@ def _args() -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument(
+        "--quantization",
+        default="none",
+        help="comma-separated --quantization values of ours to time side by side",
+    )
     return p.parse_args()
 
 
@@ -94,26 +107,45 @@ def _median(rows: list[tuple[float, float]], i: int, f: Callable[[float], float]
     return statistics.median(f(r[i]) for r in rows)
 
 
-def _report(args, load_s: float, prompt_len: int, ours, theirs) -> None:
+def _report(args, load_s: dict[str, float], prompt_len: int, ours, theirs) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    machine = f"{platform.machine()} {platform.processor()}".strip()
-    print(f"machine: {machine}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"CPU: {_cpu_name()}; ISA: {' '.join(_isa_flags()) or 'baseline'}")
+    print(f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"commit {commit}; model {args.model or 'default'} {args.dtype}; prompt {prompt_len}")
     print(f"tokens, {args.new_tokens} new tokens, median of {args.runs} interleaved runs")
-    print(f"load (resolve + weights + tokenizer, in process): {load_s:.2f} s\n")
-    print("| engine | TTFT (ms) | decode (tok/s) |")
-    print("|---|---|---|")
-    for name, rows in (("infer generate()", ours), ("transformers generate", theirs)):
-        ttft, rate = _median(rows, 0, lambda x: x * 1e3), _median(rows, 1, float)
-        print(f"| {name} | {ttft:.0f} | {rate:.1f} |")
-    # Ratios per interleaved pair, then their median: each pair shares the machine's state.
-    speed = statistics.median(o[1] / t[1] for o, t in zip(ours, theirs, strict=True))
-    ttft = statistics.median(t[0] / o[0] for o, t in zip(ours, theirs, strict=True))
-    print(f"| ratio (median of per-run ratios) | {ttft:.2f}x faster | {speed:.2f}x |")
-    runs = ", ".join(f"{o[1] / t[1]:.2f}" for o, t in zip(ours, theirs, strict=True))
-    print(f"\nper-run decode ratios: {runs}")
+    loads = ", ".join(f"{m} {s:.2f} s" for m, s in load_s.items())
+    print(f"load (resolve + weights + tokenizer, in process): {loads}\n")
+    print("| engine | TTFT (ms) | decode (tok/s) | decode vs transformers (median ratio) |")
+    print("|---|---|---|---|")
+    rows = [(f"infer generate(), quantization {m}", r) for m, r in ours.items()]
+    for name, runs in [*rows, ("transformers generate", theirs)]:
+        ttft, rate = _median(runs, 0, lambda x: x * 1e3), _median(runs, 1, float)
+        # Ratios per interleaved pair, then their median: each pair shares the machine's state.
+        ratio = statistics.median(o[1] / t[1] for o, t in zip(runs, theirs, strict=True))
+        print(f"| {name} | {ttft:.0f} | {rate:.1f} | {ratio:.2f}x |")
+
+
+def _cpu_name() -> str:
+    for line in _cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _isa_flags() -> list[str]:
+    flags = set(_cpuinfo().split())
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "asimd")
+    return [f for f in wanted if f in flags]
+
+
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":

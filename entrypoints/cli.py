@@ -176,7 +176,6 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--quantization",
-        "-q",
         default=None,
         choices=QUANTIZATION_CHOICES,
         help="weight-only quantization of the linears: int8 (per channel), int4 (groups of "

@@ -226,3 +226,24 @@ def test_the_fake_runner_ignores_the_kv_budget() -> None:
     container = create_container(runner="fake", engine=engine, kv_cache_memory=tiny)
     assert container.engine_config() is engine
     assert container.engine().scheduler.blocks.num_blocks == engine.kv_blocks == 8
+
+
+def test_generate_runs_a_quantized_model_and_logs_its_weights(tmp_path, capsys) -> None:
+    argv = ["generate", "hello", "--model", "dummy:SmolLM2-135M", "--max-tokens", "3"]
+    argv += ["--dtype", "float32", "--quantization", "int4"]
+    assert main([*argv, "--cache-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "3 tokens" in err
+    assert "quantized weights" in out + err and "int4" in out + err
+
+
+def test_quantization_gguf_needs_a_gguf_model(tmp_path, capsys) -> None:
+    argv = ["generate", "hi", "--model", "dummy:SmolLM2-135M", "--quantization", "gguf"]
+    assert main([*argv, "--cache-dir", str(tmp_path)]) == 2
+    assert "gguf quantization needs a GGUF model" in capsys.readouterr().err
+
+
+def test_an_unknown_quantization_is_an_argparse_error(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "hi", "--quantization", "awq"])
+    assert "invalid choice: 'awq'" in capsys.readouterr().err

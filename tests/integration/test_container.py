@@ -81,7 +81,8 @@ def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> Non
 
 
 @pytest.mark.parametrize(
-    ("keyword", "value"), [("runner", "jax"), ("training_backend", "full"), ("dtype", "int3")]
+    ("keyword", "value"),
+    [("runner", "jax"), ("training_backend", "full"), ("dtype", "int3"), ("quantization", "q3")],
 )
 def test_an_unknown_selection_is_refused(keyword: str, value: str) -> None:
     with pytest.raises(ValueError, match=keyword):

@@ -1,6 +1,10 @@
 """The accuracy gate of issue 16 on the real default model (SmolLM2-135M-Instruct): each
-quantization against the bf16 model on 150 fixed prompts (benchmarks/data), teacher forced,
-and greedy answers that stay sensible."""
+quantization against the unquantized model on 150 fixed prompts (benchmarks/data), teacher
+forced, and greedy answers that stay sensible.
+
+The reference computes in float32: bf16 itself agrees with float32 on 97.7% of these
+positions (KL 0.0023), so a bf16 reference would blur the gate, and float32 is the fast
+dtype on CPUs without AVX512-BF16."""
 
 from pathlib import Path
 
@@ -16,7 +20,7 @@ from domain.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 PROMPTS = Path(__file__).parents[2] / "benchmarks" / "data" / "accuracy_prompts.txt"
-# issue 16's gate: top-1 next-token agreement with bf16 at least this
+# issue 16's gate: top-1 next-token agreement with the unquantized model at least this
 MIN_TOP1 = {"int8": 0.97, "int4": 0.90, "gguf": 0.90}
 
 
@@ -32,7 +36,7 @@ def tokenizer(folder: Path) -> HFTokenizer:
 
 @pytest.fixture(scope="module")
 def reference(folder: Path) -> torch.nn.Module:
-    return load_model(folder, dtype=torch.bfloat16, prepack=False)
+    return load_model(folder, dtype=torch.float32, prepack=False)
 
 
 def _prompts(tokenizer: HFTokenizer) -> list[list[int]]:
@@ -47,12 +51,12 @@ def test_quantized_agrees_with_bf16(
 ) -> None:
     if method == "gguf" and not has_gguf_blocks(folder):
         pytest.fail("the default model's conversion kept no GGUF blocks")
-    model = load_model(folder, dtype=torch.bfloat16, quantization=method)
+    model = load_model(folder, dtype=torch.float32, quantization=method)
     result = agreement(reference, model, _prompts(tokenizer))
     print(f"\n{method}: {result}")
     assert result.positions > 1000
     assert result.top1 >= MIN_TOP1[method], result
-    assert result.mean_kl < 0.5, result
+    assert result.mean_kl < 0.05, result
     answer = generate(
         model,
         tokenizer,
