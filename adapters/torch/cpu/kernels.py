@@ -6,7 +6,6 @@ PyTorch path. See :mod:`adapters.torch.cpu.fused_decode` for what they replace.
 """
 
 import functools
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,8 @@ from typing import Any
 import structlog
 import torch
 from torch import Tensor
+
+from adapters.torch.cpu.build import build_extension
 
 log = structlog.get_logger(__name__)
 _CSRC = Path(__file__).with_name("csrc")
@@ -24,34 +25,18 @@ CFLAGS = ("-O3", "-fopenmp", *_ISA_FLAGS)
 @functools.cache
 def cpu_kernels() -> Any | None:
     """The compiled kernels module, or None where they cannot be built or run."""
-    if os.environ.get("INFER_CPU_KERNELS", "1") == "0" or not _cpu_has_kernel_isa():
+    if os.environ.get("INFER_CPU_KERNELS", "1") == "0" or not cpu_has_kernel_isa():
         return None
     try:
-        from torch.utils.cpp_extension import load
-
-        sources = sorted(_CSRC.glob("*.cpp"))
-        return load(
-            name=f"infer_cpu_decode_{_digest()}",
-            sources=[str(path) for path in sources],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=["-fopenmp"],
+        return build_extension(
+            "infer_cpu_decode", _CSRC, list(CFLAGS), python_module=True, what="CPU kernels"
         )
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("cpu kernels unavailable, using PyTorch ops", error=str(e))
         return None
 
 
-def _digest() -> str:
-    """A hash of every source and header: in the extension's name, it lets checkouts with
-    different kernels coexist in torch's extension cache instead of rebuilding over each
-    other (and a header change rebuilds)."""
-    h = hashlib.sha256()
-    for path in sorted(_CSRC.glob("*.[ch]*")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def _cpu_has_kernel_isa() -> bool:
+def cpu_has_kernel_isa() -> bool:
     """AVX512-BF16 and the AVX-512 subsets the kernels also use (every CPU with BF16 has them)."""
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())

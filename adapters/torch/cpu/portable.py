@@ -1,5 +1,5 @@
 """Kernels for any CPU (``portable/``): plain C++ the compiler vectorizes for the ISA this
-CPU has, built once on first use (torch's cpp_extension, cached by torch) where a C++
+CPU has, built once on first use (:mod:`.build`, cached per machine) where a C++
 toolchain exists; None elsewhere or with ``INFER_CPU_KERNELS=0``, and callers keep their
 PyTorch path.
 
@@ -13,9 +13,7 @@ are a separate build: they need that ISA; these need only a compiler.
 """
 
 import functools
-import hashlib
 import os
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +22,7 @@ import structlog
 import torch
 from torch import nn
 
+from adapters.torch.cpu.build import build_extension
 from adapters.torch.models.layers import Attention
 
 log = structlog.get_logger(__name__)
@@ -49,23 +48,13 @@ def portable_kernels() -> Any | None:
         return None
     cflags = ["-O3", "-fopenmp", *_isa_flags()]
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load
-
-        sources = sorted(_SOURCES.glob("*.cpp"))
-        name = f"infer_cpu_portable_{_digest(sources, cflags)}"
-        built = Path(_get_build_directory(name, verbose=False), f"{name}.so").exists()
-        if not built:  # long work shows progress: a first build takes ~30 s
-            log.info("compiling the portable CPU kernels for this CPU, once", flags=cflags)
-        start = time.perf_counter()
-        load(
-            name=name,
-            sources=[str(path) for path in sources],
-            extra_cflags=cflags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,  # registers torch.ops.infer_portable
+        build_extension(
+            "infer_cpu_portable",
+            _SOURCES,
+            cflags,
+            python_module=False,  # registers torch.ops.infer_portable
+            what="portable CPU kernels",
         )
-        if not built:
-            log.info("portable CPU kernels built", seconds=round(time.perf_counter() - start, 1))
         ops = torch.ops.infer_portable
         return SimpleNamespace(
             paged_attention=ops.paged_attention,
@@ -75,15 +64,6 @@ def portable_kernels() -> Any | None:
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("portable cpu kernels unavailable, using PyTorch ops", error=str(e))
         return None
-
-
-def _digest(sources: list[Path], cflags: list[str]) -> str:
-    """Sources and flags in the extension's name: checkouts or machines with different ones
-    never rebuild over each other in torch's extension cache."""
-    h = hashlib.sha256(" ".join(cflags).encode())
-    for path in sources:
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:12]
 
 
 def install_paged_attention(model: nn.Module) -> bool:
