@@ -27,9 +27,9 @@ from entrypoints.server import add_connection_args, connection_limits, run_serve
 from entrypoints.tinker_flags import add_tinker_limit_args, tinker_limits
 from entrypoints.transport_flags import add_transport_args, transport_settings
 
-# vLLM's dtype names; `auto` is bfloat16, the dtype every supported model ships in.
 QUANTIZATION_CHOICES = [q for q in QUANTIZATIONS if q is not None]
-DTYPE_ALIASES = {"auto": "bfloat16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+# vLLM's dtype names (`auto` is decided per machine: entrypoints.container.choose_dtype).
+DTYPE_ALIASES = {"bf16": "bfloat16", "half": "float16", "float": "float32"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
         "otherwise the first model load does)",
     )
     kernels.set_defaults(func=_build_kernels)
+    bench = sub.add_parser(
+        "bench-kernels",
+        help="time this CPU's kernel paths on a model's linear shapes and print what "
+        "--dtype auto and the quantized kernel choose, and why",
+    )
+    bench.add_argument("--model", default=None, help="model spec (default: the embedded one)")
+    bench.add_argument("--cache-dir", default=None, help="converted-weights cache")
+    bench.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    bench.set_defaults(func=_bench_kernels)
     key = sub.add_parser("key", help="print a new API key and its line for --api-keys-file")
     key.add_argument("existing", nargs="?", help="hash this key instead of making one")
     key.set_defaults(func=_key)
@@ -175,10 +184,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="bfloat16",
+        default="auto",
         type=lambda name: DTYPE_ALIASES.get(name, name),
-        choices=sorted(DTYPES),
-        help="also vLLM's names: auto (= bfloat16), half, float, bf16",
+        choices=["auto", *sorted(DTYPES)],
+        help="also vLLM's names: half, float, bf16; auto (default): bfloat16 on a GPU, on a "
+        "CPU the faster of bfloat16 and float32 for the model's shapes, measured once",
     )
     p.add_argument(
         "--quantization",
@@ -238,6 +248,38 @@ def _build_kernels(args: argparse.Namespace) -> int:
     print(f"AVX512-BF16 kernels (bf16 linears, fused decode): {avx512}")
     print(f"cache: {kernel_cache_dir()}")
     return 0 if portable == "ready" else 1
+
+
+def _bench_kernels(args: argparse.Namespace) -> int:
+    import torch
+
+    from adapters.torch.cpu.tuning import isa_flags, linear_shapes, tuned
+    from adapters.torch.models.config import ModelConfig
+
+    configure_logging("info", "console")
+    container = create_container(args.model, cache_dir=args.cache_dir)
+    resolved = container.resolved_model()
+    tuning = tuned(linear_shapes(ModelConfig.from_folder(resolved.path)), force=args.force)
+    print(
+        f"CPU: {tuning.cpu}; ISA: {' '.join(isa_flags()) or 'baseline'}; "
+        f"{torch.get_num_threads()} threads; torch {torch.__version__}"
+    )
+    print(f"model {resolved.name}: linear shapes (out, in) {tuning.shapes}")
+    rows = sorted({int(r) for timings in tuning.timings.values() for r in timings})
+    print("\n| path | " + " | ".join(f"{r} rows (ms)" for r in rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    for path, timings in tuning.timings.items():
+        cells = [f"{timings[str(r)]:.2f}" if str(r) in timings else "" for r in rows]
+        print(f"| {path} | " + " | ".join(cells) + " |")
+    print(f"\n--dtype auto: {tuning.dtype} ({tuning.reason})")
+    switch = tuning.dense_from_rows
+    print(
+        "quantized kernel: integer dot products below "
+        f"{switch} rows, dequantized tiles + GEMM from there"
+        if switch is not None
+        else "quantized kernel: not built here (the PyTorch path dequantizes per call)"
+    )
+    return 0
 
 
 def _ready(ok: bool) -> str:

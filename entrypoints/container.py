@@ -30,11 +30,13 @@ from adapters.observability.tracing import Tracing, build_tracer_provider
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.rate_limits import LimitsCounters
+from adapters.torch.cpu.tuning import linear_shapes, tuned
 from adapters.torch.embedder import TorchEmbedder
 from adapters.torch.kv_sizing import MIB, KVCacheMemory, size_kv_cache
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.quant import METHODS, QuantLinear, has_gguf_blocks
 from adapters.torch.runtime.runner import TorchModelRunner
@@ -74,6 +76,19 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def choose_dtype(flag: str, resolved: ResolvedModel, device: str | None) -> str:
+    """``--dtype``: a dtype, or ``auto``: bfloat16 on CUDA; on a CPU the faster of bfloat16
+    and float32 for this model's linears on this CPU, measured once and cached
+    (:mod:`adapters.torch.cpu.tuning`)."""
+    if flag != "auto":
+        return flag
+    if torch.device(device or default_device()).type != "cpu":
+        return "bfloat16"
+    tuning = tuned(linear_shapes(ModelConfig.from_folder(resolved.path)))
+    log.info("dtype auto", dtype=tuning.dtype, cpu=tuning.cpu, reason=tuning.reason)
+    return tuning.dtype
+
+
 def build_model(
     resolved: ResolvedModel, dtype: str, device: str | None, quantization: str | None = None
 ) -> Transformer:
@@ -87,13 +102,27 @@ def build_model(
     )
     if method is not None:
         linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+        switch = _quantized_switch(model, linears)
         log.info(
             "quantized weights",
             method=method,
             linears=len(linears),
             weights_mib=round(sum(m.weight_q.nbytes for m in linears) / MIB, 1),
+            dense_from_rows=switch,
         )
     return model
+
+
+def _quantized_switch(model: Transformer, linears: list[QuantLinear]) -> int | None:
+    """Give the quantized kernel this CPU's measured switch from integer dot products to
+    dequantized tiles (see :mod:`adapters.torch.cpu.tuning`); None without the kernel."""
+    if not linears or linears[0].kernel is None:
+        return None
+    switch = tuned(linear_shapes(model.config)).dense_from_rows
+    if switch is not None:
+        for linear in linears:
+            linear.dense_from_rows = switch
+    return switch
 
 
 def choose_quantization(flag: str | None, resolved: ResolvedModel) -> str | None:
@@ -411,8 +440,10 @@ class Container(containers.DeclarativeContainer):
     resolved_model = providers.Singleton(
         resolve, config.model, config.cache_dir, config.progress.as_(bool)
     )
+    # --dtype auto resolved once (measured on a CPU): the model and training use it.
+    dtype = providers.Singleton(choose_dtype, config.dtype, resolved_model, config.device)
     model = providers.Singleton(
-        build_model, resolved_model, config.dtype, config.device, config.quantization
+        build_model, resolved_model, dtype, config.device, config.quantization
     )
     sampler = providers.Singleton(TokenSampler)
     # The engine's flags; the torch runner's KV pool is sized from them on the model (by
@@ -500,7 +531,7 @@ class Container(containers.DeclarativeContainer):
         build_training_backend,
         resolved_model,
         served_names,
-        config.dtype,
+        dtype,
         config.device,
         engine_config,
     )
@@ -565,7 +596,7 @@ class Container(containers.DeclarativeContainer):
 def create_container(
     model: str | None = None,
     *,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     device: str | None = None,
     cache_dir: str | None = None,
     progress: bool = True,
@@ -612,8 +643,8 @@ def create_container(
     ``num_kv_blocks``; the fake runner ignores it); ``quantization``: the model's linears
     as ``int8``, ``int4``, ``gguf`` (a GGUF's own blocks) or ``auto`` (``gguf`` for GGUF
     models), None or ``none``: in ``dtype``."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES and dtype != "auto":
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     if quantization not in QUANTIZATIONS:
         choices = ", ".join(q for q in QUANTIZATIONS if q)
         raise ValueError(f"quantization must be one of {choices}, got {quantization!r}")

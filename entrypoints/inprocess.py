@@ -47,7 +47,7 @@ class LLM:
         self,
         model: str | None = None,
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         device: str | None = None,
         engine: EngineConfig | None = None,
         cache_dir: str | None = None,

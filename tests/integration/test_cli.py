@@ -68,7 +68,9 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
     assert seen["engine"].enable_prefix_caching  # on by default
     assert main([*argv, "--no-prefix-caching"]) == 2
     assert not seen["engine"].enable_prefix_caching
-    assert main(["serve", "--dtype", "auto"]) == 2 and seen["dtype"] == "bfloat16"
+    assert main(["serve", "--dtype", "auto"]) == 2 and seen["dtype"] == "auto"
+    assert main(["serve"]) == 2 and seen["dtype"] == "auto"  # the default
+    assert main(["serve", "--dtype", "bf16"]) == 2 and seen["dtype"] == "bfloat16"
 
 
 def test_serve_refuses_two_different_models(capsys) -> None:

@@ -1,0 +1,187 @@
+"""Choices made by measurement on the CPU at hand: which dtype the linears run fastest in,
+and from how many rows the quantized kernel switches from integer dot products to
+dequantized tiles and a GEMM.
+
+CPUs differ more than their names suggest: on one AVX512-BF16 Xeon a bf16 GEMM ran at half
+float32's rate, on a Zen 5 at four times it, and on an AVX2 EPYC bf16 is emulated. So on
+first use for a model's shapes a micro-benchmark (a few seconds) times every path this
+machine has on the model's linear shapes at 1, 16 and 64 rows, and the result is cached per
+CPU, torch version, thread count and shape set under ``<cache>/tuning/``. ``infer
+bench-kernels`` prints the table and the choices.
+"""
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import structlog
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from adapters.torch.cpu.build import kernel_cache_dir
+from adapters.torch.cpu.portable import portable_kernels
+from adapters.torch.models.config import ModelConfig
+
+log = structlog.get_logger(__name__)
+ROWS = (1, 16, 64)  # one decode stream, a small batch, a full batch
+SWITCH_ROWS = (2, 4, 8, 16, 32, 64)  # candidates for the quantized kernel's switch
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What was measured (``timings``: path -> rows -> ms summed over the shapes) and
+    chosen: ``dtype`` for the dense model, ``dense_from_rows`` for the quantized kernel
+    (None where it is not built)."""
+
+    cpu: str
+    shapes: list[tuple[int, int]]
+    timings: dict[str, dict[str, float]]
+    dtype: str
+    dense_from_rows: int | None
+    reason: str
+
+
+def cpu_name() -> str:
+    for line in _cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return os.uname().machine
+
+
+def isa_flags() -> list[str]:
+    flags = set(_cpuinfo().split())
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "asimd")
+    return [flag for flag in wanted if flag in flags]
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(out, in) of a layer's fused linears and of the LM head."""
+    c = config
+    return [
+        (c.q_size + 2 * c.kv_size, c.hidden_size),
+        (c.hidden_size, c.q_size),
+        (2 * c.intermediate_size, c.hidden_size),
+        (c.hidden_size, c.intermediate_size),
+        (c.vocab_size, c.hidden_size),
+    ]
+
+
+def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
+    """The cached tuning for these linear shapes ``(out, in)``, measured first if none."""
+    key = json.dumps(
+        [VERSION, cpu_name(), isa_flags(), torch.__version__, torch.get_num_threads(), shapes]
+    )
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = kernel_cache_dir().parent / "tuning" / f"{name}.json"
+    if not force and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            data["shapes"] = [tuple(s) for s in data["shapes"]]
+            return Tuning(**data)
+        except (OSError, ValueError, TypeError):
+            pass  # measured again below
+    log.info("measuring this CPU's kernel paths for the model's shapes, once", shapes=len(shapes))
+    tuning = measure(shapes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(asdict(tuning), indent=1))
+    os.replace(scratch, path)
+    log.info("kernel paths chosen", dtype=tuning.dtype, dense_from_rows=tuning.dense_from_rows)
+    return tuning
+
+
+def measure(shapes: list[tuple[int, int]]) -> Tuning:
+    """Time each path on ``shapes`` and choose."""
+    timings: dict[str, dict[str, float]] = {}
+    paths = _paths()
+    for name, make in paths.items():
+        timings[name] = {}
+        for rows in sorted({*ROWS, *(SWITCH_ROWS if name.startswith("int") else ())}):
+            timings[name][str(rows)] = sum(_time(make(n, k), rows, k) for n, k in shapes)
+    dtype, reason = _choose_dtype(timings)
+    return Tuning(cpu_name(), shapes, timings, dtype, _choose_switch(timings), reason)
+
+
+def _choose_dtype(timings: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """bfloat16 where its linears beat float32's at one row and at 64 rows together."""
+    fp32 = timings["float32"]["1"] + timings["float32"]["64"]
+    bf16 = timings["bfloat16"]["1"] + timings["bfloat16"]["64"]
+    faster = "bfloat16" if bf16 < fp32 else "float32"
+    return faster, f"linears at 1 + 64 rows: bfloat16 {bf16:.2f} ms, float32 {fp32:.2f} ms"
+
+
+def _choose_switch(timings: dict[str, dict[str, float]]) -> int | None:
+    """The fewest rows from which dequantized tiles beat integer dot products (int4)."""
+    if "int4 dots" not in timings:
+        return None
+    dots, tiles = timings["int4 dots"], timings["int4 tiles"]
+    for rows in SWITCH_ROWS:
+        if tiles[str(rows)] <= dots[str(rows)]:
+            return rows
+    return SWITCH_ROWS[-1] * 2
+
+
+Linear = Callable[[Tensor], Tensor]
+
+
+def _paths() -> dict[str, Callable[[int, int], tuple[Linear, torch.dtype]]]:
+    """Path name -> (out, in) -> (the linear, its input dtype)."""
+    paths: dict[str, Callable[[int, int], tuple[Linear, torch.dtype]]] = {
+        "float32": lambda n, k: _dense(n, k, torch.float32),
+        "bfloat16": lambda n, k: _dense(n, k, torch.bfloat16),
+    }
+    kernels = portable_kernels()
+    if kernels is not None:
+        paths["int4 dots"] = lambda n, k: _quantized(kernels, n, k, 1 << 30)
+        paths["int4 tiles"] = lambda n, k: _quantized(kernels, n, k, 1)
+    return paths
+
+
+def _dense(n: int, k: int, dtype: torch.dtype) -> tuple[Linear, torch.dtype]:
+    """The linear a loaded model of ``dtype`` runs (packed for bf16 where it packs)."""
+    from torch import nn
+
+    from adapters.torch.cpu.fused_decode import PackedLinear, can_optimize
+    from adapters.torch.cpu.kernels import cpu_kernels
+
+    linear = nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False)
+    if dtype == torch.bfloat16 and can_optimize(linear):
+        return PackedLinear(linear, cpu_kernels()), dtype
+    return (lambda x: F.linear(x, linear.weight)), dtype
+
+
+def _quantized(kernels: object, n: int, k: int, switch: int) -> tuple[Linear, torch.dtype]:
+    from adapters.torch.quant import quantize_int4
+
+    w = quantize_int4(torch.randn(n, k) * 0.02)
+    op = kernels.quant_linear  # type: ignore[attr-defined]
+    return (lambda x: op(x, w.qweight, w.scales, w.mins, 4, w.group_size, switch)), torch.float32
+
+
+def _time(path: tuple[Linear, torch.dtype], rows: int, k: int) -> float:
+    """The fastest of a few calls after a warm-up, in ms: other processes' load only adds
+    time (scheduler stalls of several ms on a busy 2-core machine), so the minimum ranks
+    paths best. The weights stay in cache between calls: this ranks, it does not predict."""
+    fn, dtype = path
+    x = torch.randn(rows, k).to(dtype)
+    with torch.inference_mode():
+        fn(x)
+        samples = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn(x)
+            samples.append((time.perf_counter() - start) * 1e3)
+    return min(samples)

@@ -1,0 +1,88 @@
+"""Choices by measurement (adapters/torch/cpu/tuning.py): what is chosen from which timings,
+the per-machine cache, --dtype auto, and `infer bench-kernels`."""
+
+from pathlib import Path
+
+import pytest
+
+from adapters.torch.cpu import tuning
+from adapters.weights.dummy import resolve_dummy
+from entrypoints import container
+from entrypoints.cli import main
+
+SHAPES = [(96, 64), (64, 64)]
+
+
+def _timings(bf16: float, fp32: float) -> dict[str, dict[str, float]]:
+    dots = {str(r): 1.0 * r for r in (1, 2, 4, 8, 16, 32, 64)}
+    tiles = {str(r): 12.0 + r / 4 for r in (1, 2, 4, 8, 16, 32, 64)}  # wins from 16 rows
+    return {
+        "float32": {"1": fp32, "16": fp32, "64": fp32},
+        "bfloat16": {"1": bf16, "16": bf16, "64": bf16},
+        "int4 dots": dots,
+        "int4 tiles": tiles,
+    }
+
+
+def test_the_faster_dtype_and_the_first_row_count_where_tiles_win_are_chosen() -> None:
+    dtype, reason = tuning._choose_dtype(_timings(bf16=1.0, fp32=2.0))
+    assert dtype == "bfloat16" and "bfloat16 2.00 ms, float32 4.00 ms" in reason
+    assert tuning._choose_dtype(_timings(bf16=3.0, fp32=2.0))[0] == "float32"
+    assert tuning._choose_switch(_timings(1, 1)) == 16
+    assert tuning._choose_switch({"float32": {}}) is None
+
+
+def test_measure_times_every_path_this_machine_has() -> None:
+    result = tuning.measure(SHAPES)
+    assert {"float32", "bfloat16"} <= set(result.timings)
+    assert all(t > 0 for path in result.timings.values() for t in path.values())
+    assert result.dtype in ("float32", "bfloat16")
+    if "int4 dots" in result.timings:
+        assert result.dense_from_rows in (*tuning.SWITCH_ROWS, 128)
+
+
+def test_a_tuning_is_measured_once_per_machine_and_shapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_measure(shapes: list[tuple[int, int]]) -> tuning.Tuning:
+        calls.append(shapes)
+        return tuning.Tuning("cpu", shapes, _timings(1.0, 2.0), "bfloat16", 16, "why")
+
+    monkeypatch.setattr(tuning, "measure", fake_measure)
+    first = tuning.tuned(SHAPES)
+    assert tuning.tuned(SHAPES) == first and len(calls) == 1
+    tuning.tuned(SHAPES[:1])
+    tuning.tuned(SHAPES, force=True)
+    assert len(calls) == 3
+    assert len(list((tmp_path / "tuning").glob("*.json"))) == 2
+
+
+def test_dtype_auto_takes_the_measured_dtype_on_a_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolved = resolve_dummy("SmolLM2-135M", tmp_path)
+    fixed = tuning.Tuning("cpu", [], _timings(3.0, 2.0), "float32", 16, "measured")
+    monkeypatch.setattr(container, "tuned", lambda shapes: fixed)
+    assert container.choose_dtype("auto", resolved, "cpu") == "float32"
+    assert container.choose_dtype("bfloat16", resolved, "cpu") == "bfloat16"
+    assert container.choose_dtype("auto", resolved, "cuda") == "bfloat16"
+
+
+def test_bench_kernels_prints_the_table_and_the_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(
+        tuning,
+        "measure",
+        lambda shapes: tuning.Tuning("cpu", shapes, _timings(3.0, 2.0), "float32", 16, "r"),
+    )
+    argv = ["bench-kernels", "--model", "dummy:SmolLM2-135M", "--cache-dir", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| float32 | 2.00 | " in out and "| int4 tiles |" in out
+    assert "--dtype auto: float32 (r)" in out
+    assert "integer dot products below 16 rows" in out
