@@ -69,9 +69,7 @@ WORDS = PROMPT_WORDS.split()
 class Level:
     """One server's result at one concurrency: ``summary`` is ``bench_serving.summarize``'s."""
 
-    concurrency: int
     summary: dict[str, Any]
-    sent: int  # requests started
     planned: int
     counted_by: frozenset[str]  # how output tokens were counted: usage, finish_reason, chunks
 
@@ -218,12 +216,9 @@ async def run_level(
     """``bodies`` with at most ``concurrency`` in flight; after ``timeout`` seconds the
     unfinished ones are cancelled and the level is summarized over the finished ones."""
     gate = asyncio.Semaphore(concurrency)
-    sent = 0
 
     async def one(body: dict[str, Any]) -> tuple[bs.RequestResult, str]:
-        nonlocal sent
         async with gate:
-            sent += 1
             return await send_request(client, url, body, expected)
 
     tasks = [asyncio.ensure_future(one(b)) for b in bodies]
@@ -235,7 +230,7 @@ async def run_level(
     results = [r for r, _ in finished]
     counted = frozenset(how for r, how in finished if r.ok)
     summary = bs.summarize(results, bs.span(results))
-    return Level(concurrency, summary, sent, len(bodies), counted)
+    return Level(summary, len(bodies), counted)
 
 
 async def bench_levels(

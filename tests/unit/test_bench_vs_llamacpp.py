@@ -1,6 +1,7 @@
 """benchmarks/bench_vs_llamacpp.py without servers: request counts, prompts, CPU flags,
 finish reasons, token counting and the ratio table."""
 
+import asyncio
 import importlib.util
 import json
 import sys
@@ -33,7 +34,7 @@ flags\t\t: fpu sse avx2 fma avx512f avx512_vnni
 """
 
 
-def _level(c: int, tps: float, ttft_ms: float, requests: int, planned: int, how: str = "usage"):
+def _level(tps: float, ttft_ms: float, requests: int, planned: int, how: str = "usage"):
     summary = {
         "requests": requests,
         "completed": requests,
@@ -41,7 +42,7 @@ def _level(c: int, tps: float, ttft_ms: float, requests: int, planned: int, how:
         "output_throughput": tps,
         "ttft_ms": {"p50": ttft_ms},
     }
-    return bench.Level(c, summary, requests, planned, frozenset(how.split(",")))
+    return bench.Level(summary, planned, frozenset(how.split(",")))
 
 
 @pytest.mark.parametrize(("c", "n"), [(1, 2), (4, 8), (16, 32), (32, 64), (64, 64), (100, 100)])
@@ -92,8 +93,8 @@ def test_tokens_counted_by_usage_then_finish_reason_then_chunks() -> None:
 
 def test_ratio_table_has_ours_over_theirs_and_ttft_per_level() -> None:
     runs = {
-        "ours gguf": {1: _level(1, 100.0, 20.0, 2, 2), 64: _level(64, 800.0, 90.0, 64, 64)},
-        "llama.cpp": {1: _level(1, 50.0, 10.0, 2, 2, "finish_reason")},
+        "ours gguf": {1: _level(100.0, 20.0, 2, 2), 64: _level(800.0, 90.0, 64, 64)},
+        "llama.cpp": {1: _level(50.0, 10.0, 2, 2, "finish_reason")},
     }
     table = bench.ratio_table(runs)
     lines = table.splitlines()
@@ -107,7 +108,7 @@ def test_ratio_table_has_ours_over_theirs_and_ttft_per_level() -> None:
 
 
 def test_ratio_table_marks_partial_levels() -> None:
-    runs = {"llama.cpp": {16: _level(16, 40.0, 5000.0, 10, 32)}}
+    runs = {"llama.cpp": {16: _level(40.0, 5000.0, 10, 32)}}
     assert "40.0 (partial 10/32)" in bench.ratio_table(runs)
 
 
@@ -129,9 +130,27 @@ async def test_run_level_counts_tokens_from_finish_reason_without_usage() -> Non
 
 
 def test_ratio_table_flags_short_outputs_and_joins_counting_methods() -> None:
-    short = _level(1, 30.0, 5.0, 2, 2, "chunks")
+    short = _level(30.0, 5.0, 2, 2, "chunks")
     short.summary["short_outputs"] = 1
-    runs = {"llama.cpp": {1: short, 4: _level(4, 40.0, 9.0, 8, 8, "finish_reason")}}
+    runs = {"llama.cpp": {1: short, 4: _level(40.0, 9.0, 8, 8, "finish_reason")}}
     table = bench.ratio_table(runs)
     assert "| 30.0 (1 short) |" in table
     assert "llama.cpp: chunks, finish_reason" in table
+
+
+async def test_run_level_past_its_time_limit_is_partial() -> None:
+    """The request that never answers is cancelled at the limit; the level keeps the rest."""
+    body = 'data: {"choices": [{"text": "a", "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["prompt"] == "slow":
+            await asyncio.Event().wait()  # until cancelled
+        return httpx.Response(200, text=body)
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(transport=transport) as client:
+        bodies = [{"prompt": p, "max_tokens": 1} for p in ("fast", "slow", "fast")]
+        level = await bench.run_level(client, "http://x/v1/completions", bodies, 1, 3, 0.2)
+    assert level.partial
+    assert level.summary["completed"] == 2
+    assert "(partial 2/3)" in bench.ratio_table({"llama.cpp": {3: level}})
