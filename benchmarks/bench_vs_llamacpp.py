@@ -149,6 +149,13 @@ def _ttft(level: Level | None) -> str:
     return bs._fmt(level.summary["ttft_ms"]["p50"], 0) if level is not None else "–"
 
 
+def _ratio_cell(ours: Level | None, theirs: Level | None) -> str:
+    """ours / theirs output tok/s, marked where either side ran out of time."""
+    text = bs._ratio(_tps(ours), _tps(theirs))
+    partial = any(level is not None and level.partial for level in (ours, theirs))
+    return f"{text} (partial)" if partial and text != "–" else text
+
+
 def ratio_table(runs: dict[str, dict[int, Level]], theirs: str = THEIRS) -> str:
     """Markdown: per concurrency, output tok/s of every run, each of ours / theirs, and the
     TTFT p50 of every run; then how each run counted its output tokens."""
@@ -162,7 +169,7 @@ def ratio_table(runs: dict[str, dict[int, Level]], theirs: str = THEIRS) -> str:
     for c in levels:
         cells = [str(c), *(_cell(runs[x].get(c)) for x in labels)]
         if theirs in runs:
-            cells += [bs._ratio(_tps(runs[x].get(c)), _tps(runs[theirs].get(c))) for x in ours]
+            cells += [_ratio_cell(runs[x].get(c), runs[theirs].get(c)) for x in ours]
         cells += [_ttft(runs[x].get(c)) for x in labels]
         lines.append("| " + " | ".join(cells) + " |")
     counted = {

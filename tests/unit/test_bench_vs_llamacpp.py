@@ -107,9 +107,13 @@ def test_ratio_table_has_ours_over_theirs_and_ttft_per_level() -> None:
     assert "ours gguf: usage; llama.cpp: finish_reason" in table
 
 
-def test_ratio_table_marks_partial_levels() -> None:
-    runs = {"llama.cpp": {16: _level(40.0, 5000.0, 10, 32)}}
-    assert "40.0 (partial 10/32)" in bench.ratio_table(runs)
+def test_ratio_table_marks_partial_levels_and_their_ratios() -> None:
+    runs = {
+        "ours gguf": {16: _level(80.0, 900.0, 32, 32)},
+        "llama.cpp": {16: _level(40.0, 5000.0, 10, 32)},
+    }
+    row = bench.ratio_table(runs).splitlines()[2]
+    assert row == "| 16 | 80.0 | 40.0 (partial 10/32) | 2.00× (partial) | 900 | 5,000 |"
 
 
 async def test_run_level_counts_tokens_from_finish_reason_without_usage() -> None:
