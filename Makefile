@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
 TORCH_VERSION := 2.13.0
 
-.PHONY: setup generate serve test bench bench-serving clean
+.PHONY: setup generate serve test bench bench-serving bench-llamacpp clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +51,10 @@ bench: setup
 
 bench-serving: setup
 	$(BIN)/python benchmarks/bench_serving.py
+
+bench-llamacpp: setup
+	$(BIN)/pip install -e ".[bench]"
+	$(BIN)/python benchmarks/bench_vs_llamacpp.py
 
 clean:
 	rm -rf $(VENV)
