@@ -143,6 +143,7 @@ def test_serve_sizes_the_kv_cache_by_memory(tmp_path, monkeypatch, capsys) -> No
 
     built = _serve_without_listening(monkeypatch)
     argv = ["serve", "dummy:SmolLM2-135M", "--device", "cpu", "--cache-dir", str(tmp_path)]
+    argv += ["--dtype", "bfloat16"]  # SMOLLM2_BLOCK is a bf16 block
     argv += ["--no-tinker", "--max-model-len", "512", "--max-num-seqs", "2"]
     assert main([*argv, "--kv-cache-memory", "64MiB", "--log-format", "json"]) == 0
     [container] = built
@@ -160,6 +161,7 @@ def test_serve_sizes_the_kv_cache_by_memory(tmp_path, monkeypatch, capsys) -> No
 def test_serve_refuses_a_kv_budget_short_of_one_request(tmp_path, monkeypatch, capsys) -> None:
     _serve_without_listening(monkeypatch)
     argv = ["serve", "dummy:SmolLM2-135M", "--device", "cpu", "--cache-dir", str(tmp_path)]
+    argv += ["--dtype", "bfloat16"]  # SMOLLM2_BLOCK is a bf16 block
     argv += ["--no-tinker", "--max-model-len", "512", "--kv-cache-memory", "1MiB"]
     assert main(argv) == 2
     err = capsys.readouterr().err
