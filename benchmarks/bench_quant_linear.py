@@ -2,7 +2,8 @@
 at SmolLM2-135M's linear shapes and a few batch sizes M. Rows: F.linear float32 and
 bfloat16 (dense weights), then ``quant_linear`` over int8 per-channel and int4 group-32
 (with mins, like GGUF Q4_1 / Q4_K) weights, float32 activations, by both of its paths:
-``int8-act`` (activations quantized to int8 per block of 32, integer dot products) and
+``int8-act`` (activations quantized per block of 32, integer dot products: int16 x against
+int8 weights, int8 x against 4-bit ones) and
 ``dense`` (tiles dequantized to float32, then GEMM). GB/s is the weight bytes a call reads
 (quantized: qweight + scales + mins) over its time. The last table gives, per shape and
 format, the smallest M where the dense path is faster: the ``dense_from_rows`` to choose.

@@ -10,7 +10,7 @@ from adapters.torch.cpu.portable import portable_kernels
 
 portable = portable_kernels()
 pytestmark = pytest.mark.skipif(portable is None, reason="no C++ toolchain")
-DENSE_NEVER = 1 << 30  # dense_from_rows no batch reaches: always the int8-activation path
+DENSE_NEVER = 1 << 30  # dense_from_rows no batch reaches: always the integer path
 
 
 def reference_dequantize(
@@ -72,18 +72,24 @@ def relative_error(got: Tensor, want: Tensor) -> float:
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
-def int8_activations(x: Tensor) -> Tensor:
-    """x as the int8-activation path sees it: per block of 32, round(x / dx) * dx with
-    dx = max|x| / 127 (llama.cpp's Q8_0)."""
+def quantized_activations(x: Tensor, qmax: int) -> Tensor:
+    """x as the integer path sees it: per block of 32, round(x / dx) * dx with
+    dx = max|x| / qmax (127: int8, llama.cpp's Q8_0; 32767: int16)."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
-    dx = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    dx = blocks.abs().amax(dim=-1, keepdim=True) / qmax
     q = torch.where(dx > 0, torch.round(blocks / dx), torch.zeros_like(blocks))
     return (q * dx).reshape(x.shape)
 
 
+# bits -> (activations' qmax, relative error the rounding of x leaves against x @ W.T):
+# int8 x against 4-bit weights moves the output by ~0.5 % of its norm (up to ~1.5 % on a
+# draw); int16 x against int8 weights by ~250x less
+INTEGER_ACTIVATIONS = {4: (127, 3e-2), 8: (32767, 1e-4)}
+
+
 @pytest.mark.parametrize(("bits", "group", "with_mins"), FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 8, 33])
-def test_the_int8_activation_path_matches_the_dense_product(
+def test_the_integer_path_matches_the_dense_product(
     bits: int, group: int, with_mins: bool, rows: int
 ) -> None:
     group = group or K
@@ -92,10 +98,21 @@ def test_the_int8_activation_path_matches_the_dense_product(
     w = reference_dequantize(qweight, scales, mins, bits, group)
     got = portable.quant_linear(x, qweight, scales, mins, bits, group, DENSE_NEVER)
     assert got.shape == (rows, N) and got.dtype == torch.float32
-    # the same product up to float32 rounding, once x is rounded to int8 per block; the
-    # rounding of x itself moves the output by ~0.5 % of its norm (up to ~1.5 % on a draw)
-    assert relative_error(got, int8_activations(x) @ w.T) < 1e-5
-    assert relative_error(got, x @ w.T) < 3e-2
+    qmax, tolerance = INTEGER_ACTIVATIONS[bits]
+    # the same product up to float32 rounding once x is rounded per block like the kernel
+    assert relative_error(got, quantized_activations(x, qmax) @ w.T) < 1e-5
+    assert relative_error(got, x @ w.T) < tolerance
+
+
+def test_int8_weights_take_int16_activations() -> None:
+    """Blocks of one large value and small ones: int8 x (dx = 1 / 127) would round the small
+    ones to zero, 3 % of the output; int16 x (dx = 1 / 32767) keeps them to ~1e-5."""
+    qweight = torch.ones(4, K, dtype=torch.int8)
+    scales = torch.ones(4, K // 32, dtype=torch.float16)
+    x = torch.full((1, K), 2.0**-10)
+    x[0, ::32] = 1.0  # each block's max
+    got = portable.quant_linear(x, qweight, scales, None, 8, 32, DENSE_NEVER)
+    assert relative_error(got, x @ torch.ones(4, K).T) < 1e-4
 
 
 @pytest.mark.parametrize(("bits", "group", "with_mins"), FORMATS)
@@ -112,7 +129,7 @@ def test_the_dense_path_matches_the_dense_product(
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dense_from_rows", [1, DENSE_NEVER], ids=["dense", "int8"])
+@pytest.mark.parametrize("dense_from_rows", [1, DENSE_NEVER], ids=["dense", "integer"])
 @pytest.mark.parametrize(("bits", "group", "with_mins"), [FORMATS[0], FORMATS[5]])
 def test_bfloat16_input_gives_bfloat16_output(
     bits: int, group: int, with_mins: bool, dense_from_rows: int
