@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 from transformers import AutoModelForCausalLM
 
+from adapters.torch.cpu.tuning import cpu_name, isa_flags
 from adapters.torch.runtime.generate import stream_generate
 from domain.sampling import SamplingParams
 from entrypoints.container import DTYPES, create_container
@@ -111,7 +112,7 @@ def _report(args, load_s: dict[str, float], prompt_len: int, ours, theirs) -> No
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    print(f"CPU: {_cpu_name()}; ISA: {' '.join(_isa_flags()) or 'baseline'}")
+    print(f"CPU: {cpu_name()}; ISA: {' '.join(isa_flags()) or 'baseline'}")
     print(f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"commit {commit}; model {args.model or 'default'} {args.dtype}; prompt {prompt_len}")
     print(f"tokens, {args.new_tokens} new tokens, median of {args.runs} interleaved runs")
@@ -125,27 +126,6 @@ def _report(args, load_s: dict[str, float], prompt_len: int, ours, theirs) -> No
         # Ratios per interleaved pair, then their median: each pair shares the machine's state.
         ratio = statistics.median(o[1] / t[1] for o, t in zip(runs, theirs, strict=True))
         print(f"| {name} | {ttft:.0f} | {rate:.1f} | {ratio:.2f}x |")
-
-
-def _cpu_name() -> str:
-    for line in _cpuinfo().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def _isa_flags() -> list[str]:
-    flags = set(_cpuinfo().split())
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "asimd")
-    return [f for f in wanted if f in flags]
-
-
-def _cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 if __name__ == "__main__":

@@ -301,7 +301,20 @@ async def send_request(
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
-    result = RequestResult(len(spec.prompt), spec.output_len)
+    return await stream_completion(
+        client, url, body, RequestResult(len(spec.prompt), spec.output_len)
+    )
+
+
+async def stream_completion(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    result: RequestResult,
+    on_line: Callable[[str], None] | None = None,
+) -> RequestResult:
+    """POST one streamed completion and record its timeline into ``result``; ``on_line``
+    sees every SSE line (a caller reading more than the timeline)."""
     done = False
     result.send = time.perf_counter()
     try:
@@ -311,6 +324,8 @@ async def send_request(
                 result.error = f"HTTP {response.status_code}: {text[:200]}"
             else:
                 async for line in sse_lines(response.aiter_bytes()):
+                    if on_line is not None:
+                        on_line(line)
                     if done := record_line(result, line, time.perf_counter()):
                         break
     except httpx.HTTPError as e:

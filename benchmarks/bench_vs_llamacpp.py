@@ -190,26 +190,14 @@ async def send_request(
 ) -> tuple[bs.RequestResult, str]:
     """One streamed completion; the result and how its output tokens were counted."""
     result = bs.RequestResult(len(str(body["prompt"]).split()), expected)
-    reason, done = None, False
-    result.send = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {text[:200]}"
-            else:
-                async for line in bs.sse_lines(response.aiter_bytes()):
-                    reason = finish_reason(line) or reason
-                    if done := bs.record_line(result, line, time.perf_counter()):
-                        break
-    except httpx.HTTPError as e:
-        result.error = f"{type(e).__name__}: {e}"
-    result.end = time.perf_counter()
-    if result.ok and not done:
-        result.error = "stream ended without [DONE]"
-    elif result.ok and not result.token_times:
-        result.error = "no token chunks"
-    return result, count_tokens(result, reason)
+    reasons: list[str] = []
+
+    def note_reason(line: str) -> None:
+        if (reason := finish_reason(line)) is not None:
+            reasons.append(reason)
+
+    await bs.stream_completion(client, url, body, result, note_reason)
+    return result, count_tokens(result, reasons[-1] if reasons else None)
 
 
 async def run_level(

@@ -20,20 +20,13 @@ from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
 from adapters.torch.models.qwen3 import Qwen3Model
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import QUANTIZED_FILE, quantize_model
+from adapters.torch.quant import FUSED_LINEARS, QUANTIZED_FILE, quantize_model
 from domain.errors import ModelLoadError
 
 FAMILIES: dict[str, Callable[[ModelConfig], Transformer]] = {
     "llama": LlamaModel,
     "qwen3": Qwen3Model,
     "gemma3": Gemma3Model,
-}
-_FUSED = {
-    "self_attn.q_proj": ("attn.wqkv", 0),
-    "self_attn.k_proj": ("attn.wqkv", 1),
-    "self_attn.v_proj": ("attn.wqkv", 2),
-    "mlp.gate_proj": ("mlp.w13", 0),
-    "mlp.up_proj": ("mlp.w13", 1),
 }
 _LAYER_KEY = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -115,7 +108,7 @@ def _fused_state_dict(
             state[name.removeprefix("model.")] = tensor
             continue
         layer, module, kind = match.groups()
-        target, index = _FUSED.get(module, (_rename(module), -1))
+        target, index = FUSED_LINEARS.get(module, (_rename(module), -1))
         key = f"layers.{layer}.{target}.{kind}"
         if index < 0:
             state[key] = tensor

@@ -37,16 +37,15 @@ DENSE_FROM_ROWS = 16
 QUANTIZED_FILE = "quantized.safetensors"
 QUANTIZATION_FILE = "quantization.json"
 FORMAT = "infer-quantized-v1"
-# HF module names -> ours (as the loader fuses them): (module, index in the fused rows).
-_FUSED = {
+# HF module names -> ours where the loader fuses them: (module, index in the fused rows).
+FUSED_LINEARS = {
     "self_attn.q_proj": ("attn.wqkv", 0),
     "self_attn.k_proj": ("attn.wqkv", 1),
     "self_attn.v_proj": ("attn.wqkv", 2),
-    "self_attn.o_proj": ("attn.wo", 0),
     "mlp.gate_proj": ("mlp.w13", 0),
     "mlp.up_proj": ("mlp.w13", 1),
-    "mlp.down_proj": ("mlp.w2", 0),
 }
+_HF_LINEARS = FUSED_LINEARS | {"self_attn.o_proj": ("attn.wo", 0), "mlp.down_proj": ("mlp.w2", 0)}
 
 
 @dataclass(frozen=True)
@@ -337,9 +336,9 @@ def _our_path(hf_name: str) -> tuple[str, int]:
         return "lm_head", 0
     prefix, _, rest = hf_name.removeprefix("model.").partition(".")
     layer, _, module = rest.partition(".")
-    if prefix != "layers" or module not in _FUSED:
+    if prefix != "layers" or module not in _HF_LINEARS:
         raise ValueError(f"unexpected quantized tensor {hf_name!r}")
-    target, index = _FUSED[module]
+    target, index = _HF_LINEARS[module]
     return f"layers.{layer}.{target}", index
 
 

@@ -2,27 +2,14 @@
 finish reasons, token counting and the ratio table."""
 
 import asyncio
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import httpx
 import pytest
 
+from tests.bench_modules import load_benchmark
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_vs_llamacpp.py"
-    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_benchmark("bench_vs_llamacpp")
 bs = bench.bs
 
 CPUINFO = """processor\t: 0
