@@ -8,12 +8,18 @@ request), at most c in flight, greedy, and forces ``--output-len`` tokens: ours 
 ``ignore_eos``, theirs with ``logit_bias`` -100 on every end-of-generation token of the GGUF
 vocabulary (EOS included) plus ``max_tokens``.
 
-Requests per level: 2*c, but never more than ``--max-requests`` (default 64) and never fewer
-than c: so c=64 sends 64 requests, not 128. llama.cpp's server decodes one request at a time
+Requests per level: 2*c, at least ``--min-requests`` (default 8), but never more than
+``--max-requests`` (default 64) and never fewer than c: so c=1 sends 8 requests and c=64
+sends 64, not 128. llama.cpp's server decodes one request at a time
 (the others wait, which their TTFT includes; it runs with ``--interrupt_requests false``, else
 a new request cuts the running stream short), and 128 x 128 tokens at ~50 tok/s would take
 ~5 minutes. A level that passes
 ``--level-timeout`` seconds is stopped and reported partial (the requests it finished).
+
+Besides each level's output tok/s (all tokens over the level's span, prefill and queueing
+included) the table gives each server's decode rate per stream: the median over requests
+of (output tokens - 1) / (end - first token). At one stream that is the single-stream
+decode speed.
 
 Output tokens: the stream's final usage where the server sends one (ours); otherwise
 ``max_tokens`` when the stream ends with ``finish_reason: length`` (llama.cpp stops exactly
@@ -33,6 +39,7 @@ import importlib.util
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,9 +85,22 @@ class Level:
         return self.summary["requests"] < self.planned
 
 
-def requests_for(concurrency: int, max_requests: int) -> int:
-    """2*c requests, capped at ``max_requests`` but never below c (every stream runs once)."""
-    return max(concurrency, min(2 * concurrency, max_requests))
+def requests_for(concurrency: int, max_requests: int, min_requests: int = 1) -> int:
+    """2*c requests (at least ``min_requests``: one stream's rate from two requests is
+    noise), capped at ``max_requests`` but never below c (every stream runs once)."""
+    return max(concurrency, min(max(2 * concurrency, min_requests), max_requests))
+
+
+def decode_rate(results: list[bs.RequestResult]) -> float | None:
+    """The median over finished requests of one stream's decode rate: its output tokens
+    after the first over the time from the first token to the end (prefill and queueing
+    excluded; correct however the server groups tokens into chunks)."""
+    rates = [
+        (r.num_output_tokens - 1) / (r.end - r.token_times[0])
+        for r in results
+        if r.ok and r.token_times and r.num_output_tokens > 1 and r.end > r.token_times[0]
+    ]
+    return statistics.median(rates) if rates else None
 
 
 def prompt_text(seed: str, words: int) -> str:
@@ -145,6 +165,10 @@ def _tps(level: Level | None) -> float | None:
     return level.summary["output_throughput"] if level is not None else None
 
 
+def _decode(level: Level | None) -> float | None:
+    return level.summary.get("decode_per_stream") if level is not None else None
+
+
 def _ttft(level: Level | None) -> str:
     return bs._fmt(level.summary["ttft_ms"]["p50"], 0) if level is not None else "–"
 
@@ -157,20 +181,27 @@ def _ratio_cell(ours: Level | None, theirs: Level | None) -> str:
 
 
 def ratio_table(runs: dict[str, dict[int, Level]], theirs: str = THEIRS) -> str:
-    """Markdown: per concurrency, output tok/s of every run, each of ours / theirs, and the
-    TTFT p50 of every run; then how each run counted its output tokens."""
+    """Markdown: per concurrency, output tok/s of every run, each of ours / theirs, the
+    TTFT p50 of every run, and each run's decode rate per stream (median) with ours /
+    theirs; then how each run counted its output tokens."""
     ours = [label for label in runs if label != theirs]
     labels = [*ours, theirs] if theirs in runs else ours
     levels = sorted({c for run in runs.values() for c in run})
     header = ["c", *(f"{x} tok/s" for x in labels)]
     header += [f"{x} / {theirs}" for x in ours] if theirs in runs else []
     header += [f"{x} TTFT p50 ms" for x in labels]
+    header += [f"{x} decode tok/s per stream" for x in labels]
+    header += [f"{x} / {theirs} decode" for x in ours] if theirs in runs else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in levels:
         cells = [str(c), *(_cell(runs[x].get(c)) for x in labels)]
         if theirs in runs:
             cells += [_ratio_cell(runs[x].get(c), runs[theirs].get(c)) for x in ours]
         cells += [_ttft(runs[x].get(c)) for x in labels]
+        cells += [bs._fmt(_decode(runs[x].get(c))) for x in labels]
+        if theirs in runs:
+            theirs_decode = _decode(runs[theirs].get(c))
+            cells += [bs._ratio(_decode(runs[x].get(c)), theirs_decode) for x in ours]
         lines.append("| " + " | ".join(cells) + " |")
     counted = {
         x: ", ".join(sorted(set().union(*(lv.counted_by for lv in run.values()))) or "–")
@@ -225,6 +256,7 @@ async def run_level(
     results = [r for r, _ in finished]
     counted = frozenset(how for r, how in finished if r.ok)
     summary = bs.summarize(results, bs.span(results))
+    summary["decode_per_stream"] = decode_rate(results)
     return Level(summary, len(bodies), counted)
 
 
@@ -259,7 +291,7 @@ async def bench_levels(
             bs._progress(f"[{label}] warm-up failed: {warm.summary['errors']}")
         out = {}
         for c in levels:
-            n = requests_for(c, args.max_requests)
+            n = requests_for(c, args.max_requests, args.min_requests)
             bodies = [body(f"c{c}-{i}", args.output_len) for i in range(n)]
             bs._progress(f"[{label}] c={c}: {n} requests")
             out[c] = await run_level(client, url, bodies, args.output_len, c, args.level_timeout)
@@ -277,6 +309,7 @@ def our_flags(args: argparse.Namespace, quantization: str) -> list[str]:
         *("--max-num-seqs", str(max_seqs), "--max-waiting-requests", "256"),
         *("--max-seq-len", str(args.n_ctx), "--no-tinker", "--disable-log-requests"),
         "--disable-uvicorn-access-log",
+        *args.our_arg,
     ]
 
 
@@ -348,7 +381,8 @@ def header(args: argparse.Namespace, eog: list[int]) -> str:
             f"model: {args.model}",
             f"prompts: {args.prompt_words} random words each (seed {args.seed}); output "
             f"{args.output_len} tokens forced; greedy; streamed /v1/completions",
-            f"requests per level c: max(c, min(2c, {args.max_requests})); at most c in flight; "
+            f"requests per level c: max(c, min(max(2c, {args.min_requests}), "
+            f"{args.max_requests})); at most c in flight; "
             f"{args.level_timeout:.0f} s per level",
             *(f"ours ({q}): infer serve {flags_q}" for q, flags_q in ours.items()),
             f"{THEIRS}: python -m llama_cpp.server {' '.join(their_flags(args))}; "
@@ -411,6 +445,14 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-words", type=int, default=100)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-requests", type=int, default=64, help="per level, at most")
+    p.add_argument("--min-requests", type=int, default=8, help="per level, at least")
+    p.add_argument(
+        "--our-arg",
+        action="append",
+        default=[],
+        help="one more `infer serve` argument for our servers (repeatable; e.g. "
+        "--our-arg=--threads --our-arg=1)",
+    )
     p.add_argument("--level-timeout", type=float, default=300.0, help="seconds per level")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--eos-id", type=int, default=None, help="default: the GGUF's EOG ids")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dependency_injector import providers
 
 from adapters.observability.logging import configure_logging
+from adapters.torch.cpu.threads import set_threads
 from adapters.torch.kv_sizing import KVCacheMemory, parse_kv_cache_memory
 from application.async_engine import AsyncEngine
 from application.keys import hash_key, new_key
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=None, help="model spec (default: the embedded one)")
     bench.add_argument("--cache-dir", default=None, help="converted-weights cache")
     bench.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    _add_threads_arg(bench)
     bench.set_defaults(func=_bench_kernels)
     key = sub.add_parser("key", help="print a new API key and its line for --api-keys-file")
     key.add_argument("existing", nargs="?", help="hash this key instead of making one")
@@ -201,8 +203,20 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
     )
+    _add_threads_arg(p)
     p.add_argument(
         "--cache-dir", default=None, help="converted-weights cache (default ~/.cache/infer)"
+    )
+
+
+def _add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="intra-op CPU threads for the model and the kernels (default: every CPU this "
+        "process may use)",
     )
 
 
@@ -257,6 +271,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     from adapters.torch.models.config import ModelConfig
 
     configure_logging("info", "console")
+    set_threads(args.threads)
     container = create_container(args.model, cache_dir=args.cache_dir)
     resolved = container.resolved_model()
     tuning = tuned(linear_shapes(ModelConfig.from_folder(resolved.path)), force=args.force)
@@ -288,6 +303,7 @@ def _ready(ok: bool) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
+    set_threads(args.threads)
     container = create_container(
         args.model,
         dtype=args.dtype,
@@ -361,6 +377,7 @@ def _serve(args: argparse.Namespace) -> int:
     keyring, keys_source = keyring_from_args(args)
     models = model_settings(args)
     configure_logging(args.log_level, args.log_format)
+    set_threads(args.threads)
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise InvalidParameterError(

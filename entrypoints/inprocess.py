@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from adapters.torch.cpu.threads import set_threads
 from application.async_engine import AsyncEngine
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
@@ -52,7 +53,11 @@ class LLM:
         engine: EngineConfig | None = None,
         cache_dir: str | None = None,
         quantization: str | None = None,
+        threads: int | None = None,
     ) -> None:
+        """``threads``: intra-op CPU threads (``--threads``); None leaves torch's setting."""
+        if threads is not None:
+            set_threads(threads)
         self._container = create_container(
             model,
             dtype=dtype,

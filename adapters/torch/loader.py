@@ -15,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from adapters.torch.cpu.fused_decode import can_optimize, optimize_for_cpu
+from adapters.torch.cpu.quant_decode import install_quant_decode
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
@@ -44,7 +45,8 @@ def load_model(
     """Our model for ``folder/config.json`` with its safetensors weights, for inference.
 
     ``prepack`` applies :func:`optimize_for_cpu` to a bf16 CPU model (faster, but its linears
-    are no longer plain parameters: pass False for a model to train or inspect).
+    are no longer plain parameters: pass False for a model to train or inspect) and, with
+    ``quantization``, the fused decode layer (:mod:`adapters.torch.cpu.quant_decode`).
     ``quantization``: ``int8``, ``int4`` or ``gguf`` (see :mod:`adapters.torch.quant`) swaps
     the linears for quantized ones; None keeps them in ``dtype``.
     """
@@ -69,6 +71,8 @@ def load_model(
         if random_weights and quantization == "gguf":
             raise ModelLoadError("gguf quantization needs a GGUF model, not random weights")
         quantize_model(model, quantization, folder=folder)
+        if prepack:  # decode rows: one fused call per layer on the portable kernels
+            install_quant_decode(model)
     if prepack and can_optimize(model):
         optimize_for_cpu(model)
     return model

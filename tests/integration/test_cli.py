@@ -73,6 +73,32 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
     assert main(["serve", "--dtype", "bf16"]) == 2 and seen["dtype"] == "bfloat16"
 
 
+def test_threads_sets_the_intra_op_threads_and_refuses_zero(monkeypatch, capsys) -> None:
+    import torch
+
+    from adapters.torch.cpu.threads import available_cpus
+    from entrypoints import cli
+
+    seen: dict = {}
+
+    def fake_create_container(model, **kwargs):
+        seen["threads"] = torch.get_num_threads()
+        raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
+
+    monkeypatch.setattr(cli, "create_container", fake_create_container)
+    before = torch.get_num_threads()
+    try:
+        assert main(["serve", "dummy:SmolLM2-135M", "--threads", "1"]) == 2
+        assert seen.pop("threads") == 1
+        assert main(["generate", "hi", "--model", "dummy:SmolLM2-135M"]) == 2
+        assert seen.pop("threads") == available_cpus()  # the default: every usable CPU
+        assert main(["serve", "--threads", "0"]) == 2
+        assert "error: --threads: must be at least 1, got 0" in capsys.readouterr().err
+        assert "threads" not in seen  # refused before anything loads
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_serve_refuses_two_different_models(capsys) -> None:
     assert main(["serve", "dummy:SmolLM2-135M", "--model", "dummy:Qwen3-0.6B"]) == 2
     assert "given twice" in capsys.readouterr().err

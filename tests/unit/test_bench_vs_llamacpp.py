@@ -21,8 +21,16 @@ flags\t\t: fpu sse avx2 fma avx512f avx512_vnni
 """
 
 
-def _level(tps: float, ttft_ms: float, requests: int, planned: int, how: str = "usage"):
+def _level(
+    tps: float,
+    ttft_ms: float,
+    requests: int,
+    planned: int,
+    how: str = "usage",
+    decode: float | None = None,
+):
     summary = {
+        "decode_per_stream": decode,
         "requests": requests,
         "completed": requests,
         "failed": 0,
@@ -35,6 +43,28 @@ def _level(tps: float, ttft_ms: float, requests: int, planned: int, how: str = "
 @pytest.mark.parametrize(("c", "n"), [(1, 2), (4, 8), (16, 32), (32, 64), (64, 64), (100, 100)])
 def test_requests_per_level_double_c_capped_but_never_below_c(c: int, n: int) -> None:
     assert bench.requests_for(c, 64) == n
+
+
+@pytest.mark.parametrize(("c", "n"), [(1, 8), (4, 8), (16, 32), (64, 64)])
+def test_requests_per_level_at_least_the_minimum(c: int, n: int) -> None:
+    assert bench.requests_for(c, 64, 8) == n
+
+
+def test_decode_rate_is_the_median_stream_rate_after_its_first_token() -> None:
+    def result(first: float, end: float, tokens: int, error: str | None = None):
+        r = bs.RequestResult(5, tokens, send=0.0, token_times=[first], end=end)
+        r.output_tokens, r.error = tokens, error
+        return r
+
+    results = [
+        result(0.5, 1.5, 101),  # 100 tokens in 1 s after a 0.5 s first token
+        result(2.0, 4.0, 101),  # 50 tok/s: queued 2 s, which does not count
+        result(0.1, 0.6, 51),  # 100 tok/s
+        result(0.1, 0.2, 51, error="boom"),  # failed: left out
+        result(0.1, 0.1, 1),  # one token: no rate
+    ]
+    assert bench.decode_rate(results) == pytest.approx(100.0)
+    assert bench.decode_rate([]) is None
 
 
 def test_prompts_are_deterministic_per_seed_and_differ_between_seeds() -> None:
@@ -80,17 +110,18 @@ def test_tokens_counted_by_usage_then_finish_reason_then_chunks() -> None:
 
 def test_ratio_table_has_ours_over_theirs_and_ttft_per_level() -> None:
     runs = {
-        "ours gguf": {1: _level(100.0, 20.0, 2, 2), 64: _level(800.0, 90.0, 64, 64)},
-        "llama.cpp": {1: _level(50.0, 10.0, 2, 2, "finish_reason")},
+        "ours gguf": {1: _level(100.0, 20.0, 2, 2, decode=120.0), 64: _level(800.0, 90.0, 64, 64)},
+        "llama.cpp": {1: _level(50.0, 10.0, 2, 2, "finish_reason", decode=80.0)},
     }
     table = bench.ratio_table(runs)
     lines = table.splitlines()
     assert lines[0] == (
         "| c | ours gguf tok/s | llama.cpp tok/s | ours gguf / llama.cpp "
-        "| ours gguf TTFT p50 ms | llama.cpp TTFT p50 ms |"
+        "| ours gguf TTFT p50 ms | llama.cpp TTFT p50 ms | ours gguf decode tok/s per stream "
+        "| llama.cpp decode tok/s per stream | ours gguf / llama.cpp decode |"
     )
-    assert lines[2] == "| 1 | 100.0 | 50.0 | 2.00× | 20 | 10 |"
-    assert lines[3] == "| 64 | 800.0 | – | – | 90 | – |"  # llama.cpp skipped c=64
+    assert lines[2] == "| 1 | 100.0 | 50.0 | 2.00× | 20 | 10 | 120.0 | 80.0 | 1.50× |"
+    assert lines[3] == "| 64 | 800.0 | – | – | 90 | – | – | – | – |"  # llama.cpp skipped c=64
     assert "ours gguf: usage; llama.cpp: finish_reason" in table
 
 
@@ -100,7 +131,7 @@ def test_ratio_table_marks_partial_levels_and_their_ratios() -> None:
         "llama.cpp": {16: _level(40.0, 5000.0, 10, 32)},
     }
     row = bench.ratio_table(runs).splitlines()[2]
-    assert row == "| 16 | 80.0 | 40.0 (partial 10/32) | 2.00× (partial) | 900 | 5,000 |"
+    assert row.startswith("| 16 | 80.0 | 40.0 (partial 10/32) | 2.00× (partial) | 900 | 5,000 |")
 
 
 async def test_run_level_counts_tokens_from_finish_reason_without_usage() -> None:

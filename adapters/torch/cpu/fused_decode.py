@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.models.gemma3 import Gemma3Block
 from adapters.torch.models.kv_cache import DecodeRows
-from adapters.torch.models.layers import Attention, GatedMLP, RMSNorm, gelu_tanh
+from adapters.torch.models.layers import Attention, GatedMLP, PagedDecodeRows, RMSNorm, gelu_tanh
 from adapters.torch.models.llama import LlamaBlock
 
 _ACTS = (F.silu, gelu_tanh)  # the gating activations the kernels have
@@ -127,7 +127,11 @@ class FusedDecodeLayer:
             and attn.attention_kernel is not None
         )
 
-    def __call__(self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows) -> Tensor:
+    def __call__(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows | PagedDecodeRows
+    ) -> Tensor | None:
+        if not isinstance(rows, DecodeRows):  # the block-table decode_layer is on wt-avx
+            return None
         y = self.kernel(
             x.reshape(-1, x.shape[-1]),
             *self.weights,

@@ -8,8 +8,10 @@ Today: ``paged_attention``, decode attention read through the KV pool's block ta
 context into a contiguous copy first; ``quant_linear`` and ``quant_dequantize``, linear
 layers over quantized weights (int8, or 4-bit packed like GGUF Q4_0, float16 scales and
 optional mins per group): few rows multiply int8-quantized activations with the weights in
-integers, many rows dequantize tiles for a GEMM. The AVX512-BF16 kernels (:mod:`.kernels`)
-are a separate build: they need that ISA; these need only a compiler.
+integers, many rows dequantize tiles for a GEMM; ``quant_decode_layer``, a whole decoder
+layer's decode rows over those linears and the pool in one call (:mod:`.quant_decode`).
+The AVX512-BF16 kernels (:mod:`.kernels`) are a separate build: they need that ISA; these
+need only a compiler.
 """
 
 import functools
@@ -42,8 +44,8 @@ def _isa_flags() -> list[str]:
 
 @functools.cache
 def portable_kernels() -> Any | None:
-    """The compiled ops (``.paged_attention``, ``.quant_linear``, ``.quant_dequantize``), or
-    None where they cannot be built."""
+    """The compiled ops (``.paged_attention``, ``.quant_linear``, ``.quant_dequantize``,
+    ``.quant_decode_layer``), or None where they cannot be built."""
     if os.environ.get("INFER_CPU_KERNELS", "1") == "0":
         return None
     cflags = ["-O3", "-fopenmp", *_isa_flags()]
@@ -60,6 +62,7 @@ def portable_kernels() -> Any | None:
             paged_attention=ops.paged_attention,
             quant_linear=ops.quant_linear,
             quant_dequantize=ops.quant_dequantize,
+            quant_decode_layer=ops.quant_decode_layer,
         )
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("portable cpu kernels unavailable, using PyTorch ops", error=str(e))

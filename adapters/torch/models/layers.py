@@ -6,6 +6,7 @@ per-call overhead of small matmuls is a large part of a decode step.
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -362,16 +363,49 @@ class PagedView:
                 outs.append(attend(q[:, :, part], k_pool, v_pool, mask))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
-    def decode_rows(self, layer: int) -> DecodeRows | None:
-        """No fused decode layer over block tables yet: the modules run."""
-        return None
+    def decode_rows(self, layer: int) -> "PagedDecodeRows | None":
+        """The step as decode rows over this layer's pool, for a fused decode layer (None
+        when it has prompt chunks)."""
+        batch = self.batch
+        if batch.chunks or not batch.rows:
+            return None
+        mask = batch.decode_masks[self.sliding]
+        assert mask.lengths is not None and mask.tables is not None
+        cache = batch.cache
+        return PagedDecodeRows(
+            cache.k_layers[layer],
+            cache.v_layers[layer],
+            batch.write_index,
+            mask.tables,
+            mask.lengths,
+            mask.window,
+        )
+
+
+@dataclass(frozen=True)
+class PagedDecodeRows:
+    """A step whose every token is one sequence's next token, over one layer of a
+    :class:`PagedKVCache` (``k_pool``, ``v_pool`` ``[blocks, Hkv, block_size, D]``), as a
+    fused decode layer takes it: where each row's key and value heads go (``write_index``
+    ``[R * Hkv]``, rows of the pool seen as ``[-1, D]``), each row's block table (``tables``
+    ``[R, max_blocks]`` int32) and the keys it sees (``< lengths[r]``, within ``window``;
+    0 = all)."""
+
+    k_pool: Tensor
+    v_pool: Tensor
+    write_index: Tensor
+    tables: Tensor
+    lengths: Tensor
+    window: int
 
 
 Cache = KVStore | PagedView
 PagedKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 
 
-def decode_rows(cache: Cache | None, layer: int, mask: AttnMask, x: Tensor) -> DecodeRows | None:
+def decode_rows(
+    cache: Cache | None, layer: int, mask: AttnMask, x: Tensor
+) -> DecodeRows | PagedDecodeRows | None:
     """The step as decode rows (every token a sequence's next one, no padding) for a fused
     decode layer, or None: prompt chunks, several tokens, padding, no cache."""
     if isinstance(cache, PagedView):

@@ -25,8 +25,9 @@ class LlamaBlock(Block):
     ) -> Tensor:
         if self.decode_kernel is not None:
             rows = decode_rows(cache, self.attn.layer, mask, x)
-            if rows is not None:
-                return self.decode_kernel(x, rope, rows)
+            y = self.decode_kernel(x, rope, rows) if rows is not None else None
+            if y is not None:
+                return y
         h = x + self.attn(self.input_layernorm(x), rope, mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 

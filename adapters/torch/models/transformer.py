@@ -15,6 +15,7 @@ from adapters.torch.models.layers import (
     AttnMask,
     Cache,
     PagedBatch,
+    PagedDecodeRows,
     RMSNorm,
     RotaryTable,
     build_mask,
@@ -28,8 +29,12 @@ class Block(nn.Module):
 
     sliding: bool = False
     # The whole layer for decode rows in one call, installed by CPU inference optimizations:
-    # (x, rope, rows) -> the modules' result (see cpu_inference.FusedDecodeLayer).
-    decode_kernel: Callable[[Tensor, tuple[Tensor, Tensor], DecodeRows], Tensor] | None = None
+    # (x, rope, rows) -> the modules' result, or None where it does not apply to this step
+    # (the modules run). See cpu.fused_decode.FusedDecodeLayer, cpu.quant_decode.
+    decode_kernel: (
+        Callable[[Tensor, tuple[Tensor, Tensor], DecodeRows | PagedDecodeRows], Tensor | None]
+        | None
+    ) = None
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None

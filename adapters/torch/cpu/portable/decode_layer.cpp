@@ -1,0 +1,227 @@
+// One decoder layer's decode rows in one call, over quantized weights and the paged KV
+// pool, for any CPU: what a Llama / Qwen3 / Gemma 3 block's modules do for R rows of one
+// token each (RMSNorm, the fused q/k/v projection, QK-norm, RoPE, the pool write by the
+// step's slot mapping, paged attention, the output projection, the gated MLP, residuals),
+// without the ~40 Python-level ops a step of a small model spends most of its time on.
+// The linears are quant_linear.cpp's, the attention paged_attention.cpp's (same library);
+// the small elementwise parts are loops here, rounding as the modules do: in the model's
+// dtype T (float32 or bfloat16), norms computed in float32.
+// Op: torch.ops.infer_portable.quant_decode_layer.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+at::Tensor quant_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
+                        std::optional<at::Tensor> mins, int64_t bits, int64_t group_size,
+                        int64_t dense_from_rows);
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
+                           at::Tensor tables, at::Tensor lengths, int64_t window, double scale);
+
+namespace {
+
+// The norms' weights, in this order (None where the layer has no such norm).
+enum Norm { kInput, kPostAttention, kPreMlp, kPostMlp, kQuery, kKey, kNorms };
+// The linears, four entries each: qweight, scales, mins?, bias?.
+enum Linear { kQkv, kOut, kUpGate, kDown, kLinears };
+// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, dense_from_rows, then bits and
+// group size per linear.
+constexpr int64_t kMeta = 7 + 2 * kLinears;
+
+struct Layer {
+  const std::vector<std::optional<at::Tensor>>& norms;
+  const std::vector<std::optional<at::Tensor>>& linears;
+  const std::vector<int64_t>& meta;
+  float eps;
+
+  at::Tensor linear(const at::Tensor& x, int which) const {
+    const auto& qw = linears[4 * which];
+    const auto& sc = linears[4 * which + 1];
+    TORCH_CHECK(qw && sc, "quant_decode_layer: linear ", which, " has no weights");
+    auto y = quant_linear(x, *qw, *sc, linears[4 * which + 2], meta[7 + 2 * which],
+                          meta[8 + 2 * which], meta[6]);
+    const auto& bias = linears[4 * which + 3];
+    if (bias) y.add_(*bias);
+    return y;
+  }
+};
+
+template <typename T>
+inline float fl(T v) {
+  return static_cast<float>(v);
+}
+
+// out[r] = norm(x[r]) over runs of `dim` values, as RMSNorm.forward: x / rms(x) in float32,
+// then w * h in T (Llama) or (h * (1 + w)) in float32 (Gemma's unit offset). `rows` runs.
+template <typename T>
+void rms_norm(const T* x, const T* w, T* out, int64_t rows, int64_t dim, float eps,
+              bool unit_offset) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    T* o = out + r * dim;
+    float ss = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) ss += fl(xr[d]) * fl(xr[d]);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    if (unit_offset) {
+      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(fl(xr[d]) * inv * (1.0f + fl(w[d])));
+    } else {
+      for (int64_t d = 0; d < dim; ++d)
+        o[d] = static_cast<T>(fl(w[d]) * fl(static_cast<T>(fl(xr[d]) * inv)));
+    }
+  }
+}
+
+// Rotate-half RoPE in place on one head: x * cos + roll(x, dim / 2) * signed_sin.
+template <typename T>
+void rope(T* x, const T* cos, const T* sin, int64_t dim, float* tmp) {
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < dim; ++d) tmp[d] = fl(x[d]);
+  for (int64_t d = 0; d < dim; ++d) {
+    const float rolled = tmp[(d + half) % dim];
+    x[d] = static_cast<T>(fl(static_cast<T>(tmp[d] * fl(cos[d]))) + rolled * fl(sin[d]));
+  }
+}
+
+template <typename T>
+inline float activate(float g, bool gelu) {
+  if (gelu) {
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return fl(static_cast<T>(0.5f * g * (1.0f + std::tanh(inner))));
+  }
+  return fl(static_cast<T>(g / (1.0f + std::exp(-g))));
+}
+
+template <typename T>
+at::Tensor decode_layer(const at::Tensor& x, const Layer& layer, const at::Tensor& k_pool,
+                        const at::Tensor& v_pool, const at::Tensor& write_index,
+                        const at::Tensor& tables, const at::Tensor& lengths,
+                        const at::Tensor& cos, const at::Tensor& sin, double scale) {
+  const auto& meta = layer.meta;
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  const int64_t heads = meta[0], kv_heads = meta[1], dim = meta[2];
+  const bool unit_offset = meta[3] != 0, gelu = meta[4] != 0;
+  const int64_t window = meta[5];
+  const auto& norms = layer.norms;
+  auto weight = [&](int which) -> const T* {
+    return norms[which] ? norms[which]->data_ptr<T>() : nullptr;
+  };
+  auto norm_into = [&](const at::Tensor& in, int which) {
+    auto out = at::empty_like(in);
+    rms_norm<T>(in.data_ptr<T>(), weight(which), out.data_ptr<T>(), in.numel() / hidden, hidden,
+                layer.eps, unit_offset);
+    return out;
+  };
+  const T* xp = x.data_ptr<T>();
+
+  // Attention: q/k/v, QK-norm and RoPE per head, keys and values into the pool.
+  at::Tensor qkv = layer.linear(norm_into(x, kInput), kQkv);  // [R, (H + 2 Hkv) D]
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  TORCH_CHECK(qkv.size(1) == width, "quant_decode_layer: q/k/v width ", qkv.size(1),
+              " is not (heads + 2 kv_heads) * head_dim = ", width);
+  T* qkvp = qkv.data_ptr<T>();
+  auto q = at::empty({rows, heads, 1, dim}, x.options());
+  T* qp = q.data_ptr<T>();
+  T* kp = k_pool.data_ptr<T>();
+  T* vp = v_pool.data_ptr<T>();
+  const int64_t* slots = write_index.data_ptr<int64_t>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  std::vector<float> tmp(dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = qkvp + r * width;
+    if (norms[kQuery]) rms_norm<T>(row, weight(kQuery), row, heads, dim, layer.eps, unit_offset);
+    if (norms[kKey])
+      rms_norm<T>(row + heads * dim, weight(kKey), row + heads * dim, kv_heads, dim, layer.eps,
+                  unit_offset);
+    for (int64_t h = 0; h < heads + kv_heads; ++h)
+      rope<T>(row + h * dim, cp + r * dim, sp + r * dim, dim, tmp.data());
+    std::copy(row, row + heads * dim, qp + r * heads * dim);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t slot = slots[r * kv_heads + h];
+      std::copy(row + (heads + h) * dim, row + (heads + h + 1) * dim, kp + slot * dim);
+      std::copy(row + (heads + kv_heads + h) * dim, row + (heads + kv_heads + h + 1) * dim,
+                vp + slot * dim);
+    }
+  }
+  auto attended = paged_attention(q, k_pool, v_pool, tables, lengths, window, scale);
+  at::Tensor out = layer.linear(attended.view({rows, heads * dim}), kOut);  // [R, hidden]
+  if (norms[kPostAttention]) out = norm_into(out, kPostAttention);
+  T* hp = out.data_ptr<T>();
+  for (int64_t i = 0; i < rows * hidden; ++i) hp[i] = static_cast<T>(fl(xp[i]) + fl(hp[i]));
+
+  // The gated MLP: act(gate) * up, then the down projection.
+  at::Tensor gate_up = layer.linear(norm_into(out, kPreMlp), kUpGate);  // [R, 2 I]
+  const int64_t inter = gate_up.size(1) / 2;
+  auto act = at::empty({rows, inter}, x.options());
+  const T* gu = gate_up.data_ptr<T>();
+  T* ap = act.data_ptr<T>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i)
+      ap[r * inter + i] = static_cast<T>(activate<T>(fl(gu[r * 2 * inter + i]), gelu) *
+                                         fl(gu[r * 2 * inter + inter + i]));
+  at::Tensor down = layer.linear(act, kDown);
+  if (norms[kPostMlp]) down = norm_into(down, kPostMlp);
+  const T* dp = down.data_ptr<T>();
+  for (int64_t i = 0; i < rows * hidden; ++i) hp[i] = static_cast<T>(fl(hp[i]) + fl(dp[i]));
+  return out;
+}
+
+}  // namespace
+
+// x [R, hidden] (float32 or bfloat16, the pools' dtype): R decode rows, one token each.
+// norms: kNorms entries (None where absent); linears: 4 per linear (qweight, scales, mins?,
+// bias?) for wqkv, wo, w13, w2; meta as above. k_pool, v_pool [blocks, Hkv, block_size, D];
+// write_index [R * Hkv] int64 (rows of a pool seen as [-1, D]); tables [R, max_blocks]
+// int32; lengths [R] int64; cos, sin [R, D] (the rows' positions). -> [R, hidden].
+at::Tensor quant_decode_layer(at::Tensor x, std::vector<std::optional<at::Tensor>> norms,
+                              std::vector<std::optional<at::Tensor>> linears,
+                              std::vector<int64_t> meta, at::Tensor k_pool, at::Tensor v_pool,
+                              at::Tensor write_index, at::Tensor tables, at::Tensor lengths,
+                              at::Tensor cos, at::Tensor sin, double scale, double eps) {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(norms.size() == kNorms, "quant_decode_layer: ", kNorms, " norms expected");
+  TORCH_CHECK(linears.size() == 4 * kLinears, "quant_decode_layer: ", 4 * kLinears,
+              " linear entries expected");
+  TORCH_CHECK(static_cast<int64_t>(meta.size()) == kMeta, "quant_decode_layer: ", kMeta,
+              " meta values expected");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be contiguous [rows, hidden]");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "x must be float32 or bfloat16");
+  TORCH_CHECK(k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype &&
+                  cos.scalar_type() == dtype && sin.scalar_type() == dtype,
+              "pools and rope tables must be in x's dtype");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "pools must be contiguous");
+  const int64_t rows = x.size(0), kv_heads = meta[1], dim = meta[2];
+  TORCH_CHECK(k_pool.size(1) == kv_heads && k_pool.size(3) == dim, "pool shape ",
+              k_pool.sizes(), " does not match kv_heads ", kv_heads, ", head_dim ", dim);
+  TORCH_CHECK(write_index.scalar_type() == at::kLong && write_index.is_contiguous() &&
+                  write_index.numel() == rows * kv_heads,
+              "write_index must be contiguous int64 [rows * kv_heads]");
+  const int64_t pool_rows = k_pool.numel() / dim;
+  const int64_t* slots = write_index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows * kv_heads; ++i)
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < pool_rows, "write_index out of the pool");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == rows * dim &&
+                  sin.numel() == rows * dim,
+              "cos and sin must be contiguous [rows, head_dim]");
+  for (const auto& n : norms)
+    TORCH_CHECK(!n || (n->scalar_type() == dtype && n->is_contiguous()),
+                "norm weights must be contiguous, in x's dtype");
+  const Layer layer{norms, linears, meta, static_cast<float>(eps)};
+  if (dtype == at::kFloat)
+    return decode_layer<float>(x, layer, k_pool, v_pool, write_index, tables, lengths, cos, sin,
+                               scale);
+  return decode_layer<at::BFloat16>(x, layer, k_pool, v_pool, write_index, tables, lengths, cos,
+                                    sin, scale);
+}
+
+TORCH_LIBRARY_FRAGMENT(infer_portable, m) {
+  m.def(
+      "quant_decode_layer(Tensor x, Tensor?[] norms, Tensor?[] linears, int[] meta, "
+      "Tensor k_pool, Tensor v_pool, Tensor write_index, Tensor tables, Tensor lengths, "
+      "Tensor cos, Tensor sin, float scale, float eps) -> Tensor",
+      &quant_decode_layer);
+}

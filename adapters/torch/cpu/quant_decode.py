@@ -1,0 +1,158 @@
+"""A quantized model's decode steps, one call per layer: the portable ``quant_decode_layer``.
+
+A decode step of a small model on a CPU is mostly per-op overhead: SmolLM2-135M's 30
+layers run ~40 Python-level ops each, ~10 ms a token next to ~6 ms of quantized GEMVs. When
+every linear of a Llama, Qwen3 or Gemma 3 block is a :class:`~adapters.torch.quant.QuantLinear`
+on the portable kernel, :func:`install_quant_decode` gives the block a ``decode_kernel``
+that runs a step of decode rows (the engine's, over the paged KV pool, and the model-level
+``generate``'s over its contiguous cache) as one C++ call: the same quantized linears and
+paged attention, the norms, RoPE and gating as loops. It steps aside (returns None: the
+modules run) for prompt chunks, for a step whose rows use a LoRA adapter (the served
+adapters wrap the linears: the wrapper must run), and for any dtype other than the model's.
+``INFER_CPU_KERNELS=0`` (no portable kernels) leaves the modules' path everywhere.
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from adapters.torch.cpu.portable import portable_kernels
+from adapters.torch.models.gemma3 import Gemma3Block
+from adapters.torch.models.kv_cache import DecodeRows
+from adapters.torch.models.layers import PagedDecodeRows, gelu_tanh
+from adapters.torch.models.llama import LlamaBlock
+from adapters.torch.quant import QuantLinear
+
+
+def install_quant_decode(model: nn.Module) -> int:
+    """Give every Llama / Qwen3 / Gemma 3 block whose linears are all quantized the fused
+    decode layer; returns how many got one (0 without the portable kernels)."""
+    kernels = portable_kernels()
+    kernel = getattr(kernels, "quant_decode_layer", None)
+    if kernel is None:
+        return 0
+    contiguous = _ContiguousRows()
+    installed = 0
+    for module in model.modules():
+        if isinstance(module, LlamaBlock | Gemma3Block) and QuantDecodeLayer.applies(module):
+            module.decode_kernel = QuantDecodeLayer(module, kernel, contiguous)
+            installed += 1
+    return installed
+
+
+class QuantDecodeLayer:
+    """One block's decode rows as one ``quant_decode_layer`` call (see the module doc)."""
+
+    def __init__(self, block: LlamaBlock | Gemma3Block, kernel: Any, contiguous: Any) -> None:
+        self.block, self.kernel, self.contiguous = block, kernel, contiguous
+        attn, gemma = block.attn, isinstance(block, Gemma3Block)
+        first = _norm(block.input_layernorm)
+        mlp_norm = block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm
+        self.norms = [
+            first.weight,
+            _norm(block.post_attention_layernorm).weight if gemma else None,
+            _norm(mlp_norm).weight,
+            _norm(block.post_feedforward_layernorm).weight if gemma else None,
+            _norm(attn.q_norm).weight if attn.q_norm is not None else None,
+            _norm(attn.k_norm).weight if attn.k_norm is not None else None,
+        ]
+        self.dtype = first.weight.dtype
+        self.eps, self.scale = first.eps, attn.scale
+        mlp = block.mlp  # a GatedMLP, or the AVX512 kernels' wrapper of one (``.gelu``)
+        gelu = bool(getattr(mlp, "gelu", False)) or getattr(mlp, "act", None) is gelu_tanh
+        self.shape = [attn.n_heads, attn.n_kv, attn.head_dim, int(first.unit_offset), int(gelu)]
+        self._key: tuple[Any, ...] | None = None
+        self._linears: list[Tensor | None] = []
+        self._meta: list[int] = []
+
+    @staticmethod
+    def applies(block: LlamaBlock | Gemma3Block) -> bool:
+        linears = _linears(block)
+        return (
+            linears is not None
+            and all(m.kernel is not None for m in linears)
+            and linears[2].out_features % 2 == 0
+        )
+
+    def linears(self) -> list[QuantLinear] | None:
+        """The block's quantized linears now, or None (see :func:`_linears`)."""
+        return _linears(self.block)
+
+    def __call__(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows | PagedDecodeRows
+    ) -> Tensor | None:
+        linears = _linears(self.block)
+        if linears is None or x.dtype != self.dtype:
+            return None  # a LoRA adapter on this step's rows, or another dtype
+        paged = rows if isinstance(rows, PagedDecodeRows) else self.contiguous(rows)
+        if paged.k_pool.dtype != x.dtype:
+            return None
+        cos, sin = rope
+        y = self.kernel(
+            x.reshape(-1, x.shape[-1]),
+            self.norms,
+            *self._arguments(linears, paged.window),
+            paged.k_pool,
+            paged.v_pool,
+            paged.write_index,
+            paged.tables,
+            paged.lengths,
+            cos,
+            sin,
+            self.scale,
+            self.eps,
+        )
+        return y.view(x.shape)
+
+    def _arguments(self, linears: list[QuantLinear], window: int) -> tuple[list, list[int]]:
+        """The op's linear entries and meta, rebuilt only when a module or setting changed."""
+        key = (*map(id, linears), window, linears[0].dense_from_rows)
+        if key != self._key:
+            self._linears = [t for m in linears for t in (m.qweight, m.scales, m.mins, m.bias)]
+            bits = [v for m in linears for v in (m.bits, m.group_size)]
+            self._meta = [*self.shape, window, linears[0].dense_from_rows, *bits]
+            self._key = key
+        return self._linears, self._meta
+
+
+class _ContiguousRows:
+    """The model-level contiguous cache's decode rows (``[S, Hkv, M, D]`` per layer) seen as
+    a pool of S blocks of M positions, row r's table ``[r]``: made once per step, shared
+    by the layers (the cache gives every layer of a step the same ``positions`` tensor)."""
+
+    def __init__(self) -> None:
+        self._positions: Tensor | None = None
+        self._made: tuple[Tensor, Tensor] | None = None
+
+    def __call__(self, rows: DecodeRows) -> PagedDecodeRows:
+        if rows.positions is not self._positions or self._made is None:
+            _, kv_heads, size, _ = rows.k.shape
+            count = rows.positions.shape[0]
+            at = torch.arange(count, device=rows.positions.device)
+            heads = torch.arange(kv_heads, device=at.device)
+            index = (at[:, None] * kv_heads + heads[None, :]) * size + rows.positions[:, None]
+            tables = at.to(torch.int32).view(count, 1)
+            self._made, self._positions = (index.flatten(), tables), rows.positions
+        index, tables = self._made
+        return PagedDecodeRows(rows.k, rows.v, index, tables, rows.lengths, rows.window)
+
+
+def _linears(block: LlamaBlock | Gemma3Block) -> list[QuantLinear] | None:
+    """The block's four linears as quantized ones, or None: one is dense, or a served LoRA
+    adapter applies to this step's rows (its wrapper, ``base`` + ``routes``, must run)."""
+    found: list[QuantLinear] = []
+    sites: tuple[nn.Module, ...] = (block.attn.wqkv, block.attn.wo, block.mlp.w13, block.mlp.w2)
+    for module in sites:
+        while not isinstance(module, QuantLinear):
+            base = getattr(module, "base", None)
+            if getattr(module, "routes", None) or not isinstance(base, nn.Module):
+                return None
+            module = base
+        found.append(module)
+    return found
+
+
+def _norm(module: object) -> Any:
+    """An RMSNorm, or the one a CPU kernel wrapper holds (``.norm``)."""
+    return getattr(module, "norm", module)
