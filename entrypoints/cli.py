@@ -198,7 +198,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=QUANTIZATION_CHOICES,
         help="weight-only quantization of the linears: int8 (per channel), int4 (groups of "
         "32), gguf (a .gguf model's own quantized blocks, no dequantizing), auto (gguf for "
-        "GGUF models, else none); default: none (the weights in --dtype)",
+        "a GGUF model on a CPU, else none); default: none (the weights in --dtype)",
     )
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"

@@ -92,11 +92,12 @@ def choose_dtype(flag: str, resolved: ResolvedModel, device: str | None) -> str:
 def build_model(
     resolved: ResolvedModel, dtype: str, device: str | None, quantization: str | None = None
 ) -> Transformer:
-    method = choose_quantization(quantization, resolved)
+    device = device or default_device()
+    method = choose_quantization(quantization, resolved, device)
     model = load_model(
         resolved.path,
         dtype=DTYPES[dtype],
-        device=device or default_device(),
+        device=device,
         random_weights=resolved.random_weights,
         quantization=method,
     )
@@ -125,13 +126,18 @@ def _quantized_switch(model: Transformer, linears: list[QuantLinear]) -> int | N
     return switch
 
 
-def choose_quantization(flag: str | None, resolved: ResolvedModel) -> str | None:
-    """``--quantization``: a method, ``none`` (None), or ``auto``: ``gguf`` for a GGUF model
-    (its own quantized blocks), else none."""
+def choose_quantization(
+    flag: str | None, resolved: ResolvedModel, device: str = "cpu"
+) -> str | None:
+    """``--quantization``: a method, ``none`` (None, the default), or ``auto``: on a CPU,
+    ``gguf`` for a GGUF model (served from its own quantized blocks, as llama.cpp serves
+    it), else none; on a GPU none (the quantized kernels are CPU ones: a GPU would
+    dequantize every linear on every call)."""
     if flag is None or flag == "none":
         return None
     if flag == "auto":
-        return "gguf" if has_gguf_blocks(resolved.path) else None
+        on_cpu = str(device).startswith("cpu")
+        return "gguf" if on_cpu and has_gguf_blocks(resolved.path) else None
     return flag
 
 

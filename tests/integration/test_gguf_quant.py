@@ -166,3 +166,18 @@ def test_gemma_3_270m_keeps_its_k_quant_linears_quantized(tmp_path):
     assert set(entries) == layer_linears(18) | {"lm_head"}
     assert {entry["gguf_type"] for entry in entries.values()} == {"Q5_0", "Q4_K", "Q6_K", "Q8_0"}
     assert entries["lm_head"] == {"bits": 8, "group_size": 32, "gguf_type": "Q8_0"}
+
+
+def test_auto_quantization_is_gguf_for_a_gguf_model_on_a_cpu_only(tmp_path):
+    from adapters.weights.folder import ResolvedModel
+    from entrypoints.container import choose_quantization
+
+    write_gguf(tiny_model("llama"), tmp_path / "tiny.gguf", T.Q4_0)
+    gguf_model = ResolvedModel(converted(tmp_path / "tiny.gguf", tmp_path), "tiny", False, True)
+    dense = ResolvedModel(tmp_path, "dense", False, True)  # no quantized blocks
+    assert choose_quantization("auto", gguf_model, "cpu") == "gguf"
+    assert choose_quantization("auto", gguf_model, "cuda:0") is None  # CPU kernels only
+    assert choose_quantization("auto", dense, "cpu") is None
+    assert choose_quantization(None, gguf_model) is None  # the default: none
+    assert choose_quantization("none", gguf_model) is None
+    assert choose_quantization("int4", dense, "cuda") == "int4"  # asked for: as asked

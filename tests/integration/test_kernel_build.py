@@ -1,6 +1,7 @@
 """Kernel builds are keyed by content, not by checkout path (adapters/torch/cpu/build.py):
 a second checkout with the same sources reuses the first one's build."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -34,3 +35,17 @@ def test_a_second_checkout_reuses_the_build(tmp_path: Path) -> None:
     build_extension("infer_cpu_portable", elsewhere, flags, python_module=False, what="test")
     assert library.stat().st_mtime_ns == built  # not rebuilt
     assert sorted(p.name for p in (folder / "src").iterdir()) == [p.name for p in files]
+
+
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None
+    or os.environ.get("INFER_CPU_KERNELS", "1") == "0",
+    reason="no C++ compiler (or the kernels are turned off)",
+)
+def test_the_portable_kernels_build_where_a_compiler_exists() -> None:
+    """A compile error must fail here, not turn every kernel test into a skip."""
+    from adapters.torch.cpu.portable import portable_kernels
+
+    kernels = portable_kernels()
+    assert kernels is not None
+    assert {"paged_attention", "quant_linear", "quant_decode_layer"} <= set(vars(kernels))
