@@ -104,6 +104,20 @@ def test_the_integer_path_matches_the_dense_product(
     assert relative_error(got, x @ w.T) < tolerance
 
 
+@pytest.mark.parametrize("k", [32, 64, 96, 352, 576])
+@pytest.mark.parametrize("with_mins", [True, False])
+def test_one_row_of_4_bit_weights_two_blocks_a_step(k: int, with_mins: bool) -> None:
+    """One activation row takes 4-bit blocks in pairs, 8 a loop: K of 1, 2, 3, 11 and 18
+    blocks run every branch (the loop, the pair after it, the odd last block)."""
+    qweight, scales, mins = random_weight(9, k, 4, 32, with_mins, seed=k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k))
+    w = reference_dequantize(qweight, scales, mins, 4, 32)
+    got = portable.quant_linear(x, qweight, scales, mins, 4, 32, DENSE_NEVER)
+    assert relative_error(got, quantized_activations(x, 127) @ w.T) < 1e-5
+    two = portable.quant_linear(x.repeat(2, 1), qweight, scales, mins, 4, 32, DENSE_NEVER)
+    assert relative_error(got[0], two[0]) < 1e-6  # the unpacked path of several rows agrees
+
+
 def test_int8_weights_take_int16_activations() -> None:
     """Blocks of one large value and small ones: int8 x (dx = 1 / 127) would round the small
     ones to zero, 3 % of the output; int16 x (dx = 1 / 32767) keeps them to ~1e-5."""
