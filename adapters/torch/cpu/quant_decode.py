@@ -12,7 +12,7 @@ adapters wrap the linears: the wrapper must run), and for any dtype other than t
 ``INFER_CPU_KERNELS=0`` (no portable kernels) leaves the modules' path everywhere.
 """
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -141,12 +141,15 @@ class _ContiguousRows:
 def _linears(block: LlamaBlock | Gemma3Block) -> list[QuantLinear] | None:
     """The block's four linears as quantized ones, or None: one is dense, or a served LoRA
     adapter applies to this step's rows (its wrapper, ``base`` + ``routes``, must run)."""
+    # Submodules read from ``_modules``: ``nn.Module.__getattr__`` costs ~1 µs a lookup, and
+    # this runs for every layer of every decode step.
+    attn = cast(nn.Module, block._modules["attn"])._modules
+    mlp = cast(nn.Module, block._modules["mlp"])._modules
     found: list[QuantLinear] = []
-    sites: tuple[nn.Module, ...] = (block.attn.wqkv, block.attn.wo, block.mlp.w13, block.mlp.w2)
-    for module in sites:
+    for module in (attn["wqkv"], attn["wo"], mlp["w13"], mlp["w2"]):
         while not isinstance(module, QuantLinear):
-            base = getattr(module, "base", None)
-            if getattr(module, "routes", None) or not isinstance(base, nn.Module):
+            base = module._modules.get("base") if module is not None else None
+            if getattr(module, "routes", None) or base is None:
                 return None
             module = base
         found.append(module)
