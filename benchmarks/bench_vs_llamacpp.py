@@ -309,7 +309,7 @@ def our_flags(args: argparse.Namespace, quantization: str) -> list[str]:
         *("--max-num-seqs", str(max_seqs), "--max-waiting-requests", "256"),
         *("--max-seq-len", str(args.n_ctx), "--no-tinker", "--disable-log-requests"),
         "--disable-uvicorn-access-log",
-        *args.our_arg,
+        *args.server_arg,
     ]
 
 
@@ -447,11 +447,11 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-requests", type=int, default=64, help="per level, at most")
     p.add_argument("--min-requests", type=int, default=8, help="per level, at least")
     p.add_argument(
-        "--our-arg",
+        "--server-arg",
         action="append",
         default=[],
-        help="one more `infer serve` argument for our servers (repeatable; e.g. "
-        "--our-arg=--threads --our-arg=1)",
+        help="extra `infer serve` argument for our servers, as bench_serving.py takes it, "
+        "e.g. --server-arg=--threads=1 (repeatable)",
     )
     p.add_argument("--level-timeout", type=float, default=300.0, help="seconds per level")
     p.add_argument("--startup-timeout", type=float, default=300.0)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from adapters.torch.cpu.tuning import cpu_name, isa_flags  # noqa: E402
 from adapters.torch.models.config import ModelConfig  # noqa: E402
+from adapters.torch.quant import QUANTIZED_FILE  # noqa: E402
 from benchmarks import bench_vs_llamacpp as bl  # noqa: E402
 from entrypoints.container import create_container  # noqa: E402
 
@@ -104,6 +105,17 @@ def floors(
     )
 
 
+def weights_read(folder: Path, config: ModelConfig, mib: float | None) -> float:
+    """Bytes of weights a decode step reads: ``mib`` if given, else the converted GGUF's
+    quantized blocks (what ``--quantization gguf`` serves), else the linears in float32."""
+    if mib is not None:
+        return mib * MIB
+    blocks = folder / QUANTIZED_FILE
+    if blocks.is_file():
+        return float(blocks.stat().st_size)
+    return 4.0 * sum(linear_params(config))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="a .gguf file (default: embedded SmolLM2)")
@@ -113,18 +125,24 @@ def main() -> None:
     p.add_argument("--max-requests", type=int, default=64)
     p.add_argument("--min-requests", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--weights-mib", type=float, default=92.0, help="weights read per token")
+    p.add_argument(
+        "--weights-mib",
+        type=float,
+        default=None,
+        help="weights read per token (default: a GGUF's quantized blocks, else float32)",
+    )
     args = p.parse_args()
     model = args.model or bl.default_model()
     container = create_container(model)
-    config = ModelConfig.from_folder(container.resolved_model().path)
+    folder = container.resolved_model().path
+    config = ModelConfig.from_folder(folder)
     tokenizer = container.tokenizer()
     peak, bandwidth = gemm_peak() * 1e9, read_bandwidth() * 1e9
     print(f"CPU: {cpu_name()}; ISA: {' '.join(isa_flags())}; {torch.get_num_threads()} threads")
     print(f"float32 GEMM peak {peak / 1e9:.1f} GFLOP/s; memory read {bandwidth / 1e9:.1f} GB/s")
     layers, head = linear_params(config)
     print(f"model {model}: {layers / 1e6:.1f} M layer weights, {head / 1e6:.1f} M LM head")
-    weights = args.weights_mib * MIB
+    weights = weights_read(folder, config, args.weights_mib)
     print(
         f"single-stream decode ceiling: {weights / MIB:.0f} MiB of weights per token at "
         f"{bandwidth / 1e9:.1f} GB/s = {bandwidth / weights:.0f} tok/s"

@@ -22,6 +22,7 @@ from adapters.torch.models.gemma3 import Gemma3Block
 from adapters.torch.models.kv_cache import DecodeRows
 from adapters.torch.models.layers import PagedDecodeRows, gelu_tanh
 from adapters.torch.models.llama import LlamaBlock
+from adapters.torch.models.paged_kv import write_index
 from adapters.torch.quant import QuantLinear
 
 
@@ -130,10 +131,9 @@ class _ContiguousRows:
             _, kv_heads, size, _ = rows.k.shape
             count = rows.positions.shape[0]
             at = torch.arange(count, device=rows.positions.device)
-            heads = torch.arange(kv_heads, device=at.device)
-            index = (at[:, None] * kv_heads + heads[None, :]) * size + rows.positions[:, None]
+            index = write_index(at * size + rows.positions, kv_heads, size)  # row r: block r
             tables = at.to(torch.int32).view(count, 1)
-            self._made, self._positions = (index.flatten(), tables), rows.positions
+            self._made, self._positions = (index, tables), rows.positions
         index, tables = self._made
         return PagedDecodeRows(rows.k, rows.v, index, tables, rows.lengths, rows.window)
 

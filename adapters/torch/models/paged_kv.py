@@ -21,11 +21,13 @@ uses; every scheduled chunk carries its request's block table, and the runner de
 step's slot mapping from the tables and positions. ``n`` > 1 siblings and cached prefixes
 share blocks by reference. Decode rows read the pool through their tables with a paged
 attention kernel: the portable one (:mod:`adapters.torch.cpu.portable`, any CPU with a C++
-compiler) or, where none could be built, SDPA over gathered blocks. The AVX512-BF16 fused
-decode layer (:mod:`adapters.torch.cpu.fused_decode`) still works on the contiguous
-:class:`~adapters.torch.models.kv_cache.KVCache` of the model-level API only; over the
-pool, its rows take the modules' path (a block-table ``decode_layer`` needs an
-AVX512-BF16 CPU to be built and tested; branch ``wt-paged`` has the attention half).
+compiler) or, where none could be built, SDPA over gathered blocks. A step of decode rows
+reaches a block's fused decode layer as :class:`~adapters.torch.models.layers.PagedDecodeRows`:
+a quantized model's (:mod:`adapters.torch.cpu.quant_decode`) runs over the pool; the
+AVX512-BF16 one (:mod:`adapters.torch.cpu.fused_decode`) still works on the contiguous
+:class:`~adapters.torch.models.kv_cache.KVCache` of the model-level API only, and over the
+pool its rows take the modules' path (a block-table ``decode_layer`` needs an AVX512-BF16
+CPU to be built and tested; branch ``wt-avx`` has it).
 """
 
 import torch
@@ -69,10 +71,7 @@ class PagedKVCache:
     def write_index(self, slot_mapping: Tensor) -> Tensor:
         """Where each token's heads go, as rows of one layer seen as ``[-1, head_dim]``:
         ``slot_mapping`` ``[N]`` -> ``[N * kv_heads]`` (token-major), made once per step."""
-        kv_heads, size = self.k.shape[2], self.block_size
-        heads = torch.arange(kv_heads, device=slot_mapping.device)
-        block, offset = slot_mapping // size, slot_mapping % size
-        return ((block[:, None] * kv_heads + heads[None, :]) * size + offset[:, None]).flatten()
+        return write_index(slot_mapping, self.k.shape[2], self.block_size)
 
     def write(self, layer: int, k: Tensor, v: Tensor, index: Tensor) -> None:
         """Store ``k, v`` ``[N, kv_heads, head_dim]`` at the rows :meth:`write_index` gave."""
@@ -88,6 +87,14 @@ class PagedKVCache:
         target = torch.tensor([t for _, t in pairs], device=self.k.device)
         self.k[:, target] = self.k[:, source]
         self.v[:, target] = self.v[:, source]
+
+
+def write_index(slot_mapping: Tensor, kv_heads: int, block_size: int) -> Tensor:
+    """The rows of a pool layer ``[blocks, kv_heads, block_size, D]`` seen as ``[-1, D]``
+    that each token's ``kv_heads`` heads go to: ``slot_mapping`` ``[N]`` -> ``[N * kv_heads]``."""
+    heads = torch.arange(kv_heads, device=slot_mapping.device)
+    block, offset = slot_mapping // block_size, slot_mapping % block_size
+    return ((block[:, None] * kv_heads + heads[None, :]) * block_size + offset[:, None]).flatten()
 
 
 def slot_mapping(table: list[int], start: int, length: int, block_size: int) -> list[int]:
