@@ -26,7 +26,7 @@ from adapters.torch.models.layers import (
     apply_rope,
     gelu_tanh,
 )
-from adapters.torch.models.paged_kv import PagedKVCache
+from adapters.torch.models.paged_kv import PagedKVCache, write_index
 from tests.integration.tiny_models import save_tiny_model
 
 kernels = cpu_kernels()
@@ -181,6 +181,82 @@ def test_attention_never_reads_the_cache_past_a_rows_length(queries: int) -> Non
     assert_close(got, _reference_attention(q, k, v, [37], 0), atol=2e-2, rtol=2e-2)
 
 
+def _scattered_pool(
+    lengths: list[int], kv_heads: int, dim: int, block: int, seed: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Rows' keys and values ``[R, Hkv, max(lengths), D]`` (NaN past each row's length, as
+    an uninitialized cache) and the same keys scattered over a NaN-filled pool through
+    shuffled block tables: (k, v, k_pool, v_pool, tables)."""
+    gen = torch.Generator().manual_seed(seed)
+    longest, rows = max(lengths), len(lengths)
+    k = torch.randn(rows, kv_heads, longest, dim, generator=gen).to(BF16)
+    v = torch.randn(rows, kv_heads, longest, dim, generator=gen).to(BF16)
+    for r, n in enumerate(lengths):
+        k[r, :, n:], v[r, :, n:] = float("nan"), float("nan")
+    per_row = -(-longest // block)
+    order = torch.randperm(rows * per_row + 3, generator=gen)  # 3 blocks no row uses
+    tables = order[: rows * per_row].view(rows, per_row).to(torch.int32)
+    k_pool = torch.full((len(order), kv_heads, block, dim), float("nan"), dtype=BF16)
+    v_pool = k_pool.clone()
+    for r in range(rows):
+        for b in range(per_row):
+            part = slice(b * block, min(longest, (b + 1) * block))
+            size = part.stop - part.start
+            k_pool[tables[r, b], :, :size] = k[r, :, part]
+            v_pool[tables[r, b], :, :size] = v[r, :, part]
+    return k, v, k_pool, v_pool, tables
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "lengths", "window", "block"),
+    [
+        (9, 3, 64, [37, 1, 16, 300, 5], 0, 16),  # SmolLM2's heads, rows shorter than a block
+        (4, 1, 256, [700], 0, 16),  # one long row, split in pieces (flash decoding)
+        (8, 2, 64, [700, 33], 300, 16),  # a sliding window starting mid-block
+        (6, 2, 96, [40, 17, 64, 9] * 9, 24, 8),  # many rows, a 32-column tail, blocks of 8
+    ],
+)
+def test_paged_attention_equals_the_slot_caches_attention_bit_for_bit(
+    heads: int, kv_heads: int, dim: int, lengths: list[int], window: int, block: int
+) -> None:
+    """Over block tables the decode rows compute what they compute over contiguous rows
+    (scores, softmax, P @ V in the same order), never reading a position past a row's
+    length (NaN there) or a block outside its table."""
+    k, v, k_pool, v_pool, tables = _scattered_pool(lengths, kv_heads, dim, block, seed=5)
+    q = torch.randn(len(lengths), heads, 1, dim, dtype=BF16)
+    lens = torch.tensor(lengths)
+    got = kernels.paged_attention(q, k_pool, v_pool, tables, lens, window, 0.1)
+    assert got.shape == q.shape and not got.isnan().any()
+    assert torch.equal(got, kernels.attention(q, k, v, lens, window, 0.1))
+    clean = [torch.nan_to_num(t) for t in (k, v)]
+    assert_close(got, _reference_attention(q, *clean, lengths, window), atol=2e-2, rtol=2e-2)
+
+
+def test_paged_attention_refuses_rows_past_their_tables_and_blocks_outside_the_pool() -> None:
+    _, _, k_pool, v_pool, tables = _scattered_pool([20, 5], 2, 32, 16, seed=6)
+    q = torch.randn(2, 4, 1, 32, dtype=BF16)
+    with pytest.raises(RuntimeError, match="past its table"):
+        kernels.paged_attention(q, k_pool, v_pool, tables, torch.tensor([33, 5]), 0, 0.2)
+    tables[1, 0] = k_pool.shape[0]
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        kernels.paged_attention(q, k_pool, v_pool, tables, torch.tensor([20, 5]), 0, 0.2)
+    with pytest.raises(RuntimeError, match="int32"):
+        kernels.paged_attention(q, k_pool, v_pool, tables.long(), torch.tensor([20, 5]), 0, 0.2)
+
+
+def test_write_pool_puts_each_head_at_its_write_index() -> None:
+    pool = torch.zeros(4, 3, 8, 32, dtype=BF16)
+    new = torch.randn(2, 1, 3, 32, dtype=BF16).transpose(1, 2)  # [R, Hkv, 1, D], strided
+    slots = torch.tensor([8 * 2 + 5, 0])  # row 0: block 2, offset 5; row 1: block 0, offset 0
+    index = write_index(slots, 3, 8)
+    kernels.write_pool(pool, new, index)
+    expected = torch.zeros_like(pool)
+    expected.view(-1, 32).index_copy_(0, index, new.reshape(-1, 32))
+    assert torch.equal(pool, expected) and torch.equal(pool[2, :, 5], new[0, :, 0])
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        kernels.write_pool(pool, new, index + pool.numel() // 32)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path: Path) -> None:
     """Decode rows at different positions and a prompt chunk after cached positions (beyond
@@ -273,11 +349,10 @@ def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) ->
 def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(
     arch: str, overrides: dict, tmp_path: Path
 ) -> None:
-    """Blocks run decode rows as one kernel call (``decode_layer``); for a single sequence
-    (generate's cache) the logits are identical to the modules' path. Engine steps over the
-    paged pool (decode rows at their own positions, past Gemma's sliding window too, and
-    steps with prompt chunks) take the modules' path either way (no block-table
-    ``decode_layer`` yet) and must give the same logits too."""
+    """Blocks run decode rows as one kernel call: for a single sequence (generate's cache,
+    ``decode_layer``) and for engine steps over the paged pool (``decode_layer_paged``:
+    decode rows at their own positions, past Gemma's sliding window too) the logits are
+    identical to the modules' path. Steps with prompt chunks take the modules' path."""
     save_tiny_model(arch, tmp_path, **overrides)
     model = load_model(tmp_path, dtype=BF16)
     blocks = list(model.layers)

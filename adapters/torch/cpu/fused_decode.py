@@ -4,12 +4,13 @@
   (built once on first use, cached by torch): every linear runs on weights packed into
   64-column panels (``gemm_packed``: each thread streams its panels once per call; for
   SmolLM2's shapes 1.2-1.7x oneDNN from 1 to 64 rows and on par for long prompts, for 1B
-  models' shapes on par), one call each for RMSNorm and SiLU
-  gating (PyTorch runs ~9 and ~4 small ops), RoPE in one pass (instead of roll, multiply and
-  addcmul), and causal GQA attention over the bf16 KV cache for decode rows and prompt
-  chunks. A decode step of a small model is bound by weight and KV reads and per-op
-  dispatch. (The cache's writes and the
-  sampler use the same module, see ``kernels.py``.)
+  models' shapes on par), one call each for RMSNorm and SiLU gating (PyTorch runs ~9 and ~4
+  small ops), RoPE in one pass (instead of roll, multiply and addcmul), causal GQA attention
+  over the bf16 KV cache for decode rows and prompt chunks, and decode attention over the
+  engine's paged pool through block tables. A decode step of a small model is bound by
+  weight and KV reads and per-op dispatch: a block's decode rows run as one call
+  (:class:`FusedDecodeLayer`). (The cache's writes and the sampler use the same module, see
+  ``kernels.py``.)
 - Without them, linear weights are prepacked into oneDNN's blocked layout (what inductor's
   freezing pass does): a bf16 matmul ~1.5x faster than ``F.linear``, identical results.
 
@@ -84,8 +85,9 @@ class KernelGatedMLP(nn.Module):
 
 
 class FusedDecodeLayer:
-    """A Llama, Qwen3 or Gemma 3 block's decode rows as one kernel call (``decode_layer``):
-    the same kernels in the same order as its modules, without ~40-50 Python-level ops."""
+    """A Llama, Qwen3 or Gemma 3 block's decode rows as one kernel call: ``decode_layer_paged``
+    over the engine's paged pool, ``decode_layer`` over generate's contiguous cache. The same
+    kernels in the same order as its modules, without ~40-50 Python-level ops."""
 
     def __init__(self, block: LlamaBlock | Gemma3Block, kernels: Any) -> None:
         assert FusedDecodeLayer.applies(block)
@@ -93,7 +95,7 @@ class FusedDecodeLayer:
         assert isinstance(mlp, KernelGatedMLP)
         gemma = isinstance(block, Gemma3Block)
         mlp_norm = block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm
-        self.kernel = kernels.decode_layer
+        self.kernel, self.paged = kernels.decode_layer, kernels.decode_layer_paged
         self.weights = [
             _weight(block.input_layernorm),
             _packed(attn.wqkv),
@@ -130,26 +132,34 @@ class FusedDecodeLayer:
     def __call__(
         self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows | PagedDecodeRows
     ) -> Tensor | None:
-        if not isinstance(rows, DecodeRows):  # the block-table decode_layer is on wt-avx
-            return None
-        y = self.kernel(
-            x.reshape(-1, x.shape[-1]),
-            *self.weights,
-            self.unit_offset,
-            self.gelu,
-            self.intermediate,
-            rows.k,
-            rows.v,
-            rows.positions,
-            rows.lengths,
-            rows.kv_len,
-            rows.window,
-            *rope,
-            self.n_heads,
-            self.n_kv,
-            self.scale,
-            self.eps,
-        )
+        layer = (*self.weights, self.unit_offset, self.gelu, self.intermediate)
+        heads = (self.n_heads, self.n_kv, self.scale, self.eps)
+        if isinstance(rows, PagedDecodeRows):  # the engine's steps, over the block pool
+            y = self.paged(
+                x.reshape(-1, x.shape[-1]),
+                *layer,
+                rows.k_pool,
+                rows.v_pool,
+                rows.write_index,
+                rows.tables,
+                rows.lengths,
+                rows.window,
+                *rope,
+                *heads,
+            )
+        else:  # the model-level generate's contiguous cache
+            y = self.kernel(
+                x.reshape(-1, x.shape[-1]),
+                *layer,
+                rows.k,
+                rows.v,
+                rows.positions,
+                rows.lengths,
+                rows.kv_len,
+                rows.window,
+                *rope,
+                *heads,
+            )
         return y.view(x.shape)
 
 
@@ -185,8 +195,7 @@ def optimize_for_cpu(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
-            # A block-table decode attention kernel, where the build has one (branch wt-paged).
-            module.paged_attention_kernel = getattr(kernels, "paged_attention", None)
+            module.paged_attention_kernel = kernels.paged_attention  # over the block pool
     for module in model.modules():
         if isinstance(module, LlamaBlock | Gemma3Block) and FusedDecodeLayer.applies(module):
             module.decode_kernel = FusedDecodeLayer(module, kernels)

@@ -170,12 +170,13 @@ class Attention(nn.Module):
                 return paged(q, k, v, mask.tables, mask.lengths, mask.window, self.scale)
             k, v = gather(k, mask.tables, mask.kv_len), gather(v, mask.tables, mask.kv_len)
         kernel = self.attention_kernel
-        if (
-            kernel is not None
-            and mask.lengths is not None
-            and q.dtype == k.dtype
-            and k.stride(2) == v.stride(2) == self.head_dim  # rows of a cache
-        ):
+        if kernel is not None and mask.lengths is not None and q.dtype == k.dtype:
+            # The kernel reads rows of a cache; a paged chunk's own keys (a view of the
+            # projection) are copied into such rows, so that it rounds as generate's does.
+            if k.stride(2) != self.head_dim or v.stride(2) != self.head_dim:
+                # (a clone: ``contiguous()`` keeps the stride of a one-key chunk's size-1 dim)
+                k = k.clone(memory_format=torch.contiguous_format)
+                v = v.clone(memory_format=torch.contiguous_format)
             return kernel(q, k, v, mask.lengths, mask.window, self.scale)
         if mask.kv_start:
             k, v = k[:, :, mask.kv_start :], v[:, :, mask.kv_start :]

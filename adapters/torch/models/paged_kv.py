@@ -20,14 +20,12 @@ The scheduler's block manager (:mod:`domain.kv_blocks`) decides which blocks eac
 uses; every scheduled chunk carries its request's block table, and the runner derives the
 step's slot mapping from the tables and positions. ``n`` > 1 siblings and cached prefixes
 share blocks by reference. Decode rows read the pool through their tables with a paged
-attention kernel: the portable one (:mod:`adapters.torch.cpu.portable`, any CPU with a C++
-compiler) or, where none could be built, SDPA over gathered blocks. A step of decode rows
-reaches a block's fused decode layer as :class:`~adapters.torch.models.layers.PagedDecodeRows`:
-a quantized model's (:mod:`adapters.torch.cpu.quant_decode`) runs over the pool; the
-AVX512-BF16 one (:mod:`adapters.torch.cpu.fused_decode`) still works on the contiguous
-:class:`~adapters.torch.models.kv_cache.KVCache` of the model-level API only, and over the
-pool its rows take the modules' path (a block-table ``decode_layer`` needs an AVX512-BF16
-CPU to be built and tested; branch ``wt-avx`` has it).
+attention kernel: the AVX512-BF16 one for a bf16 model on a CPU that has it, else the
+portable one (:mod:`adapters.torch.cpu.portable`, any CPU with a C++ compiler) or, where
+none could be built, SDPA over gathered blocks. A step of decode rows reaches a block's
+fused decode layer as :class:`~adapters.torch.models.layers.PagedDecodeRows`: the
+AVX512-BF16 one (:mod:`adapters.torch.cpu.fused_decode`, ``decode_layer_paged``) and a
+quantized model's (:mod:`adapters.torch.cpu.quant_decode`) both run over the pool.
 """
 
 import torch

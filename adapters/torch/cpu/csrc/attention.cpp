@@ -36,38 +36,52 @@ void softmax_inplace(float* s, int64_t n) {
   }
 }
 
-// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing values v [n, dim] (bf16 rows): per
-// block of 64 columns, each value row is loaded once for all G heads, with the G x 4
-// accumulators in registers.
+// A run of consecutive keys and their values (bf16 rows of dim): a decode row's keys are
+// one span in a slot cache, one span per block in a paged pool.
+struct KeySpan {
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t n;
+};
+
+// out[h][d] = sum_l p[h][l] v[l][d] for G heads sharing the values of `spans` (p's columns
+// follow the spans in order): per block of 64 columns, each value row is loaded once for all
+// G heads, with the G x 4 accumulators in registers.
 template <int G>
-void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_t n, int64_t dim,
+void weighted_values(const float* p, int64_t p_stride, const KeySpan* spans, int64_t n_spans, int64_t dim,
                      uint16_t* out, int64_t out_stride, float* out_f32) {
   for (int64_t d0 = 0; d0 < dim; d0 += 64) {
     const int chunks = static_cast<int>(std::min<int64_t>(4, (dim - d0) / 16));
     __m512 acc[G][4];
     for (int h = 0; h < G; ++h)
       for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
-    if (chunks == 4) {
-      for (int64_t l = 0; l < n; ++l) {
-        const uint16_t* row = v + l * dim + d0;
-        const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
-        const __m512 v2 = load_bf16x16(row + 32), v3 = load_bf16x16(row + 48);
-        for (int h = 0; h < G; ++h) {
-          const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
-          acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
-          acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
-          acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
-          acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+    int64_t at = 0;  // p's column of the span's first key
+    for (int64_t sp = 0; sp < n_spans; at += spans[sp].n, ++sp) {
+      const uint16_t* v = spans[sp].v;
+      const int64_t n = spans[sp].n;
+      const float* ps = p + at;
+      if (chunks == 4) {
+        for (int64_t l = 0; l < n; ++l) {
+          const uint16_t* row = v + l * dim + d0;
+          const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
+          const __m512 v2 = load_bf16x16(row + 32), v3 = load_bf16x16(row + 48);
+          for (int h = 0; h < G; ++h) {
+            const __m512 w = _mm512_set1_ps(ps[h * p_stride + l]);
+            acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+            acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+            acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
+            acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+          }
         }
-      }
-    } else {  // a 32-column tail (head_dim % 64 == 32)
-      for (int64_t l = 0; l < n; ++l) {
-        const uint16_t* row = v + l * dim + d0;
-        const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
-        for (int h = 0; h < G; ++h) {
-          const __m512 w = _mm512_set1_ps(p[h * p_stride + l]);
-          acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
-          acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+      } else {  // a 32-column tail (head_dim % 64 == 32)
+        for (int64_t l = 0; l < n; ++l) {
+          const uint16_t* row = v + l * dim + d0;
+          const __m512 v0 = load_bf16x16(row), v1 = load_bf16x16(row + 16);
+          for (int h = 0; h < G; ++h) {
+            const __m512 w = _mm512_set1_ps(ps[h * p_stride + l]);
+            acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+            acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+          }
         }
       }
     }
@@ -83,17 +97,17 @@ void weighted_values(const float* p, int64_t p_stride, const uint16_t* v, int64_
 }
 
 // For any group size; rows of `out` (bf16), or of `out_f32` (float32, unrounded) when given.
-void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const uint16_t* v,
-                         int64_t n, int64_t dim, uint16_t* out, int64_t out_stride, float* out_f32 = nullptr) {
+void weighted_values_any(int64_t group, const float* p, int64_t p_stride, const KeySpan* spans,
+                         int64_t n_spans, int64_t dim, uint16_t* out, int64_t out_stride, float* out_f32 = nullptr) {
   for (int64_t h0 = 0; h0 < group; h0 += 4) {
     const float* ph = p + h0 * p_stride;
     uint16_t* oh = out == nullptr ? nullptr : out + h0 * out_stride;
     float* fh = out_f32 == nullptr ? nullptr : out_f32 + h0 * out_stride;
     switch (std::min<int64_t>(4, group - h0)) {
-      case 1: weighted_values<1>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
-      case 2: weighted_values<2>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
-      case 3: weighted_values<3>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
-      default: weighted_values<4>(ph, p_stride, v, n, dim, oh, out_stride, fh); break;
+      case 1: weighted_values<1>(ph, p_stride, spans, n_spans, dim, oh, out_stride, fh); break;
+      case 2: weighted_values<2>(ph, p_stride, spans, n_spans, dim, oh, out_stride, fh); break;
+      case 3: weighted_values<3>(ph, p_stride, spans, n_spans, dim, oh, out_stride, fh); break;
+      default: weighted_values<4>(ph, p_stride, spans, n_spans, dim, oh, out_stride, fh); break;
     }
   }
 }
@@ -281,6 +295,174 @@ void prompt_rows(const uint32_t* const* q, const uint32_t* kt, const uint32_t* v
   pv_blocks<R>(p, vp + lo * block_words, hi - lo, dim, out);
 }
 
+// Where decode rows' keys live. `spans(b, g, from, count, out)` fills the spans of row b's
+// keys [from, from + count) of KV head g; `first(b, g, from)` is the address of key `from`.
+// A slot cache [S, Hkv, L, D] (contiguous rows): one span.
+struct SlotKeys {
+  const uint16_t *K, *V;
+  int64_t k_row, k_head, v_row, v_head, dim;
+  const uint16_t* first(int64_t b, int64_t g, int64_t from) const { return K + b * k_row + g * k_head + from * dim; }
+  void spans(int64_t b, int64_t g, int64_t from, int64_t count, std::vector<KeySpan>& out) const {
+    out.clear();
+    out.push_back({first(b, g, from), V + b * v_row + g * v_head + from * dim, count});
+  }
+};
+
+// A paged pool [blocks, Hkv, block_size, D] read through block tables [R, max_blocks]: one
+// span per block.
+struct PoolKeys {
+  const uint16_t *K, *V;
+  const int32_t* tables;
+  int64_t max_blocks, kv_heads, block_size, dim;
+  int64_t at(int64_t b, int64_t g, int64_t pos) const {
+    const int64_t block = tables[b * max_blocks + pos / block_size];
+    return ((block * kv_heads + g) * block_size + pos % block_size) * dim;
+  }
+  const uint16_t* first(int64_t b, int64_t g, int64_t from) const { return K + at(b, g, from); }
+  void spans(int64_t b, int64_t g, int64_t from, int64_t count, std::vector<KeySpan>& out) const {
+    out.clear();
+    for (int64_t pos = from, end = from + count; pos < end;) {
+      const int64_t n = std::min(end, (pos / block_size + 1) * block_size) - pos, off = at(b, g, pos);
+      out.push_back({K + off, V + off, n});
+      pos += n;
+    }
+  }
+};
+
+// s[0..) = scale * q . k over the spans' keys in order; `ahead` prefetches the values too.
+inline void span_scores(const uint16_t* q, const std::vector<KeySpan>& spans, int64_t dim, float scale,
+                        float* s, bool ahead) {
+  const size_t count = spans.size();
+  for (size_t i = 0; i < count; ++i) {
+    const KeySpan& span = spans[i];
+    if (ahead && i + 2 < count) {  // within a span dot_scores runs ahead; across spans, here
+      const char* later = reinterpret_cast<const char*>(spans[i + 2].k);
+      for (int64_t byte = 0; byte < spans[i + 2].n * dim * 2; byte += 64) _mm_prefetch(later + byte, _MM_HINT_T0);
+    }
+    dot_scores(q, span.k, span.n, dim, scale, s, ahead ? span.v : nullptr);
+    s += span.n;
+  }
+}
+
+// Decode attention, one query per row: Q's row b, head h at Q + b * q_row + h * q_head; row b
+// attends keys [max(0, ends[b] - window), ends[b]) (window 0 = all); O [B, H, D] bf16.
+// Scores, softmax and P @ V in float32, the output rounded once.
+template <class Keys>
+void decode_attention(const uint16_t* Q, int64_t q_row, int64_t q_head, const std::vector<int64_t>& ends,
+                      int64_t window, int64_t kv_heads, int64_t group, int64_t dim, float fscale,
+                      const Keys& keys, uint16_t* O) {
+  const int64_t batch = static_cast<int64_t>(ends.size()), heads = kv_heads * group;
+  const int64_t pairs = batch * kv_heads, threads = omp_get_max_threads();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, window > 0 ? std::min(ends[b], window) : ends[b]);
+  const int64_t s_stride = (longest + 15) / 16 * 16;
+  const int64_t splits = pairs >= 2 * threads ? 1 : std::min((2 * threads + pairs - 1) / pairs, longest / kMinSplitKeys);
+  if (splits > 1) {
+    // Fewer (row, KV head) pairs than twice the threads (one long conversation; Gemma's
+    // single KV head): each pair's keys in `splits` pieces, merged as flash decoding does.
+    // Per piece and head: [max score, sum of exp(score - max), unnormalized P @ V (float32)].
+    const int64_t record = dim + 2;
+    std::vector<float> part(pairs * splits * group * record);
+#pragma omp parallel
+    {
+      std::vector<float> scores(group * s_stride);
+      std::vector<KeySpan> spans;
+#pragma omp for schedule(static) collapse(3)
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          for (int64_t c = 0; c < splits; ++c) {
+            const int64_t end = ends[b];
+            const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+            const int64_t n = std::max<int64_t>(0, end - start);
+            const int64_t from = start + n * c / splits, count = start + n * (c + 1) / splits - from;
+            float* rec = part.data() + ((b * kv_heads + g) * splits + c) * group * record;
+            if (count == 0) {
+              for (int64_t h = 0; h < group; ++h) {
+                rec[h * record] = -INFINITY;
+                rec[h * record + 1] = 0.f;
+              }
+              continue;
+            }
+            keys.spans(b, g, from, count, spans);
+            for (int64_t h = 0; h < group; ++h) {
+              float* sh = scores.data() + h * s_stride;
+              span_scores(Q + b * q_row + (g * group + h) * q_head, spans, dim, fscale, sh, h == 0);
+              rec[h * record + 1] = exp_inplace(sh, count, &rec[h * record]);
+            }
+            weighted_values_any(group, scores.data(), s_stride, spans.data(), static_cast<int64_t>(spans.size()),
+                                dim, nullptr, record, rec + 2);
+          }
+        }
+      }
+#pragma omp for schedule(static) collapse(2)
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          const float* recs = part.data() + (b * kv_heads + g) * splits * group * record;
+          for (int64_t h = 0; h < group; ++h) {
+            uint16_t* o = O + (b * heads + g * group + h) * dim;
+            float top = -INFINITY;
+            for (int64_t c = 0; c < splits; ++c) top = std::max(top, recs[(c * group + h) * record]);
+            if (top == -INFINITY) {  // no keys at all
+              std::fill(o, o + dim, 0);
+              continue;
+            }
+            float total = 0.f;
+            for (int64_t c = 0; c < splits; ++c) {
+              const float* r = recs + (c * group + h) * record;
+              total += r[1] * std::exp(r[0] - top);
+            }
+            for (int64_t d = 0; d < dim; d += 16) {
+              __m512 acc = _mm512_setzero_ps();
+              for (int64_t c = 0; c < splits; ++c) {
+                const float* r = recs + (c * group + h) * record;
+                if (r[1] == 0.f) continue;
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(std::exp(r[0] - top) / total), _mm512_loadu_ps(r + 2 + d), acc);
+              }
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc)));
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+  // Rows cost about the same: contiguous static shares (each thread prefetches its next row).
+#pragma omp parallel
+  {
+    std::vector<float> scores(group * s_stride);
+    std::vector<KeySpan> spans;
+#pragma omp for schedule(static) collapse(2)
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        const int64_t end = ends[b];  // keys [start, end)
+        const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+        const int64_t n = std::max<int64_t>(0, end - start);
+        // the next row's keys start streaming now
+        const int64_t nb = g + 1 < kv_heads ? b : b + 1, ng = g + 1 < kv_heads ? g + 1 : 0;
+        if (nb < batch && ends[nb] > 0) {
+          const int64_t next_start = window > 0 ? std::max<int64_t>(0, ends[nb] - window) : 0;
+          const char* next = reinterpret_cast<const char*>(keys.first(nb, ng, next_start));
+          const int64_t ahead = std::min<int64_t>(ends[nb] - next_start, 32);
+          for (int64_t byte = 0; byte < ahead * dim * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
+        }
+        uint16_t* o = O + (b * heads + g * group) * dim;
+        if (n == 0) {
+          std::fill(o, o + group * dim, 0);
+          continue;
+        }
+        keys.spans(b, g, start, n, spans);
+        for (int64_t h = 0; h < group; ++h) {
+          float* s = scores.data() + h * s_stride;
+          span_scores(Q + b * q_row + (g * group + h) * q_head, spans, dim, fscale, s, h == 0);
+          softmax_inplace(s, n);
+        }
+        weighted_values_any(group, scores.data(), s_stride, spans.data(), static_cast<int64_t>(spans.size()), dim,
+                            o, dim);
+      }
+    }
+  }
+}
+
 // Causal attention over a bf16 cache, heads grouped per KV head (GQA), for decode (T = 1) and
 // prefill (T > 1) alike: q [B, H, T, D] bf16; k, v [B, Hkv, L, D] bf16 with contiguous rows
 // (views of the cache). Query t of row b sits at position len_b - T + t, where len_b =
@@ -392,116 +574,11 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     }
     return out.transpose(1, 2);
   }
-  // Decode: one query per row.
-  const int64_t pairs = batch * kv_heads, threads = omp_get_max_threads();
-  int64_t longest = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t end = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
-    longest = std::max(longest, window > 0 ? std::min(end, window) : end);
-  }
-  const int64_t splits = pairs >= 2 * threads ? 1 : std::min((2 * threads + pairs - 1) / pairs, longest / kMinSplitKeys);
-  if (splits > 1) {
-    // Fewer (row, KV head) pairs than twice the threads (one long conversation; Gemma's
-    // single KV head): each pair's keys in `splits` pieces, merged as flash decoding does.
-    // Per piece and head: [max score, sum of exp(score - max), unnormalized P @ V (float32)].
-    const int64_t record = dim + 2;
-    std::vector<float> part(pairs * splits * group * record);
-#pragma omp parallel
-    {
-      std::vector<float> scores(group * s_stride);
-#pragma omp for schedule(static) collapse(3)
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          for (int64_t c = 0; c < splits; ++c) {
-            const int64_t end = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
-            const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
-            const int64_t n = std::max<int64_t>(0, end - start);
-            const int64_t from = start + n * c / splits, count = start + n * (c + 1) / splits - from;
-            float* rec = part.data() + ((b * kv_heads + g) * splits + c) * group * record;
-            if (count == 0) {
-              for (int64_t h = 0; h < group; ++h) {
-                rec[h * record] = -INFINITY;
-                rec[h * record + 1] = 0.f;
-              }
-              continue;
-            }
-            const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + from * dim;
-            const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + from * dim;
-            for (int64_t h = 0; h < group; ++h) {
-              float* sh = scores.data() + h * s_stride;
-              dot_scores(Q + b * q.stride(0) + (g * group + h) * q.stride(1), kh, count, dim, fscale, sh,
-                         h == 0 ? vh : nullptr);
-              rec[h * record + 1] = exp_inplace(sh, count, &rec[h * record]);
-            }
-            weighted_values_any(group, scores.data(), s_stride, vh, count, dim, nullptr, record, rec + 2);
-          }
-        }
-      }
-#pragma omp for schedule(static) collapse(2)
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          const float* recs = part.data() + (b * kv_heads + g) * splits * group * record;
-          for (int64_t h = 0; h < group; ++h) {
-            uint16_t* o = O + (b * heads + g * group + h) * dim;
-            float top = -INFINITY;
-            for (int64_t c = 0; c < splits; ++c) top = std::max(top, recs[(c * group + h) * record]);
-            if (top == -INFINITY) {  // no keys at all
-              std::fill(o, o + dim, 0);
-              continue;
-            }
-            float total = 0.f;
-            for (int64_t c = 0; c < splits; ++c) {
-              const float* r = recs + (c * group + h) * record;
-              total += r[1] * std::exp(r[0] - top);
-            }
-            for (int64_t d = 0; d < dim; d += 16) {
-              __m512 acc = _mm512_setzero_ps();
-              for (int64_t c = 0; c < splits; ++c) {
-                const float* r = recs + (c * group + h) * record;
-                if (r[1] == 0.f) continue;
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(std::exp(r[0] - top) / total), _mm512_loadu_ps(r + 2 + d), acc);
-              }
-              _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc)));
-            }
-          }
-        }
-      }
-    }
-    return out.transpose(1, 2);
-  }
-  // Rows cost about the same: contiguous static shares (each thread prefetches its next row).
-#pragma omp parallel
-  {
-    std::vector<float> scores(group * s_stride);
-#pragma omp for schedule(static) collapse(2)
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        const int64_t end = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;  // keys [start, end)
-        const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
-        const int64_t n = std::max<int64_t>(0, end - start);
-        const uint16_t* kh = K + b * k.stride(0) + g * k.stride(1) + start * dim;
-        // the next row's keys start streaming now
-        const int64_t nb = g + 1 < kv_heads ? b : b + 1, ng = g + 1 < kv_heads ? g + 1 : 0;
-        if (nb < batch) {
-          const char* next = reinterpret_cast<const char*>(K + nb * k.stride(0) + ng * k.stride(1));
-          for (int64_t byte = 0; byte < 32 * dim * 2; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T1);
-        }
-        const uint16_t* vh = V + b * v.stride(0) + g * v.stride(1) + start * dim;
-        uint16_t* o = O + (b * heads + g * group) * dim;
-        if (n == 0) {
-          std::fill(o, o + group * dim, 0);
-          continue;
-        }
-        for (int64_t h = 0; h < group; ++h) {
-          const uint16_t* qh = Q + b * q.stride(0) + (g * group + h) * q.stride(1);
-          float* s = scores.data() + h * s_stride;
-          dot_scores(qh, kh, n, dim, fscale, s, h == 0 ? vh : nullptr);
-          softmax_inplace(s, n);
-        }
-        weighted_values_any(group, scores.data(), s_stride, vh, n, dim, o, dim);
-      }
-    }
-  }
+  // Decode: one query per row, its keys one span of the cache.
+  std::vector<int64_t> ends(batch);
+  for (int64_t b = 0; b < batch; ++b) ends[b] = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
+  const SlotKeys keys{K, V, k.stride(0), k.stride(1), v.stride(0), v.stride(1), dim};
+  decode_attention(Q, q.stride(0), q.stride(1), ends, window, kv_heads, group, dim, fscale, keys, O);
   return out.transpose(1, 2);
 }
 
@@ -522,4 +599,63 @@ void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tenso
     for (int64_t h = 0; h < heads; ++h)
       std::memcpy(D + ((b * heads + h) * len + pos[b]) * dim, S + b * src.stride(0) + h * src.stride(1),
                   dim * sizeof(uint16_t));
+}
+
+// Decode attention read through block tables: q [R, H, 1, D] bf16 (contiguous D); k_pool,
+// v_pool [blocks, Hkv, block_size, D] bf16 contiguous; tables [R, max_blocks] int32; lengths
+// [R] int64 (row r reads keys [max(0, lengths[r] - window), lengths[r]); window 0 = all).
+// Returns [R, H, 1, D] bf16, a transposed view of a contiguous [R, 1, H, D], computed as the
+// slot cache's decode rows are (the same scores, softmax and P @ V, block by block).
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                              const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,
+                              double scale) {
+  check_bf16_rows(q, "q");
+  check_bf16(k_pool, "k_pool");
+  check_bf16(v_pool, "v_pool");
+  TORCH_CHECK(q.size(2) == 1 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes() &&
+                  k_pool.size(3) == q.size(3) && q.size(3) % 32 == 0 && q.size(1) % k_pool.size(1) == 0,
+              "paged_attention: q [R, H, 1, D], pools [blocks, Hkv, block_size, D], D % 32 == 0");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && tables.dim() == 2 && tables.is_contiguous() &&
+                  lengths.scalar_type() == at::kLong && lengths.is_contiguous() &&
+                  tables.size(0) == q.size(0) && lengths.numel() == q.size(0),
+              "paged_attention: tables [R, max_blocks] int32, lengths [R] int64");
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(3);
+  const int64_t blocks = k_pool.size(0), kv_heads = k_pool.size(1), block_size = k_pool.size(2);
+  const int64_t max_blocks = tables.size(1);
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int32_t* table = tables.data_ptr<int32_t>();
+  std::vector<int64_t> ends(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(len[r] >= 0 && len[r] <= max_blocks * block_size, "paged_attention: a row's length is past its table");
+    const int64_t low = window > 0 ? std::max<int64_t>(0, len[r] - window) : 0;
+    for (int64_t b = low / block_size; b * block_size < len[r]; ++b)
+      TORCH_CHECK(table[r * max_blocks + b] >= 0 && table[r * max_blocks + b] < blocks,
+                  "paged_attention: a block table entry is outside the pool");
+    ends[r] = len[r];
+  }
+  auto out = torch::empty({rows, 1, heads, dim}, q.options());
+  const PoolKeys keys{bits(k_pool), bits(v_pool), table, max_blocks, kv_heads, block_size, dim};
+  decode_attention(bits(q), q.stride(0), q.stride(1), ends, window, kv_heads, heads / kv_heads, dim,
+                   static_cast<float>(scale), keys, bits_mut(out));
+  return out.transpose(1, 2);
+}
+
+// A decode step's writes into one layer of a paged pool: src [R, Hkv, 1, D] (any strides,
+// contiguous D) -> rows index[r * Hkv + h] of the pool seen as [-1, D].
+void write_pool(torch::Tensor& pool, const torch::Tensor& src, const torch::Tensor& index) {
+  TORCH_CHECK(pool.scalar_type() == src.scalar_type() && pool.is_contiguous() && src.dim() == 4 &&
+                  src.stride(3) == 1 && pool.element_size() == 2 && pool.dim() == 4 &&
+                  src.size(3) == pool.size(3) && index.scalar_type() == at::kLong && index.is_contiguous() &&
+                  index.numel() == src.size(0) * src.size(1),
+              "write_pool: 2-byte pool [blocks, Hkv, block_size, D], src [R, Hkv, 1, D], index [R * Hkv] int64");
+  const int64_t rows = src.size(0), heads = src.size(1), dim = pool.size(3);
+  const int64_t capacity = pool.numel() / dim;
+  const int64_t* at = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows * heads; ++i)
+    TORCH_CHECK(at[i] >= 0 && at[i] < capacity, "write_pool: a write index is outside the pool");
+  auto* D = reinterpret_cast<uint16_t*>(pool.data_ptr());
+  const auto* S = reinterpret_cast<const uint16_t*>(src.data_ptr());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      std::memcpy(D + at[r * heads + h] * dim, S + r * src.stride(0) + h * src.stride(1), dim * sizeof(uint16_t));
 }

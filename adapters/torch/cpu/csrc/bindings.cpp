@@ -2,7 +2,7 @@
 // reading its weights and KV cache and by per-op dispatch: a matrix product on panel-packed
 // weights that streams them once per call, single calls for RMSNorm and SiLU gating (which
 // PyTorch runs as ~9 and ~4 small ops), causal GQA attention over the bf16 cache for decode
-// rows and prompt chunks, the decode step's cache writes, and a vectorized argmax. Results
+// rows and prompt chunks (and over a paged pool's block tables), the decode step's cache writes, and a vectorized argmax. Results
 // round like the PyTorch path.
 #include "kernels.h"
 
@@ -18,4 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
   m.def("write_rows", &write_rows, "one decode step's writes into a slot KV cache layer");
   m.def("decode_layer", &decode_layer, "one decoder layer for decode rows (the module path's kernels)");
+  m.def("paged_attention", &paged_attention, "decode attention over a bf16 paged KV pool, read through block tables");
+  m.def("write_pool", &write_pool, "one decode step's writes into a paged KV pool layer");
+  m.def("decode_layer_paged", &decode_layer_paged, "one decoder layer for decode rows over a paged KV pool");
 }

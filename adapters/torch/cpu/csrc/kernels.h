@@ -12,6 +12,10 @@ torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& lengths, int64_t window, double scale);
 void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tensor& positions);
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                              const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,
+                              double scale);
+void write_pool(torch::Tensor& pool, const torch::Tensor& src, const torch::Tensor& index);
 torch::Tensor pack_panels(const torch::Tensor& w);
 torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, int64_t n_out);
 torch::Tensor argmax_rows(const torch::Tensor& x);
@@ -26,3 +30,13 @@ torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& w_in, co
                            torch::Tensor& v_cache, const torch::Tensor& positions, const torch::Tensor& lengths,
                            int64_t kv_len, int64_t window, const torch::Tensor& cos, const torch::Tensor& sin,
                            int64_t n_heads, int64_t n_kv, double scale, double eps);
+torch::Tensor decode_layer_paged(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& wqkv,
+                                 const torch::Tensor& wo, const c10::optional<torch::Tensor>& w_post_attn,
+                                 const torch::Tensor& w_mlp, const torch::Tensor& w13, const torch::Tensor& w2,
+                                 const c10::optional<torch::Tensor>& w_post_mlp,
+                                 const c10::optional<torch::Tensor>& q_norm,
+                                 const c10::optional<torch::Tensor>& k_norm, bool unit_offset, bool gelu,
+                                 int64_t intermediate, torch::Tensor& k_pool, torch::Tensor& v_pool,
+                                 const torch::Tensor& write_index, const torch::Tensor& tables,
+                                 const torch::Tensor& lengths, int64_t window, const torch::Tensor& cos,
+                                 const torch::Tensor& sin, int64_t n_heads, int64_t n_kv, double scale, double eps);
