@@ -67,7 +67,17 @@ class ToolRequest:
 
     def parameters(self, name: str) -> dict[str, Any]:
         [tool] = [t for t in self.tools if t["function"]["name"] == name]
-        return tool["function"].get("parameters") or NO_PARAMETERS
+        return closed(tool["function"].get("parameters") or NO_PARAMETERS)
+
+
+def closed(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters as a constrained call takes them: an object schema that does not
+    say ``additionalProperties`` takes only its listed properties (as vLLM's xgrammar
+    strict mode and OpenAI's strict function calling do), so a small model cannot go on
+    inventing arguments until ``max_tokens``."""
+    if parameters.get("type") == "object" and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
 
 
 def _bad(message: str, param: str) -> HTTPError:
@@ -338,7 +348,7 @@ def required_schema(request: ToolRequest) -> dict[str, Any]:
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [t["function"]["name"]]},
-                "parameters": t["function"].get("parameters") or NO_PARAMETERS,
+                "parameters": closed(t["function"].get("parameters") or NO_PARAMETERS),
             },
             "required": ["name", "parameters"],
             "additionalProperties": False,

@@ -181,6 +181,28 @@ def test_attention_never_reads_the_cache_past_a_rows_length(queries: int) -> Non
     assert_close(got, _reference_attention(q, k, v, [37], 0), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("window", [0, 20])
+def test_prompt_attention_rounds_one_query_as_it_rounds_among_others(window: int) -> None:
+    """A prompt chunk of one query (the last token of a cached prompt) through
+    ``prompt_attention`` gives what that query gives inside a longer chunk, bit for bit; the
+    decode rows' path (``attention`` with one query) rounds P @ V differently."""
+    torch.manual_seed(7)
+    q = torch.randn(1, 5, 9, 64, dtype=BF16).transpose(1, 2)  # queries at positions 33..37
+    k, v = torch.randn(2, 1, 3, 38, 64, dtype=BF16)
+    chunk = kernels.attention(q, k, v, torch.tensor([38]), window, 0.1)
+    for t in range(5):
+        end = 34 + t
+        one = kernels.prompt_attention(
+            q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end], torch.tensor([end]), window, 0.1
+        )
+        assert torch.equal(one[:, :, 0], chunk[:, :, t])
+    if window == 0:  # the decode rows' path: the same up to bf16 rounding
+        decode = kernels.attention(
+            q[:, :, :1], k[:, :, :34], v[:, :, :34], torch.tensor([34]), 0, 0.1
+        )
+        assert_close(decode, chunk[:, :, :1], atol=2e-2, rtol=2e-2)
+
+
 def _scattered_pool(
     lengths: list[int], kv_heads: int, dim: int, block: int, seed: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -173,9 +173,9 @@ def test_required_constrains_to_an_array_of_calls(client: openai.OpenAI, replies
     assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
     names = [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]]
     assert names == [["get_weather"], ["get_time"]]
-    assert (
-        schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
-    )
+    # the tool's parameters, closed to the properties they list (they say nothing of more)
+    closed = {**WEATHER["function"]["parameters"], "additionalProperties": False}
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"] == closed
 
 
 def test_calls_cut_by_max_tokens_keep_the_complete_ones(
@@ -212,7 +212,8 @@ def test_a_named_function_constrains_to_its_arguments(
     assert (call.function.name, call.function.arguments) == ("get_weather", PARIS)
     structured = replies.requests[-1].sampling_params.structured
     assert structured is not None
-    assert json.loads(structured.spec) == WEATHER["function"]["parameters"]
+    closed = {**WEATHER["function"]["parameters"], "additionalProperties": False}
+    assert json.loads(structured.spec) == closed
     chunks = streamed(client, tools=[WEATHER, TIME], tool_choice=choice)
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
     assert calls[0].function.name == "get_weather"

@@ -104,11 +104,12 @@ def test_the_integer_path_matches_the_dense_product(
     assert relative_error(got, x @ w.T) < tolerance
 
 
-@pytest.mark.parametrize("k", [32, 64, 96, 352, 576])
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 224, 352, 512, 576, 608, 672])
 @pytest.mark.parametrize("with_mins", [True, False])
 def test_one_row_of_4_bit_weights_two_blocks_a_step(k: int, with_mins: bool) -> None:
-    """One activation row takes 4-bit blocks in pairs, 8 a loop: K of 1, 2, 3, 11 and 18
-    blocks run every branch (the loop, the pair after it, the odd last block)."""
+    """One activation row takes 4-bit blocks in pairs, 8 a loop (with AVX-512 in quads first,
+    16 a loop): K of 1 to 21 blocks run every branch (the loops, the quad, the pair and the
+    odd last block after them)."""
     qweight, scales, mins = random_weight(9, k, 4, 32, with_mins, seed=k)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k))
     w = reference_dequantize(qweight, scales, mins, 4, 32)

@@ -58,6 +58,9 @@ def matches() -> Any:
         ('[{"name": "get_weather", "parameters": {}}]', True, False),  # its schema holds
         ('[{"name": "rm_rf", "parameters": {}}]', True, False),  # only the tools
         ('[{"name": "get_time", "parameters": {}, "x": 1}]', True, False),
+        # arguments the tool does not list (its schema does not allow more)
+        ('[{"name": "get_weather", "parameters": {"city": "Paris", "units": "C"}}]', True, False),
+        ('[{"name": "get_time", "parameters": {"tz": "UTC"}}]', True, False),
         (PARIS, True, False),  # an array
     ],
 )
@@ -79,3 +82,14 @@ def test_a_named_function_constrains_to_its_arguments(matches: Any) -> None:
     schema = request.parameters("get_weather")
     assert matches(schema, '{"city": "Paris"}') and not matches(schema, "{}")
     assert matches(ToolRequest([TIME], "get_time", True).parameters("get_time"), "{}")
+
+
+def test_a_tool_that_allows_more_arguments_keeps_them(matches: Any) -> None:
+    """Only where the schema says nothing are the listed properties all there is."""
+    parameters = {**WEATHER["function"]["parameters"], "additionalProperties": True}  # type: ignore[dict-item]
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+    request = ToolRequest([tool], "get_weather", True)
+    assert matches(request.parameters("get_weather"), '{"city": "Paris", "units": "C"}')
+    closed = ToolRequest([WEATHER], "get_weather", True).parameters("get_weather")
+    assert not matches(closed, '{"city": "Paris", "units": "C"}')
+    assert "additionalProperties" not in WEATHER["function"]["parameters"]  # type: ignore[index]

@@ -109,6 +109,48 @@ def test_a_cached_prefix_is_reused_with_the_same_greedy_output(model) -> None:
         assert got == alone(model, prompt, params), name
 
 
+def test_n_greedy_choices_and_a_cached_prompt_decode_what_the_prompt_alone_does(model) -> None:
+    """``n`` > 1 choices share one prefill: the first computes the prompt but its last token,
+    then that token as a one-token chunk; the others fork its full blocks and compute the
+    rest (a partial block and the last token) themselves. A one-token chunk of a prompt runs
+    as a prompt chunk, not as a decode row (whose attention rounds differently in bf16), so
+    every greedy choice, and a later request over the cached prompt, is the prompt alone."""
+    config = EngineConfig(max_batch_size=4, max_seq_len=96)
+    runner = TorchModelRunner(model, config)
+    engine = Engine(config, runner, TOKENIZER, sink := ListSink())
+    prompt = "Eighteen bytes of a"
+    ids = TOKENIZER.encode(prompt)
+    n = len(ids)  # 16 < n < 32: the siblings fork one block
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    steps: list[tuple[int, list[int]]] = []  # (decode rows, prompt chunk lengths) a step
+    forward = model.forward_mixed
+
+    def recording(tokens, batch, rows):  # type: ignore[no-untyped-def]
+        steps.append((batch.rows, [length for _, length in batch.chunks]))
+        return forward(tokens, batch, rows)
+
+    model.forward_mixed = recording
+    try:
+        engine.admit(["c0", "c1", "c2"], [ids], params, n=3)
+        while engine.has_work():
+            engine.step()
+        engine.add_request("later", ids, params)  # its first 16 positions cached
+        while engine.has_work():
+            engine.step()
+    finally:
+        del model.forward_mixed
+    # the first choice's prompt but its last token; that token as a chunk beside the others'
+    # tails; then three decode rows
+    assert [(rows, sorted(chunks)) for rows, chunks in steps[:3]] == [
+        (0, [n - 1]),
+        (0, [1, n - 16, n - 16]),
+        (3, []),
+    ]
+    expected = alone(model, prompt, params)
+    for request_id in ("c0", "c1", "c2", "later"):
+        assert [o.token_id for o in sink.outputs if o.request_id == request_id] == expected
+
+
 def test_prompt_logprobs_are_computed_in_full_even_when_the_prefix_is_cached(model) -> None:
     """A request asking for prompt logprobs runs every prompt position (the cached blocks
     hold KV, not logits), and its logprobs equal those of an engine without caching."""

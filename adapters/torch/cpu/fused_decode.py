@@ -195,6 +195,7 @@ def optimize_for_cpu(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
+            module.prompt_attention_kernel = kernels.prompt_attention
             module.paged_attention_kernel = kernels.paged_attention  # over the block pool
     for module in model.modules():
         if isinstance(module, LlamaBlock | Gemma3Block) and FusedDecodeLayer.applies(module):

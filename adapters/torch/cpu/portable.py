@@ -29,9 +29,18 @@ from adapters.torch.models.layers import Attention
 
 log = structlog.get_logger(__name__)
 _SOURCES = Path(__file__).with_name("portable")
-# The vector extensions the loops may use, where this CPU has them (x86: AVX2 + FMA; other
-# architectures build with their baseline, e.g. NEON on aarch64).
-_X86_FLAGS = {"avx2": "-mavx2", "fma": "-mfma", "f16c": "-mf16c"}
+# The vector extensions the loops may use, where this CPU has them (x86: AVX2 + FMA, and
+# AVX-512 with VNNI where present; other architectures build with their baseline, e.g. NEON
+# on aarch64).
+_X86_FLAGS = {
+    "avx2": "-mavx2",
+    "fma": "-mfma",
+    "f16c": "-mf16c",
+    "avx512f": "-mavx512f",
+    "avx512bw": "-mavx512bw",
+    "avx512vl": "-mavx512vl",
+    "avx512_vnni": "-mavx512vnni",
+}
 
 
 def _isa_flags() -> list[str]:

@@ -127,6 +127,11 @@ class Attention(nn.Module):
         # seen by each row's last query), window (0 = none), scale) -> [B, H, T, D].
         self.attention_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
         self.attention_kernel = None
+        # And the same as for a prompt chunk whatever its length (one query too), where the
+        # kernel rounds decode rows and chunks differently.
+        self.prompt_attention_kernel: (
+            Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
+        ) = None
         # And a one-pass :func:`apply_rope` (same arguments, same result).
         self.rope_kernel: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
         # And decode attention read through block tables: (q [R, H, 1, D], k, v pools
@@ -160,16 +165,16 @@ class Attention(nn.Module):
         """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``; or, when
         ``mask.tables`` is set, ``k, v`` one layer's block pools read through them."""
         if mask.tables is not None:
+            # Decode rows through the paged kernel. A prompt chunk (one token too: the last of
+            # a cached prompt, an ``n`` > 1 choice's) reads its keys gathered, as every chunk
+            # does, so a prompt's logits round alike however it was split into chunks.
             paged = self.paged_attention_kernel
-            if (
-                paged is not None
-                and q.shape[2] == 1
-                and q.dtype == k.dtype
-                and mask.lengths is not None
-            ):
+            if paged is not None and mask.rows and q.dtype == k.dtype and mask.lengths is not None:
                 return paged(q, k, v, mask.tables, mask.lengths, mask.window, self.scale)
             k, v = gather(k, mask.tables, mask.kv_len), gather(v, mask.tables, mask.kv_len)
         kernel = self.attention_kernel
+        if mask.tables is not None and self.prompt_attention_kernel is not None:
+            kernel = self.prompt_attention_kernel  # a paged chunk, one query or more
         if kernel is not None and mask.lengths is not None and q.dtype == k.dtype:
             # The kernel reads rows of a cache; a paged chunk's own keys (a view of the
             # projection) are copied into such rows, so that it rounds as generate's does.
@@ -221,10 +226,11 @@ class AttnMask:
     sees keys ``< lengths[b]``, earlier queries one fewer each, causally) and ``window``
     (only the last ``window`` keys up to a query's position; 0 = all), for a kernel.
     Over a paged cache, ``tables`` ``[B, max_blocks]`` int32 are the rows' block tables and
-    ``kv_len`` the positions the mask spans (what a gather reads).
+    ``kv_len`` the positions the mask spans (what a gather reads); ``rows`` marks a step's
+    decode rows (one query each, what a paged decode kernel takes), not a prompt chunk.
     """
 
-    __slots__ = ("is_causal", "kv_len", "kv_start", "lengths", "mask", "tables", "window")
+    __slots__ = ("is_causal", "kv_len", "kv_start", "lengths", "mask", "rows", "tables", "window")
 
     def __init__(
         self,
@@ -238,11 +244,12 @@ class AttnMask:
         self.mask, self.is_causal, self.kv_start = mask, is_causal, kv_start
         self.lengths, self.window = lengths, window
         self.tables: Tensor | None = None
-        self.kv_len = 0
+        self.kv_len, self.rows = 0, False
 
-    def paged(self, tables: Tensor, kv_len: int) -> "AttnMask":
-        """This mask over keys read through block ``tables`` (``kv_len`` positions)."""
-        self.tables, self.kv_len = tables, kv_len
+    def paged(self, tables: Tensor, kv_len: int, *, rows: bool = False) -> "AttnMask":
+        """This mask over keys read through block ``tables`` (``kv_len`` positions), for
+        decode ``rows`` or a prompt chunk."""
+        self.tables, self.kv_len, self.rows = tables, kv_len, rows
         return self
 
 
@@ -313,7 +320,8 @@ class PagedBatch:
             at, kv_len = torch.tensor(token_positions, device=device), max(token_positions) + 1
             tables = block_tables([table for table, _ in rows], device)
             self.decode_masks = {
-                s: position_mask(at, kv_len, w).paged(tables, kv_len) for s, w in windows.items()
+                s: position_mask(at, kv_len, w).paged(tables, kv_len, rows=True)
+                for s, w in windows.items()
             }
         self.chunks: list[tuple[int, int]] = []  # token offset, length
         self.chunk_masks: list[dict[bool, AttnMask]] = []

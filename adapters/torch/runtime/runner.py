@@ -78,8 +78,11 @@ class TorchModelRunner:
             return RunnerOutput()
         for chunk in batch.chunks:
             self._ensure_generator(chunk)
-        singles = [c for c in batch.chunks if c.num_tokens == 1]
-        prompts = [c for c in batch.chunks if c.num_tokens > 1]
+        # Decode rows: one generated token each. A one-token chunk of a prompt (the last token
+        # of a cached prompt, an ``n`` > 1 choice's tail) runs as a prompt chunk, so that its
+        # KV and logits round as the same positions do in a longer chunk.
+        singles = [c for c in batch.chunks if _decode_row(c)]
+        prompts = [c for c in batch.chunks if not _decode_row(c)]
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
         masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None
@@ -231,3 +234,8 @@ def _prompt_logprobs(
             ]
         at += count
     return scores, alternatives
+
+
+def _decode_row(chunk: ScheduledChunk) -> bool:
+    """One token past the prompt: a decode row (a prompt's tokens run as chunks)."""
+    return chunk.num_tokens == 1 and chunk.start >= chunk.request.num_prompt_tokens

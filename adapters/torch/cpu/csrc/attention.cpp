@@ -473,8 +473,10 @@ void decode_attention(const uint16_t* Q, int64_t q_row, int64_t q_head, const st
 // chunks rearrange their keys and values once and take P @ V with P in bf16 (rearrange_block);
 // decode rows (each row's cache read once, no rearranging to amortize) score 16 keys at a
 // time with a transpose-and-add reduction and take P @ V in float32.
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const torch::Tensor& lengths, int64_t window, double scale) {
+namespace {
+
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& lengths, int64_t window, double scale, bool prompt) {
   check_bf16_rows(q, "q");
   check_bf16_rows(k, "k");
   check_bf16_rows(v, "v");
@@ -497,7 +499,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   const int64_t group = heads / kv_heads;
   const int64_t s_stride = (max_len + 15) / 16 * 16;
   const float fscale = static_cast<float>(scale);
-  if (queries > 1) {
+  if (prompt) {
     // Row b's keys from `base` (the first query's first key, block-aligned) rearranged once.
     const int64_t block_words = kKeyBlock * dim / 2;  // a rearranged block, in kt or vp
     std::vector<int64_t> len(batch), base(batch), blocks(batch), offset(batch + 1, 0);
@@ -580,6 +582,21 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   const SlotKeys keys{K, V, k.stride(0), k.stride(1), v.stride(0), v.stride(1), dim};
   decode_attention(Q, q.stride(0), q.stride(1), ends, window, kv_heads, group, dim, fscale, keys, O);
   return out.transpose(1, 2);
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& lengths, int64_t window, double scale) {
+  return attend(q, k, v, lengths, window, scale, q.size(2) > 1);
+}
+
+// attention() as for a prompt chunk whatever its length: a chunk of one query (the last
+// token of a cached prompt) rounds as it would among others (P in bf16 for P @ V), so a
+// prompt's logits do not depend on how it was split into chunks.
+torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& lengths, int64_t window, double scale) {
+  return attend(q, k, v, lengths, window, scale, true);
 }
 
 // A decode step's cache write: dst [S, Hkv, L, D] (one layer of a slot cache, contiguous),

@@ -8,6 +8,7 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "causal GQA attention over a bf16 cache (decode rows, prompt chunks)");
+  m.def("prompt_attention", &prompt_attention, "attention as for a prompt chunk, one query too");
   m.def("pack_panels", &pack_panels, "weights [N, K] in gemm_packed's panel layout");
   m.def("gemm_packed", &gemm_packed, "bf16 matrix product on panel-packed weights (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");

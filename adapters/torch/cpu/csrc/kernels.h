@@ -11,6 +11,8 @@ torch::Tensor gelu_tanh_mul(const torch::Tensor& gate_up);
 torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& lengths, int64_t window, double scale);
+torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& lengths, int64_t window, double scale);
 void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tensor& positions);
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                               const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,

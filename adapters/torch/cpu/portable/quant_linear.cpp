@@ -256,6 +256,37 @@ inline __m256 pair_fma(const uint8_t* w, const int8_t* xp, const float* c8, __m2
 }
 #endif
 
+#if defined(__AVX512BW__)
+// Four packed 4-bit blocks (4q .. 4q + 3: 64 contiguous bytes) against one activation row
+// laid out by pair_layout's quads (the four blocks' k 0..15, then their k 16..31): pair_fma
+// on 512-bit registers, lanes 0-3, 4-7, 8-11, 12-15 for the four blocks, their scales from
+// c16 (two pairs' c8). With AVX512-VNNI one vpdpbusd per half sums u8 x s8 products
+// straight into int32 lanes (maddubs, add and madd otherwise).
+inline __m512 quad_fma(const uint8_t* w, const int8_t* xq, const float* c16, __m512 acc) {
+  const __m512i raw = _mm512_loadu_si512(w);
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i lo = _mm512_and_si512(raw, nib);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+  const __m512i xlo = _mm512_loadu_si512(xq);
+  const __m512i xhi = _mm512_loadu_si512(xq + 64);
+#if defined(__AVX512VNNI__)
+  const __m512i sum32 =
+      _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo), hi, xhi);
+#else
+  const __m512i sum16 =
+      _mm512_add_epi16(_mm512_maddubs_epi16(lo, xlo), _mm512_maddubs_epi16(hi, xhi));
+  const __m512i sum32 = _mm512_madd_epi16(sum16, _mm512_set1_epi16(1));
+#endif
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum32), _mm512_loadu_ps(c16), acc);
+}
+
+// The 8 lanes of a + b's two halves.
+inline __m256 fold512(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#endif
+
 // kTileRows weight rows (w[r], block_bytes<L>() a block) dotted with one quantized activation
 // row: out[r] = sum over blocks of int_dot * cs[r][b * S + h] (dx * weight scale; S = 2: one
 // scale per 16 k's), plus sum over groups of min[r][g] * xs[g] when min is given.
@@ -279,6 +310,19 @@ void dot_tile(const uint8_t* const* w, const act_t<L>* x, const float* cs, int64
     if constexpr (L == Layout::kPacked4) {
       if (x_pairs != nullptr) {  // two blocks a step, 8 a loop; an odd last block below
         const float* c8 = cs8 + r * (blocks / 2) * 8;
+#if defined(__AVX512BW__)
+        // four blocks a step (16 a loop) on 512-bit registers; the pair and block after
+        __m512 wide[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                          _mm512_setzero_ps()};
+        for (; b + 16 <= blocks; b += 16)
+          for (int u = 0; u < 4; ++u)
+            wide[u] = quad_fma(w[r] + (b + 4 * u) * 16, x_pairs + (b + 4 * u) * 32,
+                               c8 + (b / 2 + 2 * u) * 8, wide[u]);
+        for (; b + 4 <= blocks; b += 4)
+          wide[1] = quad_fma(w[r] + b * 16, x_pairs + b * 32, c8 + (b / 2) * 8, wide[1]);
+        part[2] = fold512(_mm512_add_ps(_mm512_add_ps(wide[0], wide[1]),
+                                        _mm512_add_ps(wide[2], wide[3])));
+#endif
         for (; b + 8 <= blocks; b += 8)
           for (int u = 0; u < 4; ++u)
             part[u] = pair_fma(w[r] + (b + 2 * u) * 16, x_pairs + (b + 2 * u) * 32,
@@ -350,11 +394,24 @@ struct Scratch {
 };
 
 // One quantized activation row laid out for pair_fma: per pair of blocks, the two blocks'
-// k 0..15, then their k 16..31 (an odd last block is left out: block_fma takes it).
+// k 0..15, then their k 16..31 (an odd last block is left out: block_fma takes it). With
+// AVX-512 the whole quads of blocks come first for quad_fma, per quad the four blocks' k
+// 0..15 then their k 16..31; block b's bytes start at 32 b either way.
 std::vector<int8_t> pair_layout(const int8_t* x, int64_t k) {
   const int64_t pairs = k / kBlock / 2;
   std::vector<int8_t> out(pairs * 2 * kBlock);
-  for (int64_t p = 0; p < pairs; ++p) {
+  int64_t p = 0;
+#if defined(__AVX512BW__)
+  for (; p + 2 <= pairs; p += 2) {
+    int8_t* o = out.data() + p * 2 * kBlock;
+    for (int j = 0; j < 4; ++j) {
+      const int8_t* blk = x + (p * 2 + j) * kBlock;
+      std::copy(blk, blk + 16, o + 16 * j);
+      std::copy(blk + 16, blk + 32, o + 64 + 16 * j);
+    }
+  }
+#endif
+  for (; p < pairs; ++p) {
     const int8_t* a = x + 2 * p * kBlock;
     const int8_t* b = a + kBlock;
     int8_t* o = out.data() + p * 2 * kBlock;
