@@ -396,17 +396,59 @@ def main() -> None:
     args = _args()
     eog = [args.eos_id] if args.eos_id is not None else end_of_generation_ids(args.model)
     print(header(args, eog), flush=True)
+    rounds = []
+    for round_ in range(args.rounds):
+        runs = one_round(args, eog, theirs_first=round_ % 2 == 1)
+        if args.rounds > 1:
+            print(f"\nround {round_ + 1} of {args.rounds}", flush=True)
+        print(ratio_table(runs), flush=True)
+        rounds.append(runs)
+    if args.rounds > 1:
+        print("\n" + rounds_summary(rounds))
+
+
+def one_round(
+    args: argparse.Namespace, eog: list[int], theirs_first: bool
+) -> dict[str, dict[int, Level]]:
+    """Every server once, one after the other (theirs last, or first: rounds alternate so
+    that a drift of the machine's speed does not always favour the same side)."""
     runs: dict[str, dict[int, Level]] = {}
+
+    def theirs() -> None:
+        if args.their_concurrency:
+            with their_server(args) as url:
+                extra = {"logit_bias": {str(i): EOS_BIAS for i in eog}}
+                levels = args.their_concurrency
+                runs[THEIRS] = asyncio.run(bench_levels(url, THEIRS, args, levels, extra))
+
+    if theirs_first:
+        theirs()
     for q in args.ours:
         with bs.serve_process(our_flags(args, q), f"ours-{q}", args.startup_timeout) as (url, _):
             extra: dict[str, Any] = {"ignore_eos": True}
             runs[f"ours {q}"] = asyncio.run(bench_levels(url, q, args, args.concurrency, extra))
-    if args.their_concurrency:
-        with their_server(args) as url:
-            extra = {"logit_bias": {str(i): EOS_BIAS for i in eog}}
-            levels = args.their_concurrency
-            runs[THEIRS] = asyncio.run(bench_levels(url, THEIRS, args, levels, extra))
-    print(ratio_table(runs))
+    if not theirs_first:
+        theirs()
+    order = [*(f"ours {q}" for q in args.ours), THEIRS]  # the table's column order
+    return {label: runs[label] for label in order if label in runs}
+
+
+def rounds_summary(rounds: list[dict[str, dict[int, Level]]], theirs: str = THEIRS) -> str:
+    """Markdown: per concurrency and run of ours, the decode rate per stream / theirs of
+    every round (each ratio from servers measured minutes apart) and their median."""
+    lines = ["| c | run | decode / " + theirs + " per round | median |", "|---|---|---|---|"]
+    levels = sorted({c for runs in rounds for run in runs.values() for c in run})
+    for c in levels:
+        for label in [x for x in rounds[0] if x != theirs]:
+            ratios = []
+            for runs in rounds:
+                ours, them = _decode(runs[label].get(c)), _decode(runs.get(theirs, {}).get(c))
+                if ours is not None and them:
+                    ratios.append(ours / them)
+            if ratios:
+                each = ", ".join(f"{r:.2f}" for r in ratios)
+                lines.append(f"| {c} | {label} | {each} | {statistics.median(ratios):.2f}× |")
+    return "\n".join(lines)
 
 
 def default_model() -> str:
@@ -457,6 +499,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--eos-id", type=int, default=None, help="default: the GGUF's EOG ids")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat every server this many times, alternating which side goes first; "
+        "prints each round's table and the median of the per-round decode ratios",
+    )
     args = p.parse_args(argv)
     args.model = args.model or default_model()
     if args.their_concurrency is None:

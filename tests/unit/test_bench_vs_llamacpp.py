@@ -176,3 +176,14 @@ async def test_run_level_past_its_time_limit_is_partial() -> None:
     assert level.partial
     assert level.summary["completed"] == 2
     assert "(partial 2/3)" in bench.ratio_table({"llama.cpp": {3: level}})
+
+
+def test_rounds_summary_gives_each_rounds_decode_ratio_and_their_median() -> None:
+    def round_(ours: float, theirs: float) -> dict:
+        return {
+            "ours gguf": {1: _level(100.0, 20.0, 8, 8, decode=ours)},
+            "llama.cpp": {1: _level(50.0, 10.0, 8, 8, decode=theirs)},
+        }
+
+    summary = bench.rounds_summary([round_(150.0, 100.0), round_(120.0, 60.0), round_(90, 90)])
+    assert summary.splitlines()[2] == "| 1 | ours gguf | 1.50, 2.00, 1.00 | 1.50× |"
