@@ -28,7 +28,7 @@ which. Usage:
 
     .venv/bin/python benchmarks/bench_vs_llamacpp.py [--model X.gguf] [--ours gguf,none]
         [--concurrency 1,4,16,64] [--their-concurrency 1,4,16] [--output-len 128]
-        [--prompt-words 100] [--dtype float32] [--n-threads N]
+        [--prompt-words 100] [--dtype float32] [--n-threads N] [--rounds N]
     .venv/bin/python benchmarks/bench_vs_llamacpp.py --concurrency 1,4 --output-len 32  # smoke
 """
 
