@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -243,7 +244,7 @@ inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 // before one widening (|sum| <= 4 * 15 * 127); lanes 0-3 (block 2p) and 4-7 (2p + 1) take
 // their scales from c8 (4 x c_2p, 4 x c_2p+1). Half the multiply-port instructions of two
 // block_fma calls, which bound a one-row product on Zen.
-inline __m256 pair_fma(const uint8_t* w, const int8_t* xp, const float* c8, __m256 acc) {
+inline __m256 pair_fma(const uint8_t* w, const int8_t* xp, __m256 c8, __m256 acc) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i lo = _mm256_and_si256(raw, nib);
@@ -253,7 +254,7 @@ inline __m256 pair_fma(const uint8_t* w, const int8_t* xp, const float* c8, __m2
   const __m256i sum16 =
       _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
   const __m256i sum32 = _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum32), _mm256_loadu_ps(c8), acc);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum32), c8, acc);
 }
 #endif
 
@@ -332,11 +333,64 @@ inline float row_dot_4bit(const uint8_t* w, const at::Half* scales, const at::Ha
   return total;
 }
 
-// An activation row's dx spread as row_dot_4bit's quads take it: per quad, each block's dx
-// four times.
+#elif defined(__AVX2__) && defined(__F16C__)
+// row_dot_4bit on AVX2: the pairs of pair_fma, their scales straight from the weight's
+// (eight converted at a time, a pair's two spread over its lanes by one permute).
+inline float row_dot_4bit(const uint8_t* w, const at::Half* scales, const at::Half* mins,
+                          const int8_t* x_pairs, const int8_t* x, const float* dx16,
+                          const float* dx, const float* xs, int64_t blocks) {
+  const __m256i spread[4] = {_mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
+                             _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2),
+                             _mm256_set_epi32(5, 5, 5, 5, 4, 4, 4, 4),
+                             _mm256_set_epi32(7, 7, 7, 7, 6, 6, 6, 6)};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  int64_t b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    const __m256 s8 =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b)));
+    for (int u = 0; u < 4; ++u) {
+      const __m256 c = _mm256_mul_ps(_mm256_permutevar8x32_ps(s8, spread[u]),
+                                     _mm256_loadu_ps(dx16 + (b + 2 * u) * 4));
+      acc[u] = pair_fma(w + (b + 2 * u) * 16, x_pairs + (b + 2 * u) * 32, c, acc[u]);
+    }
+  }
+  for (; b + 2 <= blocks; b += 2) {
+    int32_t two;  // the pair's two float16 scales
+    std::memcpy(&two, scales + b, sizeof(two));
+    const __m256 s2 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
+    const __m256 c = _mm256_mul_ps(_mm256_permutevar8x32_ps(s2, spread[0]),
+                                   _mm256_loadu_ps(dx16 + b * 4));
+    acc[0] = pair_fma(w + b * 16, x_pairs + b * 32, c, acc[0]);
+  }
+  const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  float total = hsum4(sum, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0];
+  for (; b < blocks; ++b) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kBlock));
+    const __m256 p = _mm256_cvtepi32_ps(nibble_dot<Layout::kPacked4>(w + b * 16, xv));
+    total += hsum4(p, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0] *
+             (_cvtsh_ss(scales[b].x) * dx[b]);
+  }
+  if (mins != nullptr) {
+    __m256 m = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= blocks; g += 8) {
+      const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g)));
+      m = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + g), m);
+    }
+    total += hsum4(m, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0];
+    for (; g < blocks; ++g) total += _cvtsh_ss(mins[g].x) * xs[g];
+  }
+  return total;
+}
+#endif
+
+#if (defined(__AVX512BW__) && defined(__AVX512VL__)) || (defined(__AVX2__) && defined(__F16C__))
+#define INFER_ROW_DOT 1  // row_dot_4bit exists
+// An activation row's dx spread as row_dot_4bit takes it: each block's dx four times.
 std::vector<float> spread_dx(const float* dx, int64_t blocks) {
-  std::vector<float> out(blocks / 4 * 16);
-  for (int64_t b = 0; b < blocks / 4 * 4; ++b) std::fill_n(out.data() + b * 4, 4, dx[b]);
+  std::vector<float> out(blocks * 4);
+  for (int64_t b = 0; b < blocks; ++b) std::fill_n(out.data() + b * 4, 4, dx[b]);
   return out;
 }
 #endif
@@ -381,9 +435,10 @@ void dot_tile(const uint8_t* const* w, const act_t<L>* x, const float* cs, int64
         for (; b + 8 <= blocks; b += 8)
           for (int u = 0; u < 4; ++u)
             part[u] = pair_fma(w[r] + (b + 2 * u) * 16, x_pairs + (b + 2 * u) * 32,
-                               c8 + (b / 2 + u) * 8, part[u]);
+                               _mm256_loadu_ps(c8 + (b / 2 + u) * 8), part[u]);
         for (; b + 2 <= blocks; b += 2)
-          part[1] = pair_fma(w[r] + b * 16, x_pairs + b * 32, c8 + (b / 2) * 8, part[1]);
+          part[1] = pair_fma(w[r] + b * 16, x_pairs + b * 32, _mm256_loadu_ps(c8 + (b / 2) * 8),
+                             part[1]);
       }
     }
     for (; b + 4 <= blocks; b += 4)
@@ -524,7 +579,7 @@ void int_tile(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, int64_t n0
   const int64_t blocks = w.k / kBlock, slots = blocks * S, per_group = slots / w.groups;
   const bool unpack = L == Layout::kPacked4 && rows > 1;
   prefetch_tile(w, n0 + kPrefetchTiles * R);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(INFER_ROW_DOT)
   if constexpr (L == Layout::kPacked4) {
     if (dx16 != nullptr) {  // one row, a scale per block: straight from the weight's scales
       for (int64_t n = n0; n < std::min(n0 + R, w.n); ++n)
@@ -599,7 +654,7 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
 #endif
   const int8_t* x_pairs = pairs.empty() ? nullptr : pairs.data();
   std::vector<float> spread;  // row_dot_4bit's dx, where it applies
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(INFER_ROW_DOT)
   if constexpr (L == Layout::kPacked4 && S == 1)
     if (x_pairs != nullptr && w.group == kBlock) spread = spread_dx(a.d.data(), w.k / kBlock);
 #endif
