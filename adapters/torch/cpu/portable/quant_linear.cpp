@@ -138,6 +138,55 @@ struct Acts {
   std::vector<float> sum;  // [m, groups]
 };
 
+#if defined(__AVX2__) && defined(__F16C__)
+// 8 values of x as floats (exactly: float32, bfloat16 and float16 all widen exactly).
+template <typename T>
+inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+// One block of 32 values to int8 as the scalar loop of quantize_acts does it (the same
+// float operations: max |x|, d = max / 127, q = round-to-nearest-even(x * (1 / d)) clamped),
+// returning d; sums[h] = the sum of q over k 16 h .. 16 h + 15.
+template <typename T>
+inline float quantize_block_int8(const T* x, int8_t* q, int32_t* sums) {
+  __m256 v[4];
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = load8(x + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float d = _mm_cvtss_f32(m) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+  const __m256 scale = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  __m256i qi[4];
+  for (int i = 0; i < 4; ++i)  // round (the current mode: to nearest even), then the clamp
+    qi[i] = _mm256_cvtps_epi32(_mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_round_ps(
+        _mm256_mul_ps(v[i], scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
+  for (int h = 0; h < 2; ++h) {
+    const __m256i t = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_hadd_epi32(u, u);
+    sums[h] = _mm_cvtsi128_si32(_mm_hadd_epi32(u, u));
+  }
+  // int32 -> int8 in order: packs interleave the 128-bit lanes, one permute restores them
+  const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return d;
+}
+#endif
+
 template <typename Q, typename T>
 Acts<Q> quantize_acts(const T* x, int64_t rows, int64_t k, int64_t group, int S) {
   const int64_t blocks = k / kBlock, halves = k / 16, groups = k / group;
@@ -148,6 +197,16 @@ Acts<Q> quantize_acts(const T* x, int64_t rows, int64_t k, int64_t group, int S)
     std::vector<float> half_sum(halves);  // sum(dx * q) per 16 k's: group may be 16
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
+#if defined(__AVX2__) && defined(__F16C__)
+        if constexpr (std::is_same_v<Q, int8_t>) {
+          int32_t s[2];
+          const float d = quantize_block_int8(x + r * k + b * kBlock, a.q.data() + r * k + b * kBlock, s);
+          for (int i = 0; i < S; ++i) a.d[(r * blocks + b) * S + i] = d;
+          half_sum[2 * b] = d * static_cast<float>(s[0]);
+          half_sum[2 * b + 1] = d * static_cast<float>(s[1]);
+          continue;
+        }
+#endif
         float v[kBlock];
         float amax = 0.0f;
         for (int j = 0; j < kBlock; ++j) {
