@@ -106,16 +106,19 @@ def test_the_integer_path_matches_the_dense_product(
 
 @pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 224, 352, 512, 576, 608, 672])
 @pytest.mark.parametrize("with_mins", [True, False])
-def test_one_row_of_4_bit_weights_two_blocks_a_step(k: int, with_mins: bool) -> None:
+@pytest.mark.parametrize("group", [32, 64])  # 32: scales read per row; 64: the tile path
+def test_one_row_of_4_bit_weights_two_blocks_a_step(k: int, with_mins: bool, group: int) -> None:
     """One activation row takes 4-bit blocks in pairs, 8 a loop (with AVX-512 in quads first,
     16 a loop): K of 1 to 21 blocks run every branch (the loops, the quad, the pair and the
     odd last block after them)."""
-    qweight, scales, mins = random_weight(9, k, 4, 32, with_mins, seed=k)
+    if k % group:
+        pytest.skip("K is not a multiple of the group")
+    qweight, scales, mins = random_weight(9, k, 4, group, with_mins, seed=k)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k))
-    w = reference_dequantize(qweight, scales, mins, 4, 32)
-    got = portable.quant_linear(x, qweight, scales, mins, 4, 32, DENSE_NEVER)
+    w = reference_dequantize(qweight, scales, mins, 4, group)
+    got = portable.quant_linear(x, qweight, scales, mins, 4, group, DENSE_NEVER)
     assert relative_error(got, quantized_activations(x, 127) @ w.T) < 1e-5
-    two = portable.quant_linear(x.repeat(2, 1), qweight, scales, mins, 4, 32, DENSE_NEVER)
+    two = portable.quant_linear(x.repeat(2, 1), qweight, scales, mins, 4, group, DENSE_NEVER)
     assert relative_error(got[0], two[0]) < 1e-6  # the unpacked path of several rows agrees
 
 

@@ -81,8 +81,10 @@ class TorchModelRunner:
         # Decode rows: one generated token each. A one-token chunk of a prompt (the last token
         # of a cached prompt, an ``n`` > 1 choice's tail) runs as a prompt chunk, so that its
         # KV and logits round as the same positions do in a longer chunk.
-        singles = [c for c in batch.chunks if _decode_row(c)]
-        prompts = [c for c in batch.chunks if not _decode_row(c)]
+        singles: list[ScheduledChunk] = []
+        prompts: list[ScheduledChunk] = []
+        for chunk in batch.chunks:
+            (singles if _decode_row(chunk) else prompts).append(chunk)
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
         masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None

@@ -297,6 +297,20 @@ inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
+// The sum of a's 8 lanes.
+inline float hsum8(__m256 a) {
+  return hsum4(a, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0];
+}
+
+// Packed 4-bit block b of one weight row dotted with one int8 activation row, times its
+// float16 scale and the activation block's dx: row_dot_4bit's blocks past its pairs / quads.
+inline float one_block(const uint8_t* w, const int8_t* x, const at::Half* scales,
+                       const float* dx, int64_t b) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kBlock));
+  const __m256 p = _mm256_cvtepi32_ps(nibble_dot<Layout::kPacked4>(w + b * 16, xv));
+  return hsum8(p) * (_cvtsh_ss(scales[b].x) * dx[b]);
+}
+
 // Two packed 4-bit blocks (2p, 2p + 1: 32 contiguous bytes) against one activation row laid
 // out by pair_layout: the low nibbles are both blocks' k 0..15, the high nibbles their
 // k 16..31, so one load, one shift and two masks feed two maddubs whose int16 sums add
@@ -374,12 +388,7 @@ inline float row_dot_4bit(const uint8_t* w, const at::Half* scales, const at::Ha
     acc[0] = quad_fma(w + b * 16, x_quads + b * 32, c, acc[0]);
   }
   float total = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
-  for (; b < blocks; ++b) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kBlock));
-    const __m256 p = _mm256_cvtepi32_ps(nibble_dot<Layout::kPacked4>(w + b * 16, xv));
-    total += hsum4(p, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0] *
-             (_cvtsh_ss(scales[b].x) * dx[b]);
-  }
+  for (; b < blocks; ++b) total += one_block(w, x, scales, dx, b);
   if (mins != nullptr) {
     __m512 m = _mm512_setzero_ps();
     for (int64_t g = 0; g < blocks; g += 16) {
@@ -423,13 +432,8 @@ inline float row_dot_4bit(const uint8_t* w, const at::Half* scales, const at::Ha
     acc[0] = pair_fma(w + b * 16, x_pairs + b * 32, c, acc[0]);
   }
   const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  float total = hsum4(sum, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0];
-  for (; b < blocks; ++b) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kBlock));
-    const __m256 p = _mm256_cvtepi32_ps(nibble_dot<Layout::kPacked4>(w + b * 16, xv));
-    total += hsum4(p, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0] *
-             (_cvtsh_ss(scales[b].x) * dx[b]);
-  }
+  float total = hsum8(sum);
+  for (; b < blocks; ++b) total += one_block(w, x, scales, dx, b);
   if (mins != nullptr) {
     __m256 m = _mm256_setzero_ps();
     int64_t g = 0;
@@ -437,7 +441,7 @@ inline float row_dot_4bit(const uint8_t* w, const at::Half* scales, const at::Ha
       const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g)));
       m = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + g), m);
     }
-    total += hsum4(m, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps())[0];
+    total += hsum8(m);
     for (; g < blocks; ++g) total += _cvtsh_ss(mins[g].x) * xs[g];
   }
   return total;
@@ -717,7 +721,7 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
   if constexpr (L == Layout::kPacked4 && S == 1)
     if (x_pairs != nullptr && w.group == kBlock) spread = spread_dx(a.d.data(), w.k / kBlock);
 #endif
-  const float* dx16 = x_pairs != nullptr && w.group == kBlock && !spread.empty() ? spread.data() : nullptr;
+  const float* dx16 = spread.empty() ? nullptr : spread.data();
   const int64_t tiles = (w.n + kTileRows - 1) / kTileRows;
   const int64_t work = std::max<int64_t>(1, rows * (w.k / kBlock) * kTileRows);
   const int64_t grain = std::max<int64_t>(1, 8192 / work);  // tiny layers stay on one thread
