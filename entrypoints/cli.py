@@ -287,13 +287,14 @@ def _bench_kernels(args: argparse.Namespace) -> int:
         cells = [f"{timings[str(r)]:.2f}" if str(r) in timings else "" for r in rows]
         print(f"| {path} | " + " | ".join(cells) + " |")
     print(f"\n--dtype auto: {tuning.dtype} ({tuning.reason})")
-    switch = tuning.dense_from_rows
-    print(
-        "quantized kernel: integer dot products below "
-        f"{switch} rows, dequantized tiles + GEMM from there"
-        if switch is not None
-        else "quantized kernel: not built here (the PyTorch path dequantizes per call)"
-    )
+    if tuning.dense_from_rows is None:
+        print("quantized kernel: not built here (the PyTorch path dequantizes per call)")
+    for key, switch in (tuning.dense_from_rows or {}).items():
+        weights, dtype = key.split()
+        print(
+            f"quantized kernel, {weights} weights, {dtype} activations: integer dot products "
+            f"below {switch} rows, dequantized tiles + GEMM from there"
+        )
     return 0
 
 

@@ -103,7 +103,7 @@ def build_model(
     )
     if method is not None:
         linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
-        switch = _quantized_switch(model, linears)
+        switch = _quantized_switch(model, linears, dtype)
         log.info(
             "quantized weights",
             method=method,
@@ -114,16 +114,21 @@ def build_model(
     return model
 
 
-def _quantized_switch(model: Transformer, linears: list[QuantLinear]) -> int | None:
-    """Give the quantized kernel this CPU's measured switch from integer dot products to
-    dequantized tiles (see :mod:`adapters.torch.cpu.tuning`); None without the kernel."""
+def _quantized_switch(
+    model: Transformer, linears: list[QuantLinear], dtype: str
+) -> dict[int, int] | None:
+    """Give each quantized linear this CPU's measured switch from integer dot products to
+    dequantized tiles for its weight format and the model's dtype (see
+    :mod:`adapters.torch.cpu.tuning`): bits -> rows, None without the kernel."""
     if not linears or linears[0].kernel is None:
         return None
-    switch = tuned(linear_shapes(model.config)).dense_from_rows
-    if switch is not None:
-        for linear in linears:
-            linear.dense_from_rows = switch
-    return switch
+    tuning = tuned(linear_shapes(model.config))
+    chosen: dict[int, int] = {}
+    for linear in linears:
+        switch = tuning.switch(linear.bits, dtype)
+        if switch is not None:
+            linear.dense_from_rows = chosen[linear.bits] = switch
+    return chosen or None
 
 
 def choose_quantization(

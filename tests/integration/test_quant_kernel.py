@@ -122,6 +122,31 @@ def test_one_row_of_4_bit_weights_two_blocks_a_step(k: int, with_mins: bool, gro
     assert relative_error(got[0], two[0]) < 1e-6  # the unpacked path of several rows agrees
 
 
+@pytest.mark.parametrize("k", [32, 96, 160, 288, 576, 608])
+@pytest.mark.parametrize("with_mins", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_of_a_batch_equals_the_row_alone(k: int, with_mins: bool, dtype: torch.dtype) -> None:
+    """Several activation rows against 4-bit weights with a scale per block share each weight
+    load (a few rows at a time) but take every row through the same operations as one row
+    alone: 1 to 9 rows (full and partial groups of rows) give the one-row results bit for bit,
+    so a request's output does not depend on what is batched with it."""
+    qweight, scales, mins = random_weight(13, k, 4, 32, with_mins, seed=k)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    alone = torch.cat(
+        [
+            portable.quant_linear(x[i : i + 1], qweight, scales, mins, 4, 32, DENSE_NEVER)
+            for i in range(9)
+        ]
+    )
+    for rows in range(2, 10):
+        got = portable.quant_linear(x[:rows], qweight, scales, mins, 4, 32, DENSE_NEVER)
+        assert torch.equal(got, alone[:rows]), rows
+    w = reference_dequantize(qweight, scales, mins, 4, 32)
+    assert relative_error(alone.float(), quantized_activations(x.float(), 127) @ w.T) < (
+        1e-5 if dtype == torch.float32 else 1e-2
+    )
+
+
 def test_int8_weights_take_int16_activations() -> None:
     """Blocks of one large value and small ones: int8 x (dx = 1 / 127) would round the small
     ones to zero, 3 % of the output; int16 x (dx = 1 / 32767) keeps them to ~1e-5."""

@@ -13,23 +13,40 @@ from entrypoints.cli import main
 SHAPES = [(96, 64), (64, 64)]
 
 
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
 def _timings(bf16: float, fp32: float) -> dict[str, dict[str, float]]:
-    dots = {str(r): 1.0 * r for r in (1, 2, 4, 8, 16, 32, 64)}
-    tiles = {str(r): 12.0 + r / 4 for r in (1, 2, 4, 8, 16, 32, 64)}  # wins from 16 rows
+    dots = {str(r): 1.0 * r for r in ROWS}
     return {
         "float32": {"1": fp32, "16": fp32, "64": fp32},
         "bfloat16": {"1": bf16, "16": bf16, "64": bf16},
-        "int4 dots": dots,
-        "int4 tiles": tiles,
+        "int4 dots float32": dots,
+        "int4 tiles float32": {str(r): 12.0 + r / 4 for r in ROWS},  # wins from 16 rows
+        "int4 dots bfloat16": dots,
+        "int4 tiles bfloat16": {str(r): 3.0 + r / 4 for r in ROWS},  # from 4
+        "int8 dots float32": dots,
+        "int8 tiles float32": {str(r): 100.0 for r in ROWS},  # never
     }
+
+
+SWITCHES = {"int4 float32": 16, "int4 bfloat16": 4, "int8 float32": 128}
 
 
 def test_the_faster_dtype_and_the_first_row_count_where_tiles_win_are_chosen() -> None:
     dtype, reason = tuning._choose_dtype(_timings(bf16=1.0, fp32=2.0))
     assert dtype == "bfloat16" and "bfloat16 2.00 ms, float32 4.00 ms" in reason
     assert tuning._choose_dtype(_timings(bf16=3.0, fp32=2.0))[0] == "float32"
-    assert tuning._choose_switch(_timings(1, 1)) == 16
-    assert tuning._choose_switch({"float32": {}}) is None
+    assert tuning._choose_switches(_timings(1, 1)) == SWITCHES
+    assert tuning._choose_switches({"float32": {}}) is None
+
+
+def test_a_switch_is_per_weight_format_and_activation_dtype() -> None:
+    chosen = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "why")
+    assert chosen.switch(4, "bfloat16") == 4 and chosen.switch(4, "float32") == 16
+    assert chosen.switch(8, "bfloat16") == 128  # not measured in bfloat16: float32's
+    assert chosen.switch(4, "float16") == 16
+    assert tuning.Tuning("cpu", [], {}, "float32", None, "").switch(4, "float32") is None
 
 
 def test_measure_times_every_path_this_machine_has() -> None:
@@ -37,8 +54,11 @@ def test_measure_times_every_path_this_machine_has() -> None:
     assert {"float32", "bfloat16"} <= set(result.timings)
     assert all(t > 0 for path in result.timings.values() for t in path.values())
     assert result.dtype in ("float32", "bfloat16")
-    if "int4 dots" in result.timings:
-        assert result.dense_from_rows in (*tuning.SWITCH_ROWS, 128)
+    if "int4 dots float32" in result.timings:
+        assert result.dense_from_rows is not None
+        want = {f"int{bits} {dtype}" for bits in (4, 8) for dtype in {"float32", result.dtype}}
+        assert set(result.dense_from_rows) == want
+        assert all(r in (*tuning.SWITCH_ROWS, 128) for r in result.dense_from_rows.values())
 
 
 def test_a_tuning_is_measured_once_per_machine_and_shapes(
@@ -49,7 +69,7 @@ def test_a_tuning_is_measured_once_per_machine_and_shapes(
 
     def fake_measure(shapes: list[tuple[int, int]]) -> tuning.Tuning:
         calls.append(shapes)
-        return tuning.Tuning("cpu", shapes, _timings(1.0, 2.0), "bfloat16", 16, "why")
+        return tuning.Tuning("cpu", shapes, _timings(1.0, 2.0), "bfloat16", SWITCHES, "why")
 
     monkeypatch.setattr(tuning, "measure", fake_measure)
     first = tuning.tuned(SHAPES)
@@ -64,7 +84,7 @@ def test_dtype_auto_takes_the_measured_dtype_on_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     resolved = resolve_dummy("SmolLM2-135M", tmp_path)
-    fixed = tuning.Tuning("cpu", [], _timings(3.0, 2.0), "float32", 16, "measured")
+    fixed = tuning.Tuning("cpu", [], _timings(3.0, 2.0), "float32", SWITCHES, "measured")
     monkeypatch.setattr(container, "tuned", lambda shapes: fixed)
     assert container.choose_dtype("auto", resolved, "cpu") == "float32"
     assert container.choose_dtype("bfloat16", resolved, "cpu") == "bfloat16"
@@ -78,11 +98,30 @@ def test_bench_kernels_prints_the_table_and_the_choices(
     monkeypatch.setattr(
         tuning,
         "measure",
-        lambda shapes: tuning.Tuning("cpu", shapes, _timings(3.0, 2.0), "float32", 16, "r"),
+        lambda shapes: tuning.Tuning("cpu", shapes, _timings(3.0, 2.0), "float32", SWITCHES, "r"),
     )
     argv = ["bench-kernels", "--model", "dummy:SmolLM2-135M", "--cache-dir", str(tmp_path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| float32 | 2.00 | " in out and "| int4 tiles |" in out
+    assert "| float32 | 2.00 | " in out and "| int4 tiles bfloat16 |" in out
     assert "--dtype auto: float32 (r)" in out
-    assert "integer dot products below 16 rows" in out
+    assert "int4 weights, bfloat16 activations: integer dot products below 4 rows" in out
+    assert "int8 weights, float32 activations: integer dot products below 128 rows" in out
+
+
+@pytest.mark.parametrize(("dtype", "int4_switch"), [("bfloat16", 4), ("float32", 16)])
+def test_each_quantized_linear_gets_its_formats_switch_for_the_model_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, int4_switch: int
+) -> None:
+    from adapters.torch.quant import QuantLinear
+
+    resolved = resolve_dummy("SmolLM2-135M", tmp_path)
+    fixed = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "measured")
+    monkeypatch.setattr(container, "tuned", lambda shapes: fixed)
+    model = container.build_model(resolved, dtype, "cpu", "int4")
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if linears[0].kernel is None:
+        pytest.skip("no C++ toolchain: the PyTorch path has no switch")
+    switches = {(m.bits, m.dense_from_rows) for m in linears}
+    assert (4, int4_switch) in switches
+    assert switches <= {(4, int4_switch), (8, 128)}

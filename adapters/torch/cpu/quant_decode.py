@@ -108,11 +108,11 @@ class QuantDecodeLayer:
 
     def _arguments(self, linears: list[QuantLinear], window: int) -> tuple[list, list[int]]:
         """The op's linear entries and meta, rebuilt only when a module or setting changed."""
-        key = (*map(id, linears), window, linears[0].dense_from_rows)
+        key = (*map(id, linears), window, *(m.dense_from_rows for m in linears))
         if key != self._key:
             self._linears = [t for m in linears for t in (m.qweight, m.scales, m.mins, m.bias)]
-            bits = [v for m in linears for v in (m.bits, m.group_size)]
-            self._meta = [*self.shape, window, linears[0].dense_from_rows, *bits]
+            each = [v for m in linears for v in (m.bits, m.group_size, m.dense_from_rows)]
+            self._meta = [*self.shape, window, *each]
             self._key = key
         return self._linears, self._meta
 

@@ -1,15 +1,18 @@
 """Choices made by measurement on the CPU at hand: which dtype the linears run fastest in,
-and from how many rows the quantized kernel switches from integer dot products to
-dequantized tiles and a GEMM.
+and, per weight format (int4, int8) and activation dtype, from how many rows the quantized
+kernel switches from integer dot products to dequantized tiles and a GEMM.
 
 CPUs differ more than their names suggest: on one AVX512-BF16 Xeon a bf16 GEMM ran at half
 float32's rate, on a Zen 5 at four times it, and on an AVX2 EPYC bf16 is emulated. So on
 first use for a model's shapes a micro-benchmark (a few seconds) times every path this
-machine has on the model's linear shapes at 1, 16 and 64 rows, and the result is cached per
+machine has on the model's linear shapes at 1, 16 and 64 rows (the quantized paths at 1 to 64,
+in float32 and in the chosen dtype: a bfloat16 tile GEMM is 3x float32's on a Zen 5, so the
+switch moves from 128 rows to 16 there), and the result is cached per
 CPU, torch version, thread count and shape set under ``<cache>/tuning/``. ``infer
 bench-kernels`` prints the table and the choices.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -30,21 +33,30 @@ from adapters.torch.models.config import ModelConfig
 log = structlog.get_logger(__name__)
 ROWS = (1, 16, 64)  # one decode stream, a small batch, a full batch
 SWITCH_ROWS = (2, 4, 8, 16, 32, 64)  # candidates for the quantized kernel's switch
-VERSION = 1
+VERSION = 2  # 2: switches per weight format and activation dtype
 
 
 @dataclass(frozen=True)
 class Tuning:
     """What was measured (``timings``: path -> rows -> ms summed over the shapes) and
-    chosen: ``dtype`` for the dense model, ``dense_from_rows`` for the quantized kernel
-    (None where it is not built)."""
+    chosen: ``dtype`` for the dense model; ``dense_from_rows`` for the quantized kernel,
+    ``"int4 bfloat16"`` (weight format, activation dtype) -> rows (None where the kernel is
+    not built)."""
 
     cpu: str
     shapes: list[tuple[int, int]]
     timings: dict[str, dict[str, float]]
     dtype: str
-    dense_from_rows: int | None
+    dense_from_rows: dict[str, int] | None
     reason: str
+
+    def switch(self, bits: int, dtype: str) -> int | None:
+        """The quantized kernel's switch for ``bits``-bit weights and ``dtype`` activations
+        (float32's where ``dtype`` was not measured)."""
+        if self.dense_from_rows is None:
+            return None
+        found = self.dense_from_rows.get(f"int{bits} {dtype}")
+        return found if found is not None else self.dense_from_rows.get(f"int{bits} float32")
 
 
 def cpu_name() -> str:
@@ -104,15 +116,24 @@ def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
 
 
 def measure(shapes: list[tuple[int, int]]) -> Tuning:
-    """Time each path on ``shapes`` and choose."""
+    """Time each path on ``shapes`` and choose: the dense dtypes first, then the quantized
+    kernel's paths with float32 activations and with the chosen dtype's."""
     timings: dict[str, dict[str, float]] = {}
-    paths = _paths()
-    for name, make in paths.items():
-        timings[name] = {}
-        for rows in sorted({*ROWS, *(SWITCH_ROWS if name.startswith("int") else ())}):
-            timings[name][str(rows)] = sum(_time(make(n, k), rows, k) for n, k in shapes)
+    for name, make in _dense_paths().items():
+        timings[name] = {str(rows): _total(make, rows, shapes) for rows in ROWS}
     dtype, reason = _choose_dtype(timings)
-    return Tuning(cpu_name(), shapes, timings, dtype, _choose_switch(timings), reason)
+    for name, make in _quantized_paths(sorted({"float32", dtype})).items():
+        rows_measured = sorted({*ROWS, *SWITCH_ROWS})
+        timings[name] = {str(rows): _total(make, rows, shapes) for rows in rows_measured}
+    return Tuning(cpu_name(), shapes, timings, dtype, _choose_switches(timings), reason)
+
+
+def _total(
+    make: Callable[[int, int], tuple["Linear", torch.dtype]],
+    rows: int,
+    shapes: list[tuple[int, int]],
+) -> float:
+    return sum(_time(make(n, k), rows, k) for n, k in shapes)
 
 
 def _choose_dtype(timings: dict[str, dict[str, float]]) -> tuple[str, str]:
@@ -123,11 +144,18 @@ def _choose_dtype(timings: dict[str, dict[str, float]]) -> tuple[str, str]:
     return faster, f"linears at 1 + 64 rows: bfloat16 {bf16:.2f} ms, float32 {fp32:.2f} ms"
 
 
-def _choose_switch(timings: dict[str, dict[str, float]]) -> int | None:
-    """The fewest rows from which dequantized tiles beat integer dot products (int4)."""
-    if "int4 dots" not in timings:
-        return None
-    dots, tiles = timings["int4 dots"], timings["int4 tiles"]
+def _choose_switches(timings: dict[str, dict[str, float]]) -> dict[str, int] | None:
+    """Per ``"int4 float32"`` (weight format, activation dtype) measured: the fewest rows
+    from which dequantized tiles beat integer dot products; None without the kernel."""
+    found = {
+        name.replace(" dots", ""): _choose_switch(dots, timings[name.replace("dots", "tiles")])
+        for name, dots in timings.items()
+        if " dots " in name
+    }
+    return found or None
+
+
+def _choose_switch(dots: dict[str, float], tiles: dict[str, float]) -> int:
     for rows in SWITCH_ROWS:
         if tiles[str(rows)] <= dots[str(rows)]:
             return rows
@@ -137,16 +165,30 @@ def _choose_switch(timings: dict[str, dict[str, float]]) -> int | None:
 Linear = Callable[[Tensor], Tensor]
 
 
-def _paths() -> dict[str, Callable[[int, int], tuple[Linear, torch.dtype]]]:
+Paths = dict[str, Callable[[int, int], tuple[Linear, torch.dtype]]]
+
+
+def _dense_paths() -> Paths:
     """Path name -> (out, in) -> (the linear, its input dtype)."""
-    paths: dict[str, Callable[[int, int], tuple[Linear, torch.dtype]]] = {
+    return {
         "float32": lambda n, k: _dense(n, k, torch.float32),
         "bfloat16": lambda n, k: _dense(n, k, torch.bfloat16),
     }
+
+
+def _quantized_paths(dtypes: list[str]) -> Paths:
+    """``"int4 dots bfloat16"`` and the like: the quantized kernel forced onto one path, per
+    weight format and activation dtype; none where the kernel is not built."""
     kernels = portable_kernels()
-    if kernels is not None:
-        paths["int4 dots"] = lambda n, k: _quantized(kernels, n, k, 1 << 30)
-        paths["int4 tiles"] = lambda n, k: _quantized(kernels, n, k, 1)
+    if kernels is None:
+        return {}
+    paths: Paths = {}
+    for bits in (4, 8):
+        for dtype in dtypes:
+            for path, switch in (("dots", 1 << 30), ("tiles", 1)):
+                paths[f"int{bits} {path} {dtype}"] = functools.partial(
+                    _quantized, kernels, bits=bits, switch=switch, dtype=getattr(torch, dtype)
+                )
     return paths
 
 
@@ -163,12 +205,16 @@ def _dense(n: int, k: int, dtype: torch.dtype) -> tuple[Linear, torch.dtype]:
     return (lambda x: F.linear(x, linear.weight)), dtype
 
 
-def _quantized(kernels: object, n: int, k: int, switch: int) -> tuple[Linear, torch.dtype]:
-    from adapters.torch.quant import quantize_int4
+def _quantized(
+    kernels: object, n: int, k: int, *, bits: int, switch: int, dtype: torch.dtype
+) -> tuple[Linear, torch.dtype]:
+    """int4 as GGUF Q4_1 (group 32, mins), int8 per channel as ``--quantization int8``."""
+    from adapters.torch.quant import quantize_int4, quantize_int8
 
-    w = quantize_int4(torch.randn(n, k) * 0.02)
+    weight = torch.randn(n, k) * 0.02
+    w = quantize_int4(weight) if bits == 4 else quantize_int8(weight)
     op = kernels.quant_linear  # type: ignore[attr-defined]
-    return (lambda x: op(x, w.qweight, w.scales, w.mins, 4, w.group_size, switch)), torch.float32
+    return (lambda x: op(x, w.qweight, w.scales, w.mins, bits, w.group_size, switch)), dtype
 
 
 def _time(path: tuple[Linear, torch.dtype], rows: int, k: int) -> float:

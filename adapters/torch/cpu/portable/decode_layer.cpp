@@ -27,9 +27,9 @@ namespace {
 enum Norm { kInput, kPostAttention, kPreMlp, kPostMlp, kQuery, kKey, kNorms };
 // The linears, four entries each: qweight, scales, mins?, bias?.
 enum Linear { kQkv, kOut, kUpGate, kDown, kLinears };
-// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, dense_from_rows, then bits and
-// group size per linear.
-constexpr int64_t kMeta = 7 + 2 * kLinears;
+// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, then bits, group size and
+// dense_from_rows per linear.
+constexpr int64_t kMeta = 6 + 3 * kLinears;
 
 struct Layer {
   const std::vector<std::optional<at::Tensor>>& norms;
@@ -41,8 +41,8 @@ struct Layer {
     const auto& qw = linears[4 * which];
     const auto& sc = linears[4 * which + 1];
     TORCH_CHECK(qw && sc, "quant_decode_layer: linear ", which, " has no weights");
-    auto y = quant_linear(x, *qw, *sc, linears[4 * which + 2], meta[7 + 2 * which],
-                          meta[8 + 2 * which], meta[6]);
+    auto y = quant_linear(x, *qw, *sc, linears[4 * which + 2], meta[6 + 3 * which],
+                          meta[7 + 3 * which], meta[8 + 3 * which]);
     const auto& bias = linears[4 * which + 3];
     if (bias) y.add_(*bias);
     return y;
