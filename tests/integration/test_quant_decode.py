@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.cpu.quant_decode import QuantDecodeLayer, install_quant_decode
 from adapters.torch.loader import load_model
@@ -48,6 +49,10 @@ def test_decode_rows_over_the_pool_equal_the_modules(
     model = _model(family, method, dtype, tmp_path)
     fused = _fused(model)
     assert all(isinstance(k, QuantDecodeLayer) for k in fused)
+    # bfloat16 on an AVX512-BF16 CPU: that build's paged attention (used for head_dim 32:
+    # qwen3 and gemma3 here), else the portable one (llama's head_dim 16, float32)
+    avx512 = dtype == torch.bfloat16 and cpu_kernels() is not None
+    assert all((k.attention != 0) == avx512 for k in fused)
     pool = Pool(model)
     pool.cache = type(pool.cache)(model.config, 40, 4, dtype=dtype, device="cpu")
     seqs = [_ids(13, 1), _ids(3, 2), _ids(9, 3)]  # 13 + 2 is past Gemma's window of 6

@@ -22,4 +22,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "decode attention over a bf16 paged KV pool, read through block tables");
   m.def("write_pool", &write_pool, "one decode step's writes into a paged KV pool layer");
   m.def("decode_layer_paged", &decode_layer_paged, "one decoder layer for decode rows over a paged KV pool");
+  // For the portable library's quantized decode layer, which calls paged_attention through
+  // this address where this build exists (the two libraries are built apart: that one for
+  // any CPU, this one for AVX512-BF16).
+  m.def("paged_attention_address", [] { return reinterpret_cast<int64_t>(&paged_attention); },
+        "the address of paged_attention, as the portable quant_decode_layer takes it");
 }

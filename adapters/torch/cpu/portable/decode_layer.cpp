@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 at::Tensor quant_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
@@ -27,9 +28,14 @@ namespace {
 enum Norm { kInput, kPostAttention, kPreMlp, kPostMlp, kQuery, kKey, kNorms };
 // The linears, four entries each: qweight, scales, mins?, bias?.
 enum Linear { kQkv, kOut, kUpGate, kDown, kLinears };
-// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, then bits, group size and
-// dense_from_rows per linear.
-constexpr int64_t kMeta = 6 + 3 * kLinears;
+// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, the attention's address (0:
+// this library's paged_attention), then bits, group size and dense_from_rows per linear.
+constexpr int64_t kMeta = 7 + 3 * kLinears;
+// The AVX512-BF16 library's paged_attention (csrc/attention.cpp; bfloat16 only, head_dim a
+// multiple of 32), which the caller passes by address where that library is built: ~3x
+// this library's on a Zen 5 at 64 rows.
+using Attention = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, int64_t, double);
 
 struct Layer {
   const std::vector<std::optional<at::Tensor>>& norms;
@@ -41,8 +47,8 @@ struct Layer {
     const auto& qw = linears[4 * which];
     const auto& sc = linears[4 * which + 1];
     TORCH_CHECK(qw && sc, "quant_decode_layer: linear ", which, " has no weights");
-    auto y = quant_linear(x, *qw, *sc, linears[4 * which + 2], meta[6 + 3 * which],
-                          meta[7 + 3 * which], meta[8 + 3 * which]);
+    auto y = quant_linear(x, *qw, *sc, linears[4 * which + 2], meta[7 + 3 * which],
+                          meta[8 + 3 * which], meta[9 + 3 * which]);
     const auto& bias = linears[4 * which + 3];
     if (bias) y.add_(*bias);
     return y;
@@ -146,7 +152,10 @@ at::Tensor decode_layer(const at::Tensor& x, const Layer& layer, const at::Tenso
                 vp + slot * dim);
     }
   }
-  auto attended = paged_attention(q, k_pool, v_pool, tables, lengths, window, scale);
+  const auto avx512 = reinterpret_cast<Attention>(meta[6]);
+  auto attended = avx512 != nullptr && std::is_same_v<T, at::BFloat16> && dim % 32 == 0
+                      ? avx512(q, k_pool, v_pool, tables, lengths, window, scale)
+                      : paged_attention(q, k_pool, v_pool, tables, lengths, window, scale);
   at::Tensor out = layer.linear(attended.view({rows, heads * dim}), kOut);  // [R, hidden]
   if (norms[kPostAttention]) out = norm_into(out, kPostAttention);
   T* hp = out.data_ptr<T>();
