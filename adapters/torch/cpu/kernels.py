@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from adapters.torch.cpu.build import build_extension
+from adapters.torch.cpu.isa import cpu_flags
 
 log = structlog.get_logger(__name__)
 _CSRC = Path(__file__).with_name("csrc")
@@ -38,11 +39,7 @@ def cpu_kernels() -> Any | None:
 
 def cpu_has_kernel_isa() -> bool:
     """AVX512-BF16 and the AVX-512 subsets the kernels also use (every CPU with BF16 has them)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return {"avx512f", "avx512dq", "avx512vl", "avx512_bf16"} <= flags
+    return {"avx512f", "avx512dq", "avx512vl", "avx512_bf16"} <= cpu_flags()
 
 
 def for_bf16_cpu(t: Tensor) -> Any | None:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from adapters.torch.cpu.build import build_extension
+from adapters.torch.cpu.isa import cpu_flags
 from adapters.torch.models.layers import Attention
 
 log = structlog.get_logger(__name__)
@@ -44,10 +45,7 @@ _X86_FLAGS = {
 
 
 def _isa_flags() -> list[str]:
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
+    flags = cpu_flags()
     return [flag for name, flag in _X86_FLAGS.items() if name in flags]
 
 

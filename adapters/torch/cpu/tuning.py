@@ -19,7 +19,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import structlog
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.torch.cpu.build import kernel_cache_dir
+from adapters.torch.cpu.isa import cpu_flags, cpuinfo
 from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.models.config import ModelConfig
 
@@ -60,23 +60,16 @@ class Tuning:
 
 
 def cpu_name() -> str:
-    for line in _cpuinfo().splitlines():
+    for line in cpuinfo().splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return os.uname().machine
 
 
 def isa_flags() -> list[str]:
-    flags = set(_cpuinfo().split())
+    flags = cpu_flags()
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "asimd")
     return [flag for flag in wanted if flag in flags]
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
 
 
 def linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
