@@ -3,6 +3,7 @@
 import pytest
 
 from adapters.torch.cpu import isa
+from domain.errors import InvalidParameterError
 
 CPUINFO = """processor\t: 0
 model name\t: Some CPU
@@ -35,5 +36,5 @@ def test_avx2_caps_away_avx512_and_amx(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_unknown_cap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_CPU_ISA", "avx9")
-    with pytest.raises(ValueError, match="INFER_CPU_ISA must be one of native, avx2"):
+    with pytest.raises(InvalidParameterError, match="INFER_CPU_ISA: must be one of native, avx2"):
         isa.cpu_flags()

@@ -10,6 +10,8 @@ import functools
 import os
 from pathlib import Path
 
+from domain.errors import InvalidParameterError
+
 CAPS = ("native", "avx2")
 
 
@@ -30,7 +32,9 @@ def cpu_flags() -> frozenset[str]:
             break
     cap = os.environ.get("INFER_CPU_ISA", "native").strip().lower() or "native"
     if cap not in CAPS:
-        raise ValueError(f"INFER_CPU_ISA must be one of {', '.join(CAPS)}, got {cap!r}")
+        raise InvalidParameterError(
+            "INFER_CPU_ISA", f"must be one of {', '.join(CAPS)}, got {cap!r}"
+        )
     if cap == "avx2":
         flags = {f for f in flags if not f.startswith(("avx512", "amx"))}
     return frozenset(flags)

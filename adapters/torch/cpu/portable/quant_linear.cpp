@@ -39,8 +39,9 @@ constexpr int kPrefetchTiles = 1;  // how far ahead the integer path prefetches 
 constexpr int kPrefetchRows = kPrefetchTiles * kTileRows;
 // Weight bytes rows_dot_4bit takes for each group of activation rows: they stay in L1.
 constexpr int64_t kPanelBytes = 16 << 10;
-// Bytes between two activation rows of pair_layout's output: room for a padded last quad.
-constexpr int64_t quads_stride(int64_t k) { return k + 64; }
+// Bytes between two activation rows of pair_layout's output: room for a padded last quad
+// (its 128 bytes start at most 32 bytes before the row's end: k + 96).
+constexpr int64_t quads_stride(int64_t k) { return k + 96; }
 
 // The checked weight arguments as raw pointers.
 struct Weight {
@@ -702,7 +703,7 @@ struct Scratch {
 // block_fma takes it). With AVX-512 the whole quads of blocks come first for quad_fma, per
 // quad the four blocks' k 0..15 then their k 16..31; block b's bytes start at 32 b either way.
 // With tail_quad (AVX-512, rows_dot_4bit) the last 1-3 blocks are laid out as a quad too,
-// zeros for the missing blocks: rows are then stride >= k + 64 bytes apart.
+// zeros for the missing blocks: rows are then stride >= k + 96 bytes apart.
 std::vector<int8_t> pair_layout(const int8_t* xs, int64_t rows, int64_t k, int64_t stride,
                                 bool tail_quad) {
   const int64_t blocks = k / kBlock, pairs = blocks / 2;
