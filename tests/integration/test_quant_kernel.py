@@ -125,26 +125,30 @@ def test_one_row_of_4_bit_weights_two_blocks_a_step(k: int, with_mins: bool, gro
 @pytest.mark.parametrize("k", [32, 96, 160, 288, 576, 608])
 @pytest.mark.parametrize("with_mins", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_row_of_a_batch_equals_the_row_alone(k: int, with_mins: bool, dtype: torch.dtype) -> None:
-    """Several activation rows against 4-bit weights with a scale per block share each weight
-    load (a few rows at a time) but take every row through the same operations as one row
-    alone: 1 to 9 rows (full and partial groups of rows) give the one-row results bit for bit,
-    so a request's output does not depend on what is batched with it."""
-    qweight, scales, mins = random_weight(13, k, 4, 32, with_mins, seed=k)
+@pytest.mark.parametrize(
+    ("bits", "group"), [(4, 32), (8, 32), (8, 0)], ids=["int4", "int8-g32", "int8-channel"]
+)
+def test_a_row_of_a_batch_equals_the_row_alone(
+    k: int, with_mins: bool, dtype: torch.dtype, bits: int, group: int
+) -> None:
+    """Several activation rows share the weights (4-bit: each load, four rows at a time;
+    int8: a tile in L1) but every row goes through the same operations as one row alone:
+    1 to 9 rows (full and partial groups of rows) give the one-row results bit for bit, so a
+    request's output does not depend on what is batched with it."""
+    group = group or k
+    qweight, scales, mins = random_weight(13, k, bits, group, with_mins, seed=k)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(k)).to(dtype)
-    alone = torch.cat(
-        [
-            portable.quant_linear(x[i : i + 1], qweight, scales, mins, 4, 32, DENSE_NEVER)
-            for i in range(9)
-        ]
-    )
+
+    def run(rows: Tensor) -> Tensor:
+        return portable.quant_linear(rows, qweight, scales, mins, bits, group, DENSE_NEVER)
+
+    alone = torch.cat([run(x[i : i + 1]) for i in range(9)])
     for rows in range(2, 10):
-        got = portable.quant_linear(x[:rows], qweight, scales, mins, 4, 32, DENSE_NEVER)
-        assert torch.equal(got, alone[:rows]), rows
-    w = reference_dequantize(qweight, scales, mins, 4, 32)
-    assert relative_error(alone.float(), quantized_activations(x.float(), 127) @ w.T) < (
-        1e-5 if dtype == torch.float32 else 1e-2
-    )
+        assert torch.equal(run(x[:rows]), alone[:rows]), rows
+    w = reference_dequantize(qweight, scales, mins, bits, group)
+    qmax, _ = INTEGER_ACTIVATIONS[bits]
+    want = quantized_activations(x.float(), qmax) @ w.T
+    assert relative_error(alone.float(), want) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
 def test_int8_weights_take_int16_activations() -> None:
