@@ -402,9 +402,9 @@ inline void prefetch_row(const Weight& w, int64_t n) {
   if (w.mins != nullptr) _mm_prefetch(reinterpret_cast<const char*>(w.mins + n * w.groups), _MM_HINT_T0);
 }
 
-// R quantized activation rows as rows_dot_4bit reads them: row r's int8 values at
-// q + r * k (pair_layout's order at quads + r * k), its per-block dx at dx + r * blocks (and
-// spread four times at dx16 + r * 4 * blocks), its per-block sums of dx * q at
+// R quantized activation rows as rows_dot_4bit reads them: row r's int8 values at q + r * k
+// (pair_layout's order at quads + r * quads_stride(k)), its per-block dx at dx + r * blocks
+// (spread four times at dx16 + r * 4 * blocks), its per-block sums of dx * q at
 // xs + r * blocks.
 struct RowActs {
   const int8_t* quads;
@@ -440,12 +440,13 @@ inline float mins_dot(const at::Half* mins, const float* xs, int64_t blocks) {
 #endif
 
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-// One 4-bit weight row with one float16 scale (and min) per block of 32 against R activation
-// rows: the quads straight from the weight's scales (four converted, spread over their
-// blocks' lanes by one permute, times each row's dx16), no per-tile scale buffers; each
-// quad's weights loaded and split once for the R rows; the last (< 4) blocks one at a time;
-// then the mins' sums. Every row goes through the same operations in the same order for
-// any R, so a row's result does not depend on the rows beside it.
+// 4-bit weight rows n0 .. n1 - 1 with one float16 scale (and min) per block of 32 against R
+// activation rows, y[r * n + row] in T: the quads straight from the weight's scales (four
+// converted, spread over their blocks' lanes by one permute, times each row's dx16), no
+// per-tile scale buffers; each quad's weights loaded and split once for the R rows; the
+// last 1-3 blocks as one quad (masked loads, zeros past the row); then the mins' sums. Every
+// row goes through the same operations in the same order for any R, so a row's result does
+// not depend on the rows beside it.
 template <int R, typename T>
 inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
   const int64_t blocks = a.blocks;
