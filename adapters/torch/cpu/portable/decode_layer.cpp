@@ -3,7 +3,8 @@
 // token each (RMSNorm, the fused q/k/v projection, QK-norm, RoPE, the pool write by the
 // step's slot mapping, paged attention, the output projection, the gated MLP, residuals),
 // without the ~40 Python-level ops a step of a small model spends most of its time on.
-// The linears are quant_linear.cpp's, the attention paged_attention.cpp's (same library);
+// The linears are quant_linear.cpp's, the attention paged_attention.cpp's (same library),
+// or for bfloat16 the AVX512-BF16 build's, whose address the caller passes where it exists;
 // the small elementwise parts are loops here, rounding as the modules do: in the model's
 // dtype T (float32 or bfloat16), norms computed in float32.
 // Op: torch.ops.infer_portable.quant_decode_layer.
