@@ -453,53 +453,53 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
   const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m512i spread_hi = _mm512_add_epi32(spread, _mm512_set1_epi32(4));
   for (int64_t row = n0; row < n1; ++row) {
-  prefetch_row(wt, row + kPrefetchRows);
-  const uint8_t* w = wt.row(row);
-  const at::Half* scales = wt.scales + row * wt.groups;
-  const at::Half* mins = wt.mins == nullptr ? nullptr : wt.mins + row * wt.groups;
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 8 <= blocks; b += 8) {
-    const __m512 s8 = _mm512_castps256_ps512(
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
-    const __m512 s0 = _mm512_permutexvar_ps(spread, s8), s1 = _mm512_permutexvar_ps(spread_hi, s8);
-    const Quad q0(w + b * 16), q1(w + (b + 4) * 16);
-    for (int r = 0; r < R; ++r) {
-      const float* dx16 = a.dx16 + r * 4 * blocks + b * 4;
-      const int8_t* xq = a.quads + r * quads_stride(a.k) + b * 32;
-      acc[r][0] = quad_fma(q0, xq, _mm512_mul_ps(s0, _mm512_loadu_ps(dx16)), acc[r][0]);
-      acc[r][1] = quad_fma(q1, xq + 128, _mm512_mul_ps(s1, _mm512_loadu_ps(dx16 + 16)), acc[r][1]);
+    prefetch_row(wt, row + kPrefetchRows);
+    const uint8_t* w = wt.row(row);
+    const at::Half* scales = wt.scales + row * wt.groups;
+    const at::Half* mins = wt.mins == nullptr ? nullptr : wt.mins + row * wt.groups;
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+      const __m512 s8 = _mm512_castps256_ps512(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
+      const __m512 s0 = _mm512_permutexvar_ps(spread, s8), s1 = _mm512_permutexvar_ps(spread_hi, s8);
+      const Quad q0(w + b * 16), q1(w + (b + 4) * 16);
+      for (int r = 0; r < R; ++r) {
+        const float* dx16 = a.dx16 + r * 4 * blocks + b * 4;
+        const int8_t* xq = a.quads + r * quads_stride(a.k) + b * 32;
+        acc[r][0] = quad_fma(q0, xq, _mm512_mul_ps(s0, _mm512_loadu_ps(dx16)), acc[r][0]);
+        acc[r][1] = quad_fma(q1, xq + 128, _mm512_mul_ps(s1, _mm512_loadu_ps(dx16 + 16)), acc[r][1]);
+      }
     }
-  }
-  for (; b + 4 <= blocks; b += 4) {
-    const __m512 s4 = _mm512_castps128_ps512(
-        _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + b))));
-    const __m512 s0 = _mm512_permutexvar_ps(spread, s4);
-    const Quad q0(w + b * 16);
-    for (int r = 0; r < R; ++r)
-      acc[r][0] = quad_fma(q0, a.quads + r * quads_stride(a.k) + b * 32,
-                           _mm512_mul_ps(s0, _mm512_loadu_ps(a.dx16 + r * 4 * blocks + b * 4)),
-                           acc[r][0]);
-  }
-  if (b < blocks) {  // the last 1-3 blocks as a quad (masked loads)
-    const int64_t n = std::min<int64_t>(4, blocks - b);
-    const __m512 s4 = _mm512_castps128_ps512(_mm_cvtph_ps(
-        _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), scales + b)));
-    const __m512 s0 = _mm512_permutexvar_ps(spread, s4);
-    const Quad q0(w + b * 16, n);
-    const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * n)) - 1);
-    for (int r = 0; r < R; ++r)
-      acc[r][0] = quad_fma(
-          q0, a.quads + r * quads_stride(a.k) + b * 32,
-          _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(lanes, a.dx16 + r * 4 * blocks + b * 4)),
-          acc[r][0]);
-  }
-  for (int r = 0; r < R; ++r) {
-    float total = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-    if (mins != nullptr) total += mins_dot(mins, a.xs + r * blocks, blocks);
-    y[r * wt.n + row] = static_cast<T>(total);
-  }
+    for (; b + 4 <= blocks; b += 4) {
+      const __m512 s4 = _mm512_castps128_ps512(
+          _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + b))));
+      const __m512 s0 = _mm512_permutexvar_ps(spread, s4);
+      const Quad q0(w + b * 16);
+      for (int r = 0; r < R; ++r)
+        acc[r][0] = quad_fma(q0, a.quads + r * quads_stride(a.k) + b * 32,
+                             _mm512_mul_ps(s0, _mm512_loadu_ps(a.dx16 + r * 4 * blocks + b * 4)),
+                             acc[r][0]);
+    }
+    if (b < blocks) {  // the last 1-3 blocks as a quad (masked loads)
+      const int64_t n = std::min<int64_t>(4, blocks - b);
+      const __m512 s4 = _mm512_castps128_ps512(_mm_cvtph_ps(
+          _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), scales + b)));
+      const __m512 s0 = _mm512_permutexvar_ps(spread, s4);
+      const Quad q0(w + b * 16, n);
+      const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * n)) - 1);
+      for (int r = 0; r < R; ++r)
+        acc[r][0] = quad_fma(
+            q0, a.quads + r * quads_stride(a.k) + b * 32,
+            _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(lanes, a.dx16 + r * 4 * blocks + b * 4)),
+            acc[r][0]);
+    }
+    for (int r = 0; r < R; ++r) {
+      float total = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+      if (mins != nullptr) total += mins_dot(mins, a.xs + r * blocks, blocks);
+      y[r * wt.n + row] = static_cast<T>(total);
+    }
   }
 }
 
@@ -515,46 +515,46 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
                              _mm256_set_epi32(5, 5, 5, 5, 4, 4, 4, 4),
                              _mm256_set_epi32(7, 7, 7, 7, 6, 6, 6, 6)};
   for (int64_t row = n0; row < n1; ++row) {
-  prefetch_row(wt, row + kPrefetchRows);
-  const uint8_t* w = wt.row(row);
-  const at::Half* scales = wt.scales + row * wt.groups;
-  const at::Half* mins = wt.mins == nullptr ? nullptr : wt.mins + row * wt.groups;
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 8 <= blocks; b += 8) {
-    const __m256 s8 =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b)));
-    for (int u = 0; u < 4; ++u) {
-      const __m256 s = _mm256_permutevar8x32_ps(s8, spread[u]);
-      const Pair p(w + (b + 2 * u) * 16);
-      for (int r = 0; r < R; ++r) {
-        const __m256 c = _mm256_mul_ps(s, _mm256_loadu_ps(a.dx16 + r * 4 * blocks + (b + 2 * u) * 4));
-        acc[r][u] = pair_fma(p, a.quads + r * quads_stride(a.k) + (b + 2 * u) * 32, c, acc[r][u]);
+    prefetch_row(wt, row + kPrefetchRows);
+    const uint8_t* w = wt.row(row);
+    const at::Half* scales = wt.scales + row * wt.groups;
+    const at::Half* mins = wt.mins == nullptr ? nullptr : wt.mins + row * wt.groups;
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+      const __m256 s8 =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b)));
+      for (int u = 0; u < 4; ++u) {
+        const __m256 s = _mm256_permutevar8x32_ps(s8, spread[u]);
+        const Pair p(w + (b + 2 * u) * 16);
+        for (int r = 0; r < R; ++r) {
+          const __m256 c = _mm256_mul_ps(s, _mm256_loadu_ps(a.dx16 + r * 4 * blocks + (b + 2 * u) * 4));
+          acc[r][u] = pair_fma(p, a.quads + r * quads_stride(a.k) + (b + 2 * u) * 32, c, acc[r][u]);
+        }
       }
     }
-  }
-  for (; b + 2 <= blocks; b += 2) {
-    int32_t two;  // the pair's two float16 scales
-    std::memcpy(&two, scales + b, sizeof(two));
-    const __m256 s2 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
-    const __m256 s = _mm256_permutevar8x32_ps(s2, spread[0]);
-    const Pair p(w + b * 16);
-    for (int r = 0; r < R; ++r) {
-      const __m256 c = _mm256_mul_ps(s, _mm256_loadu_ps(a.dx16 + r * 4 * blocks + b * 4));
-      acc[r][0] = pair_fma(p, a.quads + r * quads_stride(a.k) + b * 32, c, acc[r][0]);
+    for (; b + 2 <= blocks; b += 2) {
+      int32_t two;  // the pair's two float16 scales
+      std::memcpy(&two, scales + b, sizeof(two));
+      const __m256 s2 = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
+      const __m256 s = _mm256_permutevar8x32_ps(s2, spread[0]);
+      const Pair p(w + b * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m256 c = _mm256_mul_ps(s, _mm256_loadu_ps(a.dx16 + r * 4 * blocks + b * 4));
+        acc[r][0] = pair_fma(p, a.quads + r * quads_stride(a.k) + b * 32, c, acc[r][0]);
+      }
     }
-  }
-  for (int r = 0; r < R; ++r) {
-    const __m256 sum =
-        _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
-    float total = hsum8(sum);
-    for (int64_t t = b; t < blocks; ++t)
-      total += one_block(w, a.q + r * a.k, scales, a.dx + r * blocks, t);
-    if (mins != nullptr) total += mins_dot(mins, a.xs + r * blocks, blocks);
-    y[r * wt.n + row] = static_cast<T>(total);
-  }
+    for (int r = 0; r < R; ++r) {
+      const __m256 sum =
+          _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+      float total = hsum8(sum);
+      for (int64_t t = b; t < blocks; ++t)
+        total += one_block(w, a.q + r * a.k, scales, a.dx + r * blocks, t);
+      if (mins != nullptr) total += mins_dot(mins, a.xs + r * blocks, blocks);
+      y[r * wt.n + row] = static_cast<T>(total);
+    }
   }
 }
 #endif
