@@ -7,7 +7,7 @@ float32's rate, on a Zen 5 at four times it, and on an AVX2 EPYC bf16 is emulate
 first use for a model's shapes a micro-benchmark (a few seconds) times every path this
 machine has on the model's linear shapes at 1, 16 and 64 rows (the quantized paths at 1 to 64,
 in float32 and in the chosen dtype: a bfloat16 tile GEMM is 3x float32's on a Zen 5, so the
-switch moves from 128 rows to 16 there), and the result is cached per
+int4 switch moves from 128 rows to 32 there), and the result is cached per
 CPU, torch version, thread count and shape set under ``<cache>/tuning/``. ``infer
 bench-kernels`` prints the table and the choices.
 """
@@ -115,17 +115,14 @@ def measure(shapes: list[tuple[int, int]]) -> Tuning:
     for name, make in _dense_paths().items():
         timings[name] = {str(rows): _total(make, rows, shapes) for rows in ROWS}
     dtype, reason = _choose_dtype(timings)
+    rows_measured = sorted({*ROWS, *SWITCH_ROWS})
     for name, make in _quantized_paths(sorted({"float32", dtype})).items():
-        rows_measured = sorted({*ROWS, *SWITCH_ROWS})
         timings[name] = {str(rows): _total(make, rows, shapes) for rows in rows_measured}
     return Tuning(cpu_name(), shapes, timings, dtype, _choose_switches(timings), reason)
 
 
-def _total(
-    make: Callable[[int, int], tuple["Linear", torch.dtype]],
-    rows: int,
-    shapes: list[tuple[int, int]],
-) -> float:
+def _total(make: "MakePath", rows: int, shapes: list[tuple[int, int]]) -> float:
+    """``rows`` rows through the path made for each shape, ms summed over the shapes."""
     return sum(_time(make(n, k), rows, k) for n, k in shapes)
 
 
@@ -158,7 +155,8 @@ def _choose_switch(dots: dict[str, float], tiles: dict[str, float]) -> int:
 Linear = Callable[[Tensor], Tensor]
 
 
-Paths = dict[str, Callable[[int, int], tuple[Linear, torch.dtype]]]
+MakePath = Callable[[int, int], tuple[Linear, torch.dtype]]  # (out, in) -> (linear, x dtype)
+Paths = dict[str, MakePath]
 
 
 def _dense_paths() -> Paths:
