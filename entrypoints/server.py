@@ -5,7 +5,10 @@ largest header block (``h11_max_incomplete_event_size``) and a refusal threshold
 (``limit_concurrency``). What they leave open is added here:
 
 - a deadline for a request's headers (slowloris: a byte every few seconds keeps an
-  uvicorn connection forever) and one for its body (a partial or never-ending chunked body);
+  uvicorn connection forever) and two for its body: a total one (a never-ending chunked
+  body, a drip) and one between two reads (a body that stops arriving: a ``Content-Length``
+  longer than what was sent, a chunked body cut before its last chunk), so that a stalled
+  client gets its 408 in seconds while a slow but steady upload still goes through;
 - a cap on open connections: a connection beyond it evicts the longest-idle one (no request
   in progress), or, when every connection is busy, gets a fast 503;
 - the soft open-files limit raised to the hard one, and the cap kept below it;
@@ -17,7 +20,9 @@ largest header block (``h11_max_incomplete_event_size``) and a refusal threshold
   are ended (an error event), and uvicorn's own shutdown runs. The process then exits 0
   (uvicorn would re-raise the signal).
 
-Responses written here (408, 503) come before routing, in OpenAI's error schema.
+Responses written here (400, 408, 503) come before routing, in OpenAI's error schema; a
+body's 408, written once the request's path is known, in its face's (Tinker's under
+``/api/``).
 TLS is uvicorn's (``ssl_certfile``, ...): asyncio decrypts below the protocol, so
 :class:`GuardedH11Protocol` sees plain HTTP and its deadlines start after the handshake.
 """
@@ -26,7 +31,6 @@ import argparse
 import asyncio
 import dataclasses
 import http
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -38,6 +42,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from adapters.http.errors import face_error_body, openai_error_body
 from adapters.http.ownership import Draining
 from domain.errors import InvalidParameterError
 
@@ -68,12 +73,13 @@ class ConnectionLimits:
     body_timeout: float = 60.0
     backlog: int = 2048
     h11_max_incomplete_event_size: int = 16 * 1024
+    body_read_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "backlog", "h11_max_incomplete_event_size"):
             if getattr(self, name) < 1:
                 raise InvalidParameterError(name, "must be at least 1")
-        for name in ("timeout_keep_alive", "header_timeout", "body_timeout"):
+        for name in ("timeout_keep_alive", "header_timeout", "body_timeout", "body_read_timeout"):
             if not getattr(self, name) > 0:
                 raise InvalidParameterError(name, "must be greater than 0 (seconds)")
 
@@ -106,9 +112,11 @@ def connection_cap(wanted: int, open_files: int | None) -> int:
 
 
 def _error_response(status: int, message: str, kind: str, retry_after: int | None = None) -> bytes:
-    body = json.dumps(
-        {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    ).encode()
+    return _raw_response(status, openai_error_body(message, kind), retry_after)
+
+
+def _raw_response(status: int, body: bytes, retry_after: int | None = None) -> bytes:
+    """A JSON response closing the connection, as bytes on the wire."""
     head = [
         f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
         "content-type: application/json",
@@ -121,7 +129,6 @@ def _error_response(status: int, message: str, kind: str, retry_after: int | Non
 
 
 HEADER_TIMEOUT = _error_response(408, "request headers not received in time", "timeout_error")
-BODY_TIMEOUT = _error_response(408, "request body not received in time", "timeout_error")
 INVALID_HTTP = _error_response(400, "invalid HTTP request", "invalid_request_error")
 TOO_MANY_CONNECTIONS = _error_response(
     503, "too many open connections; retry shortly", "overloaded_error", retry_after=1
@@ -180,6 +187,8 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._phase: str | None = None  # "headers", "body", "refused" or None (no deadline)
+        # In the body phase (loop times): when the whole body is due, when bytes last came.
+        self._body_due = self._last_read = 0.0
 
     # --- asyncio.Protocol --------------------------------------------------------------
 
@@ -194,6 +203,7 @@ class GuardedH11Protocol(H11Protocol):
         if self._phase == "refused":
             self._close_with(TOO_MANY_CONNECTIONS)
             return
+        self._last_read = self.loop.time()
         super().data_received(data)
         self._track()
 
@@ -228,7 +238,12 @@ class GuardedH11Protocol(H11Protocol):
         self.idle.pop(self, None)
         if state is h11.SEND_BODY:
             if self._phase != "body":
-                self._set_deadline("body", self.limits.body_timeout)
+                # One timer: at the earlier of the two body deadlines; when it fires, bytes
+                # that came meanwhile push it on (see _body_deadline_passed).
+                limits = self.limits
+                self._last_read = self.loop.time()
+                self._body_due = self._last_read + limits.body_timeout
+                self._set_deadline("body", min(limits.body_timeout, limits.body_read_timeout))
         else:  # the request is in; the response is the app's business
             self._set_deadline(None, None)
 
@@ -247,13 +262,33 @@ class GuardedH11Protocol(H11Protocol):
         if self._phase == "refused":
             self._close_with(TOO_MANY_CONNECTIONS)
         elif self._phase == "body":
-            cycle = self.cycle
-            started = cycle is not None and cycle.response_started
-            self._close_with(None if started else BODY_TIMEOUT)
+            self._body_deadline_passed()
         elif self.conn.trailing_data[0]:  # part of a request's headers came
             self._close_with(HEADER_TIMEOUT)
         else:  # an idle connection that never sent a request
             self._close_with(None)
+
+    def _body_deadline_passed(self) -> None:
+        """The body phase's timer: 408 (in the face's error format) when the whole body is
+        overdue or nothing came for ``body_read_timeout``; else the timer again."""
+        now, limits = self.loop.time(), self.limits
+        if self.flow.read_paused:  # the app has not read what came: not the client's stall
+            self._last_read = now
+        due = min(self._body_due, self._last_read + limits.body_read_timeout)
+        if now < due:
+            self._deadline = self.loop.call_later(due - now, self._deadline_passed)
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:  # the app answered without the body
+            self._close_with(None)
+            return
+        if now >= self._body_due:
+            message = f"request body not received within {limits.body_timeout:g} s"
+        else:
+            message = f"request body stalled: no bytes for {limits.body_read_timeout:g} s"
+        path = cycle.scope.get("path", "") if cycle is not None else ""
+        body = face_error_body(path, message, "timeout_error")
+        self._close_with(_raw_response(408, body))
 
     def _close_with(self, response: bytes | None) -> None:
         """Write ``response`` (if any), end the request the app may be waiting on, close."""
@@ -455,6 +490,13 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
         help="seconds a client has to send a request's body after its headers (then 408)",
     )
     group.add_argument(
+        "--body-read-timeout",
+        type=float,
+        default=defaults.body_read_timeout,
+        help="seconds between two reads of a request body: a body that stops arriving gets "
+        "408 then (a slow but steady upload goes on, within --body-timeout)",
+    )
+    group.add_argument(
         "--backlog",
         type=int,
         default=defaults.backlog,
@@ -474,6 +516,7 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         timeout_keep_alive=args.timeout_keep_alive,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        body_read_timeout=args.body_read_timeout,
         backlog=args.backlog,
         h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
     )

@@ -181,6 +181,29 @@ GENERATE_ERRORS = ErrorTable(
 )
 
 
+# The Tinker face's paths; every other API path answers in OpenAI's error schema.
+TINKER_PREFIX = "/api/"
+
+
+def openai_error_body(message: str, kind: str) -> bytes:
+    """An error body in OpenAI's schema (the OpenAI faces' and ``/v1/generate``'s)."""
+    return _encoder.encode(ErrorResponse(ErrorDetail(message, kind, None, None)))
+
+
+def tinker_error_body(message: str, category: str) -> bytes:
+    """An error body in the Tinker face's format."""
+    return _encoder.encode({"detail": message, "error": message, "category": category})
+
+
+def face_error_body(path: str, message: str, kind: str, category: str = "user") -> bytes:
+    """An error body in the format of the face serving ``path``, for answers written
+    outside the app (the server's body deadline): Tinker's under ``/api/`` (``category``),
+    OpenAI's schema elsewhere (``kind``)."""
+    if path.startswith(TINKER_PREFIX):
+        return tinker_error_body(message, category)
+    return openai_error_body(message, kind)
+
+
 def error_response(_: Request, exc: HTTPError) -> Response[bytes]:
     body = ErrorResponse(ErrorDetail(exc.message, exc.kind, exc.param, exc.code))
     return Response(

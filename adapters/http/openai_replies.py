@@ -8,6 +8,11 @@ every choice's completion tokens.
 Token strings in logprobs are vLLM's: the token decoded alone (special tokens included), so
 a token holding part of a multi-byte character reads U+FFFD; ``bytes`` are that string's
 UTF-8. Logprobs of masked-out tokens (-inf) read -9999.0, as in vLLM (JSON has no -inf).
+
+A completion's ``top_logprobs`` follow the legacy OpenAI API's and vLLM's "k + 1" rule: each
+token's dict holds the ``logprobs`` = k most likely tokens and the token itself when it is
+not among them (``logprobs: 0``: the token alone). A chat's ``top_logprobs`` list holds the
+k most likely only (``top_logprobs: 0``: an empty list), as OpenAI's chat does.
 """
 
 import time
@@ -137,7 +142,7 @@ def _add_prompt_logprobs(
             continue
         scores.token_logprobs.append(_floored(logprobs[i - 1]))
         top = alternatives[i - 1] if i - 1 < len(alternatives) else ()
-        scores.top_logprobs.append(_top_dict(top, texts))
+        scores.top_logprobs.append(_top_dict(top, (prompt[i], logprobs[i - 1]), texts))
 
 
 def _add_completion_logprobs(
@@ -147,19 +152,30 @@ def _add_completion_logprobs(
     characters of the token strings, from ``offset``, or from the echoed prompt's end)."""
     if scores.text_offset:
         offset = scores.text_offset[-1] + len(scores.tokens[-1])
-    strings = texts([o.token_id for o in outputs if o.token_id is not None])
-    for out, token in zip(outputs, strings, strict=True):
+    scored = [(out, out.token_id) for out in outputs if out.token_id is not None]
+    strings = texts([token_id for _, token_id in scored])
+    for (out, token_id), token in zip(scored, strings, strict=True):
         scores.tokens.append(token)
         scores.token_logprobs.append(_floored(out.logprob))
-        scores.top_logprobs.append(_top_dict(out.top_logprobs or (), texts))
+        chosen = (token_id, out.logprob)
+        scores.top_logprobs.append(_top_dict(out.top_logprobs or (), chosen, texts))
         scores.text_offset.append(offset)
         offset += len(token)
     return offset
 
 
-def _top_dict(top: Sequence[tuple[int, float]], texts: TokenTexts) -> dict[str, float]:
-    strings = texts([t for t, _ in top])
-    return {s: _floored(v) for s, (_, v) in zip(strings, top, strict=True)}
+def _top_dict(
+    top: Sequence[tuple[int, float]], chosen: tuple[int, float | None], texts: TokenTexts
+) -> dict[str, float]:
+    """The k + 1 rule: the k alternatives (best first), then the ``chosen`` token (its id
+    and logprob) when not among them. Two ids reading alike keep the first's value."""
+    pairs: list[tuple[int, float | None]] = list(top)
+    if all(token != chosen[0] for token, _ in pairs):
+        pairs.append(chosen)
+    entries: dict[str, float] = {}
+    for string, (_, value) in zip(texts([t for t, _ in pairs]), pairs, strict=True):
+        entries.setdefault(string, _floored(value))
+    return entries
 
 
 @dataclass

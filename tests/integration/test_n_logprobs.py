@@ -160,7 +160,9 @@ def test_completion_choices_with_logprobs_and_echo(client: openai.OpenAI) -> Non
     assert scores.token_logprobs is not None and scores.token_logprobs[0] is None
     assert all(v is not None and v <= 0 for v in scores.token_logprobs[1:])
     assert scores.top_logprobs is not None and scores.top_logprobs[0] is None
-    assert all(t is not None and 1 <= len(t) <= 2 for t in scores.top_logprobs[1:])
+    # The 2 best and the token itself when not among them (k + 1); alike strings merge.
+    for token, top in zip(scores.tokens[1:], scores.top_logprobs[1:], strict=True):
+        assert top is not None and 1 <= len(top) <= 3 and token in top
     offsets = scores.text_offset
     assert offsets is not None and offsets[0] == 0
     assert offsets == [sum(len(t) for t in scores.tokens[:i]) for i in range(len(offsets))]
@@ -192,6 +194,97 @@ def test_completion_stream_carries_each_choice_and_its_tokens_logprobs(
     usage = chunks[-1].usage
     assert usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(TOKENIZER.encode(PROMPT)), 15)
+
+
+# Tokens that decode to distinct strings (no two byte tokens reading U+FFFD alike): the
+# processed distribution, its alternatives and the samples are these letters.
+LETTERS = {str(t): 100 for t in TOKENIZER.encode("abcdefghij", add_special_tokens=False)}
+
+
+def _completion_scores(
+    client: openai.OpenAI, k: int, stream: bool, max_tokens: int = 12
+) -> tuple[list[str], list[float], list[dict[str, float]]]:
+    """Each generated token, its logprob and its ``top_logprobs`` dict (``logprobs: k``)."""
+    request = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "logprobs": k,
+        "seed": 5,
+        "logit_bias": LETTERS,
+        "extra_body": FIXED,
+    }
+    chunks = (
+        list(client.completions.create(**request, stream=True))  # type: ignore[call-overload]
+        if stream
+        else [client.completions.create(**request)]  # type: ignore[call-overload]
+    )
+    tokens: list[str] = []
+    values: list[float] = []
+    tops: list[dict[str, float]] = []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            scores = choice.logprobs
+            assert scores is not None
+            tokens += scores.tokens or []
+            values += [v for v in scores.token_logprobs or [] if v is not None]
+            tops += [t for t in scores.top_logprobs or [] if t is not None]
+    assert len(tokens) == len(values) == len(tops) == max_tokens
+    return tokens, values, tops
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_completion_logprobs_0_gives_each_token_its_own_entry(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    """The k + 1 rule at k = 0 (vLLM, the legacy OpenAI API): not an empty dict."""
+    tokens, values, tops = _completion_scores(client, 0, stream)
+    assert tops == [{t: v} for t, v in zip(tokens, values, strict=True)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_completion_logprobs_k_gives_the_k_best_and_the_token_itself(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    tokens, values, tops = _completion_scores(client, 2, stream)
+    *_, wider = _completion_scores(client, 5, stream)  # the same seed: the same tokens
+    sizes = set()
+    for token, value, top, five in zip(tokens, values, tops, wider, strict=True):
+        assert top[token] == pytest.approx(value)
+        best = sorted(top.values(), reverse=True)[:2]
+        assert best == pytest.approx(sorted(five.values(), reverse=True)[:2])  # the 2 best
+        if len(top) == 3:  # the token was not among them: it comes on top of the 2
+            assert value < min(v for t, v in top.items() if t != token) + 1e-6
+        else:
+            assert len(top) == 2 and value >= best[1] - 1e-6
+        sizes.add(len(top))
+    assert sizes == {2, 3}  # both cases seen
+
+
+def test_chat_top_logprobs_0_gives_each_token_its_logprob_and_no_alternatives(
+    client: openai.OpenAI,
+) -> None:
+    """OpenAI's chat: ``top_logprobs`` holds the k best only, an empty list at 0."""
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "extra_body": FIXED,
+    }
+    reply = client.chat.completions.create(**request)  # type: ignore[call-overload]
+    content = reply.choices[0].logprobs.content
+    streamed = [
+        item
+        for chunk in client.chat.completions.create(**request, stream=True)  # type: ignore[call-overload]
+        for choice in chunk.choices
+        if choice.logprobs is not None
+        for item in choice.logprobs.content or []
+    ]
+    for items in (content, streamed):
+        assert len(items) == 5
+        assert all(item.top_logprobs == [] and item.logprob <= 0 for item in items)
 
 
 def test_chat_choices_with_token_logprobs(client: openai.OpenAI) -> None:

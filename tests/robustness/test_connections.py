@@ -4,14 +4,17 @@ open-files limit smaller than the flood. Bounded: short timeouts, a few dozen so
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -123,6 +126,152 @@ def test_the_body_deadline_does_not_cut_a_request_that_completes_in_time(served:
         sock.sendall(COMPLETION[5:])
         data, _ = read_until_closed(sock, 2.0)
     assert status_of(data) == 200, data[:300]
+
+
+# A body that stops arriving: answered at the read timeout, long before the total one.
+STALL = ConnectionLimits(header_timeout=5, body_timeout=30, body_read_timeout=0.5)
+# The faces, each with a request it takes and how its error body reads.
+FACES = {
+    "completions": ("/v1/completions", COMPLETION),
+    "chat": (
+        "/v1/chat/completions",
+        b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}' % MODEL.encode(),
+    ),
+    "generate": ("/v1/generate", b'{"prompt": "hi", "max_tokens": 4}'),
+    "tinker": ("/api/v1/create_session", b'{"tags": [], "user_metadata": {}}'),
+}
+
+
+def _post(path: str, framing: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "X-API-Key: tml-stall\r\n"
+    ).encode() + framing
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def assert_face_error(raw: bytes, path: str, status: int) -> dict[str, Any]:
+    """A ``status`` closing the connection, in the error format of ``path``'s face."""
+    assert status_of(raw) == status, raw[:300]
+    assert b"connection: close" in raw.lower()
+    body = json_body(raw)
+    if path.startswith("/api/"):  # Tinker's
+        assert body["category"] == "user" and body["detail"] == body["error"], body
+        return {"message": body["detail"]}
+    error = body["error"]  # OpenAI's (the native /v1/generate face's too)
+    assert error["type"] == "timeout_error" and set(error) == {"message", "type", "param", "code"}
+    return dict(error)
+
+
+@pytest.fixture
+def stalling(tmp_path: Path) -> Iterator[tuple[Served, Stack]]:
+    stack = fake_stack(tmp_path)  # with the Tinker face
+    with serving(stack.app(), STALL) as served:
+        yield served, stack
+
+
+@pytest.mark.parametrize("cut", ["short-content-length", "chunked-without-last-chunk"])
+@pytest.mark.parametrize("face", list(FACES))
+def test_a_body_that_stops_arriving_gets_408_in_its_face_format_at_the_read_timeout(
+    stalling: tuple[Served, Stack], face: str, cut: str
+) -> None:
+    """The issue: Content-Length 1000 and fewer bytes, or a chunked body cut short, the
+    socket left open, got no answer for 15 s and more (the total --body-timeout, 60 s)."""
+    served, stack = stalling
+    path, body = FACES[face]
+    if cut == "short-content-length":
+        framing = b"Content-Length: 1000\r\n\r\n" + body
+    else:
+        framing = b"Transfer-Encoding: chunked\r\n\r\n" + _chunk(body[:10]) + _chunk(body[10:])
+    with served.connect() as sock:
+        sock.sendall(_post(path, framing))
+        data, took = read_until_closed(sock, PATIENCE_S)
+    error = assert_face_error(data, path, 408)
+    assert "no bytes for 0.5 s" in error["message"]
+    assert 0.4 < took < 3.0, took  # the read timeout, nowhere near the total 30 s
+    assert stack.wait_idle() == {}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_slow_but_steady_upload_outlasting_the_read_timeout_succeeds(
+    stalling: tuple[Served, Stack], chunked: bool
+) -> None:
+    """A piece every 0.15 s (under the 0.5 s read timeout) for 1.8 s (over three of them)."""
+    served, _ = stalling
+    cuts = [len(COMPLETION) * i // 12 for i in range(13)]
+    pieces = [COMPLETION[a:b] for a, b in itertools.pairwise(cuts)]
+    framing = (
+        b"Transfer-Encoding: chunked\r\n"
+        if chunked
+        else b"Content-Length: %d\r\n" % len(COMPLETION)
+    )
+    start = time.monotonic()
+    with served.connect() as sock:
+        sock.sendall(_post("/v1/completions", framing + b"Connection: close\r\n\r\n"))
+        for piece in pieces:
+            time.sleep(0.15)
+            sock.sendall(_chunk(piece) if chunked else piece)
+        if chunked:
+            sock.sendall(b"0\r\n\r\n")
+        data, _ = read_until_closed(sock, PATIENCE_S)
+    assert time.monotonic() - start > 3 * STALL.body_read_timeout
+    assert status_of(data) == 200, data[:300]
+    assert json_body(data)["choices"][0]["text"]
+
+
+async def _slow_reader(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app that reads the body only after 1.5 s, then answers its size."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await asyncio.sleep(1.5)
+    size, more = 0, True
+    while more:
+        message = await receive()
+        size, more = size + len(message.get("body", b"")), message.get("more_body", False)
+    body = str(size).encode()
+    headers = [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_body_the_app_is_slow_to_read_is_not_a_stalled_client() -> None:
+    """Past 64 KiB unread, uvicorn stops reading the socket: no bytes come, by the server's
+    doing, for longer than the read timeout."""
+    size = 1 << 20
+    with serving(_slow_reader, STALL) as served, served.connect() as sock:  # type: ignore[arg-type]
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        sender = threading.Thread(target=sock.sendall, args=(b"x" * size,), daemon=True)
+        sender.start()
+        data, _ = read_until_closed(sock, PATIENCE_S)
+        sender.join(timeout=5)
+    assert status_of(data) == 200, data[:300]
+    assert json_body(data) == size
+
+
+def test_a_steady_drip_still_gets_408_at_the_total_body_timeout(stack: Stack) -> None:
+    limits = ConnectionLimits(header_timeout=5, body_timeout=1.0, body_read_timeout=0.5)
+    with serving(stack.app(), limits) as served, served.connect() as sock:
+        sock.sendall(_post("/v1/completions", b"Content-Length: 1000\r\n\r\n"))
+        sock.settimeout(0.1)
+        start, data = time.monotonic(), b""
+        while time.monotonic() - start < PATIENCE_S:  # a byte every 0.1 s
+            try:
+                sock.sendall(b" ")
+                data = sock.recv(65536)
+                break
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                break
+        took = time.monotonic() - start
+    error = assert_face_error(data, "/v1/completions", 408)
+    assert "within 1 s" in error["message"] and 0.9 < took < 3.0, (error, took)
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_timeout_keep_alive(
@@ -344,11 +493,12 @@ def test_infer_serve_takes_every_connection_limit_as_a_flag() -> None:
             "--timeout-keep-alive=7",
             "--header-timeout=3",
             "--body-timeout=20",
+            "--body-read-timeout=4",
             "--backlog=64",
             "--h11-max-incomplete-event-size=4096",
         ]
     )
-    assert connection_limits(args) == ConnectionLimits(50, 7, 3.0, 20.0, 64, 4096)
+    assert connection_limits(args) == ConnectionLimits(50, 7, 3.0, 20.0, 64, 4096, 4.0)
     defaults = connection_limits(cli._parser().parse_args(["serve"]))
     assert defaults == ConnectionLimits()
 
@@ -359,6 +509,7 @@ def test_infer_serve_takes_every_connection_limit_as_a_flag() -> None:
         ("--max-connections=0", "--max-connections: must be at least 1"),
         ("--header-timeout=0", "--header-timeout: must be greater than 0"),
         ("--body-timeout=-1", "--body-timeout: must be greater than 0"),
+        ("--body-read-timeout=0", "--body-read-timeout: must be greater than 0"),
         ("--timeout-keep-alive=0", "--timeout-keep-alive: must be greater than 0"),
     ],
 )

@@ -7,18 +7,22 @@ Error bodies never carry exception text of unexpected errors or the server's fil
 
 from typing import Any
 
-import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from adapters.http.errors import ErrorRule, ErrorTable, HTTPError, rate_limit_headers
+from adapters.http.errors import (
+    ErrorRule,
+    ErrorTable,
+    HTTPError,
+    rate_limit_headers,
+    tinker_error_body,
+)
 from application.tinker.downloads import LinkRefusedError
 from domain.tenancy import PermissionDeniedError, RateLimitedError
 from domain.training import NotFoundError, RetryLaterError, SessionClosedError, TrainingError
 
 log = structlog.get_logger(__name__)
-_json = msgspec.json.Encoder()
 
 
 def _category(e: Exception) -> str:
@@ -59,7 +63,9 @@ def tinker_error_response(_: Request[Any, Any, Any], exc: Exception) -> Response
     else:  # a bug: the details go to the log only
         log.exception("tinker_internal_error", exc_info=exc)
         status, message, category = 500, "internal error (logged)", "server"
-    body = {"detail": message, "error": message, "category": category}
     return Response(
-        _json.encode(body), status_code=status, media_type="application/json", headers=headers
+        tinker_error_body(message, category),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
     )
