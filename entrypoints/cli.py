@@ -1,15 +1,20 @@
-"""``infer`` command line: ``infer generate "prompt"`` (``infer serve`` comes with the server)."""
+"""``infer`` command line: ``infer serve``, ``infer generate "prompt"``, ``infer key``, the
+kernel commands. Standard output carries a command's result only (the generated text, a
+key, a report); every log line, progress and timing goes to standard error. ``--help`` is
+plain text (:class:`_PlainHelp` strips the reST markup of the help strings)."""
 
 import argparse
 import asyncio
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from dependency_injector import providers
 
-from adapters.observability.logging import configure_logging
+from adapters.observability.logging import LEVELS, configure_logging
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.kv_sizing import KVCacheMemory, parse_kv_cache_memory
 from application.async_engine import AsyncEngine
@@ -33,7 +38,16 @@ QUANTIZATION_CHOICES = [q for q in QUANTIZATIONS if q is not None]
 DTYPE_ALIASES = {"bf16": "bfloat16", "half": "float16", "float": "float32"}
 
 
+DESCRIPTION = (
+    "infer: an LLM inference server with its own PyTorch engine. 'infer serve' serves the "
+    "OpenAI-compatible API, /v1/generate and the Tinker fine-tuning API; 'infer generate' "
+    "writes one prompt's text to stdout."
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything logs: structlog unconfigured prints to stdout, the product's output.
+    configure_logging()
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -59,8 +73,41 @@ def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return actions
 
 
+# :class:`x`, :func:`~a.b.x` (shown as x), :ref:`title <target>` (shown as title)
+_ROLE = re.compile(r":[\w:.-]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+_LITERAL = re.compile(r"``(.+?)``")
+_INTERPRETED = re.compile(r"`([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without reStructuredText's inline markup: roles (``:class:`X```) and
+    literals (````x````) become their text, interpreted text (```x```) is quoted."""
+    text = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    text = _LITERAL.sub(r"\1", text)
+    return _INTERPRETED.sub(r"'\1'", text)
+
+
+class _PlainHelp(argparse.HelpFormatter):
+    """Descriptions and help strings printed as plain text (see :func:`plain_text`)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(plain_text(text), width, indent)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return super()._split_lines(plain_text(text), width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose ``--help`` is plain text; its subcommands' parsers are of this class
+    too (``add_subparsers`` makes parsers of the parser's own type)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _PlainHelp)
+        super().__init__(*args, **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infer", description=__doc__)
+    parser = _Parser(prog="infer", description=DESCRIPTION)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     gen = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
     gen.add_argument("prompt", help="prompt text ('-' reads standard input)")
@@ -68,12 +115,29 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user chat turn")
     _add_sampling_args(gen)
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
+    gen.add_argument(
+        "--log-level",
+        default="info",
+        choices=LEVELS,
+        help="log lines at this level and above, on stderr (default %(default)s)",
+    )
+    gen.add_argument(
+        "--verbose",
+        "-v",
+        dest="log_level",
+        action="store_const",
+        const="debug",
+        help="debug log lines too (--log-level debug)",
+    )
     gen.set_defaults(func=_generate)
     kernels = sub.add_parser(
         "build-kernels",
-        help="compile the CPU kernels this machine can run, once (make setup does; "
-        "otherwise the first model load does)",
+        help="compile the CPU kernels this machine can run and measure what --dtype auto "
+        "needs for the model, once (make setup does; otherwise the first model load does)",
     )
+    kernels.add_argument("--model", default=None, help="model spec (default: the embedded one)")
+    kernels.add_argument("--cache-dir", default=None, help="converted-weights cache")
+    _add_threads_arg(kernels)
     kernels.set_defaults(func=_build_kernels)
     bench = sub.add_parser(
         "bench-kernels",
@@ -133,6 +197,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--kv-block-size", type=int, default=16, help="positions per KV block (default 16)"
+    )
+    serve.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly (default on a GPU: decode steps replay CUDA graphs "
+        "captured at start-up)",
     )
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
     add_model_name_args(serve)
@@ -249,18 +319,35 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def _build_kernels(args: argparse.Namespace) -> int:
-    """Build (or find built) each kernel family; 0 when the portable one, which any CPU
-    with a compiler runs, is ready."""
+    """Build (or find built) each kernel family, then measure (or find measured) the kernel
+    paths ``--dtype auto`` chooses from for the model (the embedded one by default), so
+    that its first start reads them; 0 when the portable kernels, which any CPU with a
+    compiler runs, are ready."""
     from adapters.torch.cpu.build import kernel_cache_dir
     from adapters.torch.cpu.kernels import cpu_has_kernel_isa, cpu_kernels
     from adapters.torch.cpu.portable import portable_kernels
+    from adapters.torch.cpu.tuning import linear_shapes, tuned, tuning_path
+    from adapters.torch.models.config import ModelConfig
+    from domain.errors import ModelLoadError
+    from entrypoints.container import default_device
 
     configure_logging("info", "console")
+    set_threads(args.threads)  # the tuning is per thread count: serve's default
     portable = _ready(portable_kernels() is not None)
     avx512 = _ready(cpu_kernels() is not None) if cpu_has_kernel_isa() else "not for this CPU"
     print(f"portable kernels (paged attention, quantized linears): {portable}")
     print(f"AVX512-BF16 kernels (bf16 linears, fused decode): {avx512}")
     print(f"cache: {kernel_cache_dir()}")
+    if default_device() == "cpu":
+        try:
+            resolved = create_container(args.model, cache_dir=args.cache_dir).resolved_model()
+        except ModelLoadError as e:  # e.g. the default model's wheel is not installed
+            print(f"--dtype auto: not measured ahead ({e})")
+            return 0 if portable == "ready" else 1
+        shapes = linear_shapes(ModelConfig.from_folder(resolved.path))
+        tuning = tuned(shapes)
+        print(f"--dtype auto for {resolved.name}: {tuning.dtype} ({tuning.reason})")
+        print(f"kernel paths measured: {tuning_path(shapes)}")
     return 0 if portable == "ready" else 1
 
 
@@ -303,6 +390,9 @@ def _ready(ok: bool) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    """The generated text (and a final newline) on stdout, as it comes; logs and the timing
+    line on stderr."""
+    configure_logging(args.log_level)
     params = _sampling_params(args)
     set_threads(args.threads)
     container = create_container(
@@ -396,6 +486,7 @@ def _serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.prefix_caching,
         kv_block_size=args.kv_block_size,
         num_kv_blocks=args.num_kv_blocks,
+        enforce_eager=args.enforce_eager,
         **request_limits(args),
     )
     container = create_container(
@@ -430,21 +521,21 @@ def _serve(args: argparse.Namespace) -> int:
     embeddings = container.embeddings()  # its weights loaded before the KV pool is sized
     app = container.http_app()
     url = f"{'https' if transport.tls else 'http'}://{args.host}:{args.port}"
-    print(f"serving {container.resolved_model().name} at {url}", flush=True)
+    _note(f"serving {container.resolved_model().name} at {url}")
     served = [e.id for e in container.served_models().entries()]
-    print(f"models: {', '.join(served)}", flush=True)
+    _note(f"models: {', '.join(served)}")
     if embeddings is not None:
-        print(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings", flush=True)
+        _note(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings")
     if args.tinker:
         names = ", ".join(container.served_names())
-        print(f"Tinker API: TINKER_BASE_URL={url} (models: {names})", flush=True)
+        _note(f"Tinker API: TINKER_BASE_URL={url} (models: {names})")
     if keyring is None:
-        print("API keys: none (an open server: anyone who reaches the port may call)", flush=True)
+        _note("API keys: none (an open server: anyone who reaches the port may call)")
     else:
-        print(f"API keys: {len(keyring.tenants)} tenants from {keys_source}", flush=True)
+        _note(f"API keys: {len(keyring.tenants)} tenants from {keys_source}")
     if observability.tracing.enabled:
         endpoint = observability.tracing.resolved_endpoint() or "the console"
-        print(f"traces: to {endpoint}", flush=True)
+        _note(f"traces: to {endpoint}")
     run_server(
         app,
         args.host,
@@ -457,6 +548,11 @@ def _serve(args: argparse.Namespace) -> int:
         **transport.uvicorn_tls(),
     )
     return 0
+
+
+def _note(text: str) -> None:
+    """A start-up line for the operator: on stderr, with the logs (stdout is for results)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _kv_cache_memory(text: str) -> KVCacheMemory:

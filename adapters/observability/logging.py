@@ -29,16 +29,34 @@ def add_trace_ids(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (a redirected or
+    captured stream included), as the standard library's last-resort handler does."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        pass
+
+
 def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> str:
-    """Route structlog and standard-library logging to ``stream`` (stderr) at ``level``
-    as ``fmt``; returns the format used (``auto`` resolved)."""
+    """Route structlog and standard-library logging to ``stream`` (default: standard error,
+    never standard output, which is the CLI's product) at ``level`` as ``fmt``; returns the
+    format used (``auto`` resolved). Until this runs, structlog prints to standard output:
+    an entry point calls it before anything logs."""
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream) if stream is not None else _Stderr()
     if fmt == "auto":
-        fmt = "console" if stream.isatty() else "json"
+        fmt = "console" if handler.stream.isatty() else "json"
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -52,7 +70,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         renderer = structlog.processors.JSONRenderer()
         shared.append(structlog.processors.format_exc_info)
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        renderer = structlog.dev.ConsoleRenderer(colors=handler.stream.isatty())
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
@@ -63,7 +81,6 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,

@@ -26,6 +26,7 @@ Prompt and output text are never recorded.
 """
 
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -128,7 +129,8 @@ def build_tracer_provider(
         exporter = otlp_exporter(endpoint, settings.resolved_protocol())
         provider.add_span_processor(BatchSpanProcessor(exporter))
     if settings.console:
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        # stderr, with the logs: stdout is the CLI's product
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     for processor in processors:
         provider.add_span_processor(processor)
     return provider
