@@ -13,7 +13,7 @@ error state (it cannot happen through the masks) allows only EOS too.
 from collections.abc import Sequence
 
 import llguidance
-import llguidance.torch
+import torch
 from torch import Tensor
 
 from adapters.grammar.compiler import LLGuidanceCompiler
@@ -53,10 +53,17 @@ class RequestMatchers:
             if tokens:
                 matcher.consume_tokens(tokens)  # on failure: an error state, EOS only
             pairs.append((matcher, index))
+        # llguidance.torch's fill functions, inlined: importing that module compiles a
+        # function with torch.compile, which imports torch._dynamo (~3 s of every start)
+        if bitmask.dtype != torch.int32 or not bitmask.is_cpu or not bitmask.is_contiguous():
+            raise ValueError("the bitmask must be a contiguous int32 CPU tensor")
+        row_bytes = bitmask.shape[1] * bitmask.element_size()
         if len(pairs) == 1:  # no thread pool round trip for one row
-            llguidance.torch.fill_next_token_bitmask(pairs[0][0], bitmask, 0)
+            pairs[0][0].unsafe_compute_mask_ptr(bitmask.data_ptr(), row_bytes)
         else:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+            self._executor.unsafe_compute_mask_ptr(
+                pairs, bitmask.data_ptr(), row_bytes, bitmask.shape[0]
+            )
 
     def advance(self, request_id: str, token_id: int) -> None:
         """``request_id`` sampled ``token_id`` (ignored for a request without a matcher)."""

@@ -125,3 +125,41 @@ def test_each_quantized_linear_gets_its_formats_switch_for_the_model_dtype(
     switches = {(m.bits, m.dense_from_rows) for m in linears}
     assert (4, int4_switch) in switches
     assert switches <= {(4, int4_switch), (8, 128)}
+
+
+def test_build_kernels_measures_what_the_first_load_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make setup` runs `infer build-kernels`: after it, --dtype auto on the model's first
+    load reads the cached measurement instead of measuring (~25 s)."""
+    from adapters.torch.cpu import kernels, portable
+
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(container, "default_device", lambda: "cpu")
+    calls = []
+
+    def fake_measure(shapes: list[tuple[int, int]]) -> tuning.Tuning:
+        calls.append(shapes)
+        return tuning.Tuning("cpu", shapes, _timings(3.0, 2.0), "float32", SWITCHES, "r")
+
+    with monkeypatch.context() as built:  # the kernels' build is test_kernel_build's
+        built.setattr(portable, "portable_kernels", lambda: object())
+        built.setattr(kernels, "cpu_kernels", lambda: object())
+        built.setattr(tuning, "measure", fake_measure)
+        argv = ["build-kernels", "--model", "dummy:SmolLM2-135M", "--cache-dir", str(tmp_path)]
+        assert main(argv) == 0
+    assert len(calls) == 1
+    (cached,) = (tmp_path / "tuning").glob("*.json")
+    out = capsys.readouterr().out
+    assert "--dtype auto for " in out and f"kernel paths measured: {cached}" in out
+
+    tuning._read.clear()  # a new process: only the file
+    monkeypatch.setattr(tuning, "measure", lambda shapes: pytest.fail("measured again"))
+    resolved = resolve_dummy("SmolLM2-135M", tmp_path)
+    assert container.choose_dtype("auto", resolved, "cpu") == "float32"
+    (read,) = [
+        line
+        for line in capsys.readouterr().err.splitlines()  # build-kernels logs to stderr
+        if "kernel paths read from this CPU's measurement" in line
+    ]
+    assert f"cached={cached}" in read

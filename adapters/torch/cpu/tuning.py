@@ -9,7 +9,8 @@ machine has on the model's linear shapes at 1, 16 and 64 rows (the quantized pat
 in float32 and in the chosen dtype: a bfloat16 tile GEMM is 3x float32's on a Zen 5, so the
 int4 switch moves from 128 rows to 32 there), and the result is cached per
 CPU, torch version, thread count and shape set under ``<cache>/tuning/``. ``infer
-bench-kernels`` prints the table and the choices.
+build-kernels`` (``make setup``) measures the default model's shapes ahead, so that its
+first start reads them; ``infer bench-kernels`` prints the table and the choices.
 """
 
 import functools
@@ -19,6 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import structlog
 import torch
@@ -84,27 +86,54 @@ def linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     ]
 
 
-def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
-    """The cached tuning for these linear shapes ``(out, in)``, measured first if none."""
+def tuning_path(shapes: list[tuple[int, int]]) -> Path:
+    """Where the tuning of these shapes on this CPU, torch and thread count is cached."""
     key = json.dumps(
         [VERSION, cpu_name(), isa_flags(), torch.__version__, torch.get_num_threads(), shapes]
     )
     name = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = kernel_cache_dir().parent / "tuning" / f"{name}.json"
+    return kernel_cache_dir().parent / "tuning" / f"{name}.json"
+
+
+_read: dict[Path, Tuning] = {}  # this process's tunings by file: read (and logged) once
+
+
+def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
+    """The cached tuning for these linear shapes ``(out, in)``, measured first if none."""
+    path = tuning_path(shapes)
+    if not force and path in _read:
+        return _read[path]
     if not force and path.is_file():
         try:
             data = json.loads(path.read_text())
             data["shapes"] = [tuple(s) for s in data["shapes"]]
-            return Tuning(**data)
+            tuning = _read[path] = Tuning(**data)
         except (OSError, ValueError, TypeError):
             pass  # measured again below
-    log.info("measuring this CPU's kernel paths for the model's shapes, once", shapes=len(shapes))
-    tuning = measure(shapes)
+        else:
+            log.info(
+                "kernel paths read from this CPU's measurement",
+                dtype=tuning.dtype,
+                dense_from_rows=tuning.dense_from_rows,
+                cached=str(path),
+            )
+            return tuning
+    log.info(
+        "measuring this CPU's kernel paths for the model's shapes, once "
+        "(`infer build-kernels` does it ahead)",
+        shapes=len(shapes),
+    )
+    tuning = _read[path] = measure(shapes)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     scratch.write_text(json.dumps(asdict(tuning), indent=1))
     os.replace(scratch, path)
-    log.info("kernel paths chosen", dtype=tuning.dtype, dense_from_rows=tuning.dense_from_rows)
+    log.info(
+        "kernel paths chosen",
+        dtype=tuning.dtype,
+        dense_from_rows=tuning.dense_from_rows,
+        cached=str(path),
+    )
     return tuning
 
 
