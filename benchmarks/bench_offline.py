@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--result-json", type=Path, default=None)
     args = p.parse_args()
 
@@ -50,6 +51,7 @@ def main() -> None:
             max_seq_len=2 * args.max_len,
             max_batch_size=args.max_batch_size,
             max_waiting_requests=max(64, args.num_seqs),
+            enforce_eager=args.enforce_eager,
             max_num_batched_tokens=args.max_num_batched_tokens,
         ),
     )
@@ -81,6 +83,7 @@ def main() -> None:
         "seconds": round(elapsed, 2),
         "output_tok_s": round(output_tokens / elapsed, 1),
         "max_batch_size": args.max_batch_size,
+        "enforce_eager": args.enforce_eager,
         "max_num_batched_tokens": args.max_num_batched_tokens,
     }
     print(

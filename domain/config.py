@@ -39,6 +39,9 @@ class EngineConfig:
     kv_block_size: int = 16
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
+    # Every step runs eagerly (vLLM's --enforce-eager); by default a GPU runner replays
+    # decode-only steps as CUDA graphs captured at start-up.
+    enforce_eager: bool = False
 
     @property
     def capacity(self) -> int:

@@ -364,3 +364,98 @@ def test_real_weights_greedy_tokens_match_transformers_on_cuda(spec, package, pr
             assert agree >= 0.9 * len(expected), (agree, ours, expected)
         del reference, model
         torch.cuda.empty_cache()
+
+
+# --- Triton paged decode attention and CUDA-graph decode steps ---------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "lengths", "window"),
+    [
+        (16, 8, 128, [1, 17, 300, 33], 0),  # Qwen3-0.6B's heads
+        (32, 8, 64, [5, 64, 1000], 0),  # Llama-3.2-1B's
+        (9, 3, 64, [37, 1, 20], 0),  # SmolLM2's (a group of 3)
+        (4, 1, 256, [5, 300], 0),  # Gemma-3-270M's
+        (8, 8, 32, [40, 2, 9], 6),  # sliding window
+        (4, 1, 256, [700, 3], 512),  # Gemma's window
+    ],
+)
+def test_the_triton_paged_kernel_equals_attention_over_the_gathered_blocks(
+    dtype, heads, kv_heads, dim, lengths, window
+) -> None:
+    from adapters.torch.cuda.paged_attention import paged_decode_attention
+    from adapters.torch.models.paged_kv import block_tables, gather
+
+    torch.manual_seed(len(lengths) + dim)
+    size = 16
+    blocks = [-(-n // size) for n in lengths]
+    order = torch.randperm(sum(blocks) + 3).tolist()
+    tables, at = [], 0
+    for n in blocks:
+        tables.append(order[at : at + n])
+        at += n
+    k_pool, v_pool = torch.randn(2, len(order), kv_heads, size, dim, dtype=dtype, device=CUDA)
+    tables_t = block_tables(tables, CUDA)
+    lengths_t = torch.tensor(lengths, device=CUDA)
+    # q as the model gives it: a strided view of the fused projection
+    q = torch.randn(1, heads + kv_heads, len(lengths), dim, dtype=dtype, device=CUDA)
+    q = q[0, :heads].transpose(0, 1).unsqueeze(2)
+    got = paged_decode_attention(q, k_pool, v_pool, tables_t, lengths_t, window, 0.1)
+    k, v = gather(k_pool, tables_t, max(lengths)), gather(v_pool, tables_t, max(lengths))
+    expected = torch.empty(q.shape, dtype=torch.float32, device=CUDA)
+    for r, n in enumerate(lengths):
+        start = max(0, n - window) if window else 0
+        expected[r : r + 1] = torch.nn.functional.scaled_dot_product_attention(
+            q[r : r + 1].float(),
+            k[r : r + 1, :, start:n].float(),
+            v[r : r + 1, :, start:n].float(),
+            scale=0.1,
+            enable_gqa=True,
+        )
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_graph_decode_steps_equal_eager_steps_float32(folders, arch) -> None:
+    """Greedy tokens with decode steps replayed as CUDA graphs (rows padded to the captured
+    sizes, 5 running at most: sizes 1, 2, 4, 5) equal the eager engine's."""
+    model = load_model(folders[arch], dtype=torch.float32, device=CUDA)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
+    ]
+    runs = {}
+    for eager in (False, True):
+        config = EngineConfig(max_batch_size=5, max_seq_len=96, enforce_eager=eager)
+        runs[eager] = _run_engine(model, config, params)
+    assert runs[False] == runs[True]
+    runner = TorchModelRunner(model, EngineConfig(max_batch_size=5, max_seq_len=96))
+    assert runner.graphs is not None and sorted(runner.graphs.graphs) == [1, 2, 4, 5]
+    eager = TorchModelRunner(model, EngineConfig(max_batch_size=5, enforce_eager=True))
+    assert eager.graphs is None
+
+
+def test_the_engine_replays_decode_steps_and_samples_seeded_alike(folders) -> None:
+    """Seeded sampling and penalties run after the replayed forward: the same seed gives the
+    same tokens with and without graphs; the decode steps were replays."""
+    model = load_model(folders["qwen3"], dtype=torch.float32, device=CUDA)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=16, ignore_eos=True)
+        for i in range(4)
+    ]
+    runs, replays = {}, 0
+    for eager in (False, True):
+        config = EngineConfig(max_batch_size=4, max_seq_len=96, enforce_eager=eager)
+        runner = TorchModelRunner(model, config)
+        sink = ListSink()
+        engine = Engine(config, runner, TOKENIZER, sink)
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(f"r{i}", prompt, params[i])
+        while engine.has_work():
+            engine.step()
+        runs[eager] = [(o.request_id, o.token_id) for o in sink.outputs]  # type: ignore[attr-defined]
+        if runner.graphs is not None:
+            replays = runner.graphs.steps
+    assert runs[False] == runs[True]
+    assert replays >= 10

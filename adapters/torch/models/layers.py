@@ -337,6 +337,32 @@ class PagedBatch:
         self.positions = torch.tensor(token_positions, device=device)
         self.write_index = cache.write_index(torch.tensor(slots, device=device))
 
+    @classmethod
+    def decode_only(
+        cls,
+        cache: PagedKVCache,
+        positions: Tensor,
+        slots: Tensor,
+        tables: Tensor,
+        windows: dict[bool, int | None],
+    ) -> "PagedBatch":
+        """A step of decode rows alone, from device tensors (``positions``, ``slots``
+        ``[R]``, ``tables`` ``[R, max_blocks]``) and made of device ops only, so that it can
+        be built inside a CUDA-graph capture (the paged kernel reads ``tables`` and the
+        lengths; a gather would read ``max_blocks`` blocks)."""
+        batch = cls.__new__(cls)
+        batch.cache, batch.rows = cache, positions.shape[0]
+        lengths = positions + 1
+        kv_len = tables.shape[1] * cache.block_size
+        masks = {
+            s: AttnMask(None, False, lengths=lengths, window=w or 0) for s, w in windows.items()
+        }
+        batch.decode_masks = {s: m.paged(tables, kv_len, rows=True) for s, m in masks.items()}
+        batch.chunks, batch.chunk_masks = [], []
+        batch.positions = positions
+        batch.write_index = cache.write_index(slots)
+        return batch
+
     def view(self, sliding: bool) -> "PagedView":
         return PagedView(self, sliding)
 

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from adapters.torch.cpu.portable import install_paged_attention
+from adapters.torch.cuda import paged_attention as cuda_attention
+from adapters.torch.cuda.graphs import DecodeGraphs
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import Attention, PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
@@ -55,15 +57,32 @@ class TorchModelRunner:
         self.device = weight.device
         if self.device.type == "cpu":  # decode rows read the pool through their tables
             install_paged_attention(model)
+        elif self.device.type == "cuda":
+            cuda_attention.install_paged_attention(model)
         attention = [m for m in model.modules() if isinstance(m, Attention)]
+        paged = all(m.paged_attention_kernel is not None for m in attention)
+        # CUDA graphs of decode steps need the paged kernel (fixed shapes) and a scratch
+        # block beyond the scheduler's pool for their padding rows.
+        graphs = self.device.type == "cuda" and paged and not config.enforce_eager
         self.cache = PagedKVCache(
             model.config,
-            config.kv_blocks,
+            config.kv_blocks + graphs,
             config.kv_block_size,
             dtype=weight.dtype,
             device=weight.device,
             # a gather reads padding positions (masked, but NaN * 0 is NaN): zeros then
-            zeroed=not all(m.paged_attention_kernel is not None for m in attention),
+            zeroed=not paged,
+        )
+        self.graphs = (
+            DecodeGraphs(
+                model,
+                self.cache,
+                config.max_batch_size,
+                config.blocks_per_sequence,
+                config.kv_blocks,
+            )
+            if graphs
+            else None
         )
         self.generators: dict[str, torch.Generator | None] = {}
         if grammar is not None and grammar.vocab_size != model.config.vocab_size:
@@ -148,6 +167,10 @@ class TorchModelRunner:
             targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
             k = chunk.request.sampling_params.prompt_top_logprobs
             spans.append((chunk.request.request_id, count, k))
+        if self._replays(singles, prompts, sampled, scored, token_adapters):
+            assert self.graphs is not None
+            tables, positions = [t for t, _ in rows_in], [p for _, p in rows_in]
+            return self.graphs.forward(tokens, tables, positions), ({}, {})
         batch = PagedBatch(self.cache, rows_in, chunks, self.model.windows(), self.device)
         with self._routed(token_adapters, [token_adapters[r] for r in rows]):
             logits = self.model.forward_mixed(
@@ -159,6 +182,26 @@ class TorchModelRunner:
             return logits, ({}, {})
         scores = _prompt_logprobs(logits[len(sampled) :], targets, spans)
         return logits[: len(sampled)], scores
+
+    def _replays(
+        self,
+        singles: list[ScheduledChunk],
+        prompts: list[ScheduledChunk],
+        sampled: list[ScheduledChunk],
+        scored: list[ScheduledChunk],
+        token_adapters: list[str | None],
+    ) -> bool:
+        """The step runs as a CUDA graph: decode rows alone, each sampled (so the logits'
+        rows are the rows'), on the base model, within the captured sizes."""
+        graphs = self.graphs
+        return (
+            graphs is not None
+            and not prompts
+            and not scored
+            and len(sampled) == len(singles)
+            and graphs.covers(len(singles))
+            and not any(token_adapters)
+        )
 
     def _routed(
         self, token_adapters: list[str | None], row_adapters: list[str | None]
