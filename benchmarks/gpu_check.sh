@@ -9,8 +9,12 @@
 # PyPI; WHEEL_DIR "none" installs nothing (done already). Then runs, each step logged to OUT_DIR (default gpu-results):
 #   tests    the gpu-marked tests (tests/gpu: parity, engine, LoRA, real weights)
 #   e2e      the end-to-end openai-SDK and tinker-SDK tests against `infer serve --device cuda`
-#   offline  nano-vllm's offline workload (256 seqs, 100-1,024 in/out) on dummy:Qwen3-0.6B
-#            and dummy:Llama-3.2-1B
+#   decode   bench_decode_step.py: TPOT at 1/16/64/256 rows and kernels per step, CUDA
+#            graphs (the default) beside --enforce-eager, on dummy:Qwen3-0.6B and
+#            dummy:Llama-3.2-1B
+#   offline  nano-vllm's offline workload (256 seqs, 100-1,024 in/out; GPU_CHECK_OFFLINE_ARGS
+#            adds flags, e.g. "--num-seqs 64 --max-len 256") on dummy:Qwen3-0.6B and
+#            dummy:Llama-3.2-1B, graphs and eager
 #   serving  bench_serving.py sweep 1/16/64/256 streams on SmolLM2 and dummy:Llama-3.2-1B
 #   sft      the Tinker SFT benchmark on the GPU beside transformers + PEFT
 # GPU_CHECK_STEPS picks steps (default: all, in that order); GPU_CHECK_STEP_TIMEOUT bounds
@@ -22,7 +26,7 @@ cd "$(dirname "$0")/.."
 WHEELS=${1:-.whl}
 OUT=${2:-gpu-results}
 PY=${PYTHON:-python3}
-STEPS=${GPU_CHECK_STEPS:-tests e2e offline serving sft}
+STEPS=${GPU_CHECK_STEPS:-tests e2e decode offline serving sft}
 STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-1800}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TINKER_TELEMETRY=0 HF_HUB_OFFLINE=1
@@ -69,10 +73,22 @@ for s in $STEPS; do
     e2e)
         step e2e env INFER_TEST_DEVICE=cuda $PY -m pytest -q tests/e2e -p no:cacheprovider
         ;;
+    decode)
+        for m in Qwen3-0.6B Llama-3.2-1B; do
+            step "decode-$m" $PY benchmarks/bench_decode_step.py --model "dummy:$m" \
+                --device cuda --profile --result-json "$OUT/decode-$m.json"
+            step "decode-$m-eager" $PY benchmarks/bench_decode_step.py --model "dummy:$m" \
+                --device cuda --profile --enforce-eager --result-json "$OUT/decode-$m-eager.json"
+        done
+        ;;
     offline)
         for m in Qwen3-0.6B Llama-3.2-1B; do
+            # shellcheck disable=SC2086  # GPU_CHECK_OFFLINE_ARGS: several flags
             step "offline-$m" $PY benchmarks/bench_offline.py --model "dummy:$m" --device cuda \
-                --result-json "$OUT/offline-$m.json"
+                ${GPU_CHECK_OFFLINE_ARGS:-} --result-json "$OUT/offline-$m.json"
+            step "offline-$m-eager" $PY benchmarks/bench_offline.py --model "dummy:$m" \
+                --device cuda ${GPU_CHECK_OFFLINE_ARGS:-} --enforce-eager \
+                --result-json "$OUT/offline-$m-eager.json"
         done
         ;;
     serving)

@@ -72,8 +72,9 @@ class DecodeGraphs:
         if capture:
             self._capture()
 
-    def covers(self, rows: int) -> bool:
-        return 0 < rows <= self.max_rows
+    def covers(self, tables: list[list[int]]) -> bool:
+        """A step of these rows' block tables fits the captured buffers."""
+        return 0 < len(tables) <= self.max_rows and max(map(len, tables)) <= self.max_blocks
 
     def forward(self, tokens: list[int], tables: list[list[int]], positions: list[int]) -> Tensor:
         """Logits ``[R, vocab]`` of ``R`` decode rows (each row's next token at its

@@ -167,9 +167,10 @@ class TorchModelRunner:
             targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
             k = chunk.request.sampling_params.prompt_top_logprobs
             spans.append((chunk.request.request_id, count, k))
-        if self._replays(singles, prompts, sampled, scored, token_adapters):
+        tables = [t for t, _ in rows_in]
+        if self._replays(tables, prompts, sampled, scored, token_adapters):
             assert self.graphs is not None
-            tables, positions = [t for t, _ in rows_in], [p for _, p in rows_in]
+            positions = [p for _, p in rows_in]
             return self.graphs.forward(tokens, tables, positions), ({}, {})
         batch = PagedBatch(self.cache, rows_in, chunks, self.model.windows(), self.device)
         with self._routed(token_adapters, [token_adapters[r] for r in rows]):
@@ -185,7 +186,7 @@ class TorchModelRunner:
 
     def _replays(
         self,
-        singles: list[ScheduledChunk],
+        tables: list[list[int]],
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
         scored: list[ScheduledChunk],
@@ -198,8 +199,8 @@ class TorchModelRunner:
             graphs is not None
             and not prompts
             and not scored
-            and len(sampled) == len(singles)
-            and graphs.covers(len(singles))
+            and len(sampled) == len(tables)
+            and graphs.covers(tables)
             and not any(token_adapters)
         )
 
