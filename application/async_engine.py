@@ -149,13 +149,13 @@ class AsyncEngine:
         return self._task is not None and not self._task.done()
 
     def check_params(self, params: SamplingParams) -> None:
-        self.engine.check_params(params)
+        self.engine.checks.check_params(params)
 
     def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None:
-        self.engine.check_prompt_size(texts, param)
+        self.engine.checks.check_prompt_size(texts, param)
 
     def check_room(self, count: int, n: int = 1) -> None:
-        self.engine.check_room(count, n)
+        self.engine.checks.check_room(count, n)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each token decoded alone, special tokens included (logprobs' token strings)."""
@@ -176,7 +176,7 @@ class AsyncEngine:
 
     async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """``text``'s token ids (off the event loop), after the prompt-size limit."""
-        self.engine.check_prompt_size([text])
+        self.engine.checks.check_prompt_size([text])
         tokenizer = self.engine.tokenizer
         return await self._off_loop(
             lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -184,7 +184,7 @@ class AsyncEngine:
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids`` (ids outside the vocabulary: InvalidParameterError)."""
-        vocab = self.engine.vocab_size
+        vocab = self.engine.checks.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidParameterError(
@@ -194,8 +194,8 @@ class AsyncEngine:
         return await self._off_loop(lambda: tokenizer.decode(token_ids, skip_special_tokens=False))
 
     async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """``Engine.prepare`` (tokenize and validate) off the event loop."""
-        return await self._off_loop(lambda: self.engine.prepare(prompt, params))
+        """``RequestChecks.prepare`` (tokenize and validate) off the event loop."""
+        return await self._off_loop(lambda: self.engine.checks.prepare(prompt, params))
 
     def group(self, context: RequestContext = NO_CONTEXT) -> "RequestGroup":
         """A new group of requests owned by one caller (see :class:`RequestGroup`), queued

@@ -7,18 +7,13 @@ which hands stop-string hits back to the scheduler.
 """
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
 from application.output import OutputProcessor
+from application.request_checks import RequestChecks
 from domain.config import EngineConfig
-from domain.errors import (
-    EmptyPromptError,
-    InvalidParameterError,
-    PromptTooLongError,
-    QueueFullError,
-)
 from domain.observer import (
     NullObserver,
     RequestStart,
@@ -28,7 +23,7 @@ from domain.observer import (
     StepRow,
     StepStats,
 )
-from domain.ports import STRUCTURED_PARAM, GrammarCompiler, ModelRunner, OutputSink, Tokenizer
+from domain.ports import GrammarCompiler, ModelRunner, OutputSink, Tokenizer
 from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
@@ -52,115 +47,37 @@ class Engine:
         observer: StepObserver | None = None,
         grammar: GrammarCompiler | None = None,
     ) -> None:
-        """``vocab_size``: the model's, when it differs from the tokenizer's (token-id
-        prompts are checked against it: an id past the embedding would fail the whole step).
+        """``clock``: what requests and steps are timed on, and the static policy's batch
+        wait (tests pass ``tests.fakes.ManualClock``); the step loop reads no other.
         ``observer``: receives every step's :class:`StepStats` (metrics, tracing).
-        ``grammar``: checks structured-output constraints (None: they are refused)."""
+        ``vocab_size`` and ``grammar``: the request checks' (:class:`RequestChecks`)."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
         self.sink = sink
-        self.scheduler = scheduler or make_scheduler(config, tokenizer.eos_token_ids)
         self.clock = clock
+        self.scheduler = scheduler or make_scheduler(config, tokenizer.eos_token_ids, clock)
+        self.checks = RequestChecks(
+            config, tokenizer, room=self.scheduler.room, vocab_size=vocab_size, grammar=grammar
+        )
         self.observer: StepObserver = observer or NullObserver()
         self.output = OutputProcessor(tokenizer)
-        self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
-        self.grammar = grammar
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
         self._prefix_counts = (0, 0)  # the scheduler's cumulative prefix counters, last seen
 
-    def check_params(self, params: SamplingParams) -> None:
-        """The server's limits on ``stop`` and ``stop_token_ids`` (a 400 naming the field)."""
-        limit = self.config.max_stop_strings
-        for name, values in (("stop", params.stop), ("stop_token_ids", params.stop_token_ids)):
-            if len(values) > limit:
-                raise InvalidParameterError(name, f"{len(values)} entries, more than {limit}")
-        size = sum(map(_utf8_size, params.stop))
-        if size > self.config.max_stop_bytes:
-            raise InvalidParameterError(
-                "stop", f"{size} bytes in all, more than {self.config.max_stop_bytes}"
-            )
-
-    def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None:
-        """``texts`` (one prompt, or a chat's messages) are at most ``max_prompt_bytes`` of
-        UTF-8 together: checked before tokenizing, which costs time in proportion."""
-        limit, size = self.config.max_prompt_bytes, 0
-        for text in texts:
-            size += len(text) if len(text) > limit else _utf8_size(text)
-            if size > limit:
-                raise InvalidParameterError(param, f"larger than the limit of {limit} bytes")
-
-    def check_room(self, count: int, n: int = 1) -> None:
-        """``count`` prompts of ``n`` choices each can be queued together now:
-        ``InvalidParameterError`` when they never can (beyond ``max_prompts_per_request``,
-        ``max_n`` or the engine's capacity), ``QueueFullError`` when not now. Cheap:
-        callers check before tokenizing."""
-        if not 1 <= n <= self.config.max_n:
-            raise InvalidParameterError("n", f"must be in [1, {self.config.max_n}]")
-        limit = min(self.config.max_prompts_per_request, self.config.capacity)
-        if count > limit:
-            raise InvalidParameterError(
-                "prompt", f"{count} prompts in one request; at most {limit} fit"
-            )
-        if count * n > self.config.capacity:
-            raise InvalidParameterError(
-                "n", f"{count * n} choices in one request; at most {self.config.capacity} fit"
-            )
-        count *= n
-        if count > self.scheduler.room():
-            raise QueueFullError(
-                f"the engine is full ({self.config.max_batch_size} running and "
-                f"{self.config.max_waiting_requests} waiting at most); retry later"
-            )
+    @property
+    def vocab_size(self) -> int:
+        return self.checks.vocab_size
 
     def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """The prompt's token ids, validated (empty, too large, out-of-vocabulary ids, too
-        long for ``max_seq_len`` with ``params``, the server's limits on ``params``): what
-        :meth:`add_request` checks, queueing nothing. Touches no engine state, so it may
-        run on another thread than the step loop."""
-        if not prompt:  # checked before tokenizing: a BOS token would hide an empty string
-            raise EmptyPromptError()
-        self.check_params(params)
-        if isinstance(prompt, str):
-            self.check_prompt_size([prompt])
-            prompt_ids = self.tokenizer.encode(prompt)
-        else:
-            prompt_ids = list(prompt)
-        if len(prompt_ids) + params.max_tokens > self.config.max_seq_len:
-            raise PromptTooLongError(len(prompt_ids), params.max_tokens, self.config.max_seq_len)
-        bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidParameterError(
-                "prompt", f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
-            )
-        self.check_token_ids(params)
-        self.check_structured(params)
-        return prompt_ids
+        """:meth:`RequestChecks.prepare`: the prompt's token ids, validated, nothing queued."""
+        return self.checks.prepare(prompt, params)
 
-    def check_token_ids(self, params: SamplingParams) -> None:
-        """Token ids in ``logit_bias`` / ``allowed_token_ids`` are in the model's vocabulary."""
-        for name, ids in (
-            ("logit_bias", [t for t, _ in params.logit_bias]),
-            ("allowed_token_ids", params.allowed_token_ids or ()),
-        ):
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise InvalidParameterError(
-                    name, f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
-                )
-
-    def check_structured(self, params: SamplingParams) -> None:
-        """A structured-output constraint compiles for this model (may take milliseconds:
-        call it off the event loop, as ``prepare`` is)."""
-        if params.structured is None:
-            return
-        if self.grammar is None:
-            raise InvalidParameterError(
-                STRUCTURED_PARAM, "structured outputs are not available on this server"
-            )
-        self.grammar.check(params.structured)
+    def check_room(self, count: int, n: int = 1) -> None:
+        """:meth:`RequestChecks.check_room`: room for ``count`` prompts of ``n`` choices."""
+        self.checks.check_room(count, n)
 
     def add_request(
         self,
@@ -197,7 +114,7 @@ class Engine:
         i at ``i * n + j`` with ``params.for_choice(j)``. A prompt's choices share one
         prefill (:attr:`Request.prefill_source_id`), unless they ask for prompt logprobs."""
         assert len(request_ids) == len(prompts) * n, "n request ids per prompt"
-        self.check_room(len(prompts), n)
+        self.checks.check_room(len(prompts), n)
         now = self.clock()
         requests = []
         share = n > 1 and not params.prompt_logprobs
@@ -347,7 +264,3 @@ def _request_stats(request: Request, now: float) -> RequestStats:
         request.context,
         request.num_preemptions,
     )
-
-
-def _utf8_size(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))

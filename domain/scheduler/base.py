@@ -1,0 +1,157 @@
+"""The scheduler interface and what every policy shares: a bounded waiting queue, the KV
+block manager, and applying the runner's output (token stops decided here, once)."""
+
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Protocol
+
+from domain.config import EngineConfig
+from domain.kv_blocks import BlockManager
+from domain.request import Request, is_stop_token, token_finish_reason
+from domain.scheduler.outputs import (
+    KVStats,
+    RunnerOutput,
+    SampledToken,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+
+
+class Scheduler(Protocol):
+    def room(self) -> int:
+        """Requests that can be added now: capacity (running + waiting) minus those held."""
+        ...
+
+    def add_request(self, request: Request) -> bool: ...
+    def schedule(self) -> SchedulerOutput: ...
+    def update_from_output(
+        self, output: SchedulerOutput, result: RunnerOutput
+    ) -> list[SampledToken]: ...
+    def finish_requests(self, request_ids: Iterable[str], reason: str) -> list[Request]:
+        """End requests not done yet (``abort``, or ``stop`` for a stop string the output
+        stage found); waiting ones leave the queue, running ones free their slot at the
+        next ``schedule``. Returns those ended."""
+        ...
+
+    def abort(self, request_id: str) -> Request | None: ...
+    def has_work(self) -> bool: ...
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting): requests holding a batch slot, requests queued for one."""
+        ...
+
+    def kv_stats(self) -> KVStats: ...
+
+
+class WaitingQueue(Protocol):
+    """The waiting requests, however a policy orders them."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Request]: ...
+    def append(self, request: Request) -> None: ...
+    def remove(self, request: Request) -> None: ...
+
+
+class QueueingScheduler:
+    """What every policy shares: a bounded waiting queue and output application.
+
+    The bound is the engine's capacity, ``max_batch_size`` running plus
+    ``max_waiting_requests`` waiting: a request may wait while a running slot is free
+    (until the next step admits it), so a burst fills the free slots as well.
+    """
+
+    waiting: WaitingQueue
+
+    def __init__(
+        self, config: EngineConfig, eos_token_ids: Iterable[int], *, prefix_caching: bool
+    ) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.blocks = BlockManager(
+            config.kv_blocks, config.kv_block_size, enable_caching=prefix_caching
+        )
+
+    def kv_stats(self) -> KVStats:
+        blocks = self.blocks
+        return KVStats(blocks.usage, blocks.prefix_queried_tokens, blocks.prefix_hit_tokens)
+
+    def _table(self, chunk: ScheduledChunk) -> ScheduledChunk:
+        """``chunk`` with its request's block table (the blocks its positions need)."""
+        table = self.blocks.block_table(chunk.request.request_id)
+        needed = self.blocks.num_blocks_for(chunk.start + chunk.num_tokens)
+        return replace(chunk, block_table=tuple(table[:needed]))
+
+    def room(self) -> int:
+        return self.config.capacity - len(self.waiting) - self._num_live()
+
+    def _num_live(self) -> int:
+        """Requests admitted to the batch and not done."""
+        raise NotImplementedError
+
+    def add_request(self, request: Request) -> bool:
+        """Queue ``request``; False when the engine is full (the caller answers 503)."""
+        if self.room() < 1:
+            return False
+        self.waiting.append(request)
+        return True
+
+    def update_from_output(
+        self, output: SchedulerOutput, result: RunnerOutput
+    ) -> list[SampledToken]:
+        """Advance every scheduled request; returns the tokens sampled this step."""
+        sampled = []
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.is_done:  # aborted or failed while the step ran
+                continue
+            request.num_computed_tokens = chunk.start + chunk.num_tokens
+            # The chunk's prompt logprobs are those of positions start + 1 ..; a recomputed
+            # chunk (after a preemption) has its first ones already.
+            known = max(0, len(request.prompt_logprobs) - chunk.start)
+            request.prompt_logprobs.extend(
+                result.prompt_logprobs.get(request.request_id, [])[known:]
+            )
+            known = max(0, len(request.prompt_top_logprobs) - chunk.start)
+            request.prompt_top_logprobs.extend(
+                result.prompt_top_logprobs.get(request.request_id, [])[known:]
+            )
+            token = result.sampled_token_ids.get(request.request_id)
+            if chunk.samples and token is not None:
+                sampled.append(self._append(request, token))
+        return sampled
+
+    def _append(self, request: Request, token: int) -> SampledToken:
+        request.generated_token_ids.append(token)
+        params, eos = request.sampling_params, self.eos_token_ids
+        reason = token_finish_reason(params, eos, token, len(request.generated_token_ids))
+        if reason is None:
+            return SampledToken(request, token, None, False)
+        request.finish(reason)
+        return SampledToken(request, token, reason, is_stop_token(params, eos, token))
+
+    def finish_requests(self, request_ids: Iterable[str], reason: str) -> list[Request]:
+        ended = []
+        for request_id in request_ids:
+            request = self._remove_waiting(request_id) or self._live(request_id)
+            if request is not None and not request.is_done:
+                request.finish(reason)
+                ended.append(request)
+        return ended
+
+    def abort(self, request_id: str) -> Request | None:
+        """Drop a waiting request, or finish a running one (its slot frees next step)."""
+        ended = self.finish_requests([request_id], "abort")
+        return ended[0] if ended else None
+
+    def counts(self) -> tuple[int, int]:
+        return self._num_live(), len(self.waiting)
+
+    def _live(self, request_id: str) -> Request | None:
+        """The admitted request with this id (done or not)."""
+        raise NotImplementedError
+
+    def _remove_waiting(self, request_id: str) -> Request | None:
+        for request in self.waiting:
+            if request.request_id == request_id:
+                self.waiting.remove(request)
+                return request
+        return None
