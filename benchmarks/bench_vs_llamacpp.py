@@ -303,6 +303,8 @@ async def bench_levels(
 
 
 def our_flags(args: argparse.Namespace, quantization: str) -> list[str]:
+    if args.defaults:  # `infer serve` as a user starts it: the model alone (when not ours)
+        return [*(("--model", args.model) if args.model_given else ()), *args.server_arg]
     max_seqs = max(args.concurrency)
     return [
         *("--model", args.model, "--quantization", quantization, "--dtype", args.dtype),
@@ -314,7 +316,10 @@ def our_flags(args: argparse.Namespace, quantization: str) -> list[str]:
 
 
 def their_flags(args: argparse.Namespace) -> list[str]:
-    """``--interrupt_requests false``: by default a new request ends the running stream early."""
+    """``--interrupt_requests false``: by default a new request ends the running stream early
+    (kept with ``--defaults``: the forced output lengths need it; nothing else is set)."""
+    if args.defaults:
+        return ["--model", args.model, "--interrupt_requests", "false"]
     return [
         *("--model", args.model, "--n_ctx", str(args.n_ctx)),
         *("--n_threads", str(args.n_threads), "--interrupt_requests", "false"),
@@ -377,7 +382,8 @@ def header(args: argparse.Namespace, eog: list[int]) -> str:
         [
             "# bench_vs_llamacpp\n",
             bs.machine_line(),
-            f"CPU: {cpu_model(cpuinfo)}; ISA: {flags}; {THEIRS} threads: {args.n_threads}",
+            f"CPU: {cpu_model(cpuinfo)}; ISA: {flags}; {THEIRS} threads: "
+            + ("its default" if args.defaults else str(args.n_threads)),
             f"model: {args.model}",
             f"prompts: {args.prompt_words} random words each (seed {args.seed}); output "
             f"{args.output_len} tokens forced; greedy; streamed /v1/completions",
@@ -506,8 +512,18 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         help="repeat every server this many times, alternating which side goes first; "
         "prints each round's table and the median of the per-round decode ratios",
     )
+    p.add_argument(
+        "--defaults",
+        action="store_true",
+        help="both servers with their default flags: `infer serve` (plus --model when given) "
+        "and llama.cpp's --model (plus --interrupt_requests false); one run of ours, "
+        "labelled 'default'",
+    )
     args = p.parse_args(argv)
+    args.model_given = args.model is not None
     args.model = args.model or default_model()
+    if args.defaults:
+        args.ours = ["default"]
     if args.their_concurrency is None:
         args.their_concurrency = args.concurrency
     if args.n_ctx is None:  # a word is at most ~4 tokens here; the KV cache is small

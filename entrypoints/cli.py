@@ -16,7 +16,15 @@ from dependency_injector import providers
 
 from adapters.observability.logging import LEVELS, configure_logging
 from adapters.torch.cpu.threads import set_threads
-from adapters.torch.kv_sizing import KVCacheMemory, parse_kv_cache_memory
+from adapters.torch.kv_sizing import (
+    AUTO,
+    CPU_AUTO_CAP,
+    CPU_AUTO_FRACTION,
+    CUDA_AUTO_FRACTION,
+    KVCacheMemory,
+    human_size,
+    parse_kv_cache_memory,
+)
 from application.async_engine import AsyncEngine
 from application.keys import hash_key, new_key
 from application.request_ids import new_request_id
@@ -43,6 +51,11 @@ DESCRIPTION = (
     "OpenAI-compatible API, /v1/generate and the Tinker fine-tuning API; 'infer generate' "
     "writes one prompt's text to stdout."
 )
+
+
+# ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
+# default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
+MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,9 +178,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max-batch-size",
         "--max-num-seqs",
         type=int,
-        default=8,
-        help="running requests at most (without --kv-cache-memory or --num-kv-blocks, the "
-        "KV cache holds this many at --max-seq-len)",
+        default=None,
+        help=f"running requests at most (default: {MAX_NUM_SEQS['cpu']} on a CPU, "
+        f"{MAX_NUM_SEQS['cuda']} on a GPU)",
     )
     serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
     serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
@@ -186,11 +199,12 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-cache-memory",
         type=_kv_cache_memory,
         default=None,
-        metavar="SIZE|FRACTION",
+        metavar="SIZE|FRACTION|auto",
         help="KV cache budget: a size (512MiB, 4GiB, 2GB, bytes) or a fraction in (0, 1] "
         "(CUDA: of the device's memory, the model's share included, as vLLM's "
         "--gpu-memory-utilization; CPU: of the memory available now); the KV blocks fill it "
-        "(default: blocks for --max-num-seqs requests at --max-seq-len)",
+        f"(default auto: {CUDA_AUTO_FRACTION:g} on CUDA; on a CPU {CPU_AUTO_FRACTION:g} of "
+        f"the memory available, at most {human_size(CPU_AUTO_CAP)})",
     )
     kv_pool.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (instead)"
@@ -475,6 +489,13 @@ def _serve(args: argparse.Namespace) -> int:
                 "model", f"given twice: {args.model_tag!r} and --model {args.model!r}"
             )
         args.model = args.model_tag
+    if args.max_batch_size is None:  # vLLM's default on a GPU; what a CPU serves well
+        from entrypoints.container import default_device
+
+        device = args.device or default_device()
+        args.max_batch_size = MAX_NUM_SEQS["cuda" if device.startswith("cuda") else "cpu"]
+    if args.kv_cache_memory is None and args.num_kv_blocks is None:
+        args.kv_cache_memory = AUTO
 
     config = EngineConfig(
         max_seq_len=args.max_seq_len,
@@ -555,8 +576,10 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _kv_cache_memory(text: str) -> KVCacheMemory:
+def _kv_cache_memory(text: str) -> KVCacheMemory | str:
     """``--kv-cache-memory``'s value; argparse names the flag in its error."""
+    if text.strip().lower() == AUTO:
+        return AUTO
     try:
         return parse_kv_cache_memory(text)
     except ValueError as e:

@@ -32,7 +32,16 @@ from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.rate_limits import LimitsCounters
 from adapters.torch.cpu.tuning import linear_shapes, tuned
 from adapters.torch.embedder import TorchEmbedder
-from adapters.torch.kv_sizing import MIB, KVCacheMemory, size_kv_cache
+from adapters.torch.kv_sizing import (
+    AUTO,
+    CPU_AUTO_CAP,
+    CPU_AUTO_FRACTION,
+    CUDA_AUTO_FRACTION,
+    MIB,
+    KVCacheMemory,
+    human_size,
+    size_kv_cache,
+)
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
@@ -147,22 +156,34 @@ def choose_quantization(
 
 
 def build_engine_config(
-    settings: EngineConfig, model: Transformer, memory: KVCacheMemory | None
+    settings: EngineConfig, model: Transformer, memory: KVCacheMemory | str | None
 ) -> EngineConfig:
     """The torch runner's engine configuration: ``settings`` with as many KV blocks as
-    ``memory`` holds on the model's device in its dtype (None: ``settings``' blocks); logs
-    the pool once."""
+    ``memory`` (a budget, or ``auto``) holds on the model's device in its dtype (None:
+    ``settings``' blocks); logs the pool and the concurrency once."""
     weight = model.embed_tokens.weight
     sizing = size_kv_cache(settings, model.config, weight.dtype, memory, weight.device)
     config = sizing.config
+    if memory == AUTO:
+        on_cuda = weight.device.type == "cuda"
+        sized_by = (
+            f"auto ({CUDA_AUTO_FRACTION:g} of the device's memory, the weights included)"
+            if on_cuda
+            else f"auto ({CPU_AUTO_FRACTION:g} of the memory available, at most "
+            f"{human_size(CPU_AUTO_CAP)})"
+        )
+    else:
+        sized_by = str(memory) if memory is not None else "max_num_seqs"
     log.info(
         "KV cache",
         blocks=sizing.num_blocks,
         block_size=config.kv_block_size,
+        tokens=sizing.num_blocks * config.kv_block_size,
         memory_mib=round(sizing.memory_bytes / MIB, 1),
+        max_num_seqs=config.max_batch_size,
         tokens_per_request=config.max_seq_len,
         max_concurrency=sizing.max_concurrency,
-        sized_by=str(memory) if memory is not None else "max_num_seqs",
+        sized_by=sized_by,
     )
     return config
 
@@ -631,7 +652,7 @@ def create_container(
     embedding_model: str | None = None,
     embedding_limits: EmbeddingLimits | None = None,
     tool_call_parser: str = "auto",
-    kv_cache_memory: KVCacheMemory | None = None,
+    kv_cache_memory: KVCacheMemory | str | None = None,
     quantization: str | None = None,
 ) -> Container:
     """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the

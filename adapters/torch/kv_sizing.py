@@ -180,24 +180,47 @@ class KVSizing:
         return self.num_blocks // self.config.blocks_per_sequence
 
 
+# ``--kv-cache-memory auto`` (infer serve's default): vLLM's --gpu-memory-utilization default
+# on CUDA; on a CPU a quarter of the memory available at start-up, at most vLLM's CPU KV
+# space default (VLLM_CPU_KVCACHE_SPACE, 4 GiB). On a CPU the pool's pages become resident
+# only as blocks are first written.
+AUTO = "auto"
+CUDA_AUTO_FRACTION = 0.9
+CPU_AUTO_FRACTION = 0.25
+CPU_AUTO_CAP = 4 << 30
+
+
+def auto_kv_cache_memory(device: torch.device, measured: DeviceMemory) -> KVCacheMemory:
+    """The budget ``auto`` stands for on ``device`` (its memory as ``measured``)."""
+    if device.type == "cuda":
+        return KVCacheMemory(fraction=CUDA_AUTO_FRACTION)
+    return KVCacheMemory(
+        nbytes=max(1, min(int(CPU_AUTO_FRACTION * measured.available), CPU_AUTO_CAP))
+    )
+
+
 def size_kv_cache(
     engine: EngineConfig,
     model: ModelConfig,
     dtype: torch.dtype,
-    memory: KVCacheMemory | None = None,
+    memory: KVCacheMemory | str | None = None,
     device: torch.device | str = "cpu",
     measured: DeviceMemory | None = None,
 ) -> KVSizing:
-    """``engine`` with ``num_kv_blocks`` as many blocks as ``memory`` holds on ``device``
-    (its memory as ``measured``, else measured now); without ``memory``, ``engine`` as it
-    is. Too small a budget for one request of ``max_seq_len`` positions: an
-    :class:`InvalidParameterError` naming ``kv_cache_memory`` and the minimum."""
+    """``engine`` with ``num_kv_blocks`` as many blocks as ``memory`` (or :data:`AUTO`)
+    holds on ``device`` (its memory as ``measured``, else measured now); without
+    ``memory``, ``engine`` as it is. Too small a budget for one request of ``max_seq_len``
+    positions: an :class:`InvalidParameterError` naming ``kv_cache_memory`` and the minimum."""
     per_block = bytes_per_block(model, engine.kv_block_size, dtype)
     if memory is None:
         return KVSizing(engine, per_block)
     if engine.num_kv_blocks is not None:
         raise InvalidParameterError("kv_cache_memory", "give it or num_kv_blocks, not both")
-    budget = kv_budget(memory, measured or device_memory(torch.device(device)))
+    measured = measured or device_memory(torch.device(device))
+    if memory == AUTO:
+        memory = auto_kv_cache_memory(torch.device(device), measured)
+    assert isinstance(memory, KVCacheMemory)
+    budget = kv_budget(memory, measured)
     blocks = budget // per_block
     needed = engine.blocks_per_sequence
     if blocks < needed:

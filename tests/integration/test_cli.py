@@ -206,9 +206,15 @@ def test_serve_maps_the_kv_pool_flags(monkeypatch) -> None:
         raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
 
     monkeypatch.setattr(cli, "create_container", fake_create_container)
-    assert main(["serve"]) == 2  # the defaults: today's pool
-    assert (seen["memory"], seen["engine"].num_kv_blocks) == (None, None)
+    assert main(["serve", "--device", "cpu"]) == 2  # the defaults: sized from memory
+    assert (seen["memory"], seen["engine"].num_kv_blocks) == ("auto", None)
     assert seen["engine"].kv_block_size == 16
+    assert seen["engine"].max_batch_size == cli.MAX_NUM_SEQS["cpu"] == 64
+    assert main(["serve", "--device", "cuda", "--kv-cache-memory", "auto"]) == 2
+    assert seen["memory"] == "auto" and seen["engine"].max_batch_size == 256
+    assert main(["serve", "--num-kv-blocks", "4096", "--max-num-seqs", "8"]) == 2
+    assert (seen["memory"], seen["engine"].num_kv_blocks) == (None, 4096)
+    assert seen["engine"].max_batch_size == 8
     assert main(["serve", "--kv-cache-memory", "0.9", "--kv-block-size", "32"]) == 2
     assert seen["memory"] == KVCacheMemory(fraction=0.9) and seen["engine"].kv_block_size == 32
     assert main(["serve", "--num-kv-blocks", "1000", "--max-seq-len", "256"]) == 2

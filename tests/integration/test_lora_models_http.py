@@ -30,7 +30,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 BASE = "tiny"
 TEXT = "hello!!!!!!!"  # what the adapters learn: after "hello", "!" and more "!"
 PROMPT, CONTINUATION = TEXT[:5], TEXT[5:]
-STEPS = 20
+STEPS = 40
 
 
 @pytest.fixture(scope="module")

@@ -148,3 +148,18 @@ def test_a_budget_short_of_one_request_fails_saying_the_minimum() -> None:
     assert "max_seq_len = 64 positions needs 4 blocks: 16.0 KiB at least" in str(caught.value)
     exact = KVCacheMemory(nbytes=4 * TINY_BLOCK)
     assert size_kv_cache(engine, TINY, torch.bfloat16, exact, "cpu", device).num_blocks == 4
+
+
+def test_auto_is_a_quarter_of_the_cpu_memory_at_most_4_gib_and_vllms_0_9_on_cuda() -> None:
+    engine = EngineConfig(max_seq_len=64, max_batch_size=2)
+    small = DeviceMemory(total=400_000, used=0, available=400_000)
+    sizing = size_kv_cache(engine, TINY, torch.bfloat16, "auto", "cpu", small)
+    assert sizing.num_blocks == 100_000 // TINY_BLOCK  # a quarter of what is available
+    assert sizing.config.max_batch_size == 2  # only caps running requests
+    large = DeviceMemory(total=64 << 30, used=0, available=64 << 30)
+    assert size_kv_cache(engine, TINY, torch.bfloat16, "auto", "cpu", large).memory_bytes == (
+        4 << 30
+    )
+    gpu = DeviceMemory(total=1000 * MIB, used=300 * MIB, available=700 * MIB)
+    sizing = size_kv_cache(engine, TINY, torch.bfloat16, "auto", torch.device("cuda"), gpu)
+    assert sizing.num_blocks == 600 * MIB // TINY_BLOCK
