@@ -1,4 +1,4 @@
-"""Idempotency keys (seed 001 §11): a POST repeated with the same ``Idempotency-Key`` and
+"""Idempotency keys: a POST repeated with the same ``Idempotency-Key`` and
 the same body within the retention gets the stored reply without running again.
 
 A key is scoped to the caller (a hash of its API key) and bound to a fingerprint of the

@@ -1,4 +1,4 @@
-"""The models the OpenAI faces serve, by the names clients send (seed 001 §10).
+"""The models the OpenAI faces serve, by the names clients send.
 
 - The base model under its id (the first ``--served-model-name``), its aliases (the other
   names) and its pinned version ``<id>-<version>`` (``smollm2-2026-01-01``): all the same

@@ -1,7 +1,7 @@
 """llguidance vs xgrammar on the default model's tokenizer (SmolLM2, vocabulary 49152): which
 of the structured-output test schemas (tests/structured_schemas.py) each compiles, the
 compile time, and the per-token mask time while walking each schema's valid example token
-by token (compact JSON). The numbers chose the grammar library (README, "Structured
+by token (compact JSON). The numbers chose the grammar library (docs/openai.md, "Structured
 outputs"). Both libraries must be installed (only llguidance is a dependency):
 
     .venv/bin/pip install xgrammar

@@ -1,4 +1,4 @@
-"""Engine configuration (seed 000 §2), validated at construction."""
+"""Engine configuration, validated at construction."""
 
 from dataclasses import dataclass
 

@@ -1,4 +1,4 @@
-"""``infer serve`` flags for the names the model is served under (seed 001 §10): aliases,
+"""``infer serve`` flags for the names the model is served under: aliases,
 a pinned version, deprecation dates, and LoRA adapters served as models of their own."""
 
 import argparse

@@ -1,4 +1,4 @@
-"""Litestar HTTP adapter: the native token stream (seed 000 §7), the OpenAI endpoints, the
+"""Litestar HTTP adapter: the native token stream, the OpenAI endpoints, the
 Tinker fine-tuning API and health, over an engine client and a Tinker service."""
 
 from adapters.http.app import create_app

@@ -163,13 +163,13 @@ OPENAI_ERRORS = ErrorTable(
         ),
         InvalidParameterError: ErrorRule(400, "invalid_request_error", prompt_as_field),
         ModelNotFoundError: ErrorRule(404, "invalid_request_error", own_param, "model_not_found"),
-        # Seed 001 §15: a full queue is a 429 (the openai SDK retries it after Retry-After).
+        # A full queue is a 429 (the openai SDK retries it after Retry-After).
         QueueFullError: ErrorRule(429, "server_error", code="queue_full", headers=RETRY_AFTER),
         **ACCESS_RULES,
     }
 )
 
-# ``/v1/generate`` (seed 000 §7: an empty prompt 400, other invalid values 422, a full
+# ``/v1/generate`` (an empty prompt 400, other invalid values 422, a full
 # engine 503).
 GENERATE_ERRORS = ErrorTable(
     {

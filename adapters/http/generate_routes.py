@@ -1,4 +1,4 @@
-"""The native ``POST /v1/generate`` token stream (seed 000 §7) over an engine client.
+"""The native ``POST /v1/generate`` token stream over an engine client.
 
 Status codes: 400 malformed (bad JSON, wrong types, empty prompt), 422 invalid values
 (wrong model, out-of-range parameters, unknown fields, prompt too long), 503 queue full.

@@ -214,7 +214,7 @@ class ModelCard(msgspec.Struct):
     root: str | None = None  # the weights it serves (vLLM's)
     parent: str | None = None  # the base model of an adapter (None: a base model)
     max_model_len: int | None = None
-    deprecation_date: str | None = None  # the day it stops being served (seed 001 §10)
+    deprecation_date: str | None = None  # the day it stops being served
 
 
 class ModelList(msgspec.Struct):

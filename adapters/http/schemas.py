@@ -1,4 +1,4 @@
-"""Wire types of the native ``POST /v1/generate`` endpoint (seed 000 §7)."""
+"""Wire types of the native ``POST /v1/generate`` endpoint."""
 
 import msgspec
 

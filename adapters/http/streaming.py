@@ -96,7 +96,7 @@ def sse_event(kind: str, payload: msgspec.Struct) -> ServerSentEventMessage:
 
 
 # An SSE comment: clients (the openai SDK's parser included) ignore it; proxies and load
-# balancers see traffic on a stream that waits (seed 001 §18: stream_heartbeat_ms).
+# balancers see traffic on a stream that waits.
 PING = b": ping\n\n"
 DEFAULT_HEARTBEAT_S = 15.0
 

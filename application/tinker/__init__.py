@@ -1,2 +1,2 @@
-"""Use cases of the Tinker-compatible fine-tuning API (seed 002 §3): sessions, futures,
+"""Use cases of the Tinker-compatible fine-tuning API: sessions, futures,
 training runs in ``seq_id`` order, sampling and checkpoints, behind domain ports."""

@@ -1,4 +1,4 @@
-"""TinkerService: the one object the HTTP adapter talks to (seed 002's ServerState).
+"""TinkerService: the one object the HTTP adapter talks to.
 
 It holds the components, checks that a session is live before work is accepted for it,
 orchestrates what spans components (a save for a sampler, loading into a new run, a

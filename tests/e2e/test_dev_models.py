@@ -1,4 +1,4 @@
-"""Seed 000 exit criterion 1 for every model family: the three dev models at their real
+"""Every model family end to end: the three dev models at their real
 sizes (random weights from their published configs) and Gemma-3-270M's real weights stream
 through the HTTP app — native SSE and OpenAI completions, several requests batched."""
 

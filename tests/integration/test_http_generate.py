@@ -1,4 +1,4 @@
-"""POST /v1/generate (seed 000 §7) over Litestar with the fake runner and byte tokenizer."""
+"""POST /v1/generate over Litestar with the fake runner and byte tokenizer."""
 
 import json
 from collections.abc import AsyncIterator

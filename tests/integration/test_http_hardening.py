@@ -151,7 +151,7 @@ async def test_a_client_leaving_right_after_sending_leaves_nothing_queued(case: 
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompts_that_do_not_all_fit_now_get_429_and_none_is_queued(stream: bool) -> None:
     """Nine prompts with four places left: the issue's 503 left eight of them running (a
-    full queue is a 429 queue_full on the OpenAI face, seed 001 §15)."""
+    full queue is a 429 queue_full on the OpenAI face)."""
     stack = Stack(step_latency_s=0.01, max_batch_size=4, max_waiting_requests=8)
     stack.occupy(8)
     with TestClient(stack.app) as http:
@@ -481,6 +481,6 @@ def test_a_full_engine_answers_at_once_with_retry_after(
     with TestClient(stack.app) as http:
         for path in PATHS:
             response = http.post(path, json=body_for(path))
-            # 429 queue_full on the OpenAI face (seed 001), 503 on /v1/generate (seed 000).
+            # 429 queue_full on the OpenAI face, 503 on /v1/generate.
             assert response.status_code == (503 if path == "/v1/generate" else 429), response.text
             assert response.headers["retry-after"] == "1"

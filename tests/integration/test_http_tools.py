@@ -346,7 +346,7 @@ def test_bad_tool_requests_get_400_naming_the_field(
 def test_the_sdk_message_goes_back_into_the_history(
     client: openai.OpenAI, replies: Replies
 ) -> None:
-    """The README's loop: the reply's message object, then the tool's result."""
+    """The loop in docs/openai.md: the reply's message object, then the tool's result."""
     replies.text = HERMES_CALL
     reply = chat(client, tools=[WEATHER])
     call = reply.choices[0].message.tool_calls[0]

@@ -1,4 +1,4 @@
-"""Idempotency-Key (seed 001 §11): a repeat with the same key and body gets the stored
+"""Idempotency-Key: a repeat with the same key and body gets the stored
 reply without running again (streams included); another body or a duplicate in progress
 is a 409; store=false is never stored; failures free the key; keys are per caller; the
 Redis store shares replies between replicas."""

@@ -1,4 +1,4 @@
-"""Model names on the HTTP faces (seed 001 §10), through the composition root with the fake
+"""Model names on the HTTP faces, through the composition root with the fake
 runner and the official openai SDK: aliases and the pinned version work and are echoed,
 ``/v1/models`` and ``/v1/models/{id}`` shapes, deprecation headers, retired names and
 unknown ones (404 ``model_not_found``), keys' model scopes with aliases."""

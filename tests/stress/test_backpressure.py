@@ -1,4 +1,4 @@
-"""Seed 000's stress tests over the HTTP app with the fake runner (bounded in time and count)."""
+"""Stress tests over the HTTP app with the fake runner (bounded in time and count)."""
 
 import asyncio
 import socket

@@ -1,4 +1,4 @@
-"""Request lifecycle and StepOutput (seed 000's request state machine tests)."""
+"""Request lifecycle and StepOutput (the request state machine's tests)."""
 
 import pytest
 

@@ -46,7 +46,7 @@ def step(scheduler, token: int = 7, **overrides: int) -> SchedulerOutput:
     return output
 
 
-# Static batching (seed 000 §3 and its testing plan)
+# Static batching
 
 
 def test_static_forms_a_batch_and_returns_it_until_it_finishes() -> None:

@@ -1,4 +1,4 @@
-"""The served-models registry (seed 001 §10): names, aliases, the pinned version,
+"""The served-models registry: names, aliases, the pinned version,
 deprecation dates, LoRA modules and Tinker checkpoints as models, over a recording fake of
 the ServingAdapters port (no torch)."""
 

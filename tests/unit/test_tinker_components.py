@@ -1,4 +1,4 @@
-"""Seed 002 §5.2: FutureStore, SessionManager, CheckpointStore and the TrainingController's
+"""FutureStore, SessionManager, CheckpointStore and the TrainingController's
 sequence guard, with a recording fake backend (no torch, no HTTP)."""
 
 import asyncio

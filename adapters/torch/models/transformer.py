@@ -1,6 +1,6 @@
 """The decoder-only transformer every family shares; families supply their blocks.
 
-``forward(input_ids, kv_cache=None, padding_mask=None)`` follows seed 000 §4: right
+``forward(input_ids, kv_cache=None, padding_mask=None)``: right
 padding, and the last-position shortcut only with a cache and no padding mask.
 """
 
