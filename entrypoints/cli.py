@@ -172,6 +172,9 @@ def _parser() -> argparse.ArgumentParser:
         "model_tag", nargs="?", default=None, help="the model, as `vllm serve MODEL` takes it"
     )
     _add_model_args(serve)
+    # A server serves a GGUF model from its own quantized blocks on a CPU, as llama.cpp does
+    # (1.9x the decode speed at one stream and 1.4x at 16 of its bf16 copy; docs/cpu.md).
+    serve.set_defaults(quantization="auto")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
@@ -282,7 +285,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=QUANTIZATION_CHOICES,
         help="weight-only quantization of the linears: int8 (per channel), int4 (groups of "
         "32), gguf (a .gguf model's own quantized blocks, no dequantizing), auto (gguf for "
-        "a GGUF model on a CPU, else none); default: none (the weights in --dtype)",
+        "a GGUF model on a CPU, else none); default: auto for infer serve, none (the weights "
+        "in --dtype) for infer generate",
     )
     p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
