@@ -124,8 +124,8 @@ def paged_decode_attention(
     assert k_pool.stride(3) == 1 and v_pool.stride() == k_pool.stride()
     out = torch.empty((rows, heads, 1, dim), dtype=q.dtype, device=q.device)
     group = heads // kv_heads
+    # keys per iteration: a power of two, the [group, tile, dim] product within ~4096 values
     tile = max(16, min(64, 4096 // (triton.next_power_of_2(group) * triton.next_power_of_2(dim))))
-    tile = max(tile, block_size) if block_size & (block_size - 1) == 0 else tile
     kwargs: dict[str, Any] = dict(
         GROUP=group,
         GROUP_PAD=triton.next_power_of_2(group),

@@ -66,7 +66,7 @@ class TorchModelRunner:
         graphs = self.device.type == "cuda" and paged and not config.enforce_eager
         self.cache = PagedKVCache(
             model.config,
-            config.kv_blocks + graphs,
+            config.kv_blocks + (1 if graphs else 0),  # the graphs' scratch block last
             config.kv_block_size,
             dtype=weight.dtype,
             device=weight.device,
@@ -167,10 +167,10 @@ class TorchModelRunner:
             targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
             k = chunk.request.sampling_params.prompt_top_logprobs
             spans.append((chunk.request.request_id, count, k))
-        tables = [t for t, _ in rows_in]
-        if self._replays(tables, prompts, sampled, scored, token_adapters):
-            assert self.graphs is not None
-            positions = [p for _, p in rows_in]
+        if self.graphs is not None and self._replays(
+            rows_in, prompts, sampled, scored, token_adapters
+        ):
+            tables, positions = [t for t, _ in rows_in], [p for _, p in rows_in]
             return self.graphs.forward(tokens, tables, positions), ({}, {})
         batch = PagedBatch(self.cache, rows_in, chunks, self.model.windows(), self.device)
         with self._routed(token_adapters, [token_adapters[r] for r in rows]):
@@ -186,7 +186,7 @@ class TorchModelRunner:
 
     def _replays(
         self,
-        tables: list[list[int]],
+        rows: list[tuple[list[int], int]],
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
         scored: list[ScheduledChunk],
@@ -194,13 +194,12 @@ class TorchModelRunner:
     ) -> bool:
         """The step runs as a CUDA graph: decode rows alone, each sampled (so the logits'
         rows are the rows'), on the base model, within the captured sizes."""
-        graphs = self.graphs
+        assert self.graphs is not None
         return (
-            graphs is not None
-            and not prompts
+            not prompts
             and not scored
-            and len(sampled) == len(tables)
-            and graphs.covers(tables)
+            and len(sampled) == len(rows)
+            and self.graphs.covers([table for table, _ in rows])
             and not any(token_adapters)
         )
 
