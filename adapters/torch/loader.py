@@ -21,7 +21,7 @@ from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
 from adapters.torch.models.qwen3 import Qwen3Model
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import FUSED_LINEARS, QUANTIZED_FILE, quantize_model
+from adapters.torch.quant import FUSED_LINEARS, QUANTIZED_FILE, keep_dense_head, quantize_model
 from domain.errors import ModelLoadError
 
 FAMILIES: dict[str, Callable[[ModelConfig], Transformer]] = {
@@ -71,6 +71,7 @@ def load_model(
         if random_weights and quantization == "gguf":
             raise ModelLoadError("gguf quantization needs a GGUF model, not random weights")
         quantize_model(model, quantization, folder=folder)
+        keep_dense_head(model, dtype)
         if prepack:  # decode rows: one fused call per layer on the portable kernels
             install_quant_decode(model)
     if prepack and can_optimize(model):

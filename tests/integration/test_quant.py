@@ -13,6 +13,7 @@ from adapters.torch.quant import (
     QuantLinear,
     concat_rows,
     dequantize,
+    keep_dense_head,
     pack_int4,
     quantize_int4,
     quantize_int8,
@@ -133,6 +134,42 @@ def test_model_quantized_stays_close_to_dense(method: str, tmp_path: Path) -> No
     a, b = dense(ids)[0, -1], quant(ids)[0, -1]
     cos = F.cosine_similarity(a, b, dim=0).item()
     assert cos > (0.995 if method == "int8" else 0.9), cos  # random weights, 30 layers
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_8bit_head_keeps_a_dense_copy_for_many_rows(dtype: torch.dtype, tmp_path: Path) -> None:
+    folder = _smollm2_config(tmp_path)
+    model = load_model(folder, dtype=dtype, random_weights=True, quantization="int4")
+    head = model.lm_head
+    assert isinstance(head, QuantLinear) and head.bits == 8  # the head is Q8_0 for int4 too
+    if head.kernel is None:
+        pytest.skip("the portable CPU kernels are not built on this machine")
+    assert head.dense is not None and head.dense.dtype == dtype  # kept by load_model
+    assert torch.equal(head.dense, dequantize(head.weight_q, dtype))
+    x = torch.randn(head.dense_from_rows + 3, head.in_features).to(dtype)
+    with_copy = head(x)
+    one = head(x[:1])
+    head.dense = None  # the kernel alone: integer rows, dequantized tiles for many
+    without = head(x)
+    assert torch.equal(one, head(x[:1]))  # one row: the integer path either way
+    rel = (with_copy.float() - without.float()).norm() / without.float().norm()
+    assert rel < (1e-5 if dtype == torch.float32 else 1e-2), rel  # same weights, other GEMM
+    assert keep_dense_head(model, dtype) == head.out_features * head.in_features * dtype.itemsize
+
+
+def test_no_dense_copy_for_a_4bit_head_or_past_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _smollm2_config(tmp_path)
+    model = load_model(folder, dtype=torch.float32, random_weights=True, prepack=False)
+    weights = {"lm_head": quantize_int4(model.lm_head.weight.detach())}
+    model.set_submodule("lm_head", QuantLinear(weights["lm_head"]))
+    assert keep_dense_head(model, torch.float32) == 0 and model.lm_head.dense is None
+    model.set_submodule("lm_head", QuantLinear(quantize_int8(dequantize(weights["lm_head"]), 32)))
+    if model.lm_head.kernel is None:
+        pytest.skip("the portable CPU kernels are not built on this machine")
+    monkeypatch.setattr("adapters.torch.quant.DENSE_HEAD_MAX_BYTES", 1 << 10)
+    assert keep_dense_head(model, torch.float32) == 0 and model.lm_head.dense is None
 
 
 def test_gguf_quantization_needs_gguf_blocks(tmp_path: Path) -> None:

@@ -118,6 +118,39 @@ void dequant_row(const Weight& w, int64_t n, float* scale, float* min, float* ou
   }
 }
 
+// float32 -> bfloat16 for a run of values, rounded as c10::BFloat16 rounds (to nearest
+// even; NaN to 0x7FC0), 16 or 8 at a time with integer vector ops: the scalar conversion
+// took most of the dense path's dequantization time.
+inline void floats_to_bf16(const float* src, at::BFloat16* dst, int64_t count) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  const __m512i nan = _mm512_set1_epi32(0x7FC0);
+  for (; i + 16 <= count; i += 16) {
+    const __m512 v = _mm512_loadu_ps(src + i);
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+#elif defined(__AVX2__)
+  const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+  const __m256i nan = _mm256_set1_epi32(0x7FC0);
+  for (; i + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(src + i);
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+    r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    // 8 x 32-bit -> 8 x 16-bit (values < 2^16: packus keeps them), lanes back in order
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+#endif
+  for (; i < count; ++i) dst[i] = static_cast<at::BFloat16>(src[i]);
+}
+
 // Rows [first, last) of W, dequantized into dst ([last - first, k], T).
 template <typename T>
 void dequant_rows(const Weight& w, int64_t first, int64_t last, T* dst) {
@@ -126,7 +159,10 @@ void dequant_rows(const Weight& w, int64_t first, int64_t last, T* dst) {
     T* out = dst + (n - first) * w.k;
     if constexpr (std::is_same_v<T, float>) {
       dequant_row(w, n, scale.data(), min.data(), out);
-    } else {
+    } else if constexpr (std::is_same_v<T, at::BFloat16>) {
+      dequant_row(w, n, scale.data(), min.data(), row.data());
+      floats_to_bf16(row.data(), out, w.k);
+    } else {  // quant_dequantize's other dtypes
       dequant_row(w, n, scale.data(), min.data(), row.data());
       for (int64_t k = 0; k < w.k; ++k) out[k] = static_cast<T>(row[k]);
     }
@@ -405,27 +441,21 @@ inline void prefetch_row(const Weight& w, int64_t n) {
 // R quantized activation rows as rows_dot_4bit reads them: row r's int8 values at q + r * k
 // (pair_layout's order at quads + r * quads_stride(k)), its per-block dx at dx + r * blocks
 // (spread four times at dx16 + r * 4 * blocks), its per-block sums of dx * q at
-// xs + r * blocks.
+// xs + r * blocks (and as rows_dot_4bit's AVX-512 loop takes them, in the first of each
+// block's four lanes, zeros in the others, at xs16 + r * 4 * blocks).
 struct RowActs {
   const int8_t* quads;
   const int8_t* q;
   const float* dx16;
   const float* dx;
   const float* xs;
+  const float* xs16;
   int64_t k, blocks;
 };
 
-// The mins' part of a row: sum over blocks of min[b] * xs[b].
+// The mins' part of a row: sum over blocks of min[b] * xs[b] (AVX2's rows_dot_4bit; the
+// AVX-512 one folds it into its quads).
 inline float mins_dot(const at::Half* mins, const float* xs, int64_t blocks) {
-#if defined(__AVX512F__)
-  __m512 m = _mm512_setzero_ps();
-  for (int64_t g = 0; g < blocks; g += 16) {
-    const __mmask16 k = blocks - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (blocks - g)) - 1);
-    const __m512 mv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, mins + g));
-    m = _mm512_fmadd_ps(mv, _mm512_maskz_loadu_ps(k, xs + g), m);
-  }
-  return _mm512_reduce_add_ps(m);
-#else
   __m256 m = _mm256_setzero_ps();
   int64_t g = 0;
   for (; g + 8 <= blocks; g += 8) {
@@ -435,7 +465,6 @@ inline float mins_dot(const at::Half* mins, const float* xs, int64_t blocks) {
   float total = hsum8(m);
   for (; g < blocks; ++g) total += _cvtsh_ss(mins[g].x) * xs[g];
   return total;
-#endif
 }
 #endif
 
@@ -444,11 +473,16 @@ inline float mins_dot(const at::Half* mins, const float* xs, int64_t blocks) {
 // activation rows, y[r * n + row] in T: the quads straight from the weight's scales (four
 // converted, spread over their blocks' lanes by one permute, times each row's dx16), no
 // per-tile scale buffers; each quad's weights loaded and split once for the R rows; the
-// last 1-3 blocks as one quad (masked loads, zeros past the row); then the mins' sums. Every
-// row goes through the same operations in the same order for any R, so a row's result does
-// not depend on the rows beside it.
-template <int R, typename T>
+// last 1-3 blocks as one quad (masked loads, zeros past the row). The mins' part (sum over
+// blocks of min * xs) rides in the same accumulators, one FMA a quad (the mins spread like
+// the scales, xs16 holding each block's xs in one of its four lanes): a dot product of its
+// own, with a horizontal sum, for every weight row and activation row cost as much as the
+// quads at K = 576 (measured: 1.5-1.9x the time at 16 rows). Every row goes through the same
+// operations in the same order for any R, so a row's result does not depend on the rows
+// beside it.
+template <int R, typename T, bool kMins>
 inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
+  static_assert(R >= 1 && R <= 4, "the horizontal sums take four rows at a time");
   const int64_t blocks = a.blocks;
   const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m512i spread_hi = _mm512_add_epi32(spread, _mm512_set1_epi32(4));
@@ -456,7 +490,7 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
     prefetch_row(wt, row + kPrefetchRows);
     const uint8_t* w = wt.row(row);
     const at::Half* scales = wt.scales + row * wt.groups;
-    const at::Half* mins = wt.mins == nullptr ? nullptr : wt.mins + row * wt.groups;
+    const at::Half* mins = kMins ? wt.mins + row * wt.groups : nullptr;
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     int64_t b = 0;
@@ -464,43 +498,80 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
       const __m512 s8 = _mm512_castps256_ps512(
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
       const __m512 s0 = _mm512_permutexvar_ps(spread, s8), s1 = _mm512_permutexvar_ps(spread_hi, s8);
+      __m512 m0 = s0, m1 = s1;
+      if constexpr (kMins) {
+        const __m512 m8 = _mm512_castps256_ps512(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + b))));
+        m0 = _mm512_permutexvar_ps(spread, m8), m1 = _mm512_permutexvar_ps(spread_hi, m8);
+      }
       const Quad q0(w + b * 16), q1(w + (b + 4) * 16);
       for (int r = 0; r < R; ++r) {
         const float* dx16 = a.dx16 + r * 4 * blocks + b * 4;
         const int8_t* xq = a.quads + r * quads_stride(a.k) + b * 32;
         acc[r][0] = quad_fma(q0, xq, _mm512_mul_ps(s0, _mm512_loadu_ps(dx16)), acc[r][0]);
         acc[r][1] = quad_fma(q1, xq + 128, _mm512_mul_ps(s1, _mm512_loadu_ps(dx16 + 16)), acc[r][1]);
+        if constexpr (kMins) {
+          const float* xs16 = a.xs16 + r * 4 * blocks + b * 4;
+          acc[r][0] = _mm512_fmadd_ps(m0, _mm512_loadu_ps(xs16), acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(m1, _mm512_loadu_ps(xs16 + 16), acc[r][1]);
+        }
       }
     }
     for (; b + 4 <= blocks; b += 4) {
       const __m512 s4 = _mm512_castps128_ps512(
           _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + b))));
       const __m512 s0 = _mm512_permutexvar_ps(spread, s4);
+      __m512 m0 = s0;
+      if constexpr (kMins)
+        m0 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(
+                                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins + b)))));
       const Quad q0(w + b * 16);
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r) {
         acc[r][0] = quad_fma(q0, a.quads + r * quads_stride(a.k) + b * 32,
                              _mm512_mul_ps(s0, _mm512_loadu_ps(a.dx16 + r * 4 * blocks + b * 4)),
                              acc[r][0]);
+        if constexpr (kMins)
+          acc[r][0] = _mm512_fmadd_ps(m0, _mm512_loadu_ps(a.xs16 + r * 4 * blocks + b * 4), acc[r][0]);
+      }
     }
     if (b < blocks) {  // the last 1-3 blocks as a quad (masked loads)
       const int64_t n = std::min<int64_t>(4, blocks - b);
       const __m512 s4 = _mm512_castps128_ps512(_mm_cvtph_ps(
           _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), scales + b)));
       const __m512 s0 = _mm512_permutexvar_ps(spread, s4);
+      __m512 m0 = s0;
+      if constexpr (kMins)
+        m0 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(
+                                               static_cast<__mmask8>((1u << n) - 1), mins + b))));
       const Quad q0(w + b * 16, n);
       const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * n)) - 1);
-      for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r) {
         acc[r][0] = quad_fma(
             q0, a.quads + r * quads_stride(a.k) + b * 32,
             _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(lanes, a.dx16 + r * 4 * blocks + b * 4)),
             acc[r][0]);
+        if constexpr (kMins)
+          acc[r][0] = _mm512_fmadd_ps(
+              m0, _mm512_maskz_loadu_ps(lanes, a.xs16 + r * 4 * blocks + b * 4), acc[r][0]);
+      }
     }
-    for (int r = 0; r < R; ++r) {
-      float total = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-      if (mins != nullptr) total += mins_dot(mins, a.xs + r * blocks, blocks);
-      y[r * wt.n + row] = static_cast<T>(total);
-    }
+    // the horizontal sums four rows at once (zeros for missing ones: each row's sum takes
+    // the same additions in the same order whichever its place)
+    __m256 h[4];
+    for (int r = 0; r < 4; ++r)
+      h[r] = r < R ? fold512(_mm512_add_ps(acc[r][0], acc[r][1])) : _mm256_setzero_ps();
+    float sums[4];
+    _mm_storeu_ps(sums, hsum4(h[0], h[1], h[2], h[3]));
+    for (int r = 0; r < R; ++r) y[r * wt.n + row] = static_cast<T>(sums[r]);
   }
+}
+
+template <int R, typename T>
+inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
+  if (wt.mins != nullptr)
+    rows_dot_4bit<R, T, true>(wt, n0, n1, a, y);
+  else
+    rows_dot_4bit<R, T, false>(wt, n0, n1, a, y);
 }
 
 #elif defined(__AVX2__) && defined(__F16C__)
@@ -568,6 +639,14 @@ std::vector<float> spread_dx(const float* dx, int64_t rows, int64_t blocks) {
   return out;
 }
 
+// Activation rows' xs as rows_dot_4bit's AVX-512 loop takes them: each block's in the first
+// of four lanes, zeros in the other three.
+std::vector<float> spread_xs(const float* xs, int64_t rows, int64_t blocks) {
+  std::vector<float> out(rows * blocks * 4);  // zeros
+  for (int64_t b = 0; b < rows * blocks; ++b) out[b * 4] = xs[b];
+  return out;
+}
+
 // Activation rows rows_dot_4bit takes at a time against a panel of weight rows (2 or 4 a
 // time measured the same with AVX2; 4 is 1.1-1.5x faster than 2 with AVX-512).
 constexpr int kActRows = 4;
@@ -579,7 +658,8 @@ inline void rows_dot(const Weight& w, int64_t n0, int64_t n1, const RowActs& a, 
                      int count, T* y) {
   const RowActs at{a.quads + first * quads_stride(a.k), a.q + first * a.k,
                    a.dx16 + first * 4 * a.blocks, a.dx + first * a.blocks,
-                   a.xs + first * a.blocks, a.k, a.blocks};
+                   a.xs + first * a.blocks,
+                   a.xs16 == nullptr ? nullptr : a.xs16 + first * 4 * a.blocks, a.k, a.blocks};
   T* out = y + first * w.n;
   switch (count) {
     case 1: rows_dot_4bit<1>(w, n0, n1, at, out); break;
@@ -852,9 +932,10 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
       pairs = pair_layout(a.q.data(), row_dot ? rows : 1, w.k, quads_stride(w.k), row_dot);
 #endif
   const int8_t* x_pairs = pairs.empty() ? nullptr : pairs.data();
-  std::vector<float> spread;  // rows_dot_4bit's dx
+  std::vector<float> spread, spread_sums;  // rows_dot_4bit's dx and xs
 #if defined(INFER_ROW_DOT)
   if (row_dot) spread = spread_dx(a.d.data(), rows, w.k / kBlock);
+  if (row_dot && w.mins != nullptr) spread_sums = spread_xs(a.sum.data(), rows, w.k / kBlock);
 #endif
   const float* dx16 = spread.empty() ? nullptr : spread.data();
   const int64_t tiles = (w.n + kTileRows - 1) / kTileRows;
@@ -863,7 +944,8 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
 #if defined(INFER_ROW_DOT)
   if constexpr (L == Layout::kPacked4 && S == 1) if (row_dot) {
     // panels of weight rows (in L1) against kActRows activation rows at a time
-    const RowActs acts{x_pairs, a.q.data(), dx16, a.d.data(), a.sum.data(), w.k, w.k / kBlock};
+    const RowActs acts{x_pairs,        a.q.data(), dx16, a.d.data(), a.sum.data(),
+                       spread_sums.empty() ? nullptr : spread_sums.data(), w.k, w.k / kBlock};
     const int64_t panel = std::max<int64_t>(kTileRows, kPanelBytes / w.row_bytes);
     at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
       const int64_t last = std::min(end * kTileRows, w.n);
