@@ -52,7 +52,7 @@ def test_decode_rows_over_the_pool_equal_the_modules(
     # bfloat16 on an AVX512-BF16 CPU: that build's paged attention (used for head_dim 32:
     # qwen3 and gemma3 here), else the portable one (llama's head_dim 16, float32)
     avx512 = dtype == torch.bfloat16 and cpu_kernels() is not None
-    assert all((k.attention != 0) == avx512 for k in fused)
+    assert all(k.bf16_attention == avx512 for k in fused)
     pool = Pool(model)
     pool.cache = type(pool.cache)(model.config, 40, 4, dtype=dtype, device="cpu")
     seqs = [_ids(13, 1), _ids(3, 2), _ids(9, 3)]  # 13 + 2 is past Gemma's window of 6

@@ -61,10 +61,10 @@ def portable_kernels() -> Any | None:
             "infer_cpu_portable",
             _SOURCES,
             cflags,
-            python_module=False,  # registers torch.ops.infer_portable
+            python_module=False,  # registers its ops in torch.ops.infer
             what="portable CPU kernels",
         )
-        ops = torch.ops.infer_portable
+        ops = torch.ops.infer
         return SimpleNamespace(
             paged_attention=ops.paged_attention,
             quant_linear=ops.quant_linear,

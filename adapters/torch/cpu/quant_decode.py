@@ -6,8 +6,8 @@ every linear of a Llama, Qwen3 or Gemma 3 block is a :class:`~adapters.torch.qua
 on the portable kernel, :func:`install_quant_decode` gives the block a ``decode_kernel``
 that runs a step of decode rows (the engine's, over the paged KV pool, and the model-level
 ``generate``'s over its contiguous cache) as one C++ call: the same quantized linears and
-paged attention (for a bf16 model the AVX512-BF16 build's where the CPU has it, passed by
-address), the norms, RoPE and gating as loops. It steps aside (returns None: the
+paged attention (for a bf16 model the AVX512-BF16 build's where the CPU has it, the op
+``infer::paged_attention_bf16``), the norms, RoPE and gating as loops. It steps aside (returns None: the
 modules run) for prompt chunks, for a step whose rows use a LoRA adapter (the served
 adapters wrap the linears: the wrapper must run), and for any dtype other than the model's.
 ``INFER_CPU_KERNELS=0`` (no portable kernels) leaves the modules' path everywhere.
@@ -65,10 +65,9 @@ class QuantDecodeLayer:
         mlp = block.mlp  # a GatedMLP, or the AVX512 kernels' wrapper of one (``.gelu``)
         gelu = bool(getattr(mlp, "gelu", False)) or getattr(mlp, "act", None) is gelu_tanh
         self.shape = [attn.n_heads, attn.n_kv, attn.head_dim, int(first.unit_offset), int(gelu)]
-        # The AVX512-BF16 build's paged attention by address where it exists (bf16 only;
-        # ~3x the portable one), else 0: the portable one.
-        avx512 = cpu_kernels() if self.dtype == torch.bfloat16 else None
-        self.attention = avx512.paged_attention_address() if avx512 is not None else 0
+        # The AVX512-BF16 build's paged attention (the op infer::paged_attention_bf16) where
+        # it is loaded (bf16 only; ~3x the portable one), else the portable one: chosen once.
+        self.bf16_attention = self.dtype == torch.bfloat16 and cpu_kernels() is not None
         self._key: tuple[Any, ...] | None = None
         self._linears: list[Tensor | None] = []
         self._meta: list[int] = []
@@ -118,7 +117,7 @@ class QuantDecodeLayer:
         if key != self._key:
             self._linears = [t for m in linears for t in (m.qweight, m.scales, m.mins, m.bias)]
             each = [v for m in linears for v in (m.bits, m.group_size, m.dense_from_rows)]
-            self._meta = [*self.shape, window, self.attention, *each]
+            self._meta = [*self.shape, window, int(self.bf16_attention), *each]
             self._key = key
         return self._linears, self._meta
 

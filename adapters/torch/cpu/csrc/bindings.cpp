@@ -4,6 +4,8 @@
 // PyTorch runs as ~9 and ~4 small ops), causal GQA attention over the bf16 cache for decode
 // rows and prompt chunks (and over a paged pool's block tables), the decode step's cache writes, and a vectorized argmax. Results
 // round like the PyTorch path.
+#include <torch/library.h>
+
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -22,9 +24,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "decode attention over a bf16 paged KV pool, read through block tables");
   m.def("write_pool", &write_pool, "one decode step's writes into a paged KV pool layer");
   m.def("decode_layer_paged", &decode_layer_paged, "one decoder layer for decode rows over a paged KV pool");
-  // For the portable library's quantized decode layer, which calls paged_attention through
-  // this address where this build exists (the two libraries are built apart: that one for
-  // any CPU, this one for AVX512-BF16).
-  m.def("paged_attention_address", [] { return reinterpret_cast<int64_t>(&paged_attention); },
-        "the address of paged_attention, as the portable quant_decode_layer takes it");
+}
+
+// The op the portable library's quantized decode layer calls where this build is loaded
+// (torch.ops.infer, the namespace of the portable ops too).
+TORCH_LIBRARY_FRAGMENT(infer, m) {
+  m.def(
+      "paged_attention_bf16(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, "
+      "Tensor lengths, int window, float scale) -> Tensor",
+      &paged_attention);
 }

@@ -4,12 +4,14 @@
 // step's slot mapping, paged attention, the output projection, the gated MLP, residuals),
 // without the ~40 Python-level ops a step of a small model spends most of its time on.
 // The linears are quant_linear.cpp's, the attention paged_attention.cpp's (same library),
-// or for bfloat16 the AVX512-BF16 build's, whose address the caller passes where it exists;
+// or for bfloat16 the AVX512-BF16 build's (the op infer::paged_attention_bf16, which that
+// library registers in the same namespace) where the caller chose it;
 // the small elementwise parts are loops here, rounding as the modules do: in the model's
 // dtype T (float32 or bfloat16), norms computed in float32.
-// Op: torch.ops.infer_portable.quant_decode_layer.
+// Op: torch.ops.infer.quant_decode_layer.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -35,14 +37,28 @@ namespace {
 enum Norm { kInput, kPostAttention, kPreMlp, kPostMlp, kQuery, kKey, kNorms };
 // The linears, four entries each: qweight, scales, mins?, bias?.
 enum Linear { kQkv, kOut, kUpGate, kDown, kLinears };
-// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, the attention's address (0:
-// this library's paged_attention), then bits, group size and dense_from_rows per linear.
+// meta: n_heads, n_kv, head_dim, unit_offset, gelu, window, the attention (0: this
+// library's paged_attention, 1: infer::paged_attention_bf16), then bits, group size and
+// dense_from_rows per linear.
 constexpr int64_t kMeta = 7 + 3 * kLinears;
-// The AVX512-BF16 library's paged_attention (csrc/attention.cpp; bfloat16 only, head_dim a
-// multiple of 32), which the caller passes by address where that library is built: ~3x
-// this library's on a Zen 5 at 64 rows.
-using Attention = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, int64_t, double);
+
+// The AVX512-BF16 library's paged attention (csrc/attention.cpp; bfloat16 only, head_dim a
+// multiple of 32; ~3x this library's on a Zen 5 at 64 rows), found through the op registry
+// where that library is loaded: the two libraries are built apart (that one needs the ISA,
+// this one only a compiler), so neither links the other.
+at::Tensor paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_pool,
+                                const at::Tensor& v_pool, const at::Tensor& tables,
+                                const at::Tensor& lengths, int64_t window, double scale) {
+  static const auto op = [] {
+    const auto handle = c10::Dispatcher::singleton().findSchema({"infer::paged_attention_bf16", ""});
+    TORCH_CHECK(handle.has_value(),
+                "quant_decode_layer: infer::paged_attention_bf16 is not registered (the "
+                "AVX512-BF16 kernels are not loaded)");
+    return handle->typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    const at::Tensor&, const at::Tensor&, int64_t, double)>();
+  }();
+  return op.call(q, k_pool, v_pool, tables, lengths, window, scale);
+}
 
 struct Layer {
   const std::vector<std::optional<at::Tensor>>& norms;
@@ -231,9 +247,9 @@ at::Tensor decode_layer(const at::Tensor& x, const Layer& layer, const at::Tenso
                 vp + slot * dim);
     }
   }
-  const auto avx512 = reinterpret_cast<Attention>(meta[6]);
-  auto attended = avx512 != nullptr && std::is_same_v<T, at::BFloat16> && dim % 32 == 0
-                      ? avx512(q, k_pool, v_pool, tables, lengths, window, scale)
+  const bool bf16_attention = meta[6] != 0 && std::is_same_v<T, at::BFloat16> && dim % 32 == 0;
+  auto attended = bf16_attention
+                      ? paged_attention_bf16(q, k_pool, v_pool, tables, lengths, window, scale)
                       : paged_attention(q, k_pool, v_pool, tables, lengths, window, scale);
   at::Tensor out = layer.linear(attended.view({rows, heads * dim}), kOut);  // [R, hidden]
   if (norms[kPostAttention]) out = norm_into(out, kPostAttention);
@@ -319,7 +335,7 @@ at::Tensor quant_decode_layer(at::Tensor x, std::vector<std::optional<at::Tensor
                                     sin, scale);
 }
 
-TORCH_LIBRARY_FRAGMENT(infer_portable, m) {
+TORCH_LIBRARY_FRAGMENT(infer, m) {
   m.def(
       "quant_decode_layer(Tensor x, Tensor?[] norms, Tensor?[] linears, int[] meta, "
       "Tensor k_pool, Tensor v_pool, Tensor write_index, Tensor tables, Tensor lengths, "

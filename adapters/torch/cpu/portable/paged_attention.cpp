@@ -4,7 +4,7 @@
 // value once. Replaces "gather the blocks into a contiguous copy, then SDPA", which copies
 // every row's whole context twice per layer and step.
 // ATen and the op registry only (not torch/extension.h, the whole C++ API and pybind11): the
-// build takes half the time. The op is torch.ops.infer_portable.paged_attention.
+// build takes half the time. The op is torch.ops.infer.paged_attention.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -200,7 +200,7 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
   return out;
 }
 
-TORCH_LIBRARY(infer_portable, m) {
+TORCH_LIBRARY_FRAGMENT(infer, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, Tensor lengths, "
       "int window, float scale) -> Tensor",

@@ -11,7 +11,7 @@
 //    with the float model, int16 x moves a layer's output by ~1e-5 of its norm;
 //  - many rows (prefill, compute-bound): tiles of the weight are dequantized to float32
 //    (bfloat16 where the CPU multiplies it natively) and multiplied with at::mm.
-// ATen and the op registry only, like paged_attention.cpp. Ops: torch.ops.infer_portable.
+// ATen and the op registry only, like paged_attention.cpp. Ops: torch.ops.infer.
 // quant_linear and quant_dequantize.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -1121,7 +1121,7 @@ at::Tensor quant_dequantize(at::Tensor qweight, at::Tensor scales, std::optional
   return out;
 }
 
-TORCH_LIBRARY_FRAGMENT(infer_portable, m) {
+TORCH_LIBRARY_FRAGMENT(infer, m) {
   m.def(
       "quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, int bits, "
       "int group_size, int dense_from_rows) -> Tensor",
