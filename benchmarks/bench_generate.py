@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from adapters.torch.cpu.tuning import cpu_name, isa_flags
 from adapters.torch.runtime.generate import stream_generate
 from domain.sampling import SamplingParams
+from entrypoints.config import ServerConfig
 from entrypoints.container import DTYPES, create_container
 
 PROMPT = (
@@ -39,9 +40,10 @@ def main() -> None:
     models, load_s = {}, {}
     for method in args.quantization.split(","):
         t0 = time.perf_counter()
-        container = create_container(
+        config = ServerConfig.for_model(
             args.model, dtype=args.dtype, progress=True, quantization=method
         )
+        container = create_container(config)
         models[method], tokenizer = container.model(), container.tokenizer()
         load_s[method] = time.perf_counter() - t0
     folder = container.resolved_model().path

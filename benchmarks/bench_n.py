@@ -27,6 +27,7 @@ from application.engine import Engine  # noqa: E402
 from benchmarks import bench_serving as bs  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
+from entrypoints.config import ServerConfig  # noqa: E402
 from entrypoints.container import create_container  # noqa: E402
 
 PARAMS = SamplingParams(temperature=0.8, max_tokens=1, ignore_eos=True, seed=0)
@@ -56,7 +57,9 @@ def main() -> None:
     args = p.parse_args()
 
     config = EngineConfig(max_seq_len=args.prompt_tokens + 64, max_batch_size=max(8, args.n))
-    container = create_container(args.model, dtype=args.dtype, device=args.device, engine=config)
+    container = create_container(
+        ServerConfig.for_model(args.model, dtype=args.dtype, device=args.device, engine=config)
+    )
     engine = container.async_engine().engine
     rng = random.Random(0)
     vocab = min(10_000, engine.vocab_size)

@@ -132,9 +132,11 @@ def main() -> None:
 
 
 def _vocab(bench_args: argparse.Namespace) -> int:
+    from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 
-    return bs._tokenizer_vocab(create_container(bench_args.model, dtype=bench_args.dtype))
+    config = ServerConfig.for_model(bench_args.model, dtype=bench_args.dtype)
+    return bs._tokenizer_vocab(create_container(config))
 
 
 def _print_round(r: int, results: dict[str, dict[str, Any]]) -> None:

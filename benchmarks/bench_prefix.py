@@ -344,14 +344,14 @@ def worker(spec_path: str) -> None:
         )
     else:
         config = EngineConfig(max_batch_size=spec["slots"], **common)
-    container = create_container(
-        spec["model"],
-        dtype=spec["dtype"],
-        device=spec["device"],
-        engine=config,
-        runner=spec["runner"],
-        progress=False,
-    )
+    options = {"dtype": spec["dtype"], "device": spec["device"], "engine": config}
+    options.update(runner=spec["runner"], progress=False)
+    try:
+        from entrypoints.config import ServerConfig
+    except ImportError:  # a tree from before the config tree: create_container's keywords
+        container = create_container(spec["model"], **options)
+    else:
+        container = create_container(ServerConfig.for_model(spec["model"], **options))
     runner = container.runner()
     tokenizer = container.tokenizer()
 
@@ -616,9 +616,11 @@ def main() -> None:
 
 
 def _vocab(args: argparse.Namespace) -> int:
+    from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 
-    return int(create_container(args.model, progress=False).tokenizer().vocab_size)
+    config = ServerConfig.for_model(args.model, progress=False)
+    return int(create_container(config).tokenizer().vocab_size)
 
 
 def _parts(text: str) -> list[str]:

@@ -711,9 +711,7 @@ def main() -> None:
     args = _args()
     container = None
     if args.vocab_size is None or not args.no_baseline:
-        from entrypoints.container import create_container
-
-        container = create_container(args.model, dtype=args.dtype, device=args.device)
+        container = _container(args)
     vocab_size = args.vocab_size or _tokenizer_vocab(container)
     workloads = build_workloads(args, vocab_size)
     baseline: dict[str, dict[str, Any]] = {}
@@ -724,9 +722,7 @@ def main() -> None:
     hf_baseline: dict[str, dict[str, Any]] = {}
     if args.hf_baseline:
         if container is None:
-            from entrypoints.container import create_container
-
-            container = create_container(args.model, dtype=args.dtype, device=args.device)
+            container = _container(args)
         hf_baseline = run_hf_baseline(container, [w for w in workloads if w.baseline])
     del container  # free the baseline model before any server starts
     gc.collect()
@@ -771,6 +767,15 @@ def round_ratios(
                 f"{listed} (median {float(np.median(values)):.2f}×)"
             )
     return out
+
+
+def _container(args: argparse.Namespace) -> Any:
+    """The composition root of the sequential baseline (the model, no server)."""
+    from entrypoints.config import ServerConfig
+    from entrypoints.container import create_container
+
+    config = ServerConfig.for_model(args.model, dtype=args.dtype, device=args.device)
+    return create_container(config)
 
 
 def _tokenizer_vocab(container: Any) -> int:

@@ -35,6 +35,7 @@ from adapters.torch.cpu.tuning import cpu_name, isa_flags  # noqa: E402
 from adapters.torch.models.config import ModelConfig  # noqa: E402
 from adapters.torch.quant import QUANTIZED_FILE  # noqa: E402
 from benchmarks import bench_vs_llamacpp as bl  # noqa: E402
+from entrypoints.config import ServerConfig  # noqa: E402
 from entrypoints.container import create_container  # noqa: E402
 
 MIB = 1 << 20
@@ -133,7 +134,7 @@ def main() -> None:
     )
     args = p.parse_args()
     model = args.model or bl.default_model()
-    container = create_container(model)
+    container = create_container(ServerConfig.for_model(model))
     folder = container.resolved_model().path
     config = ModelConfig.from_folder(folder)
     tokenizer = container.tokenizer()

@@ -1,10 +1,12 @@
-"""``infer serve`` flags for API keys, tenants and limits, and the keyring they build."""
+"""``infer serve`` flags for API keys, tenants and limits (:class:`AccessSettings`), and the
+keyring they build."""
 
 import argparse
 import asyncio
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -18,6 +20,69 @@ from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
 
 log = structlog.get_logger("infer.audit")
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    """The flags of the same names: the keys (``api_keys_file``, or ``--api-key`` /
+    ``INFER_API_KEY`` kept hashed as ``api_key_hashes``: the config never holds a key;
+    neither: an open server), where limits and idempotent replies are counted
+    (``redis_url``; None: in memory), and how long (``idempotency_ttl`` seconds, 0: the
+    header is ignored) and how many (``idempotency_max_keys``, in memory) replies are kept.
+    Checked at construction; :meth:`keyring` reads the keys file."""
+
+    api_keys_file: str | None = None
+    api_key_hashes: tuple[str, ...] = ()
+    redis_url: str | None = None
+    idempotency_ttl: float = DEFAULT_TTL_S
+    idempotency_max_keys: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.idempotency_ttl < 0:
+            raise InvalidParameterError("idempotency_ttl", "must be 0 (off) or more")
+        if self.idempotency_max_keys < 1:
+            raise InvalidParameterError("idempotency_max_keys", "must be at least 1")
+        try:
+            storage_uri(self.redis_url)
+        except ValueError as e:
+            raise InvalidParameterError("redis_url", str(e)) from e
+        if self.api_keys_file is not None and self.api_key_hashes:
+            raise InvalidParameterError("api_keys_file", "give either it or --api-key, not both")
+
+    @property
+    def keys_source(self) -> str:
+        """Where the keys come from (empty: nowhere, an open server)."""
+        if self.api_keys_file is not None:
+            return self.api_keys_file
+        return "--api-key" if self.api_key_hashes else ""
+
+    def keyring(self) -> Keyring | None:
+        """The keyring (None: an open server): the keys file read now, or the keys of
+        ``--api-key`` for one tenant ``default`` without limits."""
+        if self.api_keys_file is not None:
+            try:
+                return load_keyring(Path(self.api_keys_file).expanduser())
+            except KeysFileError as e:
+                raise InvalidParameterError("api_keys_file", str(e)) from e
+        if self.api_key_hashes:
+            tenant = Tenant("default", DEFAULT_FACES - {"tinker"})
+            return Keyring([(hashed, tenant) for hashed in self.api_key_hashes])
+        return None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "AccessSettings":
+        """``infer serve``'s settings, the keys file read once to check it before the model
+        loads."""
+        keys = [*(args.api_key or []), *filter(None, [os.environ.get("INFER_API_KEY", "")])]
+        settings = cls(
+            api_keys_file=args.api_keys_file,
+            api_key_hashes=tuple(hash_key(k) for k in dict.fromkeys(keys)),
+            redis_url=args.redis_url,
+            idempotency_ttl=args.idempotency_ttl,
+            idempotency_max_keys=args.idempotency_max_keys,
+        )
+        settings.keyring()
+        return settings
 
 
 def add_access_args(parser: argparse.ArgumentParser) -> None:
@@ -55,30 +120,6 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
         default=10_000,
         help="replies kept in memory at most, the oldest dropped first (default %(default)s)",
     )
-
-
-def keyring_from_args(args: argparse.Namespace) -> tuple[Keyring | None, str]:
-    """The keyring the flags name (None: an open server) and where it came from."""
-    keys = [*(args.api_key or []), *filter(None, [os.environ.get("INFER_API_KEY", "")])]
-    if args.idempotency_ttl < 0:
-        raise InvalidParameterError("idempotency_ttl", "must be 0 (off) or more")
-    if args.idempotency_max_keys < 1:
-        raise InvalidParameterError("idempotency_max_keys", "must be at least 1")
-    try:
-        storage_uri(args.redis_url)
-    except ValueError as e:
-        raise InvalidParameterError("redis_url", str(e)) from e
-    if args.api_keys_file is not None and keys:
-        raise InvalidParameterError("api_keys_file", "give either it or --api-key, not both")
-    if args.api_keys_file is not None:
-        try:
-            return load_keyring(Path(args.api_keys_file).expanduser()), args.api_keys_file
-        except KeysFileError as e:
-            raise InvalidParameterError("api_keys_file", str(e)) from e
-    if keys:
-        tenant = Tenant("default", DEFAULT_FACES - {"tinker"})
-        return Keyring([(hash_key(k), tenant) for k in dict.fromkeys(keys)]), "--api-key"
-    return None, ""
 
 
 def sighup_reloader(access: Access, path: str | None) -> Callable[[], None]:

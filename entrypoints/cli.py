@@ -5,7 +5,6 @@ plain text (:class:`_PlainHelp` strips the reST markup of the help strings)."""
 
 import argparse
 import asyncio
-import os
 import re
 import sys
 import time
@@ -16,30 +15,28 @@ from dependency_injector import providers
 
 from adapters.observability.logging import LEVELS, configure_logging
 from adapters.torch.cpu.threads import set_threads
-from adapters.torch.kv_sizing import (
-    AUTO,
-    CPU_AUTO_CAP,
-    CPU_AUTO_FRACTION,
-    CUDA_AUTO_FRACTION,
-    KVCacheMemory,
-    human_size,
-    parse_kv_cache_memory,
-)
 from application.async_engine import AsyncEngine
 from application.keys import hash_key, new_key
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
-from entrypoints.access_flags import add_access_args, keyring_from_args, sighup_reloader
-from entrypoints.container import DTYPES, QUANTIZATIONS, TOOL_CALL_PARSERS, create_container
-from entrypoints.embedding_flags import add_embedding_args, embedding_limits, embedding_model
-from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
-from entrypoints.observability_flags import add_observability_args, observability_settings
-from entrypoints.request_flags import add_request_limit_args, request_limits
-from entrypoints.server import add_connection_args, connection_limits, run_server
-from entrypoints.tinker_flags import add_tinker_limit_args, tinker_limits
-from entrypoints.transport_flags import add_transport_args, transport_settings
+from entrypoints.access_flags import add_access_args, sighup_reloader
+from entrypoints.config import ServerConfig
+from entrypoints.container import create_container
+from entrypoints.embedding_flags import add_embedding_args
+from entrypoints.engine_flags import add_engine_args
+from entrypoints.model_flags import (
+    DTYPE_NAMES,
+    QUANTIZATIONS,
+    TOOL_CALL_PARSERS,
+    add_model_name_args,
+)
+from entrypoints.observability_flags import add_observability_args
+from entrypoints.request_flags import add_request_limit_args
+from entrypoints.server import add_connection_args, run_server
+from entrypoints.tinker_flags import add_tinker_limit_args
+from entrypoints.transport_flags import add_address_args, add_transport_args
 
 QUANTIZATION_CHOICES = [q for q in QUANTIZATIONS if q is not None]
 # vLLM's dtype names (`auto` is decided per machine: entrypoints.container.choose_dtype).
@@ -51,11 +48,6 @@ DESCRIPTION = (
     "OpenAI-compatible API, /v1/generate and the Tinker fine-tuning API; 'infer generate' "
     "writes one prompt's text to stdout."
 )
-
-
-# ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
-# default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
-MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,53 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     # A server serves a GGUF model from its own quantized blocks on a CPU, as llama.cpp does
     # (1.9x the decode speed at one stream and 1.4x at 16 of its bf16 copy; docs/cpu.md).
     serve.set_defaults(quantization="auto")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument(
-        "--max-batch-size",
-        "--max-num-seqs",
-        type=int,
-        default=None,
-        help=f"running requests at most (default: {MAX_NUM_SEQS['cpu']} on a CPU, "
-        f"{MAX_NUM_SEQS['cuda']} on a GPU)",
-    )
-    serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
-    serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
-    serve.add_argument(
-        "--max-seq-len", "--max-model-len", type=int, default=2048, help="prompt + output tokens"
-    )
-    serve.add_argument("--max-num-batched-tokens", type=int, default=512)
-    serve.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="compute every prompt in full (default: reuse cached KV blocks of shared prefixes)",
-    )
-    kv_pool = serve.add_mutually_exclusive_group()
-    kv_pool.add_argument(
-        "--kv-cache-memory",
-        type=_kv_cache_memory,
-        default=None,
-        metavar="SIZE|FRACTION|auto",
-        help="KV cache budget: a size (512MiB, 4GiB, 2GB, bytes) or a fraction in (0, 1] "
-        "(CUDA: of the device's memory, the model's share included, as vLLM's "
-        "--gpu-memory-utilization; CPU: of the memory available now); the KV blocks fill it "
-        f"(default auto: {CUDA_AUTO_FRACTION:g} on CUDA; on a CPU {CPU_AUTO_FRACTION:g} of "
-        f"the memory available, at most {human_size(CPU_AUTO_CAP)})",
-    )
-    kv_pool.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (instead)"
-    )
-    serve.add_argument(
-        "--kv-block-size", type=int, default=16, help="positions per KV block (default 16)"
-    )
-    serve.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="run every step eagerly (default on a GPU: decode steps replay CUDA graphs "
-        "captured at start-up)",
-    )
-    serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    add_address_args(serve)
+    add_engine_args(serve)
     add_model_name_args(serve)
     serve.add_argument(
         "--tool-call-parser",
@@ -275,7 +222,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         type=lambda name: DTYPE_ALIASES.get(name, name),
-        choices=["auto", *sorted(DTYPES)],
+        choices=["auto", *sorted(DTYPE_NAMES)],
         help="also vLLM's names: half, float, bf16; auto (default): bfloat16 on a GPU, on a "
         "CPU the faster of bfloat16 and float32 for the model's shapes, measured once",
     )
@@ -358,7 +305,8 @@ def _build_kernels(args: argparse.Namespace) -> int:
     print(f"cache: {kernel_cache_dir()}")
     if default_device() == "cpu":
         try:
-            resolved = create_container(args.model, cache_dir=args.cache_dir).resolved_model()
+            config = ServerConfig.for_model(args.model, cache_dir=args.cache_dir)
+            resolved = create_container(config).resolved_model()
         except ModelLoadError as e:  # e.g. the default model's wheel is not installed
             print(f"--dtype auto: not measured ahead ({e})")
             return 0 if portable == "ready" else 1
@@ -377,7 +325,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
 
     configure_logging("info", "console")
     set_threads(args.threads)
-    container = create_container(args.model, cache_dir=args.cache_dir)
+    container = create_container(ServerConfig.for_model(args.model, cache_dir=args.cache_dir))
     resolved = container.resolved_model()
     tuning = tuned(linear_shapes(ModelConfig.from_folder(resolved.path)), force=args.force)
     print(
@@ -414,11 +362,13 @@ def _generate(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     set_threads(args.threads)
     container = create_container(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        cache_dir=args.cache_dir,
-        quantization=args.quantization,
+        ServerConfig.for_model(
+            args.model,
+            dtype=args.dtype,
+            device=args.device,
+            cache_dir=args.cache_dir,
+            quantization=args.quantization,
+        )
     )
     start = time.perf_counter()
     limit = container.model().config.max_position_embeddings
@@ -480,97 +430,47 @@ async def _stream_to_stdout(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    limits = connection_limits(args)  # checked before the model loads
-    transport = transport_settings(args)
-    observability = observability_settings(args)
-    keyring, keys_source = keyring_from_args(args)
-    models = model_settings(args)
-    configure_logging(args.log_level, args.log_format)
-    set_threads(args.threads)
-    if args.model_tag is not None:
-        if args.model is not None and args.model != args.model_tag:
-            raise InvalidParameterError(
-                "model", f"given twice: {args.model_tag!r} and --model {args.model!r}"
-            )
-        args.model = args.model_tag
-    if args.max_batch_size is None:  # vLLM's default on a GPU; what a CPU serves well
-        from entrypoints.container import default_device
-
-        device = args.device or default_device()
-        args.max_batch_size = MAX_NUM_SEQS["cuda" if device.startswith("cuda") else "cpu"]
-    if args.kv_cache_memory is None and args.num_kv_blocks is None:
-        args.kv_cache_memory = AUTO
-
-    config = EngineConfig(
-        max_seq_len=args.max_seq_len,
-        max_batch_size=args.max_batch_size,
-        max_waiting_requests=args.max_waiting_requests,
-        batching_mode=args.batching_mode,
-        batch_wait_timeout_s=args.batch_wait_timeout,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=args.prefix_caching,
-        kv_block_size=args.kv_block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        enforce_eager=args.enforce_eager,
-        **request_limits(args),
-    )
+    config = ServerConfig.from_args(args)  # every flag checked before the model loads
+    configure_logging(config.observability.log_level, config.observability.log_format)
+    set_threads(config.model.threads)
+    keys_file = config.access.api_keys_file
     container = create_container(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        cache_dir=args.cache_dir,
-        quantization=args.quantization,
-        engine=config,
-        served_model_name=served_model_name(args),
-        models=models,
-        tinker=args.tinker,
-        tinker_aliases=args.tinker_alias,
-        tinker_api_keys=_api_keys(args.tinker_api_key),
-        checkpoint_dir=args.checkpoint_dir,
-        tinker_limits=tinker_limits(args, config.max_batch_size),
-        observability=observability,
-        keyring=keyring,
-        redis_url=args.redis_url,
-        idempotency_ttl_s=args.idempotency_ttl,
-        idempotency_max_keys=args.idempotency_max_keys,
-        on_startup=[lambda: sighup_reloader(container.access(), args.api_keys_file)()],
-        transport=transport,
-        embedding_model=embedding_model(args),
-        embedding_limits=embedding_limits(args, config.max_prompt_bytes),
-        tool_call_parser=args.tool_call_parser,
-        kv_cache_memory=args.kv_cache_memory,
+        config, on_startup=[lambda: sighup_reloader(container.access(), keys_file)()]
     )
     limit = container.model().config.max_position_embeddings
-    if config.max_seq_len > limit:
+    if config.engine.max_model_len > limit:
         raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
     embeddings = container.embeddings()  # its weights loaded before the KV pool is sized
     app = container.http_app()
-    url = f"{'https' if transport.tls else 'http'}://{args.host}:{args.port}"
+    http = config.http
+    url = f"{'https' if http.tls else 'http'}://{http.host}:{http.port}"
     _note(f"serving {container.resolved_model().name} at {url}")
     served = [e.id for e in container.served_models().entries()]
     _note(f"models: {', '.join(served)}")
     if embeddings is not None:
         _note(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings")
-    if args.tinker:
+    if config.tinker.enabled:
         names = ", ".join(container.served_names())
         _note(f"Tinker API: TINKER_BASE_URL={url} (models: {names})")
+    keyring = container.keyring()
     if keyring is None:
         _note("API keys: none (an open server: anyone who reaches the port may call)")
     else:
-        _note(f"API keys: {len(keyring.tenants)} tenants from {keys_source}")
-    if observability.tracing.enabled:
-        endpoint = observability.tracing.resolved_endpoint() or "the console"
+        _note(f"API keys: {len(keyring.tenants)} tenants from {config.access.keys_source}")
+    tracing = config.observability.tracing
+    if tracing.enabled:
+        endpoint = tracing.resolved_endpoint() or "the console"
         _note(f"traces: to {endpoint}")
     run_server(
         app,
-        args.host,
-        args.port,
-        limits,
-        log_level=args.log_level,
-        access_log=not args.disable_uvicorn_access_log,
+        http.host,
+        http.port,
+        config.connections,
+        log_level=config.observability.log_level,
+        access_log=config.observability.uvicorn_access_log,
         draining=container.draining(),
-        drain_timeout_s=transport.drain_timeout,
-        **transport.uvicorn_tls(),
+        drain_timeout_s=http.drain_timeout,
+        **http.uvicorn_tls(),
     )
     return 0
 
@@ -580,28 +480,12 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _kv_cache_memory(text: str) -> KVCacheMemory | str:
-    """``--kv-cache-memory``'s value; argparse names the flag in its error."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        return parse_kv_cache_memory(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _key(args: argparse.Namespace) -> int:
     key = args.existing or new_key()
     if args.existing is None:
         print(f"key: {key}")
     print(f'keys = ["{hash_key(key)}"]')
     return 0
-
-
-def _api_keys(flags: list[str] | None) -> frozenset[str] | None:
-    keys = [*(flags or []), *os.environ.get("INFER_TINKER_API_KEYS", "").split(",")]
-    keys = [k.strip() for k in keys if k.strip()]
-    return frozenset(keys) if keys else None
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Composition root: which adapters implement which ports, chosen from configuration.
+"""Composition root: which adapters implement which ports, chosen from one
+:class:`~entrypoints.config.ServerConfig` (``create_container(config)``).
 
-Two selectors pick the implementations: ``runner`` (``torch``: the model's weights and
-tokenizer; ``fake``: :class:`FakeModelRunner` and :class:`ByteTokenizer`, nothing loaded)
-and ``training_backend`` (``lora``: LoRA on the model; ``toy``: the numpy
-:class:`ToyBackend`, which also samples). Tests and embedders override providers
+Two selectors pick the implementations: ``config.model.runner`` (``torch``: the model's
+weights and tokenizer; ``fake``: :class:`FakeModelRunner` and :class:`ByteTokenizer`,
+nothing loaded) and ``config.tinker.training_backend`` (``lora``: LoRA on the model;
+``toy``: the numpy :class:`ToyBackend`, which also samples). Providers read the config's
+groups (``config.provided.model.dtype``). Tests and embedders override providers
 (``container.fake_runner.override(FakeModelRunner(script=...))``, ``container.observer``
 for a step observer).
 """
@@ -21,7 +23,7 @@ from adapters.fake.tokenizer import BYTE_OFFSET, ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
 from adapters.grammar import LLGuidanceCompiler, RequestMatchers
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
-from adapters.http import create_app
+from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.ownership import Draining
 from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
@@ -47,7 +49,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import METHODS, QuantLinear, has_gguf_blocks
+from adapters.torch.quant import QuantLinear, has_gguf_blocks
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel, resolve_model
@@ -55,28 +57,29 @@ from adapters.weights.embedding import resolve_embedding_model
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.access import Access
 from application.async_engine import AsyncEngine
-from application.embeddings import EmbeddingLimits, EmbeddingService
-from application.idempotency import DEFAULT_TTL_S, IdempotencyStore, MemoryIdempotencyStore
+from application.embeddings import EmbeddingService
+from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from application.keys import Keyring
 from application.observers import ObserverGroup, TrainingObserverGroup
 from application.quotas import Quotas
 from application.served_models import ServedModels
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
-from application.tool_parsers import FORMATS, detect_format
+from application.tool_parsers import detect_format
 from domain.config import EngineConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 from domain.ports import Tokenizer
 from domain.scheduler import ContinuousScheduler
 from domain.tenancy import Tenant
-from domain.training import TinkerLimits, TrainingBackend
+from domain.training import TrainingBackend
+from entrypoints.access_flags import AccessSettings
+from entrypoints.config import ServerConfig
+from entrypoints.embedding_flags import EmbeddingSettings
+from entrypoints.engine_flags import EngineSettings
 from entrypoints.model_flags import ModelSettings
-from entrypoints.transport_flags import TransportSettings
+from entrypoints.tinker_flags import TinkerSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-RUNNERS = ("torch", "fake")
-QUANTIZATIONS = (None, "none", "auto", *METHODS)
-TRAINING_BACKENDS = ("lora", "toy")
 FAKE_MODEL_NAME = "fake"
 log = structlog.get_logger(__name__)
 
@@ -193,9 +196,6 @@ def build_tokenizer(resolved: ResolvedModel) -> Tokenizer:
     return HFTokenizer.from_folder(resolved.path) if resolved.has_tokenizer else ByteTokenizer()
 
 
-TOOL_CALL_PARSERS = ("auto", *FORMATS)
-
-
 def choose_tool_parser(flag: str | None, tokenizer: Tokenizer) -> str:
     """``--tool-call-parser``: a format's name, or ``auto``: the one the chat template's
     model family writes (ChatML and templates without tools: ``hermes``)."""
@@ -228,8 +228,9 @@ def build_byte_grammar(vocab_size: int) -> LLGuidanceCompiler:
     )
 
 
-def resolve(spec: str | None, cache_dir: str | None, progress: bool) -> ResolvedModel:
-    return resolve_model(spec, cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+def resolve(settings: ModelSettings) -> ResolvedModel:
+    cache_dir = Path(settings.cache_dir) if settings.cache_dir else None
+    return resolve_model(settings.model, cache_dir=cache_dir, progress=settings.progress)
 
 
 # Names under which a model is also advertised to Tinker clients, so that tinker-cookbook
@@ -240,7 +241,7 @@ DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
 
 
 def model_names(
-    resolved: ResolvedModel, served: str | None, aliases: list[str] | None
+    resolved: ResolvedModel, served: str | None, aliases: Sequence[str] | None
 ) -> list[str]:
     """The served name first, then the Tinker aliases."""
     name = served or resolved.name
@@ -248,18 +249,17 @@ def model_names(
     return [name, *(a for a in extra if a != name)]
 
 
-def fake_model_names(served: str | None, aliases: list[str] | None) -> list[str]:
+def fake_model_names(served: str | None, aliases: Sequence[str] | None) -> list[str]:
     """The fake runner's names: the served name (default ``fake``), then the aliases."""
     name = served or FAKE_MODEL_NAME
     return [name, *(a for a in aliases or () if a != name)]
 
 
 def build_lora_serving(
-    model: Transformer, tinker: bool, models: ModelSettings | None
+    model: Transformer, tinker: TinkerSettings, models: ModelSettings
 ) -> LoraServing | None:
     """Multi-LoRA serving, for Tinker's samples and the ``--lora-modules``."""
-    models = models or ModelSettings()
-    if not tinker and not models.lora_modules:
+    if not tinker.enabled and not models.lora_modules:
         return None
     return LoraServing(model, max_adapters=models.max_loras)
 
@@ -267,14 +267,13 @@ def build_lora_serving(
 def build_served_models(
     names: list[str],
     root: str,
-    settings: ModelSettings | None,
+    settings: ModelSettings,
     lora: LoraServing | None,
     tinker: TinkerService | None,
 ) -> ServedModels:
     """The names the OpenAI faces serve: ``names[0]`` and the aliases of ``settings``, the
     LoRA modules (loaded now: a bad folder fails the start), Tinker's checkpoints (on the
     base model under any of ``names``, Tinker's aliases included)."""
-    settings = settings or ModelSettings()
     models = ServedModels(
         [names[0], *settings.aliases],
         root,
@@ -290,21 +289,20 @@ def build_served_models(
 
 
 def build_torch_embeddings(
-    spec: str | None, device: str | None, limits: EmbeddingLimits | None
+    settings: EmbeddingSettings, device: str | None
 ) -> EmbeddingService | None:
     """The embedding model (float32) on the chat model's device; None: no embeddings."""
-    if spec is None:
+    if settings.embedding_model is None:
         return None
-    resolved = resolve_embedding_model(spec)
+    resolved = resolve_embedding_model(settings.embedding_model)
     embedder = TorchEmbedder.from_folder(resolved.path, device or default_device())
-    return EmbeddingService(embedder, resolved.name, limits)
+    return EmbeddingService(embedder, resolved.name, settings.limits)
 
 
-def build_fake_embeddings(
-    spec: str | None, limits: EmbeddingLimits | None
-) -> EmbeddingService | None:
-    """A :class:`FakeEmbedder` served as ``spec``; None: no embeddings."""
-    return None if spec is None else EmbeddingService(FakeEmbedder(), spec, limits)
+def build_fake_embeddings(settings: EmbeddingSettings) -> EmbeddingService | None:
+    """A :class:`FakeEmbedder` served under the model's name; None: no embeddings."""
+    spec = settings.embedding_model
+    return None if spec is None else EmbeddingService(FakeEmbedder(), spec, settings.limits)
 
 
 def build_training_backend(
@@ -327,24 +325,22 @@ def build_toy_backend(names: list[str], engine: EngineConfig) -> ToyBackend:
 
 
 def build_tinker(
-    enabled: bool,
+    settings: TinkerSettings,
     training_backend: Callable[[], TrainingBackend],
     engine: AsyncEngine,
     lora: LoraServing | None,
     names: list[str],
-    checkpoint_dir: str | None,
-    limits: TinkerLimits | None = None,
     metrics: Metrics | None = None,
     tracing: Tracing | None = None,
 ) -> TinkerService | None:
     """The Tinker service: a :class:`ToyBackend` samples itself; LoRA training samples
     through the engine (it needs the torch runner's LoRA serving). The backend is built
     only when the service is."""
-    if not enabled:
+    if not settings.enabled:
         return None
     backend = training_backend()
-    limits = limits or TinkerLimits()
-    storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
+    limits = settings.limits
+    storage = FileCheckpointStorage(Path(settings.checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
     observers: list[TrainingObserver] = [o for o in (metrics, tracing) if o is not None]
     observer = TrainingObserverGroup(observers) if observers else None
     if isinstance(backend, ToyBackend):
@@ -361,9 +357,8 @@ def build_tinker(
 
 
 def build_metrics(
-    settings: ObservabilitySettings | None, names: list[str], engine: EngineConfig, runner: object
+    settings: ObservabilitySettings, names: list[str], engine: EngineConfig, runner: object
 ) -> Metrics | None:
-    settings = settings or ObservabilitySettings()
     if not settings.metrics:
         return None
     cache = getattr(runner, "cache", None)  # the torch runner's KV cache
@@ -378,8 +373,7 @@ def build_metrics(
     )
 
 
-def build_tracing(settings: ObservabilitySettings | None, names: list[str]) -> Tracing | None:
-    settings = settings or ObservabilitySettings()
+def build_tracing(settings: ObservabilitySettings, names: list[str]) -> Tracing | None:
     if not settings.tracing.enabled:
         return None
     return Tracing(build_tracer_provider(settings.tracing), names[0])
@@ -410,112 +404,121 @@ def build_access(
     return Access(keyring, quotas, on_tenants=weigh)
 
 
-def build_idempotency(
-    ttl_s: float | None, max_keys: int | None, redis_url: str | None
-) -> IdempotencyStore | None:
+def build_idempotency(settings: AccessSettings) -> IdempotencyStore | None:
     """Replies to Idempotency-Key requests: in Redis with ``redis_url``, else in memory
-    (``max_keys`` at most); ``ttl_s`` 0: off."""
-    if ttl_s == 0:
+    (``idempotency_max_keys`` at most); ``idempotency_ttl`` 0: off."""
+    if settings.idempotency_ttl == 0:
         return None
-    if redis_url is not None:
-        return RedisIdempotencyStore(redis_url)
-    return MemoryIdempotencyStore(max_keys or 10_000)
+    if settings.redis_url is not None:
+        return RedisIdempotencyStore(settings.redis_url)
+    return MemoryIdempotencyStore(settings.idempotency_max_keys)
+
+
+def build_http_settings(config: ServerConfig, tool_parser: str) -> HttpSettings:
+    """The app's settings from the config's groups (and the tool-call format chosen)."""
+    return HttpSettings(
+        allowed_origins=config.http.allowed_origins,
+        sse_heartbeat_interval=config.http.sse_heartbeat_interval,
+        request_timeout=config.http.request_timeout,
+        idempotency_ttl=config.access.idempotency_ttl,
+        tool_call_parser=tool_parser,
+        tinker_api_keys=config.tinker.tinker_api_keys,
+    )
+
+
+def metrics_render(metrics: Metrics | None) -> Callable[[], tuple[bytes, str]] | None:
+    return metrics.render if metrics is not None else None
+
+
+def shutdown_hooks(tracing: Tracing | None) -> tuple[Callable[[], None], ...]:
+    return (tracing.shutdown,) if tracing is not None else ()
 
 
 def build_http_app(
     engine: AsyncEngine,
     names: list[str],
-    tinker: TinkerService | None,
-    keys: frozenset[str] | None,
+    services: HttpServices,
+    settings: HttpSettings,
+    observability: ObservabilitySettings,
     metrics: Metrics | None,
     tracing: Tracing | None,
-    settings: ObservabilitySettings | None,
-    access: Access,
-    on_startup: Sequence[Callable[[], None]] | None,
-    idempotency: IdempotencyStore | None,
-    idempotency_ttl_s: float | None,
-    transport: TransportSettings | None = None,
-    draining: Draining | None = None,
-    models: ServedModels | None = None,
-    embeddings: EmbeddingService | None = None,
-    tool_parser: str = "hermes",
 ) -> ObservedApp:
     """The Litestar app inside the observing middleware (request ids, server spans,
     request metrics, the canonical log line)."""
-    settings = settings or ObservabilitySettings()
-    transport = transport or TransportSettings()
-    app = create_app(
-        engine,
-        names[0],
-        tinker=tinker,
-        tinker_api_keys=keys,
-        metrics=metrics.render if metrics is not None else None,
-        on_shutdown=[tracing.shutdown] if tracing is not None else [],
-        access=access,
-        on_startup=on_startup or (),
-        idempotency=idempotency,
-        idempotency_ttl_s=idempotency_ttl_s or DEFAULT_TTL_S,
-        cors_origins=transport.allowed_origins,
-        sse_heartbeat_s=transport.sse_heartbeat_interval,
-        request_timeout_s=transport.request_timeout,
-        draining=draining,
-        models=models,
-        embeddings=embeddings,
-        tool_parser=tool_parser,
+    app = create_app(engine, names[0], services, settings)
+    return ObservedApp(
+        app, tracing=tracing, metrics=metrics, log_requests=observability.log_requests
     )
-    return ObservedApp(app, tracing=tracing, metrics=metrics, log_requests=settings.log_requests)
 
 
 class Container(containers.DeclarativeContainer):
-    config = providers.Configuration()
+    config = providers.Object(ServerConfig())  # create_container's
+    # Hooks run on the server's event loop at start (not configuration: code).
+    on_startup = providers.Object(())
 
-    resolved_model = providers.Singleton(
-        resolve, config.model, config.cache_dir, config.progress.as_(bool)
-    )
+    resolved_model = providers.Singleton(resolve, config.provided.model)
     # --dtype auto resolved once (measured on a CPU): the model and training use it.
-    dtype = providers.Singleton(choose_dtype, config.dtype, resolved_model, config.device)
+    dtype = providers.Singleton(
+        choose_dtype, config.provided.model.dtype, resolved_model, config.provided.model.device
+    )
     model = providers.Singleton(
-        build_model, resolved_model, dtype, config.device, config.quantization
+        build_model,
+        resolved_model,
+        dtype,
+        config.provided.model.device,
+        config.provided.model.quantization,
     )
     sampler = providers.Singleton(TokenSampler)
     # The engine's flags; the torch runner's KV pool is sized from them on the model (by
     # ``kv_cache_memory`` when given), and the scheduler and the runner get that one.
-    engine_settings = providers.Singleton(EngineConfig)
+    engine_settings = providers.Singleton(EngineSettings.engine_config, config.provided.engine)
     engine_config = providers.Selector(
-        config.runner,
+        config.provided.model.runner,
         torch=providers.Singleton(
-            build_engine_config, engine_settings, model, config.kv_cache_memory
+            build_engine_config,
+            engine_settings,
+            model,
+            config.provided.model.kv_cache_memory,
         ),
         fake=engine_settings,
     )
     served_names = providers.Selector(
-        config.runner,
+        config.provided.model.runner,
         torch=providers.Singleton(
-            model_names, resolved_model, config.served_model_name, config.tinker_aliases
+            model_names,
+            resolved_model,
+            config.provided.model.served_model_name,
+            config.provided.tinker.tinker_aliases,
         ),
-        fake=providers.Singleton(fake_model_names, config.served_model_name, config.tinker_aliases),
+        fake=providers.Singleton(
+            fake_model_names,
+            config.provided.model.served_model_name,
+            config.provided.tinker.tinker_aliases,
+        ),
     )
 
     # The runner selector: "torch" (the model) or "fake" (no model).
     torch_tokenizer = providers.Singleton(build_tokenizer, resolved_model)
     fake_tokenizer = providers.Singleton(ByteTokenizer)
-    tokenizer = providers.Selector(config.runner, torch=torch_tokenizer, fake=fake_tokenizer)
+    tokenizer = providers.Selector(
+        config.provided.model.runner, torch=torch_tokenizer, fake=fake_tokenizer
+    )
     lora_serving = providers.Selector(
-        config.runner,
+        config.provided.model.runner,
         torch=providers.Singleton(
-            build_lora_serving, model, config.tinker.as_(bool), config.models
+            build_lora_serving, model, config.provided.tinker, config.provided.model
         ),
         fake=providers.Object(None),
     )
     vocab_size = providers.Selector(
-        config.runner,
+        config.provided.model.runner,
         torch=model.provided.config.vocab_size,
         fake=providers.Object(None),  # the tokenizer's
     )
     # Structured outputs (None: refused): the compiler checks requests, the matchers run
     # in the torch runner.
     grammar = providers.Selector(
-        config.runner,
+        config.provided.model.runner,
         torch=providers.Singleton(build_grammar, resolved_model, vocab_size, torch_tokenizer),
         fake=providers.Object(None),
     )
@@ -528,14 +531,14 @@ class Container(containers.DeclarativeContainer):
         providers.Singleton(RequestMatchers, grammar),
     )
     fake_runner = providers.Singleton(FakeModelRunner)
-    runner = providers.Selector(config.runner, torch=torch_runner, fake=fake_runner)
+    runner = providers.Selector(config.provided.model.runner, torch=torch_runner, fake=fake_runner)
 
     # Metrics and traces (None when off); every step's statistics go to the observer
     # (both of them, or a test's override).
     metrics = providers.Singleton(
-        build_metrics, config.observability, served_names, engine_config, runner
+        build_metrics, config.provided.observability, served_names, engine_config, runner
     )
-    tracing = providers.Singleton(build_tracing, config.observability, served_names)
+    tracing = providers.Singleton(build_tracing, config.provided.observability, served_names)
     observer = providers.Singleton(build_observer, metrics, tracing)
     async_engine = providers.Singleton(
         AsyncEngine,
@@ -550,13 +553,11 @@ class Container(containers.DeclarativeContainer):
     sink = async_engine.provided.sink
     # /v1/embeddings (None without an embedding model): the selector follows the runner's.
     embeddings = providers.Selector(
-        config.runner,
+        config.provided.model.runner,
         torch=providers.Singleton(
-            build_torch_embeddings, config.embedding_model, config.device, config.embedding_limits
+            build_torch_embeddings, config.provided.embeddings, config.provided.model.device
         ),
-        fake=providers.Singleton(
-            build_fake_embeddings, config.embedding_model, config.embedding_limits
-        ),
+        fake=providers.Singleton(build_fake_embeddings, config.provided.embeddings),
     )
     # The training-backend selector: "lora" (on the model) or "toy" (numpy, no model).
     lora_backend = providers.Singleton(
@@ -564,167 +565,81 @@ class Container(containers.DeclarativeContainer):
         resolved_model,
         served_names,
         dtype,
-        config.device,
+        config.provided.model.device,
         engine_config,
     )
     toy_backend = providers.Singleton(build_toy_backend, served_names, engine_config)
     training_backend = providers.Selector(
-        config.training_backend, lora=lora_backend, toy=toy_backend
+        config.provided.tinker.training_backend, lora=lora_backend, toy=toy_backend
     )
     tinker = providers.Singleton(
         build_tinker,
-        config.tinker.as_(bool),
+        config.provided.tinker,
         training_backend.provider,
         async_engine,
         lora_serving,
         served_names,
-        config.checkpoint_dir,
-        config.tinker_limits,
         metrics,
         tracing,
     )
+    # API keys -> tenants (None: an open server), read from the keys file once.
+    keyring = providers.Singleton(AccessSettings.keyring, config.provided.access)
     access = providers.Singleton(
-        build_access, config.keyring, config.redis_url, async_engine, metrics
+        build_access, keyring, config.provided.access.redis_url, async_engine, metrics
     )
-    idempotency = providers.Singleton(
-        build_idempotency, config.idempotency_ttl_s, config.idempotency_max_keys, config.redis_url
-    )
+    idempotency = providers.Singleton(build_idempotency, config.provided.access)
     served_models = providers.Singleton(
         build_served_models,
         served_names,
         providers.Selector(
-            config.runner,
+            config.provided.model.runner,
             torch=resolved_model.provided.name,
             fake=providers.Object(FAKE_MODEL_NAME),
         ),
-        config.models,
+        config.provided.model,
         lora_serving,
         tinker,
     )
-    tool_parser = providers.Singleton(choose_tool_parser, config.tool_call_parser, tokenizer)
+    tool_parser = providers.Singleton(
+        choose_tool_parser, config.provided.model.tool_call_parser, tokenizer
+    )
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
+    http_services = providers.Singleton(
+        HttpServices,
+        models=served_models,
+        tinker=tinker,
+        access=access,
+        idempotency=idempotency,
+        embeddings=embeddings,
+        metrics=providers.Callable(metrics_render, metrics),
+        draining=draining,
+        on_startup=on_startup,
+        on_shutdown=providers.Callable(shutdown_hooks, tracing),
+    )
+    http_settings = providers.Singleton(build_http_settings, config, tool_parser)
     http_app = providers.Singleton(
         build_http_app,
         async_engine,
         served_names,
-        tinker,
-        config.tinker_api_keys,
+        http_services,
+        http_settings,
+        config.provided.observability,
         metrics,
         tracing,
-        config.observability,
-        access,
-        config.on_startup,
-        idempotency,
-        config.idempotency_ttl_s,
-        config.transport,
-        draining,
-        served_models,
-        embeddings,
-        tool_parser,
     )
 
 
 def create_container(
-    model: str | None = None,
+    config: ServerConfig | None = None,
     *,
-    dtype: str = "auto",
-    device: str | None = None,
-    cache_dir: str | None = None,
-    progress: bool = True,
-    engine: EngineConfig | None = None,
-    served_model_name: str | None = None,
-    tinker: bool = False,
-    tinker_aliases: list[str] | None = None,
-    tinker_api_keys: frozenset[str] | None = None,
-    checkpoint_dir: str | None = None,
-    tinker_limits: TinkerLimits | None = None,
-    runner: str = "torch",
-    training_backend: str = "lora",
-    observability: ObservabilitySettings | None = None,
-    keyring: Keyring | None = None,
-    redis_url: str | None = None,
-    on_startup: Sequence[Callable[[], None]] | None = None,
-    idempotency_ttl_s: float = DEFAULT_TTL_S,
-    idempotency_max_keys: int = 10_000,
-    transport: TransportSettings | None = None,
-    models: ModelSettings | None = None,
-    embedding_model: str | None = None,
-    embedding_limits: EmbeddingLimits | None = None,
-    tool_call_parser: str = "auto",
-    kv_cache_memory: KVCacheMemory | str | None = None,
-    quantization: str | None = None,
+    on_startup: Sequence[Callable[[], None]] = (),
 ) -> Container:
-    """``tinker``: also serve the Tinker fine-tuning API (LoRA training and sampling of the
-    model; checkpoints under ``checkpoint_dir``; ``tinker_api_keys`` None accepts any
-    ``tml-`` key). ``runner``: ``torch`` or ``fake`` (no model loaded);
-    ``training_backend``: ``lora`` or ``toy``; ``observability``: metrics (on by default),
-    traces (off unless configured), the per-request log line; ``keyring``: API keys ->
-    tenants (None: an open server), their limits counted in Redis at ``redis_url`` (else
-    in memory); ``on_startup``: hooks run on the server's event loop at start;
-    ``idempotency_ttl_s``: how long replies to Idempotency-Key requests are kept (0: the
-    header is ignored), in Redis or in memory (``idempotency_max_keys`` at most);
-    ``transport``: CORS, SSE heartbeats, the request deadline (TLS and the drain timeout
-    are the server's); ``models``: aliases, the pinned version, deprecations and LoRA
-    modules (``served_model_name`` is the model's id); ``embedding_model``: serve
-    ``/v1/embeddings`` with it (a spec of
-    :func:`resolve_embedding_model`; the fake runner serves a :class:`FakeEmbedder` under
-    that name; None: no embeddings), under ``embedding_limits``; ``tool_call_parser``: the
-    format tool calls are parsed in (``auto``: the chat template's); ``kv_cache_memory``:
-    the torch runner's KV blocks fill this budget (exclusive with ``engine``'s
-    ``num_kv_blocks``; the fake runner ignores it); ``quantization``: the model's linears
-    as ``int8``, ``int4``, ``gguf`` (a GGUF's own blocks) or ``auto`` (``gguf`` for GGUF
-    models), None or ``none``: in ``dtype``."""
-    if dtype not in DTYPES and dtype != "auto":
-        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
-    if quantization not in QUANTIZATIONS:
-        choices = ", ".join(q for q in QUANTIZATIONS if q)
-        raise ValueError(f"quantization must be one of {choices}, got {quantization!r}")
-    if runner not in RUNNERS:
-        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
-    if tool_call_parser not in TOOL_CALL_PARSERS:
-        raise ValueError(
-            f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
-            f"got {tool_call_parser!r}"
-        )
-    if training_backend not in TRAINING_BACKENDS:
-        raise ValueError(
-            f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
-            f"got {training_backend!r}"
-        )
+    """The composition root for ``config`` (None: :class:`ServerConfig`'s defaults: the
+    embedded model on the torch runner, no Tinker, no embeddings); ``on_startup``: hooks
+    run on the server's event loop at start (the CLI's SIGHUP handler). Nothing is built
+    until asked for."""
     container = Container()
-    container.config.from_dict(
-        {
-            "model": model,
-            "dtype": dtype,
-            "device": device,
-            "cache_dir": cache_dir,
-            "progress": progress,
-            "served_model_name": served_model_name,
-            "tinker": tinker,
-            "tinker_aliases": tinker_aliases,
-            "tinker_api_keys": tinker_api_keys,
-            "checkpoint_dir": checkpoint_dir,
-            "tinker_limits": tinker_limits,
-            "runner": runner,
-            "observability": observability,
-            "keyring": keyring,
-            "redis_url": redis_url,
-            "on_startup": on_startup,
-            "idempotency_ttl_s": idempotency_ttl_s,
-            "idempotency_max_keys": idempotency_max_keys,
-            "transport": transport,
-            "training_backend": training_backend,
-            "models": models,
-            "embedding_model": embedding_model,
-            "embedding_limits": embedding_limits,
-            "tool_call_parser": tool_call_parser,
-            "kv_cache_memory": kv_cache_memory,
-            "quantization": quantization,
-        }
-    )
-    if engine is not None:
-        if kv_cache_memory is not None and engine.num_kv_blocks is not None:
-            raise ValueError("give kv_cache_memory or the engine's num_kv_blocks, not both")
-        container.engine_settings.override(providers.Object(engine))
+    container.config.override(providers.Object(config or ServerConfig()))
+    container.on_startup.override(providers.Object(tuple(on_startup)))
     return container

@@ -1,12 +1,37 @@
-"""``infer serve`` flags for ``/v1/embeddings``: the model served beside the chat model and
-the limits of :class:`EmbeddingLimits`."""
+"""``infer serve`` flags for ``/v1/embeddings`` (:class:`EmbeddingSettings`): the model served
+beside the chat model and the limits of :class:`EmbeddingLimits`."""
 
 import argparse
+from dataclasses import dataclass, field
 
 from adapters.weights.embedding import MINILM_NAME
 from application.embeddings import EmbeddingLimits
 
 _DEFAULTS = EmbeddingLimits()
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    """``embedding_model``: serve ``/v1/embeddings`` with it (a spec of
+    :func:`adapters.weights.embedding.resolve_embedding_model`; the fake runner serves a
+    :class:`FakeEmbedder` under that name; None: no embeddings); ``limits``: the
+    ``--max-embedding-*`` flags, and ``--max-prompt-bytes`` per input."""
+
+    embedding_model: str | None = None
+    limits: EmbeddingLimits = field(default_factory=EmbeddingLimits)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, max_input_bytes: int) -> "EmbeddingSettings":
+        """``infer serve``'s settings (``--embedding-model none``: None); ``max_input_bytes``:
+        ``--max-prompt-bytes``."""
+        spec: str = args.embedding_model
+        limits = EmbeddingLimits(
+            max_embedding_inputs=args.max_embedding_inputs,
+            max_embedding_queue=args.max_embedding_queue,
+            embedding_batch_inputs=args.embedding_batch_inputs,
+            max_input_bytes=max_input_bytes,
+        )
+        return cls(None if spec.strip().lower() == "none" else spec, limits)
 
 
 def add_embedding_args(parser: argparse.ArgumentParser) -> None:
@@ -37,20 +62,4 @@ def add_embedding_args(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.embedding_batch_inputs,
         help="inputs of waiting requests the model takes in one call (default %(default)s; "
         "one request's inputs always run together)",
-    )
-
-
-def embedding_model(args: argparse.Namespace) -> str | None:
-    """The model spec (None: no embeddings)."""
-    spec: str = args.embedding_model
-    return None if spec.strip().lower() == "none" else spec
-
-
-def embedding_limits(args: argparse.Namespace, max_input_bytes: int) -> EmbeddingLimits:
-    """The flags as limits (``max_input_bytes``: ``--max-prompt-bytes``)."""
-    return EmbeddingLimits(
-        max_embedding_inputs=args.max_embedding_inputs,
-        max_embedding_queue=args.max_embedding_queue,
-        embedding_batch_inputs=args.embedding_batch_inputs,
-        max_input_bytes=max_input_bytes,
     )

@@ -29,6 +29,7 @@ from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
+from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 
 T = TypeVar("T")
@@ -58,7 +59,7 @@ class LLM:
         """``threads``: intra-op CPU threads (``--threads``); None leaves torch's setting."""
         if threads is not None:
             set_threads(threads)
-        self._container = create_container(
+        config = ServerConfig.for_model(
             model,
             dtype=dtype,
             device=device,
@@ -66,6 +67,7 @@ class LLM:
             quantization=quantization,
             engine=engine or EngineConfig(max_seq_len=2048),
         )
+        self._container = create_container(config)
         self.model_name = self._container.resolved_model().name
         self.tokenizer = self._container.tokenizer()
         self._streams = 0  # stream() calls running now

@@ -1,5 +1,7 @@
-"""``infer serve`` flags for the names the model is served under: aliases,
-a pinned version, deprecation dates, and LoRA adapters served as models of their own."""
+"""The model's settings (:class:`ModelSettings`): which model, how it loads (dtype, device,
+quantization, threads, the KV budget), the tool-call format, and the ``infer serve`` flags
+for the names it is served under: aliases, a pinned version, deprecation dates, and LoRA
+adapters served as models of their own."""
 
 import argparse
 import re
@@ -8,25 +10,65 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
+from adapters.torch.kv_sizing import KVCacheMemory
+from adapters.torch.quant import METHODS
 from application.served_models import LoraModule
+from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
 
 DEFAULT_MAX_LORAS = 16
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+RUNNERS = ("torch", "fake")
+QUANTIZATIONS = (None, "none", "auto", *METHODS)
+TOOL_CALL_PARSERS = ("auto", *FORMATS)
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The flags of the same names; the first ``--served-model-name`` is the model's id
-    (``create_container``'s ``served_model_name``), ``aliases`` the others."""
+    """The flags of the same names (``--served-model-name``'s first name is
+    ``served_model_name``, the model's id; the others are ``aliases``). ``model``: a spec
+    of :func:`adapters.weights.resolve_model` (None: the embedded model); ``dtype``: a
+    dtype or ``auto``; ``device``: None: CUDA when there is one; ``quantization``: the
+    linears as ``int8``, ``int4``, ``gguf`` or ``auto`` (None or ``none``: in ``dtype``);
+    ``threads``: intra-op CPU threads (None: torch's; the process entry sets them);
+    ``runner``: ``torch``, or ``fake`` (no model loaded: the tests'); ``progress``:
+    download bars; ``tool_call_parser``: a format or ``auto`` (the chat template's);
+    ``kv_cache_memory``: the torch runner's KV blocks fill this budget (a
+    :class:`KVCacheMemory`, ``auto``, or None: the engine's ``num_kv_blocks``)."""
 
+    model: str | None = None
+    dtype: str = "auto"
+    device: str | None = None
+    cache_dir: str | None = None
+    quantization: str | None = None
+    threads: int | None = None
+    runner: str = "torch"
+    progress: bool = True
+    served_model_name: str | None = None
     aliases: tuple[str, ...] = ()
     model_version: str | None = None
     lora_modules: tuple[LoraModule, ...] = ()
     deprecations: Mapping[str, date] = field(default_factory=dict)
     max_loras: int = DEFAULT_MAX_LORAS
+    tool_call_parser: str = "auto"
+    kv_cache_memory: KVCacheMemory | str | None = None
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES and self.dtype != "auto":
+            raise ValueError(
+                f"dtype must be auto or one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            choices = ", ".join(q for q in QUANTIZATIONS if q)
+            raise ValueError(f"quantization must be one of {choices}, got {self.quantization!r}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
         if self.model_version is not None and not _VERSION.fullmatch(self.model_version):
             raise InvalidParameterError(
                 "model_version", f"{self.model_version!r}: letters, digits, '.', '_', '-'"
@@ -38,6 +80,44 @@ class ModelSettings:
                 "max_loras",
                 f"{self.max_loras} is fewer than the {len(self.lora_modules)} --lora-modules",
             )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ModelSettings":
+        """``infer serve``'s settings (``InvalidParameterError`` naming a bad flag)."""
+        model = args.model
+        if args.model_tag is not None:
+            if model is not None and model != args.model_tag:
+                raise InvalidParameterError(
+                    "model", f"given twice: {args.model_tag!r} and --model {model!r}"
+                )
+            model = args.model_tag
+        modules = [_pair("lora_modules", spec) for spec in args.lora_modules or ()]
+        deprecations = {}
+        for spec in args.model_deprecation or ():
+            name, day = _pair("model_deprecation", spec)
+            try:
+                deprecations[name] = date.fromisoformat(day)
+            except ValueError:
+                raise InvalidParameterError(
+                    "model_deprecation", f"{spec!r}: the date must be YYYY-MM-DD"
+                ) from None
+        names: Sequence[str] = args.served_model_name or ()
+        return cls(
+            model=model,
+            dtype=args.dtype,
+            device=args.device,
+            cache_dir=args.cache_dir,
+            quantization=args.quantization,
+            threads=args.threads,
+            served_model_name=names[0] if names else None,
+            aliases=tuple(names[1:]),
+            model_version=args.model_version,
+            lora_modules=tuple(LoraModule(n, Path(path).expanduser()) for n, path in modules),
+            deprecations=deprecations,
+            max_loras=args.max_loras,
+            tool_call_parser=args.tool_call_parser,
+            kv_cache_memory=args.kv_cache_memory,
+        )
 
 
 def add_model_name_args(parser: argparse.ArgumentParser) -> None:
@@ -79,33 +159,6 @@ def add_model_name_args(parser: argparse.ArgumentParser) -> None:
         help="LoRA adapters kept loaded at once: the --lora-modules, and Tinker checkpoints "
         "as they are used (default %(default)s)",
     )
-
-
-def model_settings(args: argparse.Namespace) -> ModelSettings:
-    """The settings the flags ask for (``InvalidParameterError`` naming a bad one)."""
-    modules = [_pair("lora_modules", spec) for spec in args.lora_modules or ()]
-    deprecations = {}
-    for spec in args.model_deprecation or ():
-        name, day = _pair("model_deprecation", spec)
-        try:
-            deprecations[name] = date.fromisoformat(day)
-        except ValueError:
-            raise InvalidParameterError(
-                "model_deprecation", f"{spec!r}: the date must be YYYY-MM-DD"
-            ) from None
-    return ModelSettings(
-        aliases=tuple((args.served_model_name or [])[1:]),
-        model_version=args.model_version,
-        lora_modules=tuple(LoraModule(name, Path(path).expanduser()) for name, path in modules),
-        deprecations=deprecations,
-        max_loras=args.max_loras,
-    )
-
-
-def served_model_name(args: argparse.Namespace) -> str | None:
-    """The model's id: the first ``--served-model-name``."""
-    names: Sequence[str] | None = args.served_model_name
-    return names[0] if names else None
 
 
 def _pair(flag: str, spec: str) -> tuple[str, str]:

@@ -57,7 +57,9 @@ def add_observability_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def observability_settings(args: argparse.Namespace) -> ObservabilitySettings:
+def from_args(args: argparse.Namespace) -> ObservabilitySettings:
+    """``infer serve``'s settings (a bad protocol variable fails now, before the model
+    loads)."""
     if args.max_tenant_labels < 1:
         raise InvalidParameterError("max_tenant_labels", "must be at least 1")
     tracing = TracingSettings(
@@ -74,4 +76,7 @@ def observability_settings(args: argparse.Namespace) -> ObservabilitySettings:
         tracing=tracing,
         log_requests=not args.disable_log_requests,
         max_tenant_labels=args.max_tenant_labels,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        uvicorn_access_log=not args.disable_uvicorn_access_log,
     )

@@ -83,6 +83,18 @@ class ConnectionLimits:
             if not getattr(self, name) > 0:
                 raise InvalidParameterError(name, "must be greater than 0 (seconds)")
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ConnectionLimits":
+        return cls(
+            max_connections=args.max_connections,
+            timeout_keep_alive=args.timeout_keep_alive,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            body_read_timeout=args.body_read_timeout,
+            backlog=args.backlog,
+            h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        )
+
 
 def raise_open_files_limit() -> int | None:
     """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit now in force,
@@ -507,16 +519,4 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.h11_max_incomplete_event_size,
         help="bytes a request line plus headers may take (beyond: 400)",
-    )
-
-
-def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
-    return ConnectionLimits(
-        max_connections=args.max_connections,
-        timeout_keep_alive=args.timeout_keep_alive,
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        body_read_timeout=args.body_read_timeout,
-        backlog=args.backlog,
-        h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
     )

@@ -1,11 +1,54 @@
-"""``infer serve`` flags for the Tinker API's per-key limits (:class:`TinkerLimits`)."""
+"""The Tinker API's settings (:class:`TinkerSettings`) and ``infer serve``'s flags for its
+per-key limits (:class:`TinkerLimits`)."""
 
 import argparse
+import os
+from dataclasses import dataclass, field
 
 from domain.errors import InvalidParameterError
 from domain.training import TinkerLimits
 
+TRAINING_BACKENDS = ("lora", "toy")
 _DEFAULTS = TinkerLimits()
+
+
+@dataclass(frozen=True)
+class TinkerSettings:
+    """``enabled``: serve the Tinker fine-tuning API (``infer serve``: unless
+    ``--no-tinker``); ``checkpoint_dir``: where checkpoints and runs are kept (None:
+    ``~/.cache/infer/tinker``); ``tinker_api_keys``: the keys it accepts (None: any ``tml-``
+    key); ``tinker_aliases``: more names the model is advertised under (None: the default
+    model's own); ``training_backend``: ``lora`` (LoRA on the model) or ``toy`` (numpy, no
+    model: the tests'); ``limits``: per key, the ``--tinker-max-*`` flags."""
+
+    enabled: bool = False
+    checkpoint_dir: str | None = None
+    tinker_api_keys: frozenset[str] | None = None
+    tinker_aliases: tuple[str, ...] | None = None
+    training_backend: str = "lora"
+    limits: TinkerLimits = field(default_factory=TinkerLimits)
+
+    def __post_init__(self) -> None:
+        if self.training_backend not in TRAINING_BACKENDS:
+            raise ValueError(
+                f"training_backend must be one of {', '.join(TRAINING_BACKENDS)}, "
+                f"got {self.training_backend!r}"
+            )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, max_num_seqs: int) -> "TinkerSettings":
+        """``infer serve``'s settings (the keys also from ``INFER_TINKER_API_KEYS``);
+        ``max_num_seqs``: ``--tinker-max-sample-requests``' default."""
+        from_env = os.environ.get("INFER_TINKER_API_KEYS", "").split(",")
+        keys = [k.strip() for k in [*(args.tinker_api_key or []), *from_env] if k.strip()]
+        aliases = args.tinker_alias
+        return cls(
+            enabled=args.tinker,
+            checkpoint_dir=args.checkpoint_dir,
+            tinker_api_keys=frozenset(keys) if keys else None,
+            tinker_aliases=tuple(aliases) if aliases is not None else None,
+            limits=tinker_limits(args, max_num_seqs),
+        )
 
 
 def add_tinker_limit_args(group: argparse._ArgumentGroup) -> None:
@@ -57,7 +100,7 @@ def add_tinker_limit_args(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def tinker_limits(args: argparse.Namespace, max_batch_size: int) -> TinkerLimits:
+def tinker_limits(args: argparse.Namespace, max_num_seqs: int) -> TinkerLimits:
     """The limits the flags ask for (``InvalidParameterError`` naming a bad one)."""
     sample = args.tinker_max_sample_requests
     values = {
@@ -67,7 +110,7 @@ def tinker_limits(args: argparse.Namespace, max_batch_size: int) -> TinkerLimits
         "max_pending_requests": args.tinker_max_pending_requests,
         "max_pending_bytes": args.tinker_max_pending_mib << 20,
         "max_seq_ahead": args.tinker_max_seq_ahead,
-        "max_sample_requests": max_batch_size if sample is None else sample,
+        "max_sample_requests": max_num_seqs if sample is None else sample,
     }
     for name, value in values.items():
         if value < 1:

@@ -1,5 +1,5 @@
-"""``infer serve`` flags for the transport: CORS, TLS, SSE heartbeats, the request deadline
-and the drain on SIGTERM."""
+"""``infer serve`` flags for the transport: the address, CORS, TLS, SSE heartbeats, the
+request deadline and the drain on SIGTERM."""
 
 import argparse
 import ssl
@@ -13,6 +13,8 @@ from domain.errors import InvalidParameterError
 class TransportSettings:
     """The flags of the same names (seconds; 0 turns a heartbeat or deadline off)."""
 
+    host: str = "127.0.0.1"
+    port: int = 8000
     allowed_origins: tuple[str, ...] = ()
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -55,6 +57,30 @@ class TransportSettings:
                 "ssl_certfile", f"cannot load the certificate and key: {e}"
             ) from e
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TransportSettings":
+        """The flags, checked (the TLS files loaded) before the model loads."""
+        origins = [o.strip() for flag in args.allowed_origins or () for o in flag.split(",")]
+        settings = cls(
+            host=args.host,
+            port=args.port,
+            allowed_origins=tuple(o for o in origins if o),
+            ssl_certfile=args.ssl_certfile,
+            ssl_keyfile=args.ssl_keyfile,
+            ssl_keyfile_password=args.ssl_keyfile_password,
+            sse_heartbeat_interval=args.sse_heartbeat_interval,
+            request_timeout=args.request_timeout,
+            drain_timeout=args.drain_timeout,
+        )
+        settings.check_tls()
+        return settings
+
+
+def add_address_args(parser: argparse.ArgumentParser) -> None:
+    defaults = TransportSettings()
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port)
+
 
 def add_transport_args(parser: argparse.ArgumentParser) -> None:
     defaults = TransportSettings()
@@ -92,19 +118,3 @@ def add_transport_args(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM / SIGINT, seconds running requests may take to finish before they "
         "are ended (default %(default)s)",
     )
-
-
-def transport_settings(args: argparse.Namespace) -> TransportSettings:
-    """The flags, checked (the TLS files loaded) before the model loads."""
-    origins = [o.strip() for flag in args.allowed_origins or () for o in flag.split(",")]
-    settings = TransportSettings(
-        allowed_origins=tuple(o for o in origins if o),
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
-        ssl_keyfile_password=args.ssl_keyfile_password,
-        sse_heartbeat_interval=args.sse_heartbeat_interval,
-        request_timeout=args.request_timeout,
-        drain_timeout=args.drain_timeout,
-    )
-    settings.check_tls()
-    return settings

@@ -96,12 +96,14 @@ class ManualClock:
         return self.now
 
 
-def fake_container(runner: ModelRunner | None = None, **kwargs: Any) -> "Container":
+def fake_container(runner: ModelRunner | None = None, **overrides: Any) -> "Container":
     """The composition root with the fake runner (no model loaded); ``runner`` overrides
-    the default :class:`FakeModelRunner`; ``kwargs`` go to ``create_container``."""
+    the default :class:`FakeModelRunner`; ``overrides`` go to ``ServerConfig.for_model``
+    (groups or fields by name: ``cache_dir=...``, ``http=TransportSettings(...)``)."""
+    from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 
-    container = create_container(runner="fake", **kwargs)
+    container = create_container(ServerConfig.for_model(runner="fake", **overrides))
     if runner is not None:
         container.fake_runner.override(runner)
     return container

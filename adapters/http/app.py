@@ -1,4 +1,5 @@
-"""``create_app(engine, model_name) -> Litestar``: the HTTP faces of an engine client.
+"""``create_app(engine, model_name, services, settings) -> Litestar``: the HTTP faces of an
+engine client.
 
 The adapter knows no container: entrypoints build the engine (and the Tinker service) and
 pass them in. Faces: the native token stream (``generate_routes``), the OpenAI endpoints
@@ -7,6 +8,7 @@ pass them in. Faces: the native token stream (``generate_routes``), the OpenAI e
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from litestar import Litestar, Response, get
 from litestar.config.cors import CORSConfig
@@ -50,48 +52,68 @@ CORS_EXPOSE_HEADERS = [
 ]
 
 
+@dataclass(frozen=True)
+class HttpSettings:
+    """The app's plain settings, named as ``infer serve``'s flags: ``allowed_origins``:
+    browser origins allowed cross-origin (none: no CORS headers); ``sse_heartbeat_interval``:
+    a ping in event streams silent that long (0: none); ``request_timeout``: the deadline
+    of the OpenAI and ``/v1/generate`` requests (0: none); ``idempotency_ttl``: how long
+    replies to ``Idempotency-Key`` requests are kept; ``tool_call_parser``: the format the
+    model writes tool calls in (``hermes``, ``llama3_json``, ``pythonic``: resolved, not
+    ``auto``); ``tinker_api_keys``: the keys the Tinker API accepts (None: any ``tml-``
+    key)."""
+
+    allowed_origins: tuple[str, ...] = ()
+    sse_heartbeat_interval: float = DEFAULT_HEARTBEAT_S
+    request_timeout: float = 0.0
+    idempotency_ttl: float = DEFAULT_TTL_S
+    tool_call_parser: str = "hermes"
+    tinker_api_keys: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class HttpServices:
+    """What the app serves besides the engine client, each optional. ``models``: the
+    models served by name (default: the model name alone), with the Tinker API the
+    callers' checkpoints too; ``tinker``: also serve the Tinker fine-tuning API under
+    ``/api/v1``; ``access``: API keys (tenants, scopes) and per-tenant limits (None or
+    open: anyone may call); ``idempotency``: where replies to ``Idempotency-Key`` requests
+    are kept (None: the header is ignored); ``embeddings``: also serve ``/v1/embeddings``;
+    ``metrics``: serve ``GET /metrics`` with what it returns (the exposition and its
+    content type); ``draining``: the server's drain state (``entrypoints.server`` begins it
+    on SIGTERM); ``on_startup``: called on the event loop before the engine starts (signal
+    handlers); ``on_shutdown``: called after the engine stopped (flushing traces)."""
+
+    models: ServedModels | None = None
+    tinker: TinkerService | None = None
+    access: Access | None = None
+    idempotency: IdempotencyStore | None = None
+    embeddings: EmbeddingService | None = None
+    metrics: Callable[[], tuple[bytes, str]] | None = None
+    draining: Draining | None = None
+    on_startup: Sequence[Callable[[], None]] = ()
+    on_shutdown: Sequence[Callable[[], None]] = ()
+
+
 def create_app(
     engine: EngineClient,
     model_name: str,
-    *,
-    tinker: TinkerService | None = None,
-    tinker_api_keys: frozenset[str] | None = None,
-    metrics: Callable[[], tuple[bytes, str]] | None = None,
-    on_shutdown: Sequence[Callable[[], None]] = (),
-    access: Access | None = None,
-    on_startup: Sequence[Callable[[], None]] = (),
-    idempotency: IdempotencyStore | None = None,
-    idempotency_ttl_s: float = DEFAULT_TTL_S,
-    cors_origins: Sequence[str] = (),
-    sse_heartbeat_s: float = DEFAULT_HEARTBEAT_S,
-    request_timeout_s: float = 0.0,
-    draining: Draining | None = None,
-    models: ServedModels | None = None,
-    embeddings: EmbeddingService | None = None,
-    tool_parser: str = "hermes",
+    services: HttpServices | None = None,
+    settings: HttpSettings | None = None,
 ) -> Litestar:
-    """``tinker``: also serve the Tinker fine-tuning API under ``/api/v1``
-    (``tinker_api_keys``: the keys it accepts; None: any ``tml-`` key). ``metrics``: serve
-    ``GET /metrics`` with what it returns (the exposition and its content type);
-    ``on_startup``: called on the event loop before the engine starts (signal handlers);
-    ``on_shutdown``: called after the engine stopped (flushing traces). ``access``: API
-    keys (tenants, scopes) and per-tenant limits; None or open: anyone may call.
-    ``idempotency``: where replies to ``Idempotency-Key`` requests are kept (None: the
-    header is ignored). ``cors_origins``: browser origins allowed cross-origin (none: no
-    CORS headers); ``sse_heartbeat_s``: a ping in event streams silent that long (0: none);
-    ``request_timeout_s``: the deadline of the OpenAI and ``/v1/generate`` requests (0:
-    none); ``draining``: the server's drain state (``entrypoints.server`` begins it on
-    SIGTERM); ``models``: the models served by name (default: ``model_name`` alone), with
-    the Tinker API the callers' checkpoints too; ``embeddings``: also serve
-    ``/v1/embeddings`` with it; ``tool_parser``: the format the model writes tool calls in
-    (``hermes``, ``llama3_json``, ``pythonic``)."""
-    draining = draining or Draining()
-    owner = tinker_guard(tinker_api_keys, access).tenant if tinker is not None else None
-    names = ModelNames(models or ServedModels([model_name], model_name), owner)
+    """The faces over ``engine`` serving ``model_name``, with ``services`` (see
+    :class:`HttpServices`) and ``settings`` (see :class:`HttpSettings`)."""
+    services = services or HttpServices()
+    settings = settings or HttpSettings()
+    tinker, access, embeddings = services.tinker, services.access, services.embeddings
+    draining = services.draining or Draining()
+    api_keys = settings.tinker_api_keys
+    owner = tinker_guard(api_keys, access).tenant if tinker is not None else None
+    names = ModelNames(services.models or ServedModels([model_name], model_name), owner)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        for hook in on_startup:  # on the event loop (signal handlers)
+        for hook in services.on_startup:  # on the event loop (signal handlers)
             hook()
         engine.start()
         if tinker is not None:
@@ -104,7 +126,7 @@ def create_app(
             if embeddings is not None:
                 await embeddings.stop()
             await engine.stop()
-            for hook in on_shutdown:
+            for hook in services.on_shutdown:
                 hook()
 
     @get("/health")
@@ -128,8 +150,8 @@ def create_app(
         )
 
     extra = []
-    if metrics is not None:
-        render = metrics
+    if services.metrics is not None:
+        render = services.metrics
 
         @get("/metrics", include_in_schema=False)
         async def metrics_route() -> Response[bytes]:
@@ -139,18 +161,18 @@ def create_app(
         extra.append(metrics_route)
 
     idempotent = []
-    if idempotency is not None:
+    if services.idempotency is not None:
         idempotent.append(
             DefineMiddleware(
                 IdempotencyMiddleware,  # type: ignore[arg-type]
-                store=idempotency,
+                store=services.idempotency,
                 paths=IDEMPOTENT_PATHS,
-                ttl_s=idempotency_ttl_s,
+                ttl_s=settings.idempotency_ttl,
             )
         )
-    routers = (
-        [] if tinker is None else [tinker_router(tinker, api_keys=tinker_api_keys, access=access)]
-    )
+    interval = settings.sse_heartbeat_interval
+    heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
+    routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
     return Litestar(
         route_handlers=[
             *generate_routes(engine, model_name, access, names),
@@ -158,7 +180,7 @@ def create_app(
             ready,
             *extra,
             *models_routes(engine, names, access, _embedding_card(embeddings)),
-            *openai_routes(engine, model_name, access, names, tool_parser),
+            *openai_routes(engine, model_name, access, names, settings.tool_call_parser),
             *tokenize_routes(engine, model_name, access, names),
             *(embedding_routes(embeddings, access) if embeddings is not None else []),
             *routers,
@@ -168,10 +190,10 @@ def create_app(
         middleware=[
             *idempotent,
             model_names_middleware(),
-            owning_middleware(engine, draining, request_timeout_s),
-            *([heartbeat_middleware(sse_heartbeat_s)] if sse_heartbeat_s > 0 else []),
+            owning_middleware(engine, draining, settings.request_timeout),
+            *heartbeat,
         ],
-        cors_config=_cors(cors_origins),
+        cors_config=_cors(settings.allowed_origins),
         exception_handlers={
             HTTPError: error_response,
             HTTPException: framework_error_response,

@@ -10,6 +10,7 @@ import pytest
 from litestar.testing import TestClient
 
 from domain.config import EngineConfig
+from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 
 pytestmark = pytest.mark.slow
@@ -31,13 +32,14 @@ def sse(text: str) -> list[tuple[str, dict]]:
 def served(request, tmp_path_factory) -> Iterator[tuple[TestClient, str]]:
     # Dummy configs live in a throwaway cache; the real weights in the shared one.
     cache = None if request.param == "gemma-3-270m" else str(tmp_path_factory.mktemp("cache"))
-    container = create_container(
+    config = ServerConfig.for_model(
         request.param,
         dtype="bfloat16",
         cache_dir=cache,
         progress=False,
         engine=EngineConfig(max_batch_size=4, max_seq_len=256),
     )
+    container = create_container(config)
     name = container.resolved_model().name
     with TestClient(app=container.http_app()) as client:
         yield client, name

@@ -55,8 +55,8 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
 
     seen: dict = {}
 
-    def fake_create_container(model, **kwargs):
-        seen.update(model=model, dtype=kwargs["dtype"], engine=kwargs["engine"])
+    def fake_create_container(config, **kwargs):
+        seen.update(model=config.model.model, dtype=config.model.dtype, engine=config.engine)
         raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
 
     monkeypatch.setattr(cli, "create_container", fake_create_container)
@@ -64,10 +64,10 @@ def test_serve_takes_vllms_spellings(monkeypatch) -> None:
     argv = ["serve", "dummy:SmolLM2-135M", "--max-model-len", "512", "--max-num-seqs", "4"]
     assert main([*argv, "--dtype", "half"]) == 2
     assert (seen["model"], seen["dtype"]) == ("dummy:SmolLM2-135M", "float16")
-    assert (seen["engine"].max_seq_len, seen["engine"].max_batch_size) == (512, 4)
-    assert seen["engine"].enable_prefix_caching  # on by default
+    assert (seen["engine"].max_model_len, seen["engine"].max_num_seqs) == (512, 4)
+    assert seen["engine"].prefix_caching  # on by default
     assert main([*argv, "--no-prefix-caching"]) == 2
-    assert not seen["engine"].enable_prefix_caching
+    assert not seen["engine"].prefix_caching
     assert main(["serve", "--dtype", "auto"]) == 2 and seen["dtype"] == "auto"
     assert main(["serve"]) == 2 and seen["dtype"] == "auto"  # the default
     assert main(["serve", "--dtype", "bf16"]) == 2 and seen["dtype"] == "bfloat16"
@@ -81,7 +81,7 @@ def test_threads_sets_the_intra_op_threads_and_refuses_zero(monkeypatch, capsys)
 
     seen: dict = {}
 
-    def fake_create_container(model, **kwargs):
+    def fake_create_container(config, **kwargs):
         seen["threads"] = torch.get_num_threads()
         raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
 
@@ -109,8 +109,8 @@ def test_serve_takes_the_request_limits_as_flags(monkeypatch) -> None:
 
     seen = {}
 
-    def fake_create_container(model, **kwargs):
-        seen["engine"] = kwargs["engine"]
+    def fake_create_container(config, **kwargs):
+        seen["engine"] = config.engine.engine_config()
         raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
 
     monkeypatch.setattr(cli, "create_container", fake_create_container)
@@ -198,23 +198,24 @@ def test_serve_refuses_a_kv_budget_short_of_one_request(tmp_path, monkeypatch, c
 def test_serve_maps_the_kv_pool_flags(monkeypatch) -> None:
     from adapters.torch.kv_sizing import KVCacheMemory
     from entrypoints import cli
+    from entrypoints.engine_flags import MAX_NUM_SEQS
 
     seen: dict = {}
 
-    def fake_create_container(model, **kwargs):
-        seen.update(engine=kwargs["engine"], memory=kwargs["kv_cache_memory"])
+    def fake_create_container(config, **kwargs):
+        seen.update(engine=config.engine, memory=config.model.kv_cache_memory)
         raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
 
     monkeypatch.setattr(cli, "create_container", fake_create_container)
     assert main(["serve", "--device", "cpu"]) == 2  # the defaults: sized from memory
     assert (seen["memory"], seen["engine"].num_kv_blocks) == ("auto", None)
     assert seen["engine"].kv_block_size == 16
-    assert seen["engine"].max_batch_size == cli.MAX_NUM_SEQS["cpu"] == 64
+    assert seen["engine"].max_num_seqs == MAX_NUM_SEQS["cpu"] == 64
     assert main(["serve", "--device", "cuda", "--kv-cache-memory", "auto"]) == 2
-    assert seen["memory"] == "auto" and seen["engine"].max_batch_size == 256
+    assert seen["memory"] == "auto" and seen["engine"].max_num_seqs == 256
     assert main(["serve", "--num-kv-blocks", "4096", "--max-num-seqs", "8"]) == 2
     assert (seen["memory"], seen["engine"].num_kv_blocks) == (None, 4096)
-    assert seen["engine"].max_batch_size == 8
+    assert seen["engine"].max_num_seqs == 8
     assert main(["serve", "--kv-cache-memory", "0.9", "--kv-block-size", "32"]) == 2
     assert seen["memory"] == KVCacheMemory(fraction=0.9) and seen["engine"].kv_block_size == 32
     assert main(["serve", "--num-kv-blocks", "1000", "--max-seq-len", "256"]) == 2
@@ -255,12 +256,14 @@ def test_too_few_kv_blocks_are_refused_by_their_flag_saying_the_minimum(
 def test_the_fake_runner_ignores_the_kv_budget() -> None:
     from adapters.torch.kv_sizing import KVCacheMemory
     from domain.config import EngineConfig
+    from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 
     engine = EngineConfig(max_seq_len=64, max_batch_size=2)
     tiny = KVCacheMemory(nbytes=1)  # would not hold a request on the torch runner
-    container = create_container(runner="fake", engine=engine, kv_cache_memory=tiny)
-    assert container.engine_config() is engine
+    config = ServerConfig.for_model(runner="fake", engine=engine, kv_cache_memory=tiny)
+    container = create_container(config)
+    assert container.engine_config() == engine
     assert container.engine().scheduler.blocks.num_blocks == engine.kv_blocks == 8
 
 

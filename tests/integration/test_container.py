@@ -9,7 +9,10 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
+from application.keys import hash_key
+from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
+from entrypoints.tinker_flags import TinkerSettings
 from tests.fakes import fake_container
 
 REPLY = "Paris is the capital."
@@ -48,7 +51,7 @@ def test_an_overridden_observer_sees_every_step(tmp_path) -> None:
 
 
 def test_the_fake_runner_loads_no_model(tmp_path) -> None:
-    container = create_container(runner="fake", cache_dir=str(tmp_path))
+    container = fake_container(cache_dir=str(tmp_path))
     for loads in (container.resolved_model, container.model):
         loads.override(providers.Callable(pytest.fail, "a model was resolved or loaded"))
     assert isinstance(container.runner(), FakeModelRunner)
@@ -60,14 +63,14 @@ def test_the_fake_runner_loads_no_model(tmp_path) -> None:
 
 
 def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> None:
-    container = create_container(
-        runner="fake",
+    tinker = TinkerSettings(
+        enabled=True,
         training_backend="toy",
-        tinker=True,
-        served_model_name="test/base",
-        tinker_aliases=["test/alias"],
+        tinker_aliases=("test/alias",),
         checkpoint_dir=str(tmp_path / "checkpoints"),
-        cache_dir=str(tmp_path / "cache"),
+    )
+    container = fake_container(
+        served_model_name="test/base", tinker=tinker, cache_dir=str(tmp_path / "cache")
     )
     backend = container.training_backend()
     assert isinstance(backend, ToyBackend)
@@ -86,4 +89,32 @@ def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> Non
 )
 def test_an_unknown_selection_is_refused(keyword: str, value: str) -> None:
     with pytest.raises(ValueError, match=keyword):
-        create_container(**{keyword: value})  # type: ignore[arg-type]
+        create_container(ServerConfig.for_model(**{keyword: value}))
+
+
+def test_the_container_is_built_from_the_config_alone(tmp_path) -> None:
+    """What the config says reaches the providers: the engine's flags under the engine's
+    names, the transport's settings in the app's, the keys file's tenants."""
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"tenants": [{"id": "a", "keys": ["' + hash_key("sk-a") + '"]}]}')
+    config = ServerConfig.for_model(
+        runner="fake",
+        cache_dir=str(tmp_path / "cache"),
+        max_num_seqs=3,
+        max_model_len=96,
+        request_timeout=7.0,
+        allowed_origins=("https://app.example.com",),
+        api_keys_file=str(keys),
+        idempotency_ttl=60.0,
+        tool_call_parser="pythonic",
+    )
+    container = create_container(config)
+    engine = container.engine_config()
+    assert (engine.max_batch_size, engine.max_seq_len) == (3, 96)
+    settings = container.http_settings()
+    assert settings.request_timeout == 7.0
+    assert settings.allowed_origins == ("https://app.example.com",)
+    assert (settings.idempotency_ttl, settings.tool_call_parser) == (60.0, "pythonic")
+    keyring = container.keyring()
+    assert keyring is not None and [t.id for t in keyring.tenants] == ["a"]
+    container.http_app()

@@ -7,34 +7,38 @@ import pytest
 from adapters.weights.embedding import MINILM_NAME, resolve_embedding_model
 from domain.errors import ModelLoadError
 from entrypoints.cli import main
+from entrypoints.config import ServerConfig
+from entrypoints.embedding_flags import EmbeddingSettings
 
 
-def serve_kwargs(monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict[str, Any]:
+def served_embeddings(monkeypatch: pytest.MonkeyPatch, *argv: str) -> EmbeddingSettings:
+    """What ``infer serve`` hands the container: the config's embeddings group."""
     from entrypoints import cli
 
     seen: dict[str, Any] = {}
 
-    def fake_create_container(model: str | None, **kwargs: Any) -> None:
-        seen.update(kwargs)
+    def fake_create_container(config: ServerConfig, **kwargs: Any) -> None:
+        seen["embeddings"] = config.embeddings
         raise cli.InvalidParameterError("model", "stop here")  # nothing is loaded
 
     monkeypatch.setattr(cli, "create_container", fake_create_container)
     assert main(["serve", *argv]) == 2
-    return seen
+    embeddings: EmbeddingSettings = seen["embeddings"]
+    return embeddings
 
 
 def test_the_wheels_minilm_is_served_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert serve_kwargs(monkeypatch)["embedding_model"] == MINILM_NAME
+    assert served_embeddings(monkeypatch).embedding_model == MINILM_NAME
 
 
 def test_none_turns_embeddings_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert serve_kwargs(monkeypatch, "--embedding-model", "none")["embedding_model"] is None
+    assert served_embeddings(monkeypatch, "--embedding-model", "none").embedding_model is None
 
 
 def test_the_limits_come_from_their_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     flags = ["--max-embedding-inputs", "5", "--max-embedding-queue", "6"]
     flags += ["--embedding-batch-inputs", "7", "--max-prompt-bytes", "8"]
-    limits = serve_kwargs(monkeypatch, *flags)["embedding_limits"]
+    limits = served_embeddings(monkeypatch, *flags).limits
     assert (limits.max_embedding_inputs, limits.max_embedding_queue) == (5, 6)
     assert (limits.embedding_batch_inputs, limits.max_input_bytes) == (7, 8)
 

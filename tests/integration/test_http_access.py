@@ -17,8 +17,10 @@ from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import KeysFileError, load_keyring
 from application.keys import hash_key
+from entrypoints.tinker_flags import TinkerSettings
 from tests.fakes import fake_container
 
+TOY_TINKER = TinkerSettings(enabled=True, training_backend="toy")
 KEYS = {"alice": "sk-alice", "bob": "sk-bob", "tinker-only": "tml-trainer", "narrow": "sk-n"}
 
 
@@ -41,9 +43,7 @@ def client_for(
 ) -> tuple[TestClient, Any]:
     script = reply_script(ByteTokenizer(), "ok" * 10)
     runner = FakeModelRunner(script=script, step_latency_s=step_latency_s)
-    container = fake_container(
-        runner, cache_dir=str(tmp_path), keyring=load_keyring(path), **kwargs
-    )
+    container = fake_container(runner, cache_dir=str(tmp_path), api_keys_file=str(path), **kwargs)
     observer = RecordingObserver()
     container.observer.override(providers.Object(observer))
     return TestClient(app=container.http_app()), (container, observer)  # type: ignore[arg-type]
@@ -177,7 +177,7 @@ def test_keys_rotate_without_a_restart(tmp_path: Path) -> None:
 
 
 def test_the_tinker_face_takes_the_keys_file_tenants(tmp_path: Path) -> None:
-    client, _ = client_for(tmp_path, keys_file(tmp_path), tinker=True, training_backend="toy")
+    client, _ = client_for(tmp_path, keys_file(tmp_path), tinker=TOY_TINKER)
     with client:
         ok = client.get("/api/v1/training_runs", headers={"X-API-Key": "tml-trainer"})
         assert ok.status_code == 200, ok.text
@@ -189,8 +189,7 @@ def test_the_tinker_face_takes_the_keys_file_tenants(tmp_path: Path) -> None:
     client, _ = client_for(
         tmp_path,
         keys_file(tmp_path, alice={"faces": ["openai"]}),
-        tinker=True,
-        training_backend="toy",
+        tinker=TOY_TINKER,
     )
     with client:
         refused = client.get("/api/v1/training_runs", headers={"X-API-Key": "sk-alice"})

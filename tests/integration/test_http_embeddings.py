@@ -13,12 +13,12 @@ import pytest
 from litestar.testing import TestClient
 
 from adapters.fake.embedder import FakeEmbedder
-from adapters.http import create_app
-from adapters.storage.keys_file import load_keyring
+from adapters.http import HttpServices, create_app
 from adapters.torch.embedder import TorchEmbedder
 from adapters.weights.embedding import MINILM_NAME, resolve_minilm
-from application.embeddings import EmbeddingService
+from application.embeddings import EmbeddingLimits, EmbeddingService
 from application.keys import hash_key
+from entrypoints.embedding_flags import EmbeddingSettings
 from tests.fakes import fake_async_engine, fake_container
 
 EMBED = "fake-embed"
@@ -130,12 +130,9 @@ def test_other_models_are_404_model_not_found(client: openai.OpenAI) -> None:
 
 
 def test_too_many_inputs_is_a_400(tmp_path: Path) -> None:
-    from application.embeddings import EmbeddingLimits
-
     container = fake_container(
         cache_dir=str(tmp_path),
-        embedding_model=EMBED,
-        embedding_limits=EmbeddingLimits(max_embedding_inputs=2),
+        embeddings=EmbeddingSettings(EMBED, EmbeddingLimits(max_embedding_inputs=2)),
     )
     with TestClient(app=container.http_app()) as http:  # type: ignore[arg-type]
         reply = http.post("/v1/embeddings", json={"input": ["a", "b", "c"]})
@@ -151,7 +148,7 @@ def test_keys_and_model_scopes_apply(tmp_path: Path) -> None:
         f'{{"id": "chat-only", "keys": ["{hash_key("sk-c")}"], "models": ["fake"]}}]}}'
     )
     container = fake_container(
-        cache_dir=str(tmp_path), embedding_model=EMBED, keyring=load_keyring(keys)
+        cache_dir=str(tmp_path), embedding_model=EMBED, api_keys_file=str(keys)
     )
     with TestClient(app=container.http_app()) as http:  # type: ignore[arg-type]
 
@@ -175,7 +172,7 @@ class SlowEmbedder(FakeEmbedder):
 async def test_concurrent_requests_are_batched_and_each_gets_its_own() -> None:
     embedder = SlowEmbedder()
     service = EmbeddingService(embedder, EMBED)
-    app = create_app(fake_async_engine(), "fake", embeddings=service)
+    app = create_app(fake_async_engine(), "fake", HttpServices(embeddings=service))
     # httpx's ASGI transport serves the requests concurrently on this loop.
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
@@ -201,7 +198,7 @@ def minilm() -> TorchEmbedder:
 
 def test_minilm_through_the_sdk_equals_the_embedder(minilm: TorchEmbedder) -> None:
     service = EmbeddingService(minilm, MINILM_NAME)
-    app = create_app(fake_async_engine(), "fake", embeddings=service)
+    app = create_app(fake_async_engine(), "fake", HttpServices(embeddings=service))
     texts = ["The cat sits on the mat.", "A completely different sentence about finance."]
     with TestClient(app=app) as http:
         client = openai.OpenAI(

@@ -17,7 +17,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
-from adapters.http import create_app
+from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.ownership import Draining
 from adapters.http.streaming import PING, Heartbeat, HeartbeatMiddleware
 from entrypoints.server import END_GRACE_S, ConnectionLimits, LimitedServer, server_config
@@ -70,7 +70,7 @@ def test_without_allowed_origins_no_cors_headers_are_sent() -> None:
 
 def test_a_preflight_from_an_allowed_origin_gets_the_allow_headers() -> None:
     transport = TransportSettings(allowed_origins=(ORIGIN, "http://localhost:3000"))
-    with TestClient(app=fake_container(transport=transport).http_app()) as client:  # type: ignore[arg-type]
+    with TestClient(app=fake_container(http=transport).http_app()) as client:  # type: ignore[arg-type]
         reply = _preflight(client, ORIGIN)
     assert reply.status_code == 204
     assert reply.headers["access-control-allow-origin"] == ORIGIN
@@ -83,7 +83,7 @@ def test_a_preflight_from_an_allowed_origin_gets_the_allow_headers() -> None:
 
 def test_a_request_from_an_allowed_origin_may_read_the_request_id_and_rate_limits() -> None:
     transport = TransportSettings(allowed_origins=(ORIGIN,))
-    with TestClient(app=fake_container(transport=transport).http_app()) as client:  # type: ignore[arg-type]
+    with TestClient(app=fake_container(http=transport).http_app()) as client:  # type: ignore[arg-type]
         reply = client.get("/v1/models", headers={"Origin": ORIGIN, "X-Request-Id": "r-1"})
     assert reply.status_code == 200
     assert reply.headers["access-control-allow-origin"] == ORIGIN
@@ -94,7 +94,7 @@ def test_a_request_from_an_allowed_origin_may_read_the_request_id_and_rate_limit
 
 def test_a_disallowed_origin_gets_no_allow_origin() -> None:
     transport = TransportSettings(allowed_origins=(ORIGIN,))
-    with TestClient(app=fake_container(transport=transport).http_app()) as client:  # type: ignore[arg-type]
+    with TestClient(app=fake_container(http=transport).http_app()) as client:  # type: ignore[arg-type]
         preflight = _preflight(client, "https://evil.example.com")
         simple = client.get("/v1/models", headers={"Origin": "https://evil.example.com"})
     assert preflight.status_code == 400
@@ -178,7 +178,7 @@ async def test_no_ping_goes_out_while_an_event_waits_for_a_slow_client() -> None
 def test_a_stream_waiting_behind_others_gets_pings_and_the_openai_sdk_reads_it() -> None:
     """One KV slot, taken by another stream: the next one waits for its first token."""
     stack = fake_stack(endless=True, step_latency_s=0.01, max_batch_size=1)
-    app = create_app(stack.engine, MODEL, sse_heartbeat_s=0.05)
+    app = create_app(stack.engine, MODEL, settings=HttpSettings(sse_heartbeat_interval=0.05))
     busy = {**GENERATE, "max_tokens": 40}
     with serving(app) as served:
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
@@ -211,7 +211,8 @@ def test_a_fast_stream_is_unchanged_by_the_heartbeat() -> None:
     bodies = []
     for interval in (0.0, 15.0):
         stack = fake_stack()
-        app = create_app(stack.engine, MODEL, sse_heartbeat_s=interval)
+        settings = HttpSettings(sse_heartbeat_interval=interval)
+        app = create_app(stack.engine, MODEL, settings=settings)
         with TestClient(app=app) as client:
             bodies.append(client.post("/v1/generate", json=GENERATE).content)
     assert bodies[0] == bodies[1] and b"event: done" in bodies[0]
@@ -226,7 +227,7 @@ def slow() -> Stack:
 
 
 def test_a_reply_past_its_deadline_is_a_504_and_its_work_is_aborted(slow: Stack) -> None:
-    app = create_app(slow.engine, MODEL, request_timeout_s=0.3)
+    app = create_app(slow.engine, MODEL, settings=HttpSettings(request_timeout=0.3))
     with serving(app) as served:
         start = time.monotonic()
         reply = httpx.post(f"{served.url}/v1/chat/completions", json=CHAT, timeout=10)
@@ -243,7 +244,7 @@ def test_a_stream_past_its_deadline_ends_with_an_error_event(slow: Stack, route:
     body = {**CHAT, "stream": True} if "chat" in route else GENERATE
     if route == "/v1/completions":
         body = {"model": MODEL, "prompt": ["a", "b"], "stream": True}
-    app = create_app(slow.engine, MODEL, request_timeout_s=0.3)
+    app = create_app(slow.engine, MODEL, settings=HttpSettings(request_timeout=0.3))
     with serving(app) as served:
         with httpx.stream("POST", f"{served.url}{route}", json=body, timeout=10) as reply:
             text = reply.read().decode()
@@ -259,7 +260,7 @@ def test_a_stream_past_its_deadline_ends_with_an_error_event(slow: Stack, route:
 
 def test_a_request_within_its_deadline_is_unaffected() -> None:
     stack = fake_stack()
-    app = create_app(stack.engine, MODEL, request_timeout_s=5)
+    app = create_app(stack.engine, MODEL, settings=HttpSettings(request_timeout=5))
     with TestClient(app=app) as client:
         reply = client.post("/v1/chat/completions", json=CHAT)
     assert reply.status_code == 200
@@ -310,7 +311,7 @@ def _stream_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thr
 def test_draining_refuses_new_work_in_each_face_format_and_is_not_ready(tmp_path: Path) -> None:
     stack = fake_stack(tmp_path, endless=True, step_latency_s=0.02)
     draining = Draining()
-    app = create_app(stack.engine, MODEL, tinker=stack.tinker, draining=draining)
+    app = create_app(stack.engine, MODEL, HttpServices(tinker=stack.tinker, draining=draining))
     with draining_server(app, draining, 10) as (server, url, _):
         reader, _ = _stream_in_background(url, {**GENERATE, "max_tokens": 1000})
         stack.wait_busy()
@@ -334,7 +335,7 @@ def test_draining_refuses_new_work_in_each_face_format_and_is_not_ready(tmp_path
 def test_a_stream_that_fits_in_the_drain_timeout_completes_then_the_server_stops() -> None:
     stack = fake_stack(endless=True, step_latency_s=0.02)
     draining = Draining()
-    app = create_app(stack.engine, MODEL, draining=draining)
+    app = create_app(stack.engine, MODEL, HttpServices(draining=draining))
     with draining_server(app, draining, 10) as (server, url, thread):
         reader, out = _stream_in_background(url, {**GENERATE, "max_tokens": 30})
         stack.wait_busy()
@@ -350,7 +351,7 @@ def test_a_stream_that_fits_in_the_drain_timeout_completes_then_the_server_stops
 def test_a_stream_past_the_drain_timeout_gets_an_error_event_and_is_aborted() -> None:
     stack = fake_stack(endless=True, step_latency_s=0.02)
     draining = Draining()
-    app = create_app(stack.engine, MODEL, draining=draining)
+    app = create_app(stack.engine, MODEL, HttpServices(draining=draining))
     with draining_server(app, draining, 0.3) as (server, url, thread):
         reader, out = _stream_in_background(url, {**GENERATE, "max_tokens": 1000})
         stack.wait_busy()
@@ -368,7 +369,7 @@ def test_a_stream_past_the_drain_timeout_gets_an_error_event_and_is_aborted() ->
 def test_a_second_signal_ends_the_drain_at_once() -> None:
     stack = fake_stack(endless=True, step_latency_s=0.02)
     draining = Draining()
-    app = create_app(stack.engine, MODEL, draining=draining)
+    app = create_app(stack.engine, MODEL, HttpServices(draining=draining))
     with draining_server(app, draining, 30) as (server, url, thread):
         reader, out = _stream_in_background(url, {**GENERATE, "max_tokens": 1000})
         stack.wait_busy()

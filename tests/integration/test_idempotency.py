@@ -132,7 +132,7 @@ def test_a_failed_request_frees_its_key_and_bad_keys_are_400(tmp_path) -> None:
 
 
 def test_off_when_the_retention_is_zero(tmp_path) -> None:
-    client, runner = make_client(tmp_path, idempotency_ttl_s=0)
+    client, runner = make_client(tmp_path, idempotency_ttl=0)
     with client:
         post(client, "k")
         assert "idempotent-replayed" not in post(client, "k").headers

@@ -20,8 +20,9 @@ from application.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.training import AdamParams, Datum, LoraSpec, TensorValue
+from entrypoints.config import ServerConfig
 from entrypoints.container import Container, create_container
-from entrypoints.model_flags import ModelSettings
+from entrypoints.tinker_flags import TinkerSettings
 from tests.integration.tinker_server import serve
 from tests.integration.tiny_models import save_tiny_model
 
@@ -56,7 +57,7 @@ def peft_folder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def container(tiny_model: Path, tmp_path: Path, **kwargs: object) -> Container:
-    return create_container(
+    config = ServerConfig.for_model(
         str(tiny_model),
         dtype="float32",
         device="cpu",
@@ -64,8 +65,9 @@ def container(tiny_model: Path, tmp_path: Path, **kwargs: object) -> Container:
         progress=False,
         engine=EngineConfig(max_seq_len=128, max_batch_size=4),
         served_model_name=BASE,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
+    return create_container(config)
 
 
 def greedy(client: openai.OpenAI, model: str) -> str:
@@ -79,8 +81,8 @@ def greedy(client: openai.OpenAI, model: str) -> str:
 def test_a_lora_module_is_a_model_of_its_own(
     tiny_model: Path, peft_folder: Path, tmp_path: Path
 ) -> None:
-    settings = ModelSettings(lora_modules=(LoraModule("hello", peft_folder),))
-    app = container(tiny_model, tmp_path, models=settings).http_app()
+    modules = (LoraModule("hello", peft_folder),)
+    app = container(tiny_model, tmp_path, lora_modules=modules).http_app()
     with TestClient(app=app) as http:  # type: ignore[arg-type]
         client = openai.OpenAI(
             base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
@@ -94,9 +96,9 @@ def test_a_lora_module_is_a_model_of_its_own(
 
 
 def test_a_lora_module_that_is_no_adapter_fails_the_start(tiny_model: Path, tmp_path: Path) -> None:
-    settings = ModelSettings(lora_modules=(LoraModule("sql", tmp_path),))
+    modules = (LoraModule("sql", tmp_path),)
     with pytest.raises(InvalidParameterError, match=f"sql={tmp_path}: no adapter_model"):
-        container(tiny_model, tmp_path, models=settings).http_app()
+        container(tiny_model, tmp_path, lora_modules=modules).http_app()
 
 
 def train_and_save(url: str, key: str) -> str:
@@ -119,9 +121,8 @@ def train_and_save(url: str, key: str) -> str:
 
 @pytest.fixture
 def tinker_url(tiny_model: Path, tmp_path: Path) -> Iterator[str]:
-    app = container(
-        tiny_model, tmp_path, tinker=True, checkpoint_dir=str(tmp_path / "ckpt")
-    ).http_app()
+    api = TinkerSettings(enabled=True, checkpoint_dir=str(tmp_path / "ckpt"))
+    app = container(tiny_model, tmp_path, tinker=api).http_app()
     with serve(app) as url:  # type: ignore[arg-type]
         yield url
 

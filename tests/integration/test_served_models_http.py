@@ -14,7 +14,6 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from adapters.storage.keys_file import load_keyring
 from application.keys import hash_key
 from application.served_models import LoraModule
 from domain.errors import InvalidParameterError
@@ -34,7 +33,7 @@ NAMES = ["smollm2", "gpt-4o-mini", "legacy", "smollm2-2026-01-01"]  # "gone" is 
 def app_client(tmp_path: Path, **kwargs: object) -> TestClient:
     runner = FakeModelRunner(script=reply_script(ByteTokenizer(), REPLY))
     container = fake_container(
-        runner, cache_dir=str(tmp_path), served_model_name="smollm2", models=SETTINGS, **kwargs
+        runner, cache_dir=str(tmp_path), served_model_name="smollm2", model=SETTINGS, **kwargs
     )
     return TestClient(app=container.http_app())  # type: ignore[arg-type]
 
@@ -130,7 +129,7 @@ def test_a_key_allowed_the_id_uses_its_aliases_one_allowed_an_alias_only_that(
     ]
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"tenants": tenants}))
-    with app_client(tmp_path, keyring=load_keyring(path)) as http:
+    with app_client(tmp_path, api_keys_file=str(path)) as http:
 
         def sdk(key: str) -> openai.OpenAI:
             return openai.OpenAI(
@@ -159,5 +158,5 @@ def test_serve_refuses_a_bad_model_flag_before_loading_anything(capsys) -> None:
 def test_lora_modules_need_the_torch_runner(tmp_path: Path) -> None:
     settings = ModelSettings(lora_modules=(LoraModule("sql", tmp_path),))
     with pytest.raises(InvalidParameterError, match="torch runner") as error:
-        fake_container(cache_dir=str(tmp_path), models=settings).http_app()
+        fake_container(cache_dir=str(tmp_path), model=settings).http_app()
     assert error.value.param == "lora_modules"

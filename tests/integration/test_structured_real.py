@@ -13,6 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from domain.config import EngineConfig
+from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 from tests.structured_schemas import SCHEMAS, SchemaCase
 
@@ -22,9 +23,10 @@ SYSTEM = "You answer with JSON only."
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
-    container = create_container(
-        None, dtype="float32", progress=False, engine=EngineConfig(max_batch_size=16)
+    config = ServerConfig.for_model(
+        dtype="float32", progress=False, engine=EngineConfig(max_batch_size=16)
     )
+    container = create_container(config)
     with TestClient(app=container.http_app()) as http:
         yield openai.OpenAI(
             base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0

@@ -4,7 +4,7 @@ need a process of their own (its open-files limit, its log)."""
 
 import argparse
 
-from entrypoints.server import add_connection_args, connection_limits, run_server
+from entrypoints.server import ConnectionLimits, add_connection_args, run_server
 from tests.robustness.harness import fake_stack
 
 
@@ -13,7 +13,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     add_connection_args(parser)
     args = parser.parse_args()
-    run_server(fake_stack().app(), "127.0.0.1", args.port, connection_limits(args))
+    run_server(fake_stack().app(), "127.0.0.1", args.port, ConnectionLimits.from_args(args))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from litestar import Litestar
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
-from adapters.http import create_app
+from adapters.http import HttpServices, create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
 from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
@@ -39,7 +39,7 @@ class Stack:
     tinker: TinkerService | None
 
     def app(self) -> Litestar:
-        return create_app(self.engine, MODEL, tinker=self.tinker)
+        return create_app(self.engine, MODEL, HttpServices(tinker=self.tinker))
 
     def leftovers(self) -> dict[str, Any]:
         """What the engine still holds: empty when every request has ended."""

@@ -25,7 +25,6 @@ from entrypoints.server import (
     ConnectionLimits,
     FoldedLog,
     connection_cap,
-    connection_limits,
     raise_open_files_limit,
 )
 from tests.robustness.harness import (
@@ -498,8 +497,8 @@ def test_infer_serve_takes_every_connection_limit_as_a_flag() -> None:
             "--h11-max-incomplete-event-size=4096",
         ]
     )
-    assert connection_limits(args) == ConnectionLimits(50, 7, 3.0, 20.0, 64, 4096, 4.0)
-    defaults = connection_limits(cli._parser().parse_args(["serve"]))
+    assert ConnectionLimits.from_args(args) == ConnectionLimits(50, 7, 3.0, 20.0, 64, 4096, 4.0)
+    defaults = ConnectionLimits.from_args(cli._parser().parse_args(["serve"]))
     assert defaults == ConnectionLimits()
 
 

@@ -8,7 +8,7 @@ import argparse
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from entrypoints.server import ConnectionLimits, run_server
-from entrypoints.transport_flags import add_transport_args, transport_settings
+from entrypoints.transport_flags import TransportSettings, add_address_args, add_transport_args
 from tests.fakes import fake_container
 
 MODEL = "fake"
@@ -16,20 +16,20 @@ MODEL = "fake"
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
+    add_address_args(parser)
     parser.add_argument("--step-latency", type=float, default=0.0)
     add_transport_args(parser)
     args = parser.parse_args()
-    transport = transport_settings(args)
+    transport = TransportSettings.from_args(args)
     runner = FakeModelRunner(
         script=reply_script(ByteTokenizer(), "Paris", then_eos=False),
         step_latency_s=args.step_latency,
     )
-    container = fake_container(runner, transport=transport)
+    container = fake_container(runner, http=transport)
     run_server(
         container.http_app(),
-        "127.0.0.1",
-        args.port,
+        transport.host,
+        transport.port,
         ConnectionLimits(),
         draining=container.draining(),
         drain_timeout_s=transport.drain_timeout,

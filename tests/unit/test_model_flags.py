@@ -1,5 +1,5 @@
-"""``infer serve``'s model-name flags: what they parse to, and bad values refused naming
-the flag's setting."""
+"""``infer serve``'s model flags: what they parse to, and bad values refused naming the
+flag's setting."""
 
 import argparse
 from datetime import date
@@ -9,13 +9,12 @@ import pytest
 
 from application.served_models import LoraModule
 from domain.errors import InvalidParameterError
-from entrypoints.model_flags import add_model_name_args, model_settings, served_model_name
+from entrypoints.cli import _parser
+from entrypoints.model_flags import ModelSettings
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_model_name_args(parser)
-    return parser.parse_args(argv)
+    return _parser().parse_args(["serve", *argv])
 
 
 def test_the_flags_parse_to_names_aliases_modules_and_dates() -> None:
@@ -26,8 +25,8 @@ def test_the_flags_parse_to_names_aliases_modules_and_dates() -> None:
         "--lora-modules", "sql=/a/sql", "chat=/a/chat",
         "--lora-modules", "more=/a/more",
     )  # fmt: skip
-    settings = model_settings(args)
-    assert served_model_name(args) == "smollm2"
+    settings = ModelSettings.from_args(args)
+    assert settings.served_model_name == "smollm2"
     assert settings.aliases == ("gpt-4o-mini", "mini")
     assert settings.model_version == "2026-01-01"
     assert settings.deprecations == {"mini": date(2026, 6, 30)}
@@ -39,9 +38,8 @@ def test_the_flags_parse_to_names_aliases_modules_and_dates() -> None:
 
 
 def test_no_flags_serve_the_model_under_its_own_name() -> None:
-    args = parse()
-    assert served_model_name(args) is None
-    settings = model_settings(args)
+    settings = ModelSettings.from_args(parse())
+    assert settings.served_model_name is None
     assert (settings.aliases, settings.lora_modules, settings.deprecations) == ((), (), {})
 
 
@@ -59,5 +57,22 @@ def test_no_flags_serve_the_model_under_its_own_name() -> None:
 )
 def test_bad_values_are_refused_naming_the_flag(argv: list[str], setting: str) -> None:
     with pytest.raises(InvalidParameterError) as error:
-        model_settings(parse(*argv))
+        ModelSettings.from_args(parse(*argv))
     assert error.value.param == setting
+
+
+def test_the_model_comes_from_the_tag_or_the_flag_not_two_different_ones() -> None:
+    assert ModelSettings.from_args(parse("dummy:SmolLM2-135M")).model == "dummy:SmolLM2-135M"
+    assert ModelSettings.from_args(parse("--model", "m", "m")).model == "m"
+    with pytest.raises(InvalidParameterError, match="given twice") as error:
+        ModelSettings.from_args(parse("a", "--model", "b"))
+    assert error.value.param == "model"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("runner", "jax"), ("dtype", "int3"), ("quantization", "q3"), ("tool_call_parser", "x")],
+)
+def test_an_unknown_choice_is_refused_naming_its_field(field: str, value: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        ModelSettings(**{field: value})  # type: ignore[arg-type]

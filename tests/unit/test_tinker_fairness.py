@@ -325,12 +325,12 @@ def test_serve_flags_set_the_limits_and_refuse_nonsense() -> None:
     from entrypoints.cli import _parser
     from entrypoints.tinker_flags import tinker_limits
 
-    defaults = tinker_limits(_parser().parse_args(["serve"]), max_batch_size=6)
+    defaults = tinker_limits(_parser().parse_args(["serve"]), max_num_seqs=6)
     assert defaults == TinkerLimits(max_sample_requests=6)
     flags = "--tinker-max-lora-rank 32 --tinker-max-pending-mib 2 "
     flags += "--tinker-max-sample-requests 3 --tinker-max-runs-per-key 1"
     args = _parser().parse_args(["serve", *flags.split()])
-    limits = tinker_limits(args, max_batch_size=6)
+    limits = tinker_limits(args, max_num_seqs=6)
     assert (limits.max_lora_rank, limits.max_pending_bytes) == (32, 2 << 20)
     assert (limits.max_sample_requests, limits.max_runs_per_key) == (3, 1)
     with pytest.raises(InvalidParameterError, match="tinker_max_seq_ahead"):

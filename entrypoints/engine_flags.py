@@ -1,0 +1,164 @@
+"""``infer serve`` flags for the engine: batching, the running cap and context length, the
+KV pool; :class:`EngineSettings` holds them (and the request limits of
+:mod:`entrypoints.request_flags`) under the flags' names.
+
+:class:`EngineConfig` (the domain's) keeps its own names for four of them; the one mapping
+between the two is :data:`ENGINE_CONFIG_NAMES` (as vLLM maps ``EngineArgs`` to its
+configs), so a new engine flag is its argument, a field here and in ``EngineConfig`` under
+the same name, and its use."""
+
+import argparse
+from dataclasses import asdict, dataclass, fields
+
+from adapters.torch.kv_sizing import (
+    AUTO,
+    CPU_AUTO_CAP,
+    CPU_AUTO_FRACTION,
+    CUDA_AUTO_FRACTION,
+    KVCacheMemory,
+    human_size,
+    parse_kv_cache_memory,
+)
+from domain.config import EngineConfig
+from entrypoints.request_flags import request_limits
+
+# ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
+# default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
+MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
+
+# EngineSettings' field (the flag's name) -> EngineConfig's field, where they differ.
+ENGINE_CONFIG_NAMES = {
+    "max_num_seqs": "max_batch_size",
+    "max_model_len": "max_seq_len",
+    "batch_wait_timeout": "batch_wait_timeout_s",
+    "prefix_caching": "enable_prefix_caching",
+}
+_FLAG_NAMES = {config: flag for flag, config in ENGINE_CONFIG_NAMES.items()}
+_DEFAULTS = EngineConfig()
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine's flags under their names (``--max-num-seqs``: ``max_num_seqs``,
+    ``--no-prefix-caching``: ``prefix_caching`` False); the defaults are
+    :class:`EngineConfig`'s (``infer serve``'s own come from :meth:`from_args`). Checked
+    at construction by the :class:`EngineConfig` they make (its errors name its fields,
+    which are flags too: ``--max-batch-size``, ``--max-seq-len``)."""
+
+    max_num_seqs: int = _DEFAULTS.max_batch_size
+    max_model_len: int = _DEFAULTS.max_seq_len
+    max_waiting_requests: int = _DEFAULTS.max_waiting_requests
+    batching_mode: str = _DEFAULTS.batching_mode
+    batch_wait_timeout: float = _DEFAULTS.batch_wait_timeout_s
+    max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
+    max_prompt_bytes: int = _DEFAULTS.max_prompt_bytes
+    max_prompts_per_request: int = _DEFAULTS.max_prompts_per_request
+    max_n: int = _DEFAULTS.max_n
+    max_stop_strings: int = _DEFAULTS.max_stop_strings
+    max_stop_bytes: int = _DEFAULTS.max_stop_bytes
+    prepare_threads: int = _DEFAULTS.prepare_threads
+    trust_chat_special_tokens: bool = _DEFAULTS.trust_chat_special_tokens
+    kv_block_size: int = _DEFAULTS.kv_block_size
+    num_kv_blocks: int | None = _DEFAULTS.num_kv_blocks
+    prefix_caching: bool = _DEFAULTS.enable_prefix_caching
+    enforce_eager: bool = _DEFAULTS.enforce_eager
+
+    def __post_init__(self) -> None:
+        self.engine_config()
+
+    def engine_config(self) -> EngineConfig:
+        """The domain's configuration: these values under its names."""
+        return EngineConfig(**{ENGINE_CONFIG_NAMES.get(k, k): v for k, v in asdict(self).items()})
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> "EngineSettings":
+        """``config``'s values under the flags' names."""
+        values = {_FLAG_NAMES.get(f.name, f.name): getattr(config, f.name) for f in fields(config)}
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, device: str) -> "EngineSettings":
+        """``infer serve``'s values; ``--max-num-seqs`` by default by ``device`` (the one
+        the model loads on)."""
+        max_num_seqs = args.max_num_seqs
+        if max_num_seqs is None:  # vLLM's default on a GPU; what a CPU serves well
+            max_num_seqs = MAX_NUM_SEQS["cuda" if device.startswith("cuda") else "cpu"]
+        return cls(
+            max_num_seqs=max_num_seqs,
+            max_model_len=args.max_model_len,
+            max_waiting_requests=args.max_waiting_requests,
+            batching_mode=args.batching_mode,
+            batch_wait_timeout=args.batch_wait_timeout,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_block_size=args.kv_block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            prefix_caching=args.prefix_caching,
+            enforce_eager=args.enforce_eager,
+            **request_limits(args),
+        )
+
+
+def add_engine_args(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--max-batch-size",
+        "--max-num-seqs",
+        dest="max_num_seqs",
+        metavar="MAX_BATCH_SIZE",
+        type=int,
+        default=None,
+        help=f"running requests at most (default: {MAX_NUM_SEQS['cpu']} on a CPU, "
+        f"{MAX_NUM_SEQS['cuda']} on a GPU)",
+    )
+    serve.add_argument("--batching-mode", default="continuous", choices=["continuous", "static"])
+    serve.add_argument("--max-waiting-requests", type=int, default=64, help="beyond: HTTP 503")
+    serve.add_argument(
+        "--max-seq-len",
+        "--max-model-len",
+        dest="max_model_len",
+        metavar="MAX_SEQ_LEN",
+        type=int,
+        default=2048,
+        help="prompt + output tokens",
+    )
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512)
+    serve.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="compute every prompt in full (default: reuse cached KV blocks of shared prefixes)",
+    )
+    kv_pool = serve.add_mutually_exclusive_group()
+    kv_pool.add_argument(
+        "--kv-cache-memory",
+        type=kv_cache_memory,
+        default=None,
+        metavar="SIZE|FRACTION|auto",
+        help="KV cache budget: a size (512MiB, 4GiB, 2GB, bytes) or a fraction in (0, 1] "
+        "(CUDA: of the device's memory, the model's share included, as vLLM's "
+        "--gpu-memory-utilization; CPU: of the memory available now); the KV blocks fill it "
+        f"(default auto: {CUDA_AUTO_FRACTION:g} on CUDA; on a CPU {CPU_AUTO_FRACTION:g} of "
+        f"the memory available, at most {human_size(CPU_AUTO_CAP)})",
+    )
+    kv_pool.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (instead)"
+    )
+    serve.add_argument(
+        "--kv-block-size", type=int, default=16, help="positions per KV block (default 16)"
+    )
+    serve.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly (default on a GPU: decode steps replay CUDA graphs "
+        "captured at start-up)",
+    )
+    serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+
+
+def kv_cache_memory(text: str) -> KVCacheMemory | str:
+    """``--kv-cache-memory``'s value; argparse names the flag in its error."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return parse_kv_cache_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
