@@ -1,0 +1,83 @@
+// The quantized weight as the kernels see it (infer-quantized-v1: see quant_linear.cpp) and
+// the float conversions every path shares.
+// Part of quant_linear.cpp, its only includer (one translation unit: the helpers stay in an
+// anonymous namespace).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#if defined(__SSE__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // activation quantization block (and 4-bit packing chunk)
+
+// The checked weight arguments as raw pointers.
+struct Weight {
+  const uint8_t* q;       // row-major; int8 bytes for bits 8, packed nibbles for bits 4
+  const at::Half* scales; // [n, groups]
+  const at::Half* mins;   // [n, groups] or nullptr
+  int64_t n, k, bits, group, groups, row_bytes;
+
+  const uint8_t* row(int64_t r) const { return q + r * row_bytes; }
+};
+
+// float16 -> float32 for a run of values (F16C 8 at a time where the CPU has it).
+inline void halves_to_floats(const at::Half* src, float* dst, int64_t count) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= count; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < count; ++i) dst[i] = _cvtsh_ss(src[i].x);
+#else
+  for (; i < count; ++i) dst[i] = static_cast<float>(src[i]);
+#endif
+}
+
+// float32 -> bfloat16 for a run of values, rounded as c10::BFloat16 rounds (to nearest
+// even; NaN to 0x7FC0), 16 or 8 at a time with integer vector ops: the scalar conversion
+// took most of the dense path's dequantization time.
+inline void floats_to_bf16(const float* src, at::BFloat16* dst, int64_t count) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  const __m512i nan = _mm512_set1_epi32(0x7FC0);
+  for (; i + 16 <= count; i += 16) {
+    const __m512 v = _mm512_loadu_ps(src + i);
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+#elif defined(__AVX2__)
+  const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+  const __m256i nan = _mm256_set1_epi32(0x7FC0);
+  for (; i + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(src + i);
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+    r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    // 8 x 32-bit -> 8 x 16-bit (values < 2^16: packus keeps them), lanes back in order
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+#endif
+  for (; i < count; ++i) dst[i] = static_cast<at::BFloat16>(src[i]);
+}
+
+}  // namespace
