@@ -6,10 +6,11 @@ every linear of a Llama, Qwen3 or Gemma 3 block is a :class:`~adapters.torch.qua
 on the portable kernel, :func:`install_quant_decode` gives the block a ``decode_kernel``
 that runs a step of decode rows (the engine's, over the paged KV pool, and the model-level
 ``generate``'s over its contiguous cache) as one C++ call: the same quantized linears and
-paged attention (for a bf16 model the AVX512-BF16 build's where the CPU has it, the op
-``infer::paged_attention_bf16``), the norms, RoPE and gating as loops. It steps aside (returns None: the
-modules run) for prompt chunks, for a step whose rows use a LoRA adapter (the served
-adapters wrap the linears: the wrapper must run), and for any dtype other than the model's.
+paged attention (for a bf16 model the AVX512-BF16 build's where the CPU has it: the op
+``infer::paged_attention_bf16``), the norms, RoPE and gating as loops. It steps aside
+(returns None: the modules run) for prompt chunks, for a step whose rows use a LoRA
+adapter (the served adapters wrap the linears: the wrapper must run), and for any dtype
+other than the model's.
 ``INFER_CPU_KERNELS=0`` (no portable kernels) leaves the modules' path everywhere.
 """
 
