@@ -122,6 +122,8 @@ def build_model(
             linears=len(linears),
             weights_mib=round(sum(m.weight_q.nbytes for m in linears) / MIB, 1),
             dense_from_rows=switch,
+            # an 8-bit LM head's dequantized copy for many rows (keep_dense_head)
+            dense_copy_mib=round(sum(m.dense.nbytes for m in linears if m.dense is not None) / MIB),
         )
     return model
 
