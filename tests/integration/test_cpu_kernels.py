@@ -16,6 +16,7 @@ from adapters.torch.cpu.fused_decode import (
 )
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.loader import load_model
+from adapters.torch.models.attention_backend import SDPA, CpuBf16Attention
 from adapters.torch.models.config import RopeConfig
 from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.models.layers import (
@@ -286,7 +287,7 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
     save_tiny_model(arch, tmp_path)
     model = load_model(tmp_path, dtype=BF16)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
-    assert all(a.attention_kernel is not None for a in attention)
+    assert all(isinstance(a.backend, CpuBf16Attention) for a in attention)
     cache = PagedKVCache(model.config, 8, 16, dtype=BF16, device="cpu")
     tables = [[5, 0], [3], [6]]
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3], [40, 41, 42, 43]]
@@ -304,7 +305,7 @@ def test_attention_with_the_kernel_matches_sdpa_in_the_model(arch: str, tmp_path
 
         fast = step()
         for a in attention:
-            a.attention_kernel = None
+            a.backend = SDPA
         slow = step()
     assert fast.shape == (3, model.config.vocab_size)
     assert_close(fast, slow, atol=0.05, rtol=0.02)

@@ -15,6 +15,7 @@ from torch.testing import assert_close
 
 from adapters.torch.cuda.graphs import DecodeGraphs, graph_sizes
 from adapters.torch.loader import load_model
+from adapters.torch.models.attention_backend import PagedDecodeAttention
 from adapters.torch.models.layers import Attention
 from adapters.torch.models.paged_kv import PagedKVCache, gather
 from adapters.torch.models.transformer import Transformer
@@ -53,7 +54,7 @@ def model(request, tmp_path: Path) -> Transformer:
     model = load_model(tmp_path, dtype=torch.float32)
     for module in model.modules():
         if isinstance(module, Attention):
-            module.paged_attention_kernel = _reference_paged
+            module.backend = PagedDecodeAttention(_reference_paged, "reference")
     return model
 
 

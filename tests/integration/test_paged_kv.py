@@ -13,6 +13,7 @@ from torch.testing import assert_close
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import install_paged_attention, portable_kernels
 from adapters.torch.loader import load_model
+from adapters.torch.models.attention_backend import SDPA
 from adapters.torch.models.layers import Attention, PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping
 from adapters.torch.models.transformer import Transformer
@@ -214,7 +215,7 @@ def test_the_portable_paged_kernel_in_the_model_equals_the_gathered_path(
     save_tiny_model(family, tmp_path)
     model = load_model(tmp_path, dtype=torch.float32)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
-    assert all(a.paged_attention_kernel is None for a in attention)
+    assert all(a.backend.paged is None for a in attention)
     assert install_paged_attention(model)
     pool = Pool(model)
     seqs = [_ids(13, 1), _ids(3, 2), _ids(9, 3)]  # 13 + 1 is past Gemma's window of 6
@@ -224,7 +225,7 @@ def test_the_portable_paged_kernel_in_the_model_equals_the_gathered_path(
         rows = [(t, len(s), 7 + i) for i, (t, s) in enumerate(zip(tables, seqs, strict=True))]
         fast = _step(model, pool.cache, rows, [])
         for a in attention:
-            a.paged_attention_kernel = None
+            a.backend = SDPA
         slow = _step(model, pool.cache, rows, [])
     assert_close(fast, slow, **TOL)
     for i, seq in enumerate(seqs):
@@ -239,7 +240,7 @@ def test_the_paged_kernel_in_the_model_equals_the_gathered_path(tmp_path: Path) 
     save_tiny_model("gemma3", tmp_path)
     model = load_model(tmp_path, dtype=torch.bfloat16)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
-    assert all(a.paged_attention_kernel is not None for a in attention)
+    assert all(a.backend.paged is not None for a in attention)
     pool = Pool(model)
     pool.cache = PagedKVCache(model.config, 40, BLOCK, dtype=torch.bfloat16, device="cpu")
     seqs = [_ids(13, 1), _ids(3, 2)]
@@ -249,7 +250,7 @@ def test_the_paged_kernel_in_the_model_equals_the_gathered_path(tmp_path: Path) 
         rows = [(tables[0], 13, 7), (tables[1], 3, 9)]
         fast = _step(model, pool.cache, rows, [])
         for a in attention:
-            a.paged_attention_kernel = None
+            a.backend = SDPA
         slow = _step(model, pool.cache, rows, [])
     assert_close(fast, slow, atol=0.05, rtol=0.02)
 
@@ -304,7 +305,7 @@ def test_the_runner_zeroes_the_pool_only_when_decode_rows_gather(
     model = load_model(tmp_path, dtype=torch.float32)
     runner = runner_module.TorchModelRunner(model, EngineConfig(max_batch_size=2, max_seq_len=64))
     attention = [m for m in model.modules() if isinstance(m, Attention)]
-    assert all((a.paged_attention_kernel is not None) == kernel_built for a in attention)
+    assert all((a.backend.paged is not None) == kernel_built for a in attention)
     assert made == [not kernel_built]
     if not kernel_built:
         assert not runner.cache.k.any() and not runner.cache.v.any()

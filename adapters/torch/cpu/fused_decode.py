@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from adapters.torch.cpu.kernels import cpu_kernels
+from adapters.torch.models.attention_backend import CpuBf16Attention
 from adapters.torch.models.gemma3 import Gemma3Block
 from adapters.torch.models.kv_cache import DecodeRows
 from adapters.torch.models.layers import Attention, GatedMLP, PagedDecodeRows, RMSNorm, gelu_tanh
@@ -126,7 +127,7 @@ class FusedDecodeLayer:
             isinstance(mlp, KernelGatedMLP)
             and all(isinstance(m, PackedLinear) and m.kernels and m.bias is None for m in linears)
             and all(isinstance(n, KernelRMSNorm) for n in norms)
-            and attn.attention_kernel is not None
+            and isinstance(attn.backend, CpuBf16Attention)
         )
 
     def __call__(
@@ -192,11 +193,12 @@ def optimize_for_cpu(model: nn.Module) -> None:
         return
     _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
     _swap(model, GatedMLP, lambda m: KernelGatedMLP(m, kernels) if m.act in _ACTS else m)
+    backend = CpuBf16Attention(
+        kernels.attention, kernels.prompt_attention, kernels.paged_attention, kernels.rope
+    )
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
-            module.attention_kernel, module.rope_kernel = kernels.attention, kernels.rope
-            module.prompt_attention_kernel = kernels.prompt_attention
-            module.paged_attention_kernel = kernels.paged_attention  # over the block pool
+            module.backend = backend
     for module in model.modules():
         if isinstance(module, LlamaBlock | Gemma3Block) and FusedDecodeLayer.applies(module):
             module.decode_kernel = FusedDecodeLayer(module, kernels)

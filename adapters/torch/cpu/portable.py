@@ -26,6 +26,7 @@ from torch import nn
 
 from adapters.torch.cpu.build import build_extension
 from adapters.torch.cpu.isa import cpu_flags
+from adapters.torch.models.attention_backend import PagedDecodeAttention
 from adapters.torch.models.layers import Attention
 
 log = structlog.get_logger(__name__)
@@ -77,12 +78,14 @@ def portable_kernels() -> Any | None:
 
 
 def install_paged_attention(model: nn.Module) -> bool:
-    """Give every attention layer of a CPU model without one the portable paged decode
-    kernel; False where it cannot be built (the layers gather their blocks)."""
+    """Give every attention layer of a CPU model that has no paged kernel yet the portable
+    one (:class:`PagedDecodeAttention`, one instance for the model); False where it cannot
+    be built (the layers gather their blocks)."""
     kernels = portable_kernels()
     if kernels is None:
         return False
+    backend = PagedDecodeAttention(kernels.paged_attention, "portable")
     for module in model.modules():
-        if isinstance(module, Attention) and module.paged_attention_kernel is None:
-            module.paged_attention_kernel = kernels.paged_attention
+        if isinstance(module, Attention) and module.backend.paged is None:
+            module.backend = backend
     return True

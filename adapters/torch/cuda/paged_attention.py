@@ -7,7 +7,7 @@ and an online softmax accumulates the values, as flash decoding does. Every shap
 sees is fixed by the pool and the tables' width, so the launch can be captured in a CUDA
 graph; the keys it reads are bounded by each row's length, read from the device.
 
-The contract is :attr:`Attention.paged_attention_kernel`'s: ``q`` ``[R, H, 1, D]``,
+The contract is ``attention_backend.PagedKernel``'s: ``q`` ``[R, H, 1, D]``,
 ``k_pool, v_pool`` ``[blocks, Hkv, block_size, D]``, ``tables`` ``[R, max_blocks]`` int32,
 ``lengths`` ``[R]`` (row ``r`` sees keys ``< lengths[r]``, only the last ``window`` of them
 where ``window`` > 0), ``scale`` -> ``[R, H, 1, D]`` in ``q``'s dtype.
@@ -159,11 +159,13 @@ def paged_decode_attention(
 def install_paged_attention(model: nn.Module) -> bool:
     """Give every attention layer of a CUDA model the Triton paged decode kernel; False
     where Triton is missing (the layers gather their blocks)."""
+    from adapters.torch.models.attention_backend import PagedDecodeAttention
     from adapters.torch.models.layers import Attention
 
     if triton is None:
         return False
+    backend = PagedDecodeAttention(paged_decode_attention, "triton")
     for module in model.modules():
-        if isinstance(module, Attention) and module.paged_attention_kernel is None:
-            module.paged_attention_kernel = paged_decode_attention
+        if isinstance(module, Attention) and module.backend.paged is None:
+            module.backend = backend
     return True

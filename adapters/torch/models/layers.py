@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from adapters.torch.models.attention_backend import SDPA, SdpaAttention
 from adapters.torch.models.config import ModelConfig, RopeConfig
 from adapters.torch.models.kv_cache import DecodeRows, KVCache, KVStore
-from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping
+from adapters.torch.models.paged_kv import PagedKVCache, block_tables, slot_mapping
 
 
 class RMSNorm(nn.Module):
@@ -122,22 +123,9 @@ class Attention(nn.Module):
         )
         scalar = config.query_pre_attn_scalar
         self.scale = scalar**-0.5 if scalar else config.head_dim**-0.5
-        # A faster causal-attention path over a cache, injected by CPU inference
-        # optimizations: (q [B, H, T, D], k, v [B, Hkv, L, D], lengths [B] or [1] int64 (keys
-        # seen by each row's last query), window (0 = none), scale) -> [B, H, T, D].
-        self.attention_kernel: Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
-        self.attention_kernel = None
-        # And the same as for a prompt chunk whatever its length (one query too), where the
-        # kernel rounds decode rows and chunks differently.
-        self.prompt_attention_kernel: (
-            Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor] | None
-        ) = None
-        # And a one-pass :func:`apply_rope` (same arguments, same result).
-        self.rope_kernel: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
-        # And decode attention read through block tables: (q [R, H, 1, D], k, v pools
-        # [blocks, Hkv, block_size, D], tables [R, max_blocks] int32, lengths [R] int64,
-        # window, scale) -> [R, H, 1, D].
-        self.paged_attention_kernel: PagedKernel | None = None
+        # How it attends (SDPA, or kernels): chosen once per model where its kernels are
+        # installed, one backend shared by every layer (attention_backend.py).
+        self.backend: SdpaAttention = SDPA
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: "AttnMask", cache: "Cache | None"
@@ -150,7 +138,7 @@ class Attention(nn.Module):
             q, k = qk.split([self.n_heads, self.n_kv], dim=2)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=2)
         # One rotation for queries and keys together: half the small ops of a decode step.
-        rotate = self.rope_kernel or apply_rope
+        rotate = self.backend.rope or apply_rope
         q, k = rotate(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
         v = v.transpose(1, 2)
         if isinstance(cache, PagedView):
@@ -164,39 +152,7 @@ class Attention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
         """``q`` ``[B, H, T, D]``, ``k, v`` ``[B, Hkv, L, D]`` -> ``[B, H, T, D]``; or, when
         ``mask.tables`` is set, ``k, v`` one layer's block pools read through them."""
-        if mask.tables is not None:
-            # Decode rows through the paged kernel. A prompt chunk (one token too: the last of
-            # a cached prompt, an ``n`` > 1 choice's) reads its keys gathered, as every chunk
-            # does, so a prompt's logits round alike however it was split into chunks.
-            paged = self.paged_attention_kernel
-            if paged is not None and mask.rows and q.dtype == k.dtype and mask.lengths is not None:
-                return paged(q, k, v, mask.tables, mask.lengths, mask.window, self.scale)
-            k, v = gather(k, mask.tables, mask.kv_len), gather(v, mask.tables, mask.kv_len)
-        kernel = self.attention_kernel
-        if mask.tables is not None and self.prompt_attention_kernel is not None:
-            kernel = self.prompt_attention_kernel  # a paged chunk, one query or more
-        if kernel is not None and mask.lengths is not None and q.dtype == k.dtype:
-            # The kernel reads rows of a cache; a paged chunk's own keys (a view of the
-            # projection) are copied into such rows, so that it rounds as generate's does.
-            if k.stride(2) != self.head_dim or v.stride(2) != self.head_dim:
-                # (a clone: ``contiguous()`` keeps the stride of a one-key chunk's size-1 dim)
-                k = k.clone(memory_format=torch.contiguous_format)
-                v = v.clone(memory_format=torch.contiguous_format)
-            return kernel(q, k, v, mask.lengths, mask.window, self.scale)
-        if mask.kv_start:
-            k, v = k[:, :, mask.kv_start :], v[:, :, mask.kv_start :]
-        # SDPA's CPU kernels are much slower in bf16 than in float32: compute in float32 there.
-        dtype = torch.float32 if k.device.type == "cpu" else k.dtype
-        y = F.scaled_dot_product_attention(
-            q.to(dtype),
-            k.to(dtype),
-            v.to(dtype),
-            attn_mask=mask.mask,
-            is_causal=mask.is_causal,
-            scale=self.scale,
-            enable_gqa=self.n_kv != self.n_heads,
-        )
-        return y.to(q.dtype)
+        return self.backend.attend(self, q, k, v, mask)
 
 
 class GatedMLP(nn.Module):
@@ -435,7 +391,6 @@ class PagedDecodeRows:
 
 
 Cache = KVStore | PagedView
-PagedKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 
 
 def decode_rows(

@@ -60,7 +60,7 @@ class TorchModelRunner:
         elif self.device.type == "cuda":
             cuda_attention.install_paged_attention(model)
         attention = [m for m in model.modules() if isinstance(m, Attention)]
-        paged = all(m.paged_attention_kernel is not None for m in attention)
+        paged = all(m.backend.paged is not None for m in attention)
         # CUDA graphs of decode steps need the paged kernel (fixed shapes) and a scratch
         # block beyond the scheduler's pool for their padding rows.
         graphs = self.device.type == "cuda" and paged and not config.enforce_eager
