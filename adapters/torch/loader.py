@@ -14,8 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from adapters.torch.cpu.fused_decode import can_optimize, optimize_for_cpu
-from adapters.torch.cpu.quant_decode import install_quant_decode
+from adapters.torch.install import install_kernels
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
@@ -44,9 +43,11 @@ def load_model(
 ) -> Transformer:
     """Our model for ``folder/config.json`` with its safetensors weights, for inference.
 
-    ``prepack`` applies :func:`optimize_for_cpu` to a bf16 CPU model (faster, but its linears
-    are no longer plain parameters: pass False for a model to train or inspect) and, with
-    ``quantization``, the fused decode layer (:mod:`adapters.torch.cpu.quant_decode`).
+    Its kernels are installed last (:func:`~adapters.torch.install.install_kernels`, the one
+    place that does): ``prepack`` adds the fused ones, which for a bf16 CPU model repack the
+    linears (faster, but no longer plain parameters: pass False for a model to train or
+    inspect) and with ``quantization`` fuse each layer's decode rows into one call; without
+    it the layers only get a paged decode attention kernel.
     ``quantization``: ``int8``, ``int4`` or ``gguf`` (see :mod:`adapters.torch.quant`) swaps
     the linears for quantized ones; None keeps them in ``dtype``.
     """
@@ -72,10 +73,7 @@ def load_model(
             raise ModelLoadError("gguf quantization needs a GGUF model, not random weights")
         quantize_model(model, quantization, folder=folder)
         keep_dense_head(model, dtype)
-        if prepack:  # decode rows: one fused call per layer on the portable kernels
-            install_quant_decode(model)
-    if prepack and can_optimize(model):
-        optimize_for_cpu(model)
+    install_kernels(model, fused=prepack)
     return model
 
 

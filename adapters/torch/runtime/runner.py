@@ -24,8 +24,6 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor
 
-from adapters.torch.cpu.portable import install_paged_attention
-from adapters.torch.cuda import paged_attention as cuda_attention
 from adapters.torch.cuda.graphs import DecodeGraphs
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import Attention, PagedBatch
@@ -55,10 +53,8 @@ class TorchModelRunner:
         self.lora = lora
         weight = model.embed_tokens.weight
         self.device = weight.device
-        if self.device.type == "cpu":  # decode rows read the pool through their tables
-            install_paged_attention(model)
-        elif self.device.type == "cuda":
-            cuda_attention.install_paged_attention(model)
+        # the loader installed the kernels (adapters/torch/install.py): decode rows read the
+        # pool through their tables where a paged kernel was built
         attention = [m for m in model.modules() if isinstance(m, Attention)]
         paged = all(m.backend.paged is not None for m in attention)
         # CUDA graphs of decode steps need the paged kernel (fixed shapes) and a scratch
