@@ -36,6 +36,16 @@ class ByteTokenizer:
     def has_chat_template(self) -> bool:
         return True
 
+    @property
+    def chat_template(self) -> str | None:
+        """No Jinja template: its own ChatML-like turns (tool calls: the default format)."""
+        return None
+
+    @property
+    def special_ids(self) -> range:
+        """The control tokens' ids (below ``BYTE_OFFSET``)."""
+        return range(BYTE_OFFSET)
+
     def token_bytes(self) -> list[bytes]:
         """Each id's bytes, special tokens as their text (ids below ``BYTE_OFFSET``)."""
         return [t.encode() for t in SPECIAL_TOKENS] + [bytes([b]) for b in range(256)]

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from domain.config import EngineConfig
 from domain.scheduler.base import Scheduler
 from domain.scheduler.continuous import ContinuousScheduler
+from domain.scheduler.fairness import TenantShares
 from domain.scheduler.outputs import (
     KVStats,
     RunnerOutput,
@@ -45,6 +46,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "StaticScheduler",
+    "TenantShares",
     "make_scheduler",
 ]
 
@@ -53,8 +55,11 @@ def make_scheduler(
     config: EngineConfig,
     eos_token_ids: Iterable[int],
     clock: Callable[[], float] = time.monotonic,
+    *,
+    shares: TenantShares | None = None,
 ) -> Scheduler:
-    """The policy ``config.batching_mode`` names; ``clock``: the engine's."""
+    """The policy ``config.batching_mode`` names; ``clock``: the engine's; ``shares``: the
+    tenants' weights the continuous policy queues by (the static one is FCFS)."""
     if config.batching_mode == "static":
         return StaticScheduler(config, eos_token_ids, clock)
-    return ContinuousScheduler(config, eos_token_ids)
+    return ContinuousScheduler(config, eos_token_ids, shares=shares)

@@ -42,7 +42,8 @@ class ContinuousScheduler(QueueingScheduler):
     step, freed when a request ends or is preempted; prompts computed once for several
     requests are :class:`SharedPrefill`'s.
 
-    Weights: ``tenant_weights`` here or :meth:`set_tenant_weights` (default 1.0).
+    Weights: ``tenant_weights`` here or :meth:`set_tenant_weights` (default 1.0), or
+    ``shares`` given, whose weights their owner sets (the server's access: its keyring's).
     """
 
     def __init__(
@@ -51,11 +52,12 @@ class ContinuousScheduler(QueueingScheduler):
         eos_token_ids: Iterable[int] = (),
         *,
         tenant_weights: Mapping[str, float] | None = None,
+        shares: TenantShares | None = None,
     ) -> None:
         super().__init__(config, eos_token_ids, prefix_caching=config.enable_prefix_caching)
         self.waiting: FairQueue = FairQueue()
         self.running: list[Request] = []
-        self.shares = TenantShares(tenant_weights)
+        self.shares = shares or TenantShares(tenant_weights)
         self.sharing = SharedPrefill(self.blocks)
         self._running_priorities: Counter[int] = Counter()
         self._budget = 0  # tokens left in the step being scheduled

@@ -4,10 +4,11 @@ scheduled (:class:`TenantShares`) and a waiting queue per (priority, tenant)
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from domain.errors import InvalidParameterError
 from domain.request import Request
+from domain.tenancy import Tenant
 
 
 class TenantShares:
@@ -35,6 +36,10 @@ class TenantShares:
                     "tenant_weights", f"tenant {tenant!r}: {weight} is not a positive number"
                 )
         self._weights = dict(weights)
+
+    def set_tenants(self, tenants: Iterable[Tenant]) -> None:
+        """:meth:`set_weights` from the tenants' own weights (each keyring placed)."""
+        self.set_weights({t.id: t.weight for t in tenants})
 
     def weight(self, tenant_id: str | None) -> float:
         return 1.0 if tenant_id is None else self._weights.get(tenant_id, 1.0)

@@ -89,6 +89,12 @@ class LoraServing:
         # LoRA math in float32 on CPU (bf16 matmuls of thin shapes gain nothing there).
         self.dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
 
+    def serve_live_weights(self, live_state: LiveState) -> None:
+        """Take training runs' current weights from ``live_state`` (the LoRA training
+        backend's ``peft_state``), for :meth:`add_live`: Tinker's sampler is built after
+        the runner that holds this serving."""
+        self.live_state = live_state
+
     def __contains__(self, adapter_id: object) -> bool:
         return adapter_id in self._adapters
 
