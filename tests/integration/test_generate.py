@@ -1,4 +1,4 @@
-"""generate(): stop conditions, streaming deltas and UTF-8, with a scripted model."""
+"""generate() (one engine request): stop conditions, streaming deltas and UTF-8, scripted."""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
 from adapters.torch.models.config import ModelConfig
-from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.models.layers import PagedBatch
 from adapters.torch.runtime.generate import generate, stream_generate
 from domain.errors import InvalidParameterError
 from domain.sampling import SamplingParams
@@ -39,11 +39,13 @@ class ScriptedModel(nn.Module):
         self.script = script
         self.calls = 0
 
-    def forward(self, input_ids: Tensor, kv_cache: KVCache | None = None) -> Tensor:
-        assert kv_cache is not None
-        kv_cache.advance(input_ids.shape[1])
-        logits = torch.zeros(1, 1, 259)
-        logits[0, 0, self.script[self.calls]] = 10.0
+    def windows(self) -> dict[bool, int | None]:
+        return {False: None}
+
+    def forward_mixed(self, input_ids: Tensor, batch: PagedBatch, sample_rows: Tensor) -> Tensor:
+        assert sample_rows.shape == (1,)  # one request, one sampled row a step
+        logits = torch.zeros(1, 259)
+        logits[0, self.script[self.calls]] = 10.0
         self.calls += 1
         return logits
 

@@ -1,23 +1,23 @@
-"""Single-request generation with the KV cache: a streaming iterator of text deltas.
+"""Single-request generation as one engine request: a streaming iterator of text deltas.
 
-The engine (batching, many requests) has its own loop; this is the standalone path for
-scripts, the CLI and the benchmark baseline.
+:func:`stream_generate` builds a small engine (:class:`~application.engine.Engine` over a
+:class:`TorchModelRunner`: one request, a KV pool of its length) for each call and steps it
+until the request ends, so a script, a test or a benchmark baseline gets exactly what the
+engine serves (same paged KV, kernels, sampling and stop rules), with no event loop.
 """
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import torch
-
-from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.runtime.logits import process_logits
-from adapters.torch.runtime.sampler import TokenSampler, make_generator
+from adapters.torch.runtime.runner import TorchModelRunner
+from adapters.torch.runtime.sampler import TokenSampler
+from application.engine import Engine
+from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.ports import Tokenizer
-from domain.request import is_stop_token, token_finish_reason
+from domain.request import StepOutput
 from domain.sampling import SamplingParams
-from domain.text_stream import TextStream
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,13 @@ class GenerationResult:
     prompt_tokens: int
 
 
+class _Outputs(list[StepOutput]):
+    """The engine's output sink: the step's outputs, read and cleared by the caller."""
+
+    def publish(self, output: StepOutput) -> None:
+        self.append(output)
+
+
 def stream_generate(
     model: Transformer,
     tokenizer: Tokenizer,
@@ -51,48 +58,40 @@ def stream_generate(
 ) -> Iterator[GenerationChunk]:
     """Yield a chunk per generated token until EOS, a stop string / token, or max tokens."""
     _validate(model, tokenizer, prompt_ids, params)
-    device = model.embed_tokens.weight.device
-    sampler = sampler or TokenSampler()
-    generator = make_generator(params.seed, device) if params.seed is not None else None
-    cache = KVCache.from_model_config(
-        model.config,
-        len(prompt_ids) + params.max_tokens,
-        dtype=model.embed_tokens.weight.dtype,
-        device=device,
+    config = EngineConfig(
+        max_seq_len=len(prompt_ids) + params.max_tokens,
+        max_batch_size=1,
+        enable_prefix_caching=False,
+        # a runner per call: capturing CUDA graphs for one request would cost more than
+        # they save
+        enforce_eager=True,
     )
-    eos = tokenizer.eos_token_ids
-    text = TextStream(tokenizer, prompt_ids, params.stop)
-    output: list[int] = []
-    next_input = torch.zeros(1, 1, dtype=torch.long, device=device)
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt_ids], device=device), kv_cache=cache)
-        while True:
-            raw = logits[:, -1]
-            sampled = sampler.sample(
-                process_logits(raw, [params]),
-                [params],
-                prompt_ids=[prompt_ids],
-                output_ids=[output],
-                generators=[generator],
-                raw_logits=raw,
-            )
-            token = sampled.token_ids[0]
-            output.append(token)
-            reason = token_finish_reason(params, eos, token, len(output))
-            delta, hit = text.push(
-                token, stop_token=is_stop_token(params, eos, token), last=reason is not None
-            )
+    outputs = _Outputs()
+    engine = Engine(
+        config,
+        TorchModelRunner(model, config, sampler),
+        tokenizer,
+        outputs,
+        vocab_size=model.config.vocab_size,
+    )
+    engine.admit(["generate"], [prompt_ids], params)
+    while engine.has_work():
+        engine.step()
+        for output in outputs:
+            if output.error is not None:
+                raise RuntimeError(output.error)
+            if output.token_id is None:
+                continue
             yield GenerationChunk(
-                delta,
-                token,
-                sampled.logprobs[0] if sampled.logprobs else None,
-                sampled.top_logprobs[0] if sampled.top_logprobs else [],
-                "stop" if hit else reason,
+                output.text_delta,
+                output.token_id,
+                output.logprob,
+                list(output.top_logprobs or ()),
+                output.finish_reason,
             )
-            if hit or reason is not None:
+            if output.finished:
                 return
-            next_input.fill_(token)
-            logits = model(next_input, kv_cache=cache)
+        outputs.clear()
 
 
 def generate(
