@@ -11,9 +11,8 @@ parallel op pays a thread wake-up (measured: a small add 4.5 -> 17.5 us; the mod
 slower, 622 vs 730-775 tok/s at 64 streams), which costs more than the streams' Python work
 a worker thread would overlap.
 
-Request preparation (tokenizing, chat rendering) runs on a small thread pool instead
-(``EngineConfig.prepare_threads``): a megabyte prompt costs its own request time, not every
-stream's (the tokenizer releases the GIL while it encodes).
+Request preparation (tokenizing, chat rendering) runs on the thread pool of its
+:class:`InputProcessor` (``.inputs``) instead.
 
 A request's work belongs to whoever queued it: :class:`RequestGroup` holds the requests one
 caller (an HTTP request) queued, and closing it aborts every one still running, whatever
@@ -23,17 +22,15 @@ ended the caller (an error after queueing, a client gone before its stream was r
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import structlog
 
 from application.engine import Engine
+from application.input_processor import InputProcessor
 from domain.config import EngineConfig
-from domain.errors import InvalidParameterError
 from domain.observer import StepObserver
-from domain.ports import ChatMessage, GrammarCompiler, ModelRunner, Tokenizer
+from domain.ports import GrammarCompiler, ModelRunner, Tokenizer
 from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler
@@ -45,7 +42,6 @@ LOOP_CRASHED = "internal error: the engine loop stopped (details in the server l
 _WAITING_FOR_BATCH_S = 0.001
 # Event-loop passes after each step (see _loop); each costs microseconds when idle.
 _FLUSH_PASSES = 8
-T = TypeVar("T")
 
 
 class QueueOutputSink:
@@ -85,8 +81,9 @@ class QueueOutputSink:
 class AsyncEngine:
     """The engine and its output queues, driven by one background task.
 
-    It builds its own :class:`QueueOutputSink` and :class:`Engine` (the keyword arguments
-    go to ``Engine``); ``.engine`` and ``.sink`` expose them."""
+    It builds its own :class:`QueueOutputSink`, :class:`Engine` (the keyword arguments go
+    to ``Engine``) and :class:`InputProcessor` over the engine's checks; ``.engine``,
+    ``.sink`` and ``.inputs`` expose them."""
 
     def __init__(
         self,
@@ -112,9 +109,9 @@ class AsyncEngine:
             observer=observer,
             grammar=grammar,
         )
+        self.inputs = InputProcessor(config, tokenizer, self.engine.checks)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         """Start the loop on the running event loop (again after ``stop``, on any loop)."""
@@ -129,9 +126,7 @@ class AsyncEngine:
             # A crash was logged and reported to every stream when it happened.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        self.inputs.close()
 
     async def idle(self) -> None:
         """Wait until the engine has no work left (the loop's next step releases what
@@ -140,62 +135,9 @@ class AsyncEngine:
             await asyncio.sleep(0)
 
     @property
-    def max_seq_len(self) -> int:
-        return self.engine.config.max_seq_len
-
-    @property
     def healthy(self) -> bool:
         """The loop task is running (not crashed, not stopped)."""
         return self._task is not None and not self._task.done()
-
-    def check_params(self, params: SamplingParams) -> None:
-        self.engine.checks.check_params(params)
-
-    def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None:
-        self.engine.checks.check_prompt_size(texts, param)
-
-    def check_room(self, count: int, n: int = 1) -> None:
-        self.engine.checks.check_room(count, n)
-
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
-        """Each token decoded alone, special tokens included (logprobs' token strings)."""
-        decode = self.engine.tokenizer.decode
-        return [decode([t], skip_special_tokens=False) for t in token_ids]
-
-    async def render_chat(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        """Chat messages -> prompt token ids through the model's chat template (off the
-        event loop). Special-token text in the messages is plain text unless the engine's
-        config trusts it."""
-        trust = self.engine.config.trust_chat_special_tokens
-        tokenizer = self.engine.tokenizer
-        return await self._off_loop(
-            lambda: tokenizer.render_chat(messages, tools=tools, trust_special_tokens=trust)
-        )
-
-    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """``text``'s token ids (off the event loop), after the prompt-size limit."""
-        self.engine.checks.check_prompt_size([text])
-        tokenizer = self.engine.tokenizer
-        return await self._off_loop(
-            lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        )
-
-    async def detokenize(self, token_ids: Sequence[int]) -> str:
-        """The text of ``token_ids`` (ids outside the vocabulary: InvalidParameterError)."""
-        vocab = self.engine.checks.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidParameterError(
-                "tokens", f"token id {bad} is out of vocabulary (ids are 0..{vocab - 1})"
-            )
-        tokenizer = self.engine.tokenizer
-        return await self._off_loop(lambda: tokenizer.decode(token_ids, skip_special_tokens=False))
-
-    async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """``RequestChecks.prepare`` (tokenize and validate) off the event loop."""
-        return await self._off_loop(lambda: self.engine.checks.prepare(prompt, params))
 
     def group(self, context: RequestContext = NO_CONTEXT) -> "RequestGroup":
         """A new group of requests owned by one caller (see :class:`RequestGroup`), queued
@@ -213,7 +155,7 @@ class AsyncEngine:
     ) -> AsyncIterator[StepOutput]:
         """Queue a request and yield its outputs until it finishes. Validation errors raise
         before the first yield; leaving early (a client disconnect) aborts the request."""
-        prompt_ids = await self.prepare(prompt, params)
+        prompt_ids = await self.inputs.prepare(prompt, params)
         [outputs] = self.admit(
             [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
         )
@@ -256,13 +198,6 @@ class AsyncEngine:
         for request_id in request_ids:
             self.sink.fail(request_id, error)
         self.abort(request_ids)
-
-    async def _off_loop(self, work: Callable[[], T]) -> T:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                self.engine.config.prepare_threads, thread_name_prefix="prepare"
-            )
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def _drain(
         self, request: Request, queue: asyncio.Queue[StepOutput]

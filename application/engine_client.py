@@ -1,11 +1,13 @@
 """EngineClient: what the driving adapters (HTTP faces, the Tinker sampler) need from the
-engine loop. :class:`application.async_engine.AsyncEngine` implements it; faces depend on
-this protocol only, so a test or another engine (a remote one, a fake) can stand in."""
+engine loop: queue prepared requests, stream their outputs, abort them.
+:class:`application.async_engine.AsyncEngine` implements it; faces depend on this protocol
+only, so a test or another engine (a remote one, a fake) can stand in. What comes before
+queueing (checks, rendering, tokenizing) is its :class:`InputProcessor`'s (``inputs``)."""
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
-from domain.ports import ChatMessage
+from application.input_processor import InputProcessor
 from domain.request import NO_CONTEXT, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 
@@ -39,37 +41,18 @@ class OwnedRequests(Protocol):
 
 class EngineClient(Protocol):
     @property
+    def inputs(self) -> InputProcessor:
+        """What prepares requests for this engine (its tokenizer, limits and checks)."""
+        ...
+
+    @property
     def healthy(self) -> bool:
         """The engine loop runs (not crashed, not stopped)."""
         ...
 
-    @property
-    def max_seq_len(self) -> int: ...
-
     def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-    # Cheap checks before any tokenizing: raise InvalidParameterError / QueueFullError.
-    def check_params(self, params: SamplingParams) -> None: ...
-
-    def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None: ...
-
-    def check_room(self, count: int, n: int = 1) -> None: ...
-
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
-        """Each token's text decoded alone (cheap: runs on the caller's thread)."""
-        ...
-
-    async def render_chat(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]: ...
-
-    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
-
-    async def detokenize(self, token_ids: Sequence[int]) -> str: ...
-
-    async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]: ...
 
     def group(self, context: RequestContext = NO_CONTEXT) -> OwnedRequests: ...
 

@@ -85,11 +85,18 @@ class RequestChecks:
                 f"{self.config.max_waiting_requests} waiting at most); retry later"
             )
 
-    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+    def prepare(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        structured_param: str = STRUCTURED_PARAM,
+    ) -> list[int]:
         """The prompt's token ids, validated (empty, too large, out-of-vocabulary ids, too
         long for ``max_seq_len`` with ``params``, the server's limits on ``params``): what
         ``Engine.add_request`` checks, queueing nothing. Touches no engine state, so it may
-        run on another thread than the step loop."""
+        run on another thread than the step loop. ``structured_param``: the request field
+        the output constraint came from (its errors name it)."""
         if not prompt:  # checked before tokenizing: a BOS token would hide an empty string
             raise EmptyPromptError()
         self.check_params(params)
@@ -106,7 +113,7 @@ class RequestChecks:
                 "prompt", f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
             )
         self.check_token_ids(params)
-        self.check_structured(params)
+        self.check_structured(params, structured_param)
         return prompt_ids
 
     def check_token_ids(self, params: SamplingParams) -> None:
@@ -121,16 +128,21 @@ class RequestChecks:
                     name, f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
                 )
 
-    def check_structured(self, params: SamplingParams) -> None:
+    def check_structured(self, params: SamplingParams, param: str = STRUCTURED_PARAM) -> None:
         """A structured-output constraint compiles for this model (may take milliseconds:
-        call it off the event loop, as ``prepare`` is)."""
+        call it off the event loop, as ``prepare`` is); errors name ``param``."""
         if params.structured is None:
             return
-        if self.grammar is None:
-            raise InvalidParameterError(
-                STRUCTURED_PARAM, "structured outputs are not available on this server"
-            )
-        self.grammar.check(params.structured)
+        try:
+            if self.grammar is None:
+                raise InvalidParameterError(
+                    STRUCTURED_PARAM, "structured outputs are not available on this server"
+                )
+            self.grammar.check(params.structured)
+        except InvalidParameterError as e:
+            if e.param != STRUCTURED_PARAM or param == STRUCTURED_PARAM:
+                raise
+            raise e.renamed(param) from e
 
 
 def _utf8_size(text: str) -> int:

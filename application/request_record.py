@@ -1,10 +1,11 @@
 """What one API request did, gathered while it is served and read when it ends.
 
 The outermost HTTP middleware opens a :class:`RequestRecord` for every request and keeps it
-in the ASGI scope's state under :data:`RECORD_KEY`; the faces fill it in (tenant, model,
-tokens, finish reasons, first-token time) and the observability adapters read it at the
-end: the canonical log line, the server span's attributes, the request metrics. Plain
-data, no text of prompts or outputs.
+in the ASGI scope's state under :data:`RECORD_KEY` (the HTTP faces'
+``request.state.record``); the faces fill it in (tenant, model, tokens, finish reasons,
+first-token time) and the observability adapters read it at the end: the canonical log
+line, the server span's attributes, the request metrics. Plain data, no text of prompts
+or outputs.
 """
 
 import time
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-RECORD_KEY = "infer.record"
+RECORD_KEY = "record"
 
 
 @dataclass

@@ -10,7 +10,23 @@ class InvalidParameterError(InferError, ValueError):
 
     def __init__(self, param: str, message: str) -> None:
         super().__init__(f"{param}: {message}")
-        self.param = param
+        self.param, self.message = param, message
+
+    def renamed(self, param: str) -> "InvalidParameterError":
+        """The same error reported under ``param`` (the request field a face took the
+        value from: ``max_completion_tokens`` for ``max_tokens``)."""
+        return InvalidParameterError(param, self.message)
+
+
+class InvalidRequestError(InvalidParameterError):
+    """An invalid request whose message is complete as written (no ``param:`` prefix)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(param, message)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ModelLoadError(InferError):
@@ -39,13 +55,9 @@ class EmptyPromptError(InvalidParameterError):
         super().__init__("prompt", "must not be empty")
 
 
-class ModelNotFoundError(InvalidParameterError):
+class ModelNotFoundError(InvalidRequestError):
     """A request's ``model`` names no model this server serves to the caller (OpenAI: 404
     ``model_not_found``; the native endpoint: 422)."""
 
     def __init__(self, message: str) -> None:
         super().__init__("model", message)
-        self.args = (message,)
-
-    def __str__(self) -> str:
-        return str(self.args[0])

@@ -2,35 +2,38 @@
 engine client.
 
 The adapter knows no container: entrypoints build the engine (and the Tinker service) and
-pass them in. Faces: the native token stream (``generate_routes``), the OpenAI endpoints
-(``openai_routes``), the Tinker API (``tinker``), and ``/health``.
+pass them in; the app builds the completion service over the engine's input processor.
+Faces, one router each: the native token stream (``generate_routes``), the OpenAI
+endpoints (``openai/``), the Tinker API (``tinker/``), and the probes (``probes``).
 """
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
-from litestar import Litestar, Response, get
+from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
-from adapters.http.embedding_routes import embedding_routes
 from adapters.http.errors import HTTPError, error_response, framework_error_response
-from adapters.http.generate_routes import generate_routes
+from adapters.http.generate_routes import generate_router
 from adapters.http.idempotency import IdempotencyMiddleware
-from adapters.http.openai_routes import openai_routes
+from adapters.http.openai import openai_router
 from adapters.http.ownership import Draining, owning_middleware
-from adapters.http.served_models import ModelNames, model_names_middleware, models_routes
+from adapters.http.probes import probe_router
+from adapters.http.served_models import ModelNames
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_guard, tinker_router
-from adapters.http.tokenize_routes import tokenize_routes
 from application.access import Access
+from application.chat_prompts import ChatPrompts
+from application.completions import CompletionService
 from application.embeddings import EmbeddingService
 from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.served_models import ServedModels
 from application.tinker.service import TinkerService
+from application.tool_parsers import FORMATS
 
 # The endpoints that generate: a retried POST with an Idempotency-Key runs once.
 IDEMPOTENT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/generate")
@@ -105,61 +108,14 @@ def create_app(
     :class:`HttpServices`) and ``settings`` (see :class:`HttpSettings`)."""
     services = services or HttpServices()
     settings = settings or HttpSettings()
-    tinker, access, embeddings = services.tinker, services.access, services.embeddings
+    tinker, access = services.tinker, services.access
     draining = services.draining or Draining()
     api_keys = settings.tinker_api_keys
     owner = tinker_guard(api_keys, access).tenant if tinker is not None else None
     names = ModelNames(services.models or ServedModels([model_name], model_name), owner)
-
-    @asynccontextmanager
-    async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        for hook in services.on_startup:  # on the event loop (signal handlers)
-            hook()
-        engine.start()
-        if tinker is not None:
-            tinker.start()
-        try:
-            yield
-        finally:
-            if tinker is not None:
-                await tinker.stop()
-            if embeddings is not None:
-                await embeddings.stop()
-            await engine.stop()
-            for hook in services.on_shutdown:
-                hook()
-
-    @get("/health")
-    async def health() -> Response[bytes]:
-        status = 200 if engine.healthy else 503
-        return Response(
-            b'{"status":"ok"}' if status == 200 else b'{"status":"engine loop down"}',
-            status_code=status,
-            media_type="application/json",
-        )
-
-    @get("/ready")
-    async def ready() -> Response[bytes]:
-        """Readiness: the engine loop runs and the server is not draining (a load balancer
-        sends traffic)."""
-        status = 200 if engine.healthy and not draining.active else 503
-        return Response(
-            b'{"ready":true}' if status == 200 else b'{"ready":false}',
-            status_code=status,
-            media_type="application/json",
-        )
-
-    extra = []
-    if services.metrics is not None:
-        render = services.metrics
-
-        @get("/metrics", include_in_schema=False)
-        async def metrics_route() -> Response[bytes]:
-            body, content_type = render()
-            return Response(body, media_type=content_type)
-
-        extra.append(metrics_route)
-
+    inputs = engine.inputs
+    chats = ChatPrompts(FORMATS[settings.tool_call_parser], inputs)
+    completions = CompletionService(inputs, chats)
     idempotent = []
     if services.idempotency is not None:
         idempotent.append(
@@ -175,21 +131,15 @@ def create_app(
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
     return Litestar(
         route_handlers=[
-            *generate_routes(engine, model_name, access, names),
-            health,
-            ready,
-            *extra,
-            *models_routes(engine, names, access, _embedding_card(embeddings)),
-            *openai_routes(engine, model_name, access, names, settings.tool_call_parser),
-            *tokenize_routes(engine, model_name, access, names),
-            *(embedding_routes(embeddings, access) if embeddings is not None else []),
+            generate_router(completions, names, access),
+            probe_router(engine, draining, services.metrics),
+            openai_router(completions, names, access=access, embeddings=services.embeddings),
             *routers,
         ],
-        lifespan=[lifespan],
+        lifespan=[_lifespan(engine, services)],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[
             *idempotent,
-            model_names_middleware(),
             owning_middleware(engine, draining, settings.request_timeout),
             *heartbeat,
         ],
@@ -202,9 +152,31 @@ def create_app(
     )
 
 
-def _embedding_card(embeddings: EmbeddingService | None) -> dict[str, int]:
-    """The embedding model in ``/v1/models``: its name and the tokens one input takes."""
-    return {} if embeddings is None else {embeddings.model_name: embeddings.max_tokens}
+def _lifespan(
+    engine: EngineClient, services: HttpServices
+) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """Start-up hooks (on the event loop: signal handlers), then the engine and the Tinker
+    service; at shutdown, the services, the engine, then the shutdown hooks."""
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        for hook in services.on_startup:
+            hook()
+        engine.start()
+        if services.tinker is not None:
+            services.tinker.start()
+        try:
+            yield
+        finally:
+            if services.tinker is not None:
+                await services.tinker.stop()
+            if services.embeddings is not None:
+                await services.embeddings.stop()
+            await engine.stop()
+            for hook in services.on_shutdown:
+                hook()
+
+    return lifespan
 
 
 def _cors(origins: Sequence[str]) -> CORSConfig | None:

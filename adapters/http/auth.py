@@ -19,8 +19,8 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 
+from adapters.http.request_state import api_state
 from application.access import Access
-from application.request_record import RECORD_KEY
 from domain.tenancy import Tenant as TenantRecord
 
 BEARER = "Bearer "
@@ -92,7 +92,8 @@ class ApiKeyGuard:
 
         def tenant(request: Request[Any, Any, Any]) -> str:
             tenant_id = self.tenant(request)
-            record = request.scope["state"].get(RECORD_KEY)
+            # None where the face is served without the owning middleware (tests).
+            record = getattr(api_state(request), "record", None)
             if record is not None:
                 record.tenant_id = tenant_id
             return tenant_id

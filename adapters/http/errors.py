@@ -1,16 +1,23 @@
 """Failures as HTTP responses: :class:`HTTPError`, the OpenAI error schema (the OpenAI and
 native faces answer in it), and one :class:`ErrorTable` per face mapping domain errors to
 a status, an error type and a param (the Tinker face's table is in ``adapters.http.tinker``).
+
+Handlers raise domain errors as they come; a face registers its table as Litestar
+exception handlers (:func:`exception_handlers`), which answer in OpenAI's schema. A route
+whose prompt comes in another field than ``prompt`` says so in its ``opt``
+(:data:`PROMPT_FIELD`): chat's errors about the prompt name ``messages``.
 """
 
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+from litestar.types import ExceptionHandlersMap
 
 from adapters.http.schemas import ErrorDetail, ErrorResponse
 from domain.errors import (
@@ -29,6 +36,9 @@ from domain.tenancy import (
 
 _encoder = msgspec.json.Encoder()
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+# A route's ``opt`` key: the request field its prompt comes in (default ``prompt``).
+PROMPT_FIELD = "prompt_field"
 
 
 class HTTPError(Exception):
@@ -233,6 +243,36 @@ def error_param(message: str) -> str | None:
     if missing := _MISSING.search(message):
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
     return path or None
+
+
+def exception_handlers(table: ErrorTable) -> ExceptionHandlersMap:
+    """``table`` as Litestar exception handlers, for a router or controller: each listed
+    exception answers in OpenAI's schema (prompt errors under the route's
+    :data:`PROMPT_FIELD`)."""
+
+    def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+        error = table.error(exc, request.route_handler.opt.get(PROMPT_FIELD, "prompt"))
+        assert isinstance(error, HTTPError)  # the table lists the exception's class
+        return error_response(request, error)
+
+    return {cls: handle for cls in table.rules}
+
+
+def decode_json(
+    decoder: msgspec.json.Decoder[T], raw: bytes, invalid: Callable[[str], HTTPError]
+) -> T:
+    """A JSON body; malformed JSON is a 400, a valid one the decoder refuses is
+    ``invalid(msgspec's message)``."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        raise invalid(str(e)) from e
+    except msgspec.DecodeError as e:
+        raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
+    except UnicodeDecodeError as e:  # a string's bytes are not UTF-8
+        raise HTTPError(400, "malformed JSON: invalid UTF-8", "invalid_request_error") from e
+    except RecursionError as e:  # msgspec's guard against deeply nested input
+        raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
 
 def framework_error_response(request: Request, exc: Exception) -> Response[bytes]:

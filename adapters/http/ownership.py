@@ -8,7 +8,11 @@ this alone: a generator that never started has no ``finally`` to run.)
 
 The group also fills in the request's :class:`RequestRecord` (tokens in and out, finish
 reasons, first-token time) from the engine outputs it passes on, for the logs, metrics and
-traces, and queues its requests with the record's tenant and trace context.
+traces, and queues its requests with the record's tenant and trace context. The
+middleware sets up the request's state (:class:`~adapters.http.request_state.ApiState`)
+with both, and at the end settles what the request reserved under its limits and unpins
+its model (after its engine work was aborted or finished); the response gets the limits'
+``x-ratelimit-*`` headers and the model name's deprecation headers.
 
 The middleware also ends API requests early (every path but the probes ``/health``,
 ``/ready``, ``/metrics``): at ``request_timeout_s`` (the OpenAI endpoints and
@@ -24,22 +28,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-from litestar import Request
 from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.http.errors import HTTPError
+from adapters.http.request_state import ApiState
 from application.engine_client import EngineClient, OwnedRequests
-from application.quotas import Admission, Quotas
 from application.request_record import RECORD_KEY, RequestRecord
 from domain.request import RequestContext, StepOutput
 from domain.sampling import SamplingParams
 
-log = structlog.get_logger(__name__)
-_KEY = "infer.request_group"
-# Set by the access guard: the (Quotas, Admission) the request holds, settled at its end.
-ADMISSION = "infer.admission"
 # Not API work: served while draining, never timed out.
 PROBES = frozenset({"/health", "/ready", "/metrics"})
 
@@ -137,32 +135,32 @@ class OwningMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        state = scope.get("state", {})
-        record = state.get(RECORD_KEY)
+        # A state of its own (the server's may be shared between requests).
+        scope["state"] = own = {**scope.get("state", {})}
+        record = own.get(RECORD_KEY)  # ObservedApp's
         if not isinstance(record, RequestRecord):
             record = RequestRecord()
         context = RequestContext(tenant_id=record.tenant_id, trace=record.trace)
         group = RecordingGroup(self.engine.group(context), record)
-        # A state of its own (the server's may be shared between requests).
-        state = scope["state"] = {**state, _KEY: group, RECORD_KEY: record}
+        state = ApiState.open(own, group, record)
 
-        async def send_with_limits(message: Any) -> None:
-            held = state.get(ADMISSION)
-            if held is not None and message["type"] == "http.response.start":
-                headers = [*message.get("headers", ()), *ratelimit_headers(held[1])]
-                message = {**message, "headers": headers}
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                limits = state.limits.headers() if state.limits is not None else []
+                if added := [*limits, *state.hold.headers]:
+                    message = {**message, "headers": [*message.get("headers", ()), *added]}
             await send(message)
 
         try:
             if scope["path"] in PROBES:
                 await self.app(scope, receive, send)
             else:
-                await self._serve_api(scope, receive, send_with_limits, group)
+                await self._serve_api(scope, receive, send_with_headers, group)
         finally:  # synchronous: it runs even when the request's task is cancelled
             group.close()
-            held = state.get(ADMISSION)
-            if held is not None:
-                await _settle(held, record.prompt_tokens + record.completion_tokens)
+            if state.limits is not None:
+                await state.limits.settle(record.prompt_tokens + record.completion_tokens)
+            state.hold.pins.close()
 
     async def _serve_api(
         self, scope: Scope, receive: Receive, send: Send, group: OwnedRequests
@@ -187,20 +185,6 @@ class OwningMiddleware:
             if deadline is not None:
                 deadline.cancel()
             self.draining.flights.discard(flight)
-
-
-def request_group(request: Request) -> OwnedRequests:
-    """The group of the HTTP request being served."""
-    state = request.scope["state"]
-    assert _KEY in state, "owning_middleware is not installed"
-    group: OwnedRequests = state[_KEY]
-    return group
-
-
-def request_record(request: Request) -> RequestRecord:
-    """The record of the HTTP request being served."""
-    record: RequestRecord = request.scope["state"][RECORD_KEY]
-    return record
 
 
 class RecordingGroup:
@@ -248,25 +232,3 @@ class RecordingGroup:
                 yield output
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-
-
-async def _settle(held: tuple[Quotas, Admission], used_tokens: int) -> None:
-    """Give back what the request reserved and did not use (even when cancelled)."""
-    quotas, admission = held
-    try:
-        await asyncio.shield(quotas.settle(admission, used_tokens))
-    except Exception:  # the counters' store is down: the window will reset on its own
-        log.exception("settling a request's rate limits failed")
-
-
-def ratelimit_headers(admission: Admission) -> list[tuple[bytes, bytes]]:
-    """OpenAI's ``x-ratelimit-*`` headers for the limits the request was counted in."""
-    headers = []
-    for suffix, state in (("requests", admission.requests), ("tokens", admission.tokens)):
-        if state is not None:
-            headers += [
-                (f"x-ratelimit-limit-{suffix}".encode(), str(state.limit).encode()),
-                (f"x-ratelimit-remaining-{suffix}".encode(), str(state.remaining).encode()),
-                (f"x-ratelimit-reset-{suffix}".encode(), f"{state.reset_s:.3f}s".encode()),
-            ]
-    return headers

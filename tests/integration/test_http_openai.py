@@ -10,7 +10,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import reply_script
 from adapters.http import create_app
-from application.async_engine import AsyncEngine
+from application.input_processor import InputProcessor
 from tests.fakes import fake_async_engine
 
 MODEL = "test/fake-model"
@@ -244,7 +244,7 @@ def test_an_unexpected_exception_is_a_500_in_the_openai_schema(
     def broken(*_: object, **__: object) -> list[int]:
         raise RuntimeError("template exploded")
 
-    monkeypatch.setattr(AsyncEngine, "render_chat", broken)
+    monkeypatch.setattr(InputProcessor, "render_chat", broken)
     response = http.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},

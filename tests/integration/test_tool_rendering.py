@@ -11,7 +11,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from adapters.fake import ByteTokenizer
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
-from adapters.http.openai_tools import ChatTools, ToolRequest, probe_template
+from application.chat_prompts import ChatPrompts, ToolRequest, probe_template
 from application.tool_parsers import FORMATS, detect_format
 from entrypoints.container import choose_tool_parser
 
@@ -91,7 +91,7 @@ def byte_level_tokenizer(template: str) -> HFTokenizer:
 
 
 class Renderer:
-    """The one part of the engine client the tool handling renders through."""
+    """The one part of the input processor the tool handling renders through."""
 
     def __init__(self, tokenizer: HFTokenizer) -> None:
         self.tokenizer = tokenizer
@@ -109,9 +109,7 @@ def rendered(template: str, messages: list[dict[str, Any]], choice: str = "auto"
     request = ToolRequest([WEATHER], choice, parallel=True)
 
     async def render() -> str:
-        chat_tools = ChatTools(FORMATS["hermes"])
-        messages_out, tools = await chat_tools.prepare(engine, messages, request)  # type: ignore[arg-type]
-        ids = await engine.render_chat(messages_out, tools)
+        ids = await ChatPrompts(FORMATS["hermes"], engine).render(messages, request)
         return engine.tokenizer.decode(ids, skip_special_tokens=False)
 
     return asyncio.run(render())
@@ -119,7 +117,7 @@ def rendered(template: str, messages: list[dict[str, Any]], choice: str = "auto"
 
 def test_probes_tell_what_each_template_renders() -> None:
     for template, expected in ((QWEN_STYLE, True), (CHATML, False)):
-        support = asyncio.run(probe_template(Renderer(byte_level_tokenizer(template))))  # type: ignore[arg-type]
+        support = asyncio.run(probe_template(Renderer(byte_level_tokenizer(template))))
         assert (support.renders_tools, support.renders_tool_calls) == (expected, expected)
 
 

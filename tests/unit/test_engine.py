@@ -347,8 +347,8 @@ async def test_prompts_are_tokenized_off_the_event_loop() -> None:
 
     engine = AsyncEngine(EngineConfig(), FakeModelRunner(), Recording())
     try:
-        assert await engine.prepare("hi", params()) == TOKENIZER.encode("hi")
-        await engine.render_chat([{"role": "user", "content": "hi"}])
+        assert await engine.inputs.prepare("hi", params()) == TOKENIZER.encode("hi")
+        await engine.inputs.render_chat([{"role": "user", "content": "hi"}])
     finally:
         await engine.stop()
     assert threads and threading.main_thread().name not in threads

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from adapters.http.errors import HTTPError
-from adapters.http.openai_schemas import ChatCompletionRequest, CompletionRequest
-from adapters.http.openai_structured import field_error, structured_output
+from adapters.http.openai.schemas import ChatCompletionRequest, CompletionRequest
+from adapters.http.openai.structured import structured_output
 from domain.errors import InvalidParameterError
 from domain.sampling import StructuredOutput
 
@@ -128,11 +128,5 @@ def test_malformed_or_conflicting_fields_are_400s_naming_the_field(
 
 
 def test_an_engine_error_is_renamed_to_the_field_used() -> None:
-    error = field_error(
-        InvalidParameterError("response_format", "invalid regex: (a"), "guided_regex"
-    )
-    assert (error.status, error.param, error.message) == (
-        400,
-        "guided_regex",
-        "guided_regex: invalid regex: (a",
-    )
+    error = InvalidParameterError("response_format", "invalid regex: (a").renamed("guided_regex")
+    assert (error.param, str(error)) == ("guided_regex", "guided_regex: invalid regex: (a")

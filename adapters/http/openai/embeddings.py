@@ -13,15 +13,15 @@ from array import array
 from typing import Any, Literal
 
 import msgspec
-from litestar import Request, Response, post
-from litestar.handlers import HTTPRouteHandler
+from litestar import Controller, Request, Response, post
 
-from adapters.http.access import check_model, inference_guard, reserve
-from adapters.http.errors import OPENAI_ERRORS, HTTPError
-from adapters.http.openai_routes import decode_body
-from adapters.http.ownership import request_record
-from application.access import Access
-from application.embeddings import EmbeddingInput, EmbeddingService
+from adapters.http.access import check_model
+from adapters.http.errors import PROMPT_FIELD, HTTPError
+from adapters.http.openai.deps import Embeddings
+from adapters.http.openai.params import decode_body
+from adapters.http.openai.replies import json_response
+from adapters.http.request_state import RequestCaller
+from application.embeddings import EmbeddingInput
 from domain.errors import ModelNotFoundError
 
 
@@ -53,38 +53,28 @@ class EmbeddingList(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
-_encoder = msgspec.json.Encoder()
 
 
-def embedding_routes(
-    service: EmbeddingService, access: Access | None = None
-) -> list[HTTPRouteHandler]:
-    guards = [inference_guard(access, OPENAI_ERRORS)] if access is not None else []
-    name = service.model_name
-
-    @post("/v1/embeddings", status_code=200, guards=guards)
-    async def embeddings(request: Request[Any, Any, Any]) -> Response[bytes]:
+class EmbeddingRoutes(Controller):
+    @post("/v1/embeddings", status_code=200, opt={PROMPT_FIELD: "input"})
+    async def embeddings(
+        self, request: Request[Any, Any, Any], caller: RequestCaller, embeddings: Embeddings
+    ) -> Response[bytes]:
         body = decode_body(_decoder, request, await request.body())
-        record = request_record(request)
+        record, name = caller.record, embeddings.model_name
         record.model, record.user = body.model, body.user
         _check_model_name(body.model, name)
-        check_model(request, name, OPENAI_ERRORS)
-        _check_dimensions(body.dimensions, service.dimensions)
-        try:
-            with record.timing("tokenize"):
-                prepared = await service.prepare(parse_input(body.input))
-            tokens = sum(len(ids) for ids in prepared)
-            record.prompt_tokens = tokens
-            await reserve(request, tokens, OPENAI_ERRORS)
-            vectors = await service.embed(prepared)
-        except Exception as e:
-            raise OPENAI_ERRORS.error(e, "input") from e
+        check_model(request, name)
+        _check_dimensions(body.dimensions, embeddings.dimensions)
+        with record.timing("tokenize"):
+            prepared = await embeddings.prepare(parse_input(body.input))
+        tokens = sum(len(ids) for ids in prepared)
+        record.prompt_tokens = tokens
+        await caller.reserve(tokens)
+        vectors = await embeddings.embed(prepared)
         encode = _base64 if body.encoding_format == "base64" else _floats
         data = [Embedding(i, encode(v)) for i, v in enumerate(vectors)]
-        reply = EmbeddingList(data, name, EmbeddingUsage(tokens, tokens))
-        return Response(_encoder.encode(reply), media_type="application/json")
-
-    return [embeddings]
+        return json_response(EmbeddingList(data, name, EmbeddingUsage(tokens, tokens)))
 
 
 def parse_input(raw: str | list[Any]) -> list[EmbeddingInput]:
@@ -137,7 +127,4 @@ def _base64(vector: list[float]) -> str:
 def _check_model_name(requested: str | None, served: str) -> None:
     """``model`` may be left out (the embedding model); any other name is a 404."""
     if requested is not None and requested != served:
-        missing = ModelNotFoundError(
-            f"The model `{requested}` does not exist (embeddings: `{served}`)"
-        )
-        raise OPENAI_ERRORS.error(missing, "model")
+        raise ModelNotFoundError(f"The model `{requested}` does not exist (embeddings: `{served}`)")

@@ -15,15 +15,17 @@ not among them (``logprobs: 0``: the token alone). A chat's ``top_logprobs`` lis
 k most likely only (``top_logprobs: 0``: an empty list), as OpenAI's chat does.
 """
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
-from litestar import Response
+from litestar import Request, Response
 
 from adapters.http.errors import HTTPError
-from adapters.http.openai_schemas import (
+from adapters.http.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -37,8 +39,8 @@ from adapters.http.openai_schemas import (
     TopLogprob,
     Usage,
 )
-from adapters.http.openai_tools import ToolStream
-from adapters.http.streaming import merge_streams
+from adapters.http.openai.tools import ToolStream
+from adapters.http.streaming import merge_streams, unless_disconnected
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()
@@ -83,6 +85,13 @@ async def collect(stream: AsyncIterator[StepOutput]) -> Collected:
             collected.completion_tokens = out.completion_tokens
     collected.text = "".join(parts)
     return collected
+
+
+async def collect_all(
+    request: Request[Any, Any, Any], streams: Sequence[AsyncIterator[StepOutput]]
+) -> list[Collected]:
+    """Every choice collected, unless the client leaves first (then they are aborted)."""
+    return await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
 
 
 def finish_reason(out: StepOutput) -> str | None:

@@ -3,7 +3,7 @@ OpenAI's ``response_format`` (``text``, ``json_object``, ``json_schema``) or vLL
 extensions (``structured_outputs``, and the older ``guided_json`` / ``guided_regex`` /
 ``guided_choice`` / ``guided_grammar``), as a :class:`StructuredOutput`. Malformed or
 conflicting fields are 400s naming the field; whether the constraint compiles is checked
-when the prompt is prepared (errors renamed to the field by :func:`field_error`).
+when the prompt is prepared (its errors name the field it came from).
 """
 
 import json
@@ -11,9 +11,7 @@ import re
 from typing import Any, NoReturn
 
 from adapters.http.errors import HTTPError
-from adapters.http.openai_schemas import ChatCompletionRequest, CompletionRequest
-from domain.errors import InvalidParameterError
-from domain.ports import STRUCTURED_PARAM
+from adapters.http.openai.schemas import ChatCompletionRequest, CompletionRequest
 from domain.sampling import StructuredOutput
 
 # What ``guided_decoding_backend`` may name: ours, or the server's choice.
@@ -49,13 +47,6 @@ def structured_output(body: Body) -> tuple[StructuredOutput, str] | None:
         fields = ", ".join(field for _, field in found)
         _fail(found[1][1], f"only one output constraint may be set, got {fields}")
     return found[0] if found else None
-
-
-def field_error(e: InvalidParameterError, field: str) -> HTTPError:
-    """A structured-output error of the engine (param ``STRUCTURED_PARAM``) as a 400
-    naming the request's ``field``."""
-    message = str(e).removeprefix(f"{STRUCTURED_PARAM}: ")
-    return HTTPError(400, f"{field}: {message}", "invalid_request_error", field)
 
 
 def response_format(value: dict[str, Any] | None) -> StructuredOutput | None:

@@ -1,0 +1,181 @@
+"""The completion use case: a parsed request in, its engine requests queued, their output
+streams out. ``/v1/completions`` and ``/v1/chat/completions`` run it (and any face that
+translates into a completion: one copy of rendering, tools, grammar and limits).
+
+The steps, in this order:
+
+1. precheck: what is cheap before any tokenizing (the stop-string limits, each prompt's
+   size, room for every choice: a full engine answers at once);
+2. render (a chat): the conversation and tools through the chat template;
+3. prepare: tokenize and validate each prompt off the event loop (a chat's ``max_tokens``
+   is known now: by default what the context leaves);
+4. reserve: the tokens it may use against the caller's limits (they need the prompts'
+   token counts, so they come after preparing);
+5. prioritize: the caller's group queues at the request's priority;
+6. admit: every choice of every prompt queued at once, or none.
+
+Errors are domain errors naming the request field (``InvalidParameterError`` and its
+kind, ``QueueFullError``, the limits' errors); a face maps them to its wire format.
+"""
+
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from application.chat_prompts import ChatPrompts, ToolRequest, constrain, tool_texts
+from application.engine_client import OwnedRequests
+from application.input_processor import InputProcessor
+from application.request_ids import new_request_id
+from application.request_record import RequestRecord
+from domain.errors import InvalidParameterError
+from domain.ports import STRUCTURED_PARAM
+from domain.request import StepOutput
+from domain.sampling import SamplingParams
+
+Prompt = str | list[int]
+# A chat without max_tokens may run to the end of the context; under a tokens-per-minute
+# limit it reserves this many output tokens (its real use is counted at the end).
+UNSET_MAX_TOKENS_RESERVE = 256
+
+
+class Reservations(Protocol):
+    """The caller's limits: ``reserve`` raises (``RateLimitedError``...) when ``tokens``
+    more do not fit; what is not used is given back when the caller's request ends."""
+
+    async def reserve(self, tokens: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a completion runs for: the group owning its engine requests (its end aborts
+    them), the API request's record (timings), and its limits (None: none)."""
+
+    group: OwnedRequests
+    record: RequestRecord
+    limits: Reservations | None = None
+
+    async def reserve(self, tokens: int) -> None:
+        if self.limits is not None:
+            await self.limits.reserve(tokens)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """What every completion asks: ``n`` choices per prompt sampled with ``params``, on
+    the LoRA adapter ``adapter_id`` (None: the base model), at ``priority`` (vLLM's: lower
+    runs earlier; None: the default). ``structured_param``: the request field the output
+    constraint came from (its errors name it)."""
+
+    params: SamplingParams
+    n: int = 1
+    adapter_id: str | None = None
+    priority: int | None = None
+    structured_param: str = STRUCTURED_PARAM
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptJob(Job):
+    """A completion of each of ``prompts`` (texts or token ids); its engine requests' ids
+    start with ``id_prefix``."""
+
+    prompts: Sequence[Prompt]
+    id_prefix: str = "cmpl"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatJob(Job):
+    """A chat: ``messages`` (checked, text content) with ``tools``. ``params.max_tokens``
+    is a placeholder: the output may take ``max_tokens`` (None: what the context leaves
+    after the rendered prompt), which came from the field ``max_tokens_param``."""
+
+    messages: list[dict[str, Any]]
+    tools: ToolRequest | None = None
+    max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A queued completion: one stream per choice (choice j of prompt i at ``i * n + j``),
+    each prompt's token ids, and the parameters they run with."""
+
+    streams: list[AsyncIterator[StepOutput]]
+    prompts: list[list[int]]
+    params: SamplingParams
+
+
+class CompletionService:
+    def __init__(self, inputs: InputProcessor, chats: ChatPrompts) -> None:
+        self.inputs, self.chats = inputs, chats
+
+    async def complete(self, job: PromptJob, caller: Caller) -> Started:
+        texts = [[p] for p in job.prompts if isinstance(p, str)]
+        self._precheck(job, texts, len(job.prompts), "prompt")
+        with caller.record.timing("tokenize"):
+            prepared = [await self._prepare(p, job.params, job) for p in job.prompts]
+        await self._reserve(caller, prepared, job.params, job.n)
+        return self._admit(caller, job, job.id_prefix, prepared, job.params)
+
+    async def chat(self, job: ChatJob, caller: Caller) -> Started:
+        texts = [*(m["content"] for m in job.messages), *tool_texts(job.tools)]
+        self._precheck(job, [texts], 1, "messages")
+        with caller.record.timing("render_chat"):
+            prompt = await self.chats.render(job.messages, job.tools)
+        params = constrain(self._sized(job, len(prompt)), job.tools)
+        with caller.record.timing("tokenize"):
+            prepared = await self._prepare(prompt, params, job)
+        out = params.max_tokens
+        if job.max_tokens is None:
+            out = min(out, UNSET_MAX_TOKENS_RESERVE)
+        await self._reserve(caller, [prepared], params, job.n, out)
+        return self._admit(caller, job, "chatcmpl", [prepared], params)
+
+    def _precheck(self, job: Job, prompts: Sequence[Sequence[str]], count: int, param: str) -> None:
+        """The stop-string limits, each prompt's size (a prompt is a list of texts: a
+        chat's messages, named ``param``), and room for ``count`` prompts of ``n``
+        choices."""
+        self.inputs.check_params(job.params)
+        for texts in prompts:
+            self.inputs.check_prompt_size(texts, param)
+        self.inputs.check_room(count, job.n)
+
+    def _sized(self, job: ChatJob, prompt_tokens: int) -> SamplingParams:
+        """The chat's parameters with its ``max_tokens`` (at least one token: a full
+        context is an error when the prompt is prepared)."""
+        max_tokens = job.max_tokens
+        if max_tokens is None:
+            max_tokens = max(self.inputs.max_seq_len - prompt_tokens, 1)
+        try:
+            return dataclasses.replace(job.params, max_tokens=max_tokens)
+        except InvalidParameterError as e:
+            if e.param != "max_tokens":
+                raise
+            raise e.renamed(job.max_tokens_param) from e
+
+    async def _prepare(self, prompt: Prompt, params: SamplingParams, job: Job) -> list[int]:
+        return await self.inputs.prepare(prompt, params, structured_param=job.structured_param)
+
+    @staticmethod
+    async def _reserve(
+        caller: Caller,
+        prepared: list[list[int]],
+        params: SamplingParams,
+        n: int,
+        out: int | None = None,
+    ) -> None:
+        """The prompts' tokens and ``out`` (default: ``max_tokens``) per choice."""
+        out = params.max_tokens if out is None else out
+        await caller.reserve(sum(map(len, prepared)) + out * len(prepared) * n)
+
+    @staticmethod
+    def _admit(
+        caller: Caller, job: Job, prefix: str, prepared: list[list[int]], params: SamplingParams
+    ) -> Started:
+        """Prioritize the caller's group, then queue ``n`` choices of every prompt."""
+        group = caller.group
+        if job.priority is not None:  # the scheduler runs a higher context priority first
+            group.context = dataclasses.replace(group.context, priority=-job.priority)
+        request_ids = [new_request_id(prefix) for _ in range(len(prepared) * job.n)]
+        streams = group.admit(request_ids, prepared, params, job.n, adapter_id=job.adapter_id)
+        return Started(streams, prepared, params)

@@ -1,0 +1,104 @@
+"""InputProcessor: a request's inputs made ready for the engine before anything is queued
+(vLLM's ``InputProcessor``): the cheap checks, chat rendering, tokenizing and validation
+(:class:`RequestChecks`), and detokenizing for the replies.
+
+The costly steps (tokenizing, rendering, compiling a grammar) run on a small thread pool
+(``EngineConfig.prepare_threads``), never on the event loop the engine steps on: a
+megabyte prompt costs its own request time, not every stream's (the tokenizer releases
+the GIL while it encodes). The engine client (:mod:`application.engine_client`) queues
+what this prepared.
+"""
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from application.request_checks import RequestChecks
+from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
+from domain.ports import STRUCTURED_PARAM, ChatMessage, Tokenizer
+from domain.sampling import SamplingParams
+
+T = TypeVar("T")
+
+
+class InputProcessor:
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer, checks: RequestChecks) -> None:
+        self.config, self.tokenizer, self.checks = config, tokenizer, checks
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_seq_len
+
+    # Cheap checks before any tokenizing: raise InvalidParameterError / QueueFullError.
+    def check_params(self, params: SamplingParams) -> None:
+        self.checks.check_params(params)
+
+    def check_prompt_size(self, texts: Iterable[str], param: str = "prompt") -> None:
+        self.checks.check_prompt_size(texts, param)
+
+    def check_room(self, count: int, n: int = 1) -> None:
+        self.checks.check_room(count, n)
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token decoded alone, special tokens included (logprobs' token strings;
+        cheap: runs on the caller's thread)."""
+        decode = self.tokenizer.decode
+        return [decode([t], skip_special_tokens=False) for t in token_ids]
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Chat messages -> prompt token ids through the model's chat template. Special-token
+        text in the messages is plain text unless the engine's config trusts it."""
+        trust, tokenizer = self.config.trust_chat_special_tokens, self.tokenizer
+        return await self._off_loop(
+            lambda: tokenizer.render_chat(messages, tools=tools, trust_special_tokens=trust)
+        )
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """``text``'s token ids, after the prompt-size limit."""
+        self.checks.check_prompt_size([text])
+        tokenizer = self.tokenizer
+        return await self._off_loop(
+            lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        )
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` (ids outside the vocabulary: InvalidParameterError)."""
+        vocab = self.checks.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidParameterError(
+                "tokens", f"token id {bad} is out of vocabulary (ids are 0..{vocab - 1})"
+            )
+        tokenizer = self.tokenizer
+        return await self._off_loop(lambda: tokenizer.decode(token_ids, skip_special_tokens=False))
+
+    async def prepare(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        structured_param: str = STRUCTURED_PARAM,
+    ) -> list[int]:
+        """:meth:`RequestChecks.prepare`: the prompt's token ids, tokenized and validated."""
+        checks = self.checks
+        return await self._off_loop(
+            lambda: checks.prepare(prompt, params, structured_param=structured_param)
+        )
+
+    def close(self) -> None:
+        """Stop the thread pool (a later call starts another)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                self.config.prepare_threads, thread_name_prefix="prepare"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
