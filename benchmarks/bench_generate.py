@@ -19,10 +19,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from adapters.torch.cpu.tuning import cpu_name, isa_flags
+from adapters.torch.factory import DTYPES
 from adapters.torch.runtime.generate import stream_generate
 from domain.sampling import SamplingParams
 from entrypoints.config import ServerConfig
-from entrypoints.container import DTYPES, create_container
+from entrypoints.container import create_container
 
 PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -44,9 +45,9 @@ def main() -> None:
             args.model, dtype=args.dtype, progress=True, quantization=method
         )
         container = create_container(config)
-        models[method], tokenizer = container.model(), container.tokenizer()
+        models[method], tokenizer = container.backend.model(), container.backend.tokenizer()
         load_s[method] = time.perf_counter() - t0
-    folder = container.resolved_model().path
+    folder = container.backend.resolved_model().path
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[args.dtype]).eval()
     prompt_ids = tokenizer.encode(PROMPT)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)

@@ -43,7 +43,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     llm = LLM(args.model, dtype=args.dtype, device="cpu")
-    model, tokenizer = llm._container.model(), llm.tokenizer
+    model, tokenizer = llm._container.backend.model(), llm.tokenizer
     c = args.c
     config = EngineConfig(
         max_seq_len=args.prompt_tokens + args.output_tokens + 16,

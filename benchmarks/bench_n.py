@@ -87,7 +87,7 @@ def main() -> None:
             times[name].append(cases[name]())
     base = statistics.median(times["n=1"])
     print(bs.machine_line())
-    print(f"model {container.resolved_model().name}, {args.prompt_tokens}-token prompt, ")
+    print(f"model {container.backend.resolved_model().name}, {args.prompt_tokens}-token prompt, ")
     print(f"{args.rounds} rounds, medians (max_num_batched_tokens {config.max_num_batched_tokens})")
     for name, values in times.items():
         median = statistics.median(values)

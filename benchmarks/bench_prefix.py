@@ -352,14 +352,15 @@ def worker(spec_path: str) -> None:
         container = create_container(spec["model"], **options)
     else:
         container = create_container(ServerConfig.for_model(spec["model"], **options))
-    runner = container.runner()
-    tokenizer = container.tokenizer()
+    parts = container.backend if hasattr(container, "backend") else container  # older trees
+    runner = parts.runner()
+    tokenizer = parts.tokenizer()
 
     class Sink:
         def publish(self, output: object) -> None:
             pass
 
-    engine = Engine(config, runner, tokenizer, Sink(), vocab_size=container.vocab_size())
+    engine = Engine(config, runner, tokenizer, Sink(), vocab_size=parts.vocab_size())
     vocab = engine.vocab_size
     low, high = (bs.LOW_TOKEN_ID, vocab - bs.HIGH_TOKEN_MARGIN) if vocab > 4000 else (64, vocab)
     rng = random.Random(f"{spec['seed']}-concurrency")
@@ -620,7 +621,7 @@ def _vocab(args: argparse.Namespace) -> int:
     from entrypoints.container import create_container
 
     config = ServerConfig.for_model(args.model, progress=False)
-    return int(create_container(config).tokenizer().vocab_size)
+    return int(create_container(config).backend.tokenizer().vocab_size)
 
 
 def _parts(text: str) -> list[str]:

@@ -481,7 +481,7 @@ def run_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict[st
     from adapters.torch.runtime.generate import generate
     from domain.sampling import SamplingParams
 
-    model, tokenizer = container.model(), container.tokenizer()
+    model, tokenizer = container.backend.model(), container.backend.tokenizer()
 
     def params(n: int, temperature: float = 0.0, top_p: float = 1.0) -> SamplingParams:
         return SamplingParams(max_tokens=n, temperature=temperature, top_p=top_p, ignore_eos=True)
@@ -500,12 +500,12 @@ def run_hf_baseline(container: Any, workloads: list[Workload]) -> dict[str, dict
     import torch
     from transformers import AutoModelForCausalLM
 
-    from entrypoints.container import DTYPES
+    from adapters.torch.factory import DTYPES
 
     if any(spec.temperature != 0 for w in workloads for spec in w.specs):
         raise ValueError("--hf-baseline runs greedy requests only")
-    folder = container.resolved_model().path
-    dtype = DTYPES[container.config.dtype()]
+    folder = container.backend.resolved_model().path
+    dtype = DTYPES[container.backend.dtype()]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
 
     def generate(prompt: list[int], n: int) -> int:
@@ -779,7 +779,7 @@ def _container(args: argparse.Namespace) -> Any:
 
 
 def _tokenizer_vocab(container: Any) -> int:
-    return int(container.tokenizer().vocab_size)
+    return int(container.backend.tokenizer().vocab_size)
 
 
 def _bench(

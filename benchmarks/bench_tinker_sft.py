@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="server and PEFT device (default: auto)")
     args = parser.parse_args()
 
-    from entrypoints.container import resolve
+    from adapters.weights.factory import resolve
 
     folder = resolve(None, None, progress=True).path
     peft_step = make_peft_step(args, folder) if args.peft_baseline else None

@@ -45,7 +45,7 @@ def main() -> None:
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
     from transformers import AutoTokenizer
 
-    from entrypoints.container import resolve
+    from adapters.weights.factory import resolve
 
     folder = resolve(None, None, progress=True).path  # the default model's converted folder
     tokenizer_utils.register_tokenizer(ALIAS, lambda: AutoTokenizer.from_pretrained(folder))

@@ -135,9 +135,9 @@ def main() -> None:
     args = p.parse_args()
     model = args.model or bl.default_model()
     container = create_container(ServerConfig.for_model(model))
-    folder = container.resolved_model().path
+    folder = container.backend.resolved_model().path
     config = ModelConfig.from_folder(folder)
-    tokenizer = container.tokenizer()
+    tokenizer = container.backend.tokenizer()
     peak, bandwidth = gemm_peak() * 1e9, read_bandwidth() * 1e9
     print(f"CPU: {cpu_name()}; ISA: {' '.join(isa_flags())}; {torch.get_num_threads()} threads")
     print(f"float32 GEMM peak {peak / 1e9:.1f} GFLOP/s; memory read {bandwidth / 1e9:.1f} GB/s")

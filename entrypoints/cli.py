@@ -39,7 +39,7 @@ from entrypoints.tinker_flags import add_tinker_limit_args
 from entrypoints.transport_flags import add_address_args, add_transport_args
 
 QUANTIZATION_CHOICES = [q for q in QUANTIZATIONS if q is not None]
-# vLLM's dtype names (`auto` is decided per machine: entrypoints.container.choose_dtype).
+# vLLM's dtype names (`auto` is decided per machine: adapters.torch.factory.choose_dtype).
 DTYPE_ALIASES = {"bf16": "bfloat16", "half": "float16", "float": "float32"}
 
 
@@ -292,9 +292,9 @@ def _build_kernels(args: argparse.Namespace) -> int:
     from adapters.torch.cpu.kernels import cpu_has_kernel_isa, cpu_kernels
     from adapters.torch.cpu.portable import portable_kernels
     from adapters.torch.cpu.tuning import linear_shapes, tuned, tuning_path
+    from adapters.torch.factory import default_device
     from adapters.torch.models.config import ModelConfig
     from domain.errors import ModelLoadError
-    from entrypoints.container import default_device
 
     configure_logging("info", "console")
     set_threads(args.threads)  # the tuning is per thread count: serve's default
@@ -306,7 +306,7 @@ def _build_kernels(args: argparse.Namespace) -> int:
     if default_device() == "cpu":
         try:
             config = ServerConfig.for_model(args.model, cache_dir=args.cache_dir)
-            resolved = create_container(config).resolved_model()
+            resolved = create_container(config).backend.resolved_model()
         except ModelLoadError as e:  # e.g. the default model's wheel is not installed
             print(f"--dtype auto: not measured ahead ({e})")
             return 0 if portable == "ready" else 1
@@ -326,7 +326,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     configure_logging("info", "console")
     set_threads(args.threads)
     container = create_container(ServerConfig.for_model(args.model, cache_dir=args.cache_dir))
-    resolved = container.resolved_model()
+    resolved = container.backend.resolved_model()
     tuning = tuned(linear_shapes(ModelConfig.from_folder(resolved.path)), force=args.force)
     print(
         f"CPU: {tuning.cpu}; ISA: {' '.join(isa_flags()) or 'baseline'}; "
@@ -371,8 +371,8 @@ def _generate(args: argparse.Namespace) -> int:
         )
     )
     start = time.perf_counter()
-    limit = container.model().config.max_position_embeddings
-    tokenizer = container.tokenizer()
+    limit = container.backend.model().config.max_position_embeddings
+    tokenizer = container.backend.tokenizer()
     loaded = time.perf_counter()
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.chat:
@@ -391,7 +391,7 @@ def _generate(args: argparse.Namespace) -> int:
         max_batch_size=1,
         max_waiting_requests=1,
     )
-    container.engine_config.override(providers.Object(config))
+    container.backend().engine_config.override(providers.Object(config))  # the runner's too
     engine = container.async_engine()
     first, count, reason = asyncio.run(_stream_to_stdout(engine, prompt_ids, params))
     end = time.perf_counter()
@@ -399,7 +399,7 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.quiet and first is not None:
         decode = (count - 1) / (end - first) if count > 1 else 0.0
         print(
-            f"[{container.resolved_model().name}] load {loaded - start:.2f} s, "
+            f"[{container.backend.resolved_model().name}] load {loaded - start:.2f} s, "
             f"prompt {len(prompt_ids)} tokens, TTFT {(first - loaded) * 1e3:.0f} ms, "
             f"{count} tokens at {decode:.1f} tok/s, finish: {reason}",
             file=sys.stderr,
@@ -437,20 +437,20 @@ def _serve(args: argparse.Namespace) -> int:
     container = create_container(
         config, on_startup=[lambda: sighup_reloader(container.access(), keys_file)()]
     )
-    limit = container.model().config.max_position_embeddings
+    limit = container.backend.model().config.max_position_embeddings
     if config.engine.max_model_len > limit:
         raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
-    embeddings = container.embeddings()  # its weights loaded before the KV pool is sized
+    embeddings = container.backend.embeddings()  # its weights loaded before the KV pool is sized
     app = container.http_app()
     http = config.http
     url = f"{'https' if http.tls else 'http'}://{http.host}:{http.port}"
-    _note(f"serving {container.resolved_model().name} at {url}")
+    _note(f"serving {container.backend.resolved_model().name} at {url}")
     served = [e.id for e in container.served_models().entries()]
     _note(f"models: {', '.join(served)}")
     if embeddings is not None:
         _note(f"embeddings: {embeddings.model_name} at {url}/v1/embeddings")
     if config.tinker.enabled:
-        names = ", ".join(container.served_names())
+        names = ", ".join(container.backend.served_names())
         _note(f"Tinker API: TINKER_BASE_URL={url} (models: {names})")
     keyring = container.keyring()
     if keyring is None:

@@ -93,7 +93,7 @@ class ServerConfig:
     def from_args(cls, args: argparse.Namespace) -> "ServerConfig":
         """``infer serve``'s configuration from its parsed flags, every group checked (a
         bad flag: ``InvalidParameterError`` naming it) before anything loads."""
-        from entrypoints.container import default_device
+        from adapters.torch.factory import default_device
 
         http = TransportSettings.from_args(args)
         connections = ConnectionLimits.from_args(args)

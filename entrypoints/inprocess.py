@@ -68,8 +68,8 @@ class LLM:
             engine=engine or EngineConfig(max_seq_len=2048),
         )
         self._container = create_container(config)
-        self.model_name = self._container.resolved_model().name
-        self.tokenizer = self._container.tokenizer()
+        self.model_name = self._container.backend.resolved_model().name
+        self.tokenizer = self._container.backend.tokenizer()
         self._streams = 0  # stream() calls running now
 
     def generate(

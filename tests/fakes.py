@@ -97,13 +97,16 @@ class ManualClock:
 
 
 def fake_container(runner: ModelRunner | None = None, **overrides: Any) -> "Container":
-    """The composition root with the fake runner (no model loaded); ``runner`` overrides
+    """The composition root on the fake backend (no model loaded); ``runner`` replaces
     the default :class:`FakeModelRunner`; ``overrides`` go to ``ServerConfig.for_model``
     (groups or fields by name: ``cache_dir=...``, ``http=TransportSettings(...)``)."""
+    from dependency_injector import providers
+
+    from entrypoints.backends import FakeBackend
     from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 
-    container = create_container(ServerConfig.for_model(runner="fake", **overrides))
+    backend = FakeBackend()
     if runner is not None:
-        container.fake_runner.override(runner)
-    return container
+        backend.runner.override(providers.Object(runner))
+    return create_container(ServerConfig.for_model(runner="fake", **overrides), backend=backend)

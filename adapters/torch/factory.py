@@ -40,7 +40,8 @@ from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-log = structlog.get_logger(__name__)
+# The start-up lines keep the logger name they were written under before they moved here.
+log = structlog.get_logger("entrypoints.container")
 
 
 class ModelFolder(Protocol):

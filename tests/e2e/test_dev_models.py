@@ -40,7 +40,7 @@ def served(request, tmp_path_factory) -> Iterator[tuple[TestClient, str]]:
         engine=EngineConfig(max_batch_size=4, max_seq_len=256),
     )
     container = create_container(config)
-    name = container.resolved_model().name
+    name = container.backend.resolved_model().name
     with TestClient(app=container.http_app()) as client:
         yield client, name
 

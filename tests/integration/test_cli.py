@@ -174,7 +174,7 @@ def test_serve_sizes_the_kv_cache_by_memory(tmp_path, monkeypatch, capsys) -> No
     assert main([*argv, "--kv-cache-memory", "64MiB", "--log-format", "json"]) == 0
     [container] = built
     blocks = (64 << 20) // SMOLLM2_BLOCK  # 182
-    assert container.runner().cache.num_blocks == blocks
+    assert container.backend.runner().cache.num_blocks == blocks
     assert container.engine().scheduler.blocks.num_blocks == blocks
     assert container.engine().config.max_batch_size == 2
     logs = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line[:1] == "{"]
@@ -263,7 +263,7 @@ def test_the_fake_runner_ignores_the_kv_budget() -> None:
     tiny = KVCacheMemory(nbytes=1)  # would not hold a request on the torch runner
     config = ServerConfig.for_model(runner="fake", engine=engine, kv_cache_memory=tiny)
     container = create_container(config)
-    assert container.engine_config() == engine
+    assert container.backend.engine_config() == engine
     assert container.engine().scheduler.blocks.num_blocks == engine.kv_blocks == 8
 
 

@@ -1,5 +1,6 @@
-"""The composition root: the selectors build the app on the fake runner (no model) and the
-toy training backend, and serve through it."""
+"""The composition root: the backend and the training chosen once from the config (or
+handed in), the app built on the fake backend (no model) and the toy training backend,
+served through."""
 
 import pytest
 from dependency_injector import providers
@@ -10,6 +11,7 @@ from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from application.keys import hash_key
+from entrypoints.backends import FakeBackend, LoraTraining, TorchBackend, ToyTraining
 from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 from entrypoints.tinker_flags import TinkerSettings
@@ -50,15 +52,37 @@ def test_an_overridden_observer_sees_every_step(tmp_path) -> None:
     assert sum(len(s.finished) for s in observer.steps) == 1
 
 
-def test_the_fake_runner_loads_no_model(tmp_path) -> None:
+def test_the_fake_backend_loads_no_model(tmp_path) -> None:
     container = fake_container(cache_dir=str(tmp_path))
-    for loads in (container.resolved_model, container.model):
-        loads.override(providers.Callable(pytest.fail, "a model was resolved or loaded"))
-    assert isinstance(container.runner(), FakeModelRunner)
-    assert isinstance(container.tokenizer(), ByteTokenizer)
-    assert container.served_names() == ["fake"]
+    backend = container.backend
+    assert backend.resolved_model() is None and backend.model() is None
+    assert isinstance(backend.runner(), FakeModelRunner)
+    assert isinstance(backend.tokenizer(), ByteTokenizer)
+    assert backend.served_names() == ["fake"]
     assert container.tinker() is None  # the Tinker API is off by default
     container.http_app()
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_backends_and_the_trainings_have_one_shape_each() -> None:
+    assert set(TorchBackend.providers) == set(FakeBackend.providers)
+    assert set(LoraTraining.providers) == set(ToyTraining.providers)
+
+
+def test_the_config_chooses_the_backend_and_a_test_may_hand_in_its_own(tmp_path) -> None:
+    def chosen(config: ServerConfig) -> tuple[type, type]:
+        container = create_container(config)  # nothing is built until asked for
+        parts = (container.backend(), container.training())
+        return parts[0].declarative_parent, parts[1].declarative_parent
+
+    assert chosen(ServerConfig.for_model(runner="fake")) == (FakeBackend, LoraTraining)
+    assert chosen(ServerConfig.for_model(training_backend="toy")) == (TorchBackend, ToyTraining)
+    # The config names the torch runner; the backend handed in is used, given the config.
+    config = ServerConfig.for_model(cache_dir=str(tmp_path), max_model_len=96)
+    backend = FakeBackend()
+    container = create_container(config, backend=backend)
+    assert container.backend() is backend and backend.config() is config
+    assert container.engine().config.max_seq_len == 96
     assert not list(tmp_path.iterdir())
 
 
@@ -72,7 +96,7 @@ def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> Non
     container = fake_container(
         served_model_name="test/base", tinker=tinker, cache_dir=str(tmp_path / "cache")
     )
-    backend = container.training_backend()
+    backend = container.training.backend()
     assert isinstance(backend, ToyBackend)
     assert [m.name for m in backend.base_models] == ["test/base"]
     assert container.tinker() is not None
@@ -109,7 +133,7 @@ def test_the_container_is_built_from_the_config_alone(tmp_path) -> None:
         tool_call_parser="pythonic",
     )
     container = create_container(config)
-    engine = container.engine_config()
+    engine = container.backend.engine_config()
     assert (engine.max_batch_size, engine.max_seq_len) == (3, 96)
     settings = container.http_settings()
     assert settings.request_timeout == 7.0

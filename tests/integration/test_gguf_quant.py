@@ -169,8 +169,8 @@ def test_gemma_3_270m_keeps_its_k_quant_linears_quantized(tmp_path):
 
 
 def test_auto_quantization_is_gguf_for_a_gguf_model_on_a_cpu_only(tmp_path):
+    from adapters.torch.factory import choose_quantization
     from adapters.weights.folder import ResolvedModel
-    from entrypoints.container import choose_quantization
 
     write_gguf(tiny_model("llama"), tmp_path / "tiny.gguf", T.Q4_0)
     gguf_model = ResolvedModel(converted(tmp_path / "tiny.gguf", tmp_path), "tiny", False, True)

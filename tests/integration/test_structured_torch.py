@@ -16,6 +16,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.grammar import LLGuidanceCompiler, RequestMatchers
+from adapters.grammar.factory import byte_grammar
 from adapters.http import create_app
 from adapters.torch.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
@@ -25,7 +26,6 @@ from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.request import RequestContext
 from domain.sampling import SamplingParams, StructuredOutput
-from entrypoints.container import build_byte_grammar
 from tests.fakes import ListSink, ManualClock, fake_async_engine
 from tests.integration.tiny_models import VOCAB, save_tiny_model
 
@@ -55,7 +55,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def compiler() -> LLGuidanceCompiler:
-    return build_byte_grammar(VOCAB)
+    return byte_grammar(ByteTokenizer(), VOCAB)
 
 
 def engine(

@@ -10,10 +10,10 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from adapters.fake import ByteTokenizer
+from adapters.hf_tokenizer.factory import choose_tool_parser
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from application.chat_prompts import ChatPrompts, ToolRequest, probe_template
 from application.tool_parsers import FORMATS, detect_format
-from entrypoints.container import choose_tool_parser
 
 # SmolLM2-135M-Instruct's template, as its tokenizer_config.json has it.
 CHATML = (
@@ -167,6 +167,6 @@ def test_the_format_is_chosen_by_the_template(template: str | None, expected: st
 
 def test_the_flag_chooses_the_parser_or_leaves_it_to_the_template() -> None:
     llama = byte_level_tokenizer("<|python_tag|>{{ messages[0].content }}")
-    assert choose_tool_parser("auto", llama) == "llama3_json"
-    assert choose_tool_parser("pythonic", llama) == "pythonic"
-    assert choose_tool_parser("auto", ByteTokenizer()) == "hermes"
+    assert choose_tool_parser("auto", llama.chat_template) == "llama3_json"
+    assert choose_tool_parser("pythonic", llama.chat_template) == "pythonic"
+    assert choose_tool_parser("auto", ByteTokenizer().chat_template) == "hermes"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from adapters.torch import factory
 from adapters.torch.cpu import tuning
 from adapters.weights.dummy import resolve_dummy
-from entrypoints import container
 from entrypoints.cli import main
 
 SHAPES = [(96, 64), (64, 64)]
@@ -85,10 +85,10 @@ def test_dtype_auto_takes_the_measured_dtype_on_a_cpu(
 ) -> None:
     resolved = resolve_dummy("SmolLM2-135M", tmp_path)
     fixed = tuning.Tuning("cpu", [], _timings(3.0, 2.0), "float32", SWITCHES, "measured")
-    monkeypatch.setattr(container, "tuned", lambda shapes: fixed)
-    assert container.choose_dtype("auto", resolved, "cpu") == "float32"
-    assert container.choose_dtype("bfloat16", resolved, "cpu") == "bfloat16"
-    assert container.choose_dtype("auto", resolved, "cuda") == "bfloat16"
+    monkeypatch.setattr(factory, "tuned", lambda shapes: fixed)
+    assert factory.choose_dtype("auto", resolved, "cpu") == "float32"
+    assert factory.choose_dtype("bfloat16", resolved, "cpu") == "bfloat16"
+    assert factory.choose_dtype("auto", resolved, "cuda") == "bfloat16"
 
 
 def test_bench_kernels_prints_the_table_and_the_choices(
@@ -117,8 +117,8 @@ def test_each_quantized_linear_gets_its_formats_switch_for_the_model_dtype(
 
     resolved = resolve_dummy("SmolLM2-135M", tmp_path)
     fixed = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "measured")
-    monkeypatch.setattr(container, "tuned", lambda shapes: fixed)
-    model = container.build_model(resolved, dtype, "cpu", "int4")
+    monkeypatch.setattr(factory, "tuned", lambda shapes: fixed)
+    model = factory.build_model(resolved, dtype, "cpu", "int4")
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if linears[0].kernel is None:
         pytest.skip("no C++ toolchain: the PyTorch path has no switch")
@@ -135,7 +135,7 @@ def test_build_kernels_measures_what_the_first_load_reads(
     from adapters.torch.cpu import kernels, portable
 
     monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(container, "default_device", lambda: "cpu")
+    monkeypatch.setattr(factory, "default_device", lambda: "cpu")
     calls = []
 
     def fake_measure(shapes: list[tuple[int, int]]) -> tuning.Tuning:
@@ -156,7 +156,7 @@ def test_build_kernels_measures_what_the_first_load_reads(
     tuning._read.clear()  # a new process: only the file
     monkeypatch.setattr(tuning, "measure", lambda shapes: pytest.fail("measured again"))
     resolved = resolve_dummy("SmolLM2-135M", tmp_path)
-    assert container.choose_dtype("auto", resolved, "cpu") == "float32"
+    assert factory.choose_dtype("auto", resolved, "cpu") == "float32"
     (read,) = [
         line
         for line in capsys.readouterr().err.splitlines()  # build-kernels logs to stderr

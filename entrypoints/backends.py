@@ -1,0 +1,218 @@
+"""The parts of the server that change with what runs the model: two kinds of
+sub-container, each chosen once by ``create_container`` (:mod:`entrypoints.container`) and
+handed in by tests instead (``create_container(config, backend=FakeBackend(runner=...))``,
+as cosmicpython's bootstrap takes its fakes). Kinds of one sort have the same providers.
+
+A **backend** (``config.model.runner``): :class:`TorchBackend` (``torch``) loads the
+model; :class:`FakeBackend` (``fake``) loads nothing.
+
+==================  ====================================================================
+provider            what it gives (None where the backend has none)
+==================  ====================================================================
+``config``          the :class:`ServerConfig` (``create_container`` gives it)
+``resolved_model``  the model's folder
+``dtype``           the weights' dtype name (``--dtype auto`` resolved once)
+``model``           the loaded :class:`Transformer`
+``model_name``      the model's own name (``/v1/models``' root)
+``served_names``    the served name, then Tinker's aliases
+``engine_config``   the :class:`EngineConfig`: the engine's flags, the KV pool sized on
+                    the model (by ``--kv-cache-memory`` when given)
+``kv_cache_bytes``  the KV pool's bytes (0: unknown)
+``tokenizer``       the ``Tokenizer`` port
+``vocab_size``      the model's vocabulary (None: the tokenizer's)
+``grammar``         the ``GrammarCompiler`` (None: structured outputs are refused)
+``lora_serving``    multi-LoRA serving (for Tinker and ``--lora-modules``)
+``runner``          the ``ModelRunner`` port
+``embeddings``      ``/v1/embeddings``' service (without ``--embedding-model``: None)
+==================  ====================================================================
+
+A **training** (``config.tinker.training_backend``, built only when Tinker is on):
+:class:`LoraTraining` (``lora``) or :class:`ToyTraining` (``toy``). It is given
+``config``, ``model`` (the backend) and ``engine`` (the ``AsyncEngine``), and provides
+``backend`` (the ``TrainingBackend`` port) and ``sampler`` (the ``SamplingBackend``
+port; None: nothing samples here, as LoRA on the fake runner).
+"""
+
+from dependency_injector import containers, providers
+
+from adapters.fake.factory import build_fake_embeddings, build_toy_backend
+from adapters.fake.runner import FakeModelRunner
+from adapters.fake.tokenizer import ByteTokenizer
+from adapters.grammar import LLGuidanceCompiler, RequestMatchers
+from adapters.grammar.factory import byte_grammar, tokenizer_json_grammar
+from adapters.hf_tokenizer.tokenizer import HFTokenizer
+from adapters.torch.factory import (
+    build_embeddings,
+    build_engine_config,
+    build_engine_sampler,
+    build_lora_serving,
+    build_model,
+    build_training_backend,
+    choose_dtype,
+    kv_pool_bytes,
+)
+from adapters.torch.runtime.runner import TorchModelRunner
+from adapters.torch.runtime.sampler import TokenSampler
+from adapters.weights import ResolvedModel
+from adapters.weights.factory import model_names, resolve, resolve_embedding
+from application.async_engine import AsyncEngine
+from domain.ports import Tokenizer
+from entrypoints.config import ServerConfig
+from entrypoints.engine_flags import EngineSettings
+
+FAKE_MODEL_NAME = "fake"
+
+
+def model_tokenizer(resolved: ResolvedModel) -> Tokenizer:
+    # Dummy-weight models have no tokenizer: bytes work with any real vocabulary size.
+    return HFTokenizer.from_folder(resolved.path) if resolved.has_tokenizer else ByteTokenizer()
+
+
+def model_grammar(
+    resolved: ResolvedModel, vocab_size: int, tokenizer: Tokenizer
+) -> LLGuidanceCompiler:
+    """Structured outputs over the model's tokenizer (bytes for dummy-weight models)."""
+    if resolved.has_tokenizer:
+        return tokenizer_json_grammar(resolved.path, vocab_size, tokenizer.eos_token_ids)
+    return byte_grammar(ByteTokenizer(), vocab_size)
+
+
+class TorchBackend(containers.DeclarativeContainer):
+    """The model's weights resolved and loaded, our runner over them."""
+
+    config = providers.Dependency(instance_of=ServerConfig)
+    resolved_model = providers.Singleton(
+        resolve,
+        config.provided.model.model,
+        config.provided.model.cache_dir,
+        config.provided.model.progress,
+    )
+    # --dtype auto resolved once (measured on a CPU): the model and training use it.
+    dtype = providers.Singleton(
+        choose_dtype, config.provided.model.dtype, resolved_model, config.provided.model.device
+    )
+    model = providers.Singleton(
+        build_model,
+        resolved_model,
+        dtype,
+        config.provided.model.device,
+        config.provided.model.quantization,
+    )
+    model_name = resolved_model.provided.name
+    served_names = providers.Singleton(
+        model_names,
+        model_name,
+        config.provided.model.served_model_name,
+        config.provided.tinker.tinker_aliases,
+    )
+    # The engine's flags, the KV pool sized on the model: the scheduler and runner share it.
+    engine_config = providers.Singleton(
+        build_engine_config,
+        providers.Singleton(EngineSettings.engine_config, config.provided.engine),
+        model,
+        config.provided.model.kv_cache_memory,
+    )
+    kv_cache_bytes = providers.Singleton(kv_pool_bytes, engine_config, model)
+    tokenizer = providers.Singleton(model_tokenizer, resolved_model)
+    vocab_size = model.provided.config.vocab_size
+    # Structured outputs: the compiler checks requests, the matchers run in the runner.
+    grammar = providers.Singleton(model_grammar, resolved_model, vocab_size, tokenizer)
+    lora_serving = providers.Singleton(
+        build_lora_serving,
+        model,
+        config.provided.tinker.enabled,
+        config.provided.model.lora_modules,
+        config.provided.model.max_loras,
+    )
+    runner = providers.Singleton(
+        TorchModelRunner,
+        model,
+        engine_config,
+        providers.Singleton(TokenSampler),
+        lora_serving,
+        providers.Singleton(RequestMatchers, grammar),
+    )
+    # The embedding model (float32) on the chat model's device.
+    embeddings = providers.Singleton(
+        build_embeddings,
+        providers.Singleton(resolve_embedding, config.provided.embeddings.embedding_model),
+        config.provided.model.device,
+        config.provided.embeddings.limits,
+    )
+
+
+class FakeBackend(containers.DeclarativeContainer):
+    """No model: the scripted :class:`FakeModelRunner` and the :class:`ByteTokenizer`
+    (the tests'; a test gives its runner as ``FakeBackend(runner=providers.Object(...))``)."""
+
+    config = providers.Dependency(instance_of=ServerConfig)
+    resolved_model: providers.Object[None] = providers.Object(None)
+    dtype: providers.Object[None] = providers.Object(None)
+    model: providers.Object[None] = providers.Object(None)
+    model_name = providers.Object(FAKE_MODEL_NAME)
+    served_names = providers.Singleton(
+        model_names,
+        model_name,
+        config.provided.model.served_model_name,
+        config.provided.tinker.tinker_aliases,
+    )
+    engine_config = providers.Singleton(EngineSettings.engine_config, config.provided.engine)
+    kv_cache_bytes = providers.Object(0)
+    tokenizer = providers.Singleton(ByteTokenizer)
+    vocab_size: providers.Object[None] = providers.Object(None)
+    grammar: providers.Object[None] = providers.Object(None)
+    lora_serving: providers.Object[None] = providers.Object(None)
+    runner = providers.Singleton(FakeModelRunner)
+    # A FakeEmbedder served under the --embedding-model's name.
+    embeddings = providers.Singleton(
+        build_fake_embeddings,
+        config.provided.embeddings.embedding_model,
+        config.provided.embeddings.limits,
+    )
+
+
+class LoraTraining(containers.DeclarativeContainer):
+    """Tinker on LoRA over the backend's model; samples go through the engine, on the
+    backend's multi-LoRA serving with the training runs' live weights."""
+
+    config = providers.Dependency(instance_of=ServerConfig)
+    model = providers.DependenciesContainer()
+    engine = providers.Dependency(instance_of=AsyncEngine)
+    backend = providers.Singleton(
+        build_training_backend,
+        model.resolved_model,
+        model.served_names,
+        model.dtype,
+        config.provided.model.device,
+        model.engine_config.provided.max_seq_len,
+    )
+    sampler = providers.Singleton(
+        build_engine_sampler,
+        engine,
+        model.lora_serving,
+        backend.provider,
+        model.served_names,
+        config.provided.tinker.limits.max_sample_requests,
+    )
+
+
+class ToyTraining(containers.DeclarativeContainer):
+    """Tinker on the numpy :class:`ToyBackend`, which samples itself (no model: tests)."""
+
+    config = providers.Dependency(instance_of=ServerConfig)
+    model = providers.DependenciesContainer()
+    engine = providers.Dependency(instance_of=AsyncEngine)
+    backend = providers.Singleton(
+        build_toy_backend, model.served_names, model.engine_config.provided.max_seq_len
+    )
+    sampler = backend
+
+
+BACKENDS: dict[str, type[containers.DeclarativeContainer]] = {
+    "torch": TorchBackend,
+    "fake": FakeBackend,
+}
+TRAININGS: dict[str, type[containers.DeclarativeContainer]] = {
+    "lora": LoraTraining,
+    "toy": ToyTraining,
+}
