@@ -1,7 +1,8 @@
 """Decode attention over a paged KV cache against the contiguous slot cache, one layer of
 SmolLM2-135M's shape (9 heads, 3 KV heads, head_dim 64), at a few batch sizes and context
-lengths. Rows: the compiled CPU kernels (``attention`` over contiguous slots vs
-``paged_attention`` through block tables, bf16; where AVX512-BF16 is available), the
+lengths. Rows: the compiled CPU kernel (``paged_attention`` through block tables, bf16;
+where AVX512-BF16 is available; its contiguous ``attention`` retired with the contiguous
+cache in issue 29 part 5), the
 portable paged kernel the runner installs on any CPU with a compiler
 (``adapters/torch/cpu/portable``, any dtype), and the PyTorch path (SDPA over the
 contiguous slots vs SDPA over blocks gathered through the tables; the CUDA path when
@@ -86,9 +87,6 @@ def _case(batch: int, context: int, dtype: torch.dtype, device: str, iters: int)
         )
     kernels = for_bf16_cpu(k_pool)
     if kernels is not None:
-        row["kernel contiguous ms"] = _time(
-            lambda: kernels.attention(q, k_slots, v_slots, lengths, 0, scale), iters, device
-        )
         row["kernel paged ms"] = _time(
             lambda: kernels.paged_attention(q, k_pool, v_pool, tables, lengths, 0, scale),
             iters,

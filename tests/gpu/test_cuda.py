@@ -25,7 +25,6 @@ from adapters.torch.loader import load_model
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.async_engine import AsyncEngine
@@ -35,6 +34,7 @@ from domain.request import StepOutput
 from domain.sampling import SamplingParams
 from domain.training import AdamParams, Datum, LoraSpec, TensorValue
 from tests.fakes import ListSink
+from tests.integration.paged_forward import PagedSequence
 from tests.integration.tiny_models import VOCAB, save_tiny_model
 
 pytestmark = [
@@ -92,17 +92,18 @@ def test_bf16_logits_as_close_to_float32_as_transformers_bf16(folders, arch) -> 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decoding_with_the_cache_equals_the_full_forward_on_cuda(folders, arch, dtype) -> None:
+def test_decoding_through_the_paged_cache_equals_the_full_forward_on_cuda(
+    folders, arch, dtype
+) -> None:
     ours = load_model(folders[arch], dtype=dtype, device=CUDA)
     tol = {"atol": 2e-4, "rtol": 2e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.05}
     ids = _tokens(1, 18)
     with torch.inference_mode():
         full = ours(ids).float()
-        cache = KVCache.from_model_config(ours.config, 32, dtype=dtype, device=CUDA)
-        assert_close(ours(ids[:, :10], kv_cache=cache)[:, 0].float(), full[:, 9], **tol)
+        seq = PagedSequence(ours, 32, block_size=4)
+        assert_close(seq.prefill(ids[0, :10])[-1].float(), full[0, 9], **tol)
         for pos in range(10, 18):
-            step = ours(ids[:, pos : pos + 1], kv_cache=cache)
-            assert_close(step[:, 0].float(), full[:, pos], **tol)
+            assert_close(seq.decode(ids[0, pos]).float(), full[0, pos], **tol)
 
 
 # --- the engine on CUDA ------------------------------------------------------------------

@@ -18,7 +18,6 @@ from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.loader import load_model
 from adapters.torch.models.attention_backend import SDPA, CpuBf16Attention
 from adapters.torch.models.config import RopeConfig
-from adapters.torch.models.kv_cache import KVCache
 from adapters.torch.models.layers import (
     Attention,
     PagedBatch,
@@ -28,6 +27,7 @@ from adapters.torch.models.layers import (
     gelu_tanh,
 )
 from adapters.torch.models.paged_kv import PagedKVCache, write_index
+from tests.integration.paged_forward import PagedSequence
 from tests.integration.tiny_models import save_tiny_model
 
 kernels = cpu_kernels()
@@ -130,8 +130,8 @@ def _reference_attention(
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "batch", "queries", "lengths", "window"),
     [
-        (9, 3, 64, 1, 1, [37], 0),  # one decode row
-        (9, 3, 64, 4, 1, [37, 1, 20, 64], 0),  # a batch at different positions
+        (9, 3, 64, 1, 1, [37], 0),  # a one-query chunk (the last token of a cached prompt)
+        (9, 3, 64, 4, 1, [37, 1, 20, 64], 0),  # one-query chunks at different positions
         (4, 1, 256, 2, 1, [5, 3], 0),
         (8, 8, 32, 3, 1, [40, 2, 9], 6),  # sliding window
         (9, 3, 64, 1, 20, [20], 0),  # a prompt
@@ -146,14 +146,14 @@ def _reference_attention(
         (8, 1, 64, 1, 21, [40], 0),
         (10, 2, 64, 1, 9, [30], 7),
         (4, 4, 32, 1, 17, [50], 0),
-        # Decode with fewer (row, KV head) pairs than twice the threads: keys split in pieces
+        # One query over many keys (the decode rows' pieces are paged_attention's, below)
         (4, 1, 256, 1, 1, [700], 0),  # Gemma's single KV head
         (9, 3, 64, 1, 1, [300], 0),
-        (8, 1, 64, 1, 1, [600], 300),  # the pieces cover the window only
-        (4, 1, 64, 2, 1, [500, 1], 0),  # a row too short for every piece to get a key
+        (8, 1, 64, 1, 1, [600], 300),
+        (4, 1, 64, 2, 1, [500, 1], 0),
     ],
 )
-def test_attention_kernel_matches_sdpa(
+def test_prompt_attention_kernel_matches_sdpa(
     heads: int, kv_heads: int, dim: int, batch: int, queries: int, lengths: list[int], window: int
 ) -> None:
     torch.manual_seed(3)
@@ -161,11 +161,12 @@ def test_attention_kernel_matches_sdpa(
     q = torch.randn(batch, queries, heads, dim, dtype=BF16).transpose(1, 2)  # as in Attention
     cache = torch.randn(2, batch + 1, kv_heads, longest + 8, dim, dtype=BF16)  # views, as a cache
     k, v = cache[0, :batch, :, :longest], cache[1, :batch, :, :longest]
-    got = kernels.attention(q, k, v, torch.tensor(lengths), window, 0.1)
+    got = kernels.prompt_attention(q, k, v, torch.tensor(lengths), window, 0.1)
     assert got.shape == q.shape
     assert_close(got, _reference_attention(q, k, v, lengths, window), atol=2e-2, rtol=2e-2)
     if len(lengths) == 1 and batch == 1:  # no lengths: every key
-        every = kernels.attention(q, k, v, torch.empty(0, dtype=torch.long), window, 0.1)
+        empty = torch.empty(0, dtype=torch.long)
+        every = kernels.prompt_attention(q, k, v, empty, window, 0.1)
         assert torch.equal(every, got)
 
 
@@ -177,7 +178,7 @@ def test_attention_never_reads_the_cache_past_a_rows_length(queries: int) -> Non
     q = torch.randn(1, queries, 9, 64, dtype=BF16).transpose(1, 2)
     k, v = torch.randn(2, 1, 3, 64, 64, dtype=BF16)
     k[:, :, 37:], v[:, :, 37:] = float("nan"), float("nan")
-    got = kernels.attention(q, k, v, torch.tensor([37]), 0, 0.1)
+    got = kernels.prompt_attention(q, k, v, torch.tensor([37]), 0, 0.1)
     assert not got.isnan().any()
     assert_close(got, _reference_attention(q, k, v, [37], 0), atol=2e-2, rtol=2e-2)
 
@@ -186,20 +187,22 @@ def test_attention_never_reads_the_cache_past_a_rows_length(queries: int) -> Non
 def test_prompt_attention_rounds_one_query_as_it_rounds_among_others(window: int) -> None:
     """A prompt chunk of one query (the last token of a cached prompt) through
     ``prompt_attention`` gives what that query gives inside a longer chunk, bit for bit; the
-    decode rows' path (``attention`` with one query) rounds P @ V differently."""
+    decode rows' path (``paged_attention``) rounds P @ V differently."""
     torch.manual_seed(7)
     q = torch.randn(1, 5, 9, 64, dtype=BF16).transpose(1, 2)  # queries at positions 33..37
     k, v = torch.randn(2, 1, 3, 38, 64, dtype=BF16)
-    chunk = kernels.attention(q, k, v, torch.tensor([38]), window, 0.1)
+    chunk = kernels.prompt_attention(q, k, v, torch.tensor([38]), window, 0.1)
     for t in range(5):
         end = 34 + t
         one = kernels.prompt_attention(
             q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end], torch.tensor([end]), window, 0.1
         )
         assert torch.equal(one[:, :, 0], chunk[:, :, t])
-    if window == 0:  # the decode rows' path: the same up to bf16 rounding
-        decode = kernels.attention(
-            q[:, :, :1], k[:, :, :34], v[:, :, :34], torch.tensor([34]), 0, 0.1
+    if window == 0:  # the decode rows' path (a pool of one block): the same up to rounding
+        pool_k, pool_v = k[:, :, :34].contiguous(), v[:, :, :34].contiguous()
+        table = torch.zeros(1, 1, dtype=torch.int32)
+        decode = kernels.paged_attention(
+            q[:, :, :1].contiguous(), pool_k, pool_v, table, torch.tensor([34]), 0, 0.1
         )
         assert_close(decode, chunk[:, :, :1], atol=2e-2, rtol=2e-2)
 
@@ -239,18 +242,30 @@ def _scattered_pool(
         (6, 2, 96, [40, 17, 64, 9] * 9, 24, 8),  # many rows, a 32-column tail, blocks of 8
     ],
 )
-def test_paged_attention_equals_the_slot_caches_attention_bit_for_bit(
+def test_paged_attention_through_scattered_tables_equals_blocks_in_order_bit_for_bit(
     heads: int, kv_heads: int, dim: int, lengths: list[int], window: int, block: int
 ) -> None:
-    """Over block tables the decode rows compute what they compute over contiguous rows
-    (scores, softmax, P @ V in the same order), never reading a position past a row's
-    length (NaN there) or a block outside its table."""
+    """Through shuffled block tables the decode rows compute what they compute over each
+    row's blocks in order (scores, softmax, P @ V in the same order), never reading a
+    position past a row's length (NaN there) or a block outside its table; and what SDPA
+    computes, up to bf16 rounding."""
     k, v, k_pool, v_pool, tables = _scattered_pool(lengths, kv_heads, dim, block, seed=5)
     q = torch.randn(len(lengths), heads, 1, dim, dtype=BF16)
     lens = torch.tensor(lengths)
     got = kernels.paged_attention(q, k_pool, v_pool, tables, lens, window, 0.1)
     assert got.shape == q.shape and not got.isnan().any()
-    assert torch.equal(got, kernels.attention(q, k, v, lens, window, 0.1))
+    rows, per_row = tables.shape
+    pad = per_row * block - k.shape[2]
+    in_order = [
+        F.pad(t, (0, 0, 0, pad), value=float("nan"))
+        .view(rows, kv_heads, per_row, block, dim)
+        .transpose(1, 2)
+        .reshape(rows * per_row, kv_heads, block, dim)
+        .contiguous()
+        for t in (k, v)
+    ]
+    ordered = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
+    assert torch.equal(got, kernels.paged_attention(q, *in_order, ordered, lens, window, 0.1))
     clean = [torch.nan_to_num(t) for t in (k, v)]
     assert_close(got, _reference_attention(q, *clean, lengths, window), atol=2e-2, rtol=2e-2)
 
@@ -332,33 +347,18 @@ def test_argmax_rows_matches_torch_including_ties() -> None:
     assert got[1] == 100 and got[2] == 49156
 
 
-def test_write_rows_puts_each_row_at_its_own_position() -> None:
-    cache = torch.zeros(4, 3, 10, 32, dtype=BF16)
-    new = torch.randn(2, 1, 3, 32, dtype=BF16).transpose(1, 2)  # [B, Hkv, 1, D], strided
-    kernels.write_rows(cache, new, torch.tensor([7, 0]))
-    expected = torch.zeros_like(cache)
-    expected[0, :, 7], expected[1, :, 0] = new[0, :, 0], new[1, :, 0]
-    assert torch.equal(cache, expected)
-    with pytest.raises(RuntimeError, match="out of range"):
-        kernels.write_rows(cache, new, torch.tensor([10, 0]))
-
-
 def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) -> None:
     save_tiny_model("llama", tmp_path)
     fast = load_model(tmp_path, dtype=BF16)
     plain = load_model(tmp_path, dtype=BF16, prepack=False)
     kinds = {type(m) for m in fast.modules()}
     assert {PackedLinear, KernelRMSNorm, KernelGatedMLP} <= kinds
-    ids = torch.tensor([[3, 14, 15, 92, 65]])
-    caches = [KVCache.from_model_config(fast.config, 8, dtype=BF16) for _ in range(2)]
+    ids = [3, 14, 15, 92, 65]
+    seqs = [PagedSequence(model, 8) for model in (fast, plain)]
     with torch.inference_mode():
-        assert_close(
-            fast(ids, kv_cache=caches[0]), plain(ids, kv_cache=caches[1]), atol=0.05, rtol=0.02
-        )
-        step = torch.tensor([[7]])  # one row: the GEMV path
-        assert_close(
-            fast(step, kv_cache=caches[0]), plain(step, kv_cache=caches[1]), atol=0.05, rtol=0.02
-        )
+        assert_close(seqs[0].prefill(ids), seqs[1].prefill(ids), atol=0.05, rtol=0.02)
+        # one row: the GEMV path
+        assert_close(seqs[0].decode(7), seqs[1].decode(7), atol=0.05, rtol=0.02)
 
 
 @pytest.mark.parametrize(
@@ -372,10 +372,10 @@ def test_an_optimized_model_decodes_like_the_plain_bf16_model(tmp_path: Path) ->
 def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(
     arch: str, overrides: dict, tmp_path: Path
 ) -> None:
-    """Blocks run decode rows as one kernel call: for a single sequence (generate's cache,
-    ``decode_layer``) and for engine steps over the paged pool (``decode_layer_paged``:
-    decode rows at their own positions, past Gemma's sliding window too) the logits are
-    identical to the modules' path. Steps with prompt chunks take the modules' path."""
+    """Blocks run decode rows as one kernel call (``decode_layer_paged``): for a single
+    sequence and for engine steps over the paged pool (decode rows at their own positions,
+    past Gemma's sliding window too) the logits are identical to the modules' path. Steps
+    with prompt chunks take the modules' path."""
     save_tiny_model(arch, tmp_path, **overrides)
     model = load_model(tmp_path, dtype=BF16)
     blocks = list(model.layers)
@@ -391,11 +391,11 @@ def test_the_fused_decode_layer_gives_the_modules_results_bit_for_bit(
         return results
 
     def generate() -> Tensor:
-        cache = KVCache.from_model_config(model.config, 16, dtype=BF16)
-        logits = [model(torch.tensor([[3, 14, 15, 92, 65]]), kv_cache=cache)]
+        seq = PagedSequence(model, 16)
+        logits = [seq.prefill([3, 14, 15, 92, 65])[-1:]]
         for token in (7, 8, 9, 10, 11):
-            logits.append(model(torch.tensor([[token]]), kv_cache=cache))
-        return torch.cat(logits, dim=1)
+            logits.append(seq.decode(token)[None])
+        return torch.cat(logits)
 
     def engine_steps() -> Tensor:
         cache = PagedKVCache(model.config, 8, 16, dtype=BF16, device="cpu")

@@ -1,5 +1,6 @@
 """Our models against transformers on tiny random configs (fp32, CPU)."""
 
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
@@ -7,8 +8,10 @@ import torch
 from torch.testing import assert_close
 
 from adapters.torch.loader import load_model
-from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.models.layers import PagedBatch
+from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer
+from tests.integration.paged_forward import PagedSequence
 from tests.integration.tiny_models import VOCAB, save_tiny_model
 
 ARCHS = ["llama", "qwen3", "gemma3"]
@@ -35,65 +38,56 @@ def test_full_forward_logits_match_transformers(pair) -> None:
     assert_close(ours(ids), expected, **TOL)
 
 
-def test_decoding_with_the_cache_equals_the_full_forward(pair) -> None:
+def test_decoding_through_the_paged_cache_equals_the_full_forward(pair) -> None:
     _, ours = pair
     ids = _tokens(1, 18)
     full = ours(ids)
-    cache = KVCache.from_model_config(ours.config, 32, dtype=torch.float32)
-    prefill = ours(ids[:, :10], kv_cache=cache)
-    assert prefill.shape == (1, 1, VOCAB)
-    assert_close(prefill[:, 0], full[:, 9], **TOL)
+    seq = PagedSequence(ours, 32, block_size=4)
+    prefill = seq.prefill(ids[0, :10])
+    assert prefill.shape == (10, VOCAB)
+    assert_close(prefill, full[0, :10], **TOL)
     for pos in range(10, 18):
-        step = ours(ids[:, pos : pos + 1], kv_cache=cache)
-        assert_close(step[:, 0], full[:, pos], **TOL)
-    assert cache.seq_len == 18
+        assert_close(seq.decode(ids[0, pos]), full[0, pos], **TOL)
+    assert seq.length == 18
 
 
-def test_chunked_prefill_through_the_cache_equals_the_full_forward(pair) -> None:
+def test_chunked_prefill_through_the_paged_cache_equals_the_full_forward(pair) -> None:
     _, ours = pair
     ids = _tokens(1, 16)
     full = ours(ids)
-    cache = KVCache.from_model_config(ours.config, 16, dtype=torch.float32)
-    ours(ids[:, :7], kv_cache=cache)
-    padding = torch.ones(1, 16, dtype=torch.bool)
-    rest = ours(ids[:, 7:], kv_cache=cache, padding_mask=padding)
-    assert_close(rest, full[:, 7:], **TOL)
+    seq = PagedSequence(ours, 16, block_size=4)
+    seq.prefill(ids[0, :7])
+    assert_close(seq.prefill(ids[0, 7:]), full[0, 7:], **TOL)
 
 
-def test_right_padded_batch_equals_each_sequence_alone(pair) -> None:
+def test_sequences_of_different_lengths_in_one_step_equal_each_alone(pair) -> None:
+    """Prompt chunks of several lengths in one step, then their decode rows together (each
+    row at its own position): every row equals its sequence's no-cache forward."""
     _, ours = pair
-    lengths, steps = [3, 9, 6], 5
-    prompts = [_tokens(1, n, seed=n)[0] for n in lengths]
-    width = max(lengths)
-    batch = torch.zeros(len(lengths), width, dtype=torch.long)
-    padding = torch.zeros(len(lengths), width + steps, dtype=torch.bool)
+    lengths, steps, block = [3, 9, 6], 5, 4
+    prompts = [_tokens(1, n, seed=n)[0].tolist() for n in lengths]
+    capacity = -(-(max(lengths) + steps) // block)
+    cache = PagedKVCache(
+        ours.config, capacity * len(lengths), block, dtype=torch.float32, device="cpu"
+    )
+    tables = [list(range(i * capacity, (i + 1) * capacity)) for i in range(len(lengths))]
+    windows, cpu = ours.windows(), torch.device("cpu")
+    tokens = [t for p in prompts for t in p]
+    chunks = [(table, 0, len(p)) for table, p in zip(tables, prompts, strict=True)]
+    ends = torch.tensor(list(accumulate(lengths))) - 1
+    logits = ours.forward_mixed(
+        torch.tensor(tokens), PagedBatch(cache, [], chunks, windows, cpu), ends
+    )
     for i, p in enumerate(prompts):
-        batch[i, : len(p)] = p
-        padding[i, : len(p)] = True
-    cache = KVCache.from_model_config(ours.config, width + steps, batch_size=3, dtype=torch.float32)
-    logits = ours(batch, kv_cache=cache, padding_mask=padding)
-    assert logits.shape == (3, width, VOCAB)
-    alone = [ours(p[None]) for p in prompts]
-    for i, n in enumerate(lengths):
-        assert_close(logits[i, n - 1], alone[i][0, -1], **TOL)
-    # Decode with the seed's shared positions: the longest row has no padding gap, so each
-    # step must equal its unpadded continuation; padding never leaks into any row.
+        assert_close(logits[i], ours(torch.tensor([p]))[0, -1], **TOL)
     forced = _tokens(3, steps, seed=99)
-    longest = lengths.index(width)
     for s in range(steps):
-        padding[:, width + s] = True
-        step = ours(forced[:, s : s + 1], kv_cache=cache, padding_mask=padding)
-        seq = torch.cat([prompts[longest], forced[longest, : s + 1]])[None]
-        assert_close(step[longest, 0], ours(seq)[0, -1], **TOL)
-        assert torch.isfinite(step).all()
-
-
-def test_forward_without_padding_mask_is_unchanged_by_the_padding_path(pair) -> None:
-    _, ours = pair
-    ids = _tokens(1, 12)
-    cache = KVCache.from_model_config(ours.config, 12, dtype=torch.float32)
-    padded = ours(ids, kv_cache=cache, padding_mask=torch.ones(1, 12, dtype=torch.bool))
-    assert_close(padded, ours(ids), **TOL)
+        rows = [(table, n + s) for table, n in zip(tables, lengths, strict=True)]
+        batch = PagedBatch(cache, rows, [], windows, cpu)
+        step = ours.forward_mixed(forced[:, s], batch, torch.arange(len(lengths)))
+        for i, p in enumerate(prompts):
+            seq = torch.tensor([[*p, *forced[i, : s + 1].tolist()]])
+            assert_close(step[i], ours(seq)[0, -1], **TOL)
 
 
 def test_sliding_window_is_exercised_beyond_the_window(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The fused decode layer over quantized weights (adapters/torch/cpu/quant_decode.py, the
-portable ``quant_decode_layer``) computes what the block's modules compute: over the paged
-pool and over the model-level contiguous cache, every family, int8 and int4, float32 and
-bfloat16; it steps aside for prompt chunks and for rows with a LoRA adapter."""
+portable ``quant_decode_layer``) computes what the block's modules compute over the paged
+pool (engine steps of several rows, and one sequence decoding alone), every family, int8
+and int4, float32 and bfloat16; it steps aside for prompt chunks and for rows with a LoRA
+adapter."""
 
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.cpu.quant_decode import QuantDecodeLayer, install_quant_decode
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
-from adapters.torch.models.kv_cache import KVCache
+from adapters.torch.models.layers import PagedBatch
 from adapters.torch.models.transformer import Transformer
+from tests.integration.paged_forward import PagedSequence
 from tests.integration.test_paged_kv import Pool, _ids, _step
 from tests.integration.tiny_models import save_tiny_model
 
@@ -73,18 +75,20 @@ def test_decode_rows_over_the_pool_equal_the_modules(
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_decode_over_the_contiguous_cache_equals_the_modules(family: str, tmp_path: Path) -> None:
+def test_one_sequence_decoding_alone_equals_the_modules(family: str, tmp_path: Path) -> None:
+    """What ``generate()`` runs: one sequence's prompt, then its decode rows one at a time
+    (the contiguous cache this replaced was its path before)."""
     model = _model(family, "int4", torch.float32, tmp_path)
     fused = _fused(model)
-    ids = torch.tensor([_ids(9, 4)])
+    ids = _ids(9, 4)
     logits = {}
     for name, kernels in (("fast", fused), ("slow", [None] * len(fused))):
         _set(model, kernels)
-        cache = KVCache.from_model_config(model.config, 32, dtype=torch.float32)
+        seq = PagedSequence(model, 32, block_size=4)
         with torch.inference_mode():
-            out = [model(ids, cache)[0, -1]]
+            out = [seq.prefill(ids)[-1]]
             for token in (5, 77, 300):  # 9 + 3 positions: past Gemma's window of 6
-                out.append(model(torch.tensor([[token]]), cache)[0, -1])
+                out.append(seq.decode(token))
         logits[name] = torch.stack(out)
     assert_close(logits["fast"], logits["slow"], **TOL[torch.float32])
 
@@ -132,9 +136,10 @@ def test_the_op_rejects_a_write_outside_the_pool(tmp_path: Path) -> None:
     block = model.layers[0]
     kernel = block.decode_kernel
     assert isinstance(kernel, QuantDecodeLayer)
-    cache = KVCache.from_model_config(model.config, 8, dtype=torch.float32)
-    rows = cache.decode_rows(0, torch.tensor([1]), 0)
-    paged = kernel.contiguous(rows)
+    seq = PagedSequence(model, 8, block_size=4)
+    batch = PagedBatch(seq.cache, [(seq.table, 1)], [], model.windows(), torch.device("cpu"))
+    paged = batch.view(False).decode_rows(0)
+    assert paged is not None
     bad = paged.write_index + 10_000
     cos, sin = model.rope[False].at(0, 1)
     quantized = kernel.linears()

@@ -6,8 +6,8 @@
   SmolLM2's shapes 1.2-1.7x oneDNN from 1 to 64 rows and on par for long prompts, for 1B
   models' shapes on par), one call each for RMSNorm and SiLU gating (PyTorch runs ~9 and ~4
   small ops), RoPE in one pass (instead of roll, multiply and addcmul), causal GQA attention
-  over the bf16 KV cache for decode rows and prompt chunks, and decode attention over the
-  engine's paged pool through block tables. A decode step of a small model is bound by
+  for prompt chunks, and decode attention over the engine's paged pool through block
+  tables. A decode step of a small model is bound by
   weight and KV reads and per-op dispatch: a block's decode rows run as one call
   (:class:`FusedDecodeLayer`). (The cache's writes and the sampler use the same module, see
   ``kernels.py``.)
@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.models.attention_backend import CpuBf16Attention
 from adapters.torch.models.gemma3 import Gemma3Block
-from adapters.torch.models.kv_cache import DecodeRows
 from adapters.torch.models.layers import Attention, GatedMLP, PagedDecodeRows, RMSNorm, gelu_tanh
 from adapters.torch.models.llama import LlamaBlock
 
@@ -86,9 +85,9 @@ class KernelGatedMLP(nn.Module):
 
 
 class FusedDecodeLayer:
-    """A Llama, Qwen3 or Gemma 3 block's decode rows as one kernel call: ``decode_layer_paged``
-    over the engine's paged pool, ``decode_layer`` over generate's contiguous cache. The same
-    kernels in the same order as its modules, without ~40-50 Python-level ops."""
+    """A Llama, Qwen3 or Gemma 3 block's decode rows as one kernel call, ``decode_layer_paged``
+    over the engine's paged pool: the same kernels in the same order as its modules, without
+    ~40-50 Python-level ops."""
 
     def __init__(self, block: LlamaBlock | Gemma3Block, kernels: Any) -> None:
         assert FusedDecodeLayer.applies(block)
@@ -96,7 +95,7 @@ class FusedDecodeLayer:
         assert isinstance(mlp, KernelGatedMLP)
         gemma = isinstance(block, Gemma3Block)
         mlp_norm = block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm
-        self.kernel, self.paged = kernels.decode_layer, kernels.decode_layer_paged
+        self.kernel = kernels.decode_layer_paged
         self.weights = [
             _weight(block.input_layernorm),
             _packed(attn.wqkv),
@@ -131,36 +130,26 @@ class FusedDecodeLayer:
         )
 
     def __call__(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows | PagedDecodeRows
+        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: PagedDecodeRows
     ) -> Tensor | None:
-        layer = (*self.weights, self.unit_offset, self.gelu, self.intermediate)
-        heads = (self.n_heads, self.n_kv, self.scale, self.eps)
-        if isinstance(rows, PagedDecodeRows):  # the engine's steps, over the block pool
-            y = self.paged(
-                x.reshape(-1, x.shape[-1]),
-                *layer,
-                rows.k_pool,
-                rows.v_pool,
-                rows.write_index,
-                rows.tables,
-                rows.lengths,
-                rows.window,
-                *rope,
-                *heads,
-            )
-        else:  # the model-level generate's contiguous cache
-            y = self.kernel(
-                x.reshape(-1, x.shape[-1]),
-                *layer,
-                rows.k,
-                rows.v,
-                rows.positions,
-                rows.lengths,
-                rows.kv_len,
-                rows.window,
-                *rope,
-                *heads,
-            )
+        y = self.kernel(
+            x.reshape(-1, x.shape[-1]),
+            *self.weights,
+            self.unit_offset,
+            self.gelu,
+            self.intermediate,
+            rows.k_pool,
+            rows.v_pool,
+            rows.write_index,
+            rows.tables,
+            rows.lengths,
+            rows.window,
+            *rope,
+            self.n_heads,
+            self.n_kv,
+            self.scale,
+            self.eps,
+        )
         return y.view(x.shape)
 
 
@@ -193,9 +182,7 @@ def optimize_for_cpu(model: nn.Module) -> None:
         return
     _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
     _swap(model, GatedMLP, lambda m: KernelGatedMLP(m, kernels) if m.act in _ACTS else m)
-    backend = CpuBf16Attention(
-        kernels.attention, kernels.prompt_attention, kernels.paged_attention, kernels.rope
-    )
+    backend = CpuBf16Attention(kernels.prompt_attention, kernels.paged_attention, kernels.rope)
     for module in model.modules():
         if isinstance(module, Attention) and module.head_dim % 32 == 0:
             module.backend = backend

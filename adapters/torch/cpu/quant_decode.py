@@ -4,13 +4,12 @@ A decode step of a small model on a CPU is mostly per-op overhead: SmolLM2-135M'
 layers run ~40 Python-level ops each, ~10 ms a token next to ~6 ms of quantized GEMVs. When
 every linear of a Llama, Qwen3 or Gemma 3 block is a :class:`~adapters.torch.quant.QuantLinear`
 on the portable kernel, :func:`install_quant_decode` gives the block a ``decode_kernel``
-that runs a step of decode rows (the engine's, over the paged KV pool, and the model-level
-``generate``'s over its contiguous cache) as one C++ call: the same quantized linears and
-paged attention (for a bf16 model the AVX512-BF16 build's where the CPU has it: the op
-``infer::paged_attention_bf16``), the norms, RoPE and gating as loops. It steps aside
-(returns None: the modules run) for prompt chunks, for a step whose rows use a LoRA
-adapter (the served adapters wrap the linears: the wrapper must run), and for any dtype
-other than the model's.
+that runs a step of decode rows (the engine's, over the paged KV pool) as one C++ call:
+the same quantized linears and paged attention (for a bf16 model the AVX512-BF16 build's
+where the CPU has it: the op ``infer::paged_attention_bf16``), the norms, RoPE and gating
+as loops. It steps aside (returns None: the modules run) for prompt chunks, for a step
+whose rows use a LoRA adapter (the served adapters wrap the linears: the wrapper must
+run), and for any dtype other than the model's.
 ``INFER_CPU_KERNELS=0`` (no portable kernels) leaves the modules' path everywhere.
 """
 
@@ -22,10 +21,8 @@ from torch import Tensor, nn
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.models.gemma3 import Gemma3Block
-from adapters.torch.models.kv_cache import DecodeRows
 from adapters.torch.models.layers import PagedDecodeRows, gelu_tanh
 from adapters.torch.models.llama import LlamaBlock
-from adapters.torch.models.paged_kv import write_index
 from adapters.torch.quant import QuantLinear
 
 
@@ -36,11 +33,10 @@ def install_quant_decode(model: nn.Module) -> int:
     kernel = getattr(kernels, "quant_decode_layer", None)
     if kernel is None:
         return 0
-    contiguous = _ContiguousRows()
     installed = 0
     for module in model.modules():
         if isinstance(module, LlamaBlock | Gemma3Block) and QuantDecodeLayer.applies(module):
-            module.decode_kernel = QuantDecodeLayer(module, kernel, contiguous)
+            module.decode_kernel = QuantDecodeLayer(module, kernel)
             installed += 1
     return installed
 
@@ -48,8 +44,8 @@ def install_quant_decode(model: nn.Module) -> int:
 class QuantDecodeLayer:
     """One block's decode rows as one ``quant_decode_layer`` call (see the module doc)."""
 
-    def __init__(self, block: LlamaBlock | Gemma3Block, kernel: Any, contiguous: Any) -> None:
-        self.block, self.kernel, self.contiguous = block, kernel, contiguous
+    def __init__(self, block: LlamaBlock | Gemma3Block, kernel: Any) -> None:
+        self.block, self.kernel = block, kernel
         attn, gemma = block.attn, isinstance(block, Gemma3Block)
         first = _norm(block.input_layernorm)
         mlp_norm = block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm
@@ -87,24 +83,23 @@ class QuantDecodeLayer:
         return _linears(self.block)
 
     def __call__(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: DecodeRows | PagedDecodeRows
+        self, x: Tensor, rope: tuple[Tensor, Tensor], rows: PagedDecodeRows
     ) -> Tensor | None:
         linears = _linears(self.block)
         if linears is None or x.dtype != self.dtype:
             return None  # a LoRA adapter on this step's rows, or another dtype
-        paged = rows if isinstance(rows, PagedDecodeRows) else self.contiguous(rows)
-        if paged.k_pool.dtype != x.dtype:
+        if rows.k_pool.dtype != x.dtype:
             return None
         cos, sin = rope
         y = self.kernel(
             x.reshape(-1, x.shape[-1]),
             self.norms,
-            *self._arguments(linears, paged.window),
-            paged.k_pool,
-            paged.v_pool,
-            paged.write_index,
-            paged.tables,
-            paged.lengths,
+            *self._arguments(linears, rows.window),
+            rows.k_pool,
+            rows.v_pool,
+            rows.write_index,
+            rows.tables,
+            rows.lengths,
             cos,
             sin,
             self.scale,
@@ -121,27 +116,6 @@ class QuantDecodeLayer:
             self._meta = [*self.shape, window, int(self.bf16_attention), *each]
             self._key = key
         return self._linears, self._meta
-
-
-class _ContiguousRows:
-    """The model-level contiguous cache's decode rows (``[S, Hkv, M, D]`` per layer) seen as
-    a pool of S blocks of M positions, row r's table ``[r]``: made once per step, shared
-    by the layers (the cache gives every layer of a step the same ``positions`` tensor)."""
-
-    def __init__(self) -> None:
-        self._positions: Tensor | None = None
-        self._made: tuple[Tensor, Tensor] | None = None
-
-    def __call__(self, rows: DecodeRows) -> PagedDecodeRows:
-        if rows.positions is not self._positions or self._made is None:
-            _, kv_heads, size, _ = rows.k.shape
-            count = rows.positions.shape[0]
-            at = torch.arange(count, device=rows.positions.device)
-            index = write_index(at * size + rows.positions, kv_heads, size)  # row r: block r
-            tables = at.to(torch.int32).view(count, 1)
-            self._made, self._positions = (index, tables), rows.positions
-        index, tables = self._made
-        return PagedDecodeRows(rows.k, rows.v, index, tables, rows.lengths, rows.window)
 
 
 def _linears(block: LlamaBlock | Gemma3Block) -> list[QuantLinear] | None:

@@ -6,7 +6,7 @@ installed (never per call by which kernel slots happen to be set).
 - :class:`PagedDecodeAttention`: decode rows read the block pool through their tables with a
   paged kernel (the portable CPU one, the Triton one on CUDA); prompt chunks as SDPA;
 - :class:`CpuBf16Attention`: the AVX512-BF16 build's kernels for everything (decode rows
-  over the pool, prompt chunks, rows of a contiguous cache, one-pass RoPE).
+  over the pool, prompt chunks and the no-cache forward, one-pass RoPE).
 
 A backend keeps no per-layer state: one instance serves every layer of a model (the layer
 passes its head counts and scale). Every kernel takes the same arguments:
@@ -104,28 +104,27 @@ class PagedDecodeAttention(SdpaAttention):
 
 class CpuBf16Attention(PagedDecodeAttention):
     """The AVX512-BF16 build's kernels (bf16, head_dim a multiple of 32): decode rows over
-    the pool; rows of a contiguous cache (``attention``) and paged prompt chunks
-    (``prompt``: rounds as for a chunk whatever its length) over the keys, which the kernel
-    reads as rows of a cache; RoPE in one pass."""
+    the pool; prompt chunks and the no-cache forward (``prompt``: rounds as for a chunk
+    whatever its length) over the keys, which the kernel reads as rows of a cache; RoPE in
+    one pass."""
 
-    def __init__(self, attention: Kernel, prompt: Kernel, paged: PagedKernel, rope: RopeKernel):
+    def __init__(self, prompt: Kernel, paged: PagedKernel, rope: RopeKernel):
         super().__init__(paged, "avx512-bf16")
-        self.attention, self.prompt, self.rope = attention, prompt, rope
+        self.prompt, self.rope = prompt, rope
 
     def attend(self, layer: AttnLayer, q: Tensor, k: Tensor, v: Tensor, mask: MaskLike) -> Tensor:
         if mask.tables is not None:
             if mask.rows and q.dtype == k.dtype and mask.lengths is not None:
                 return self.kernel(q, k, v, mask.tables, mask.lengths, mask.window, layer.scale)
             k, v = gather(k, mask.tables, mask.kv_len), gather(v, mask.tables, mask.kv_len)
-        kernel = self.prompt if mask.tables is not None else self.attention
         if mask.lengths is not None and q.dtype == k.dtype:
-            # The kernel reads rows of a cache; a paged chunk's own keys (a view of the
-            # projection) are copied into such rows, so that it rounds as generate's does.
+            # The kernel reads rows of a cache; a chunk's own keys (a view of the
+            # projection) are copied into such rows.
             if k.stride(2) != layer.head_dim or v.stride(2) != layer.head_dim:
                 # (a clone: ``contiguous()`` keeps the stride of a one-key chunk's size-1 dim)
                 k = k.clone(memory_format=torch.contiguous_format)
                 v = v.clone(memory_format=torch.contiguous_format)
-            return kernel(q, k, v, mask.lengths, mask.window, layer.scale)
+            return self.prompt(q, k, v, mask.lengths, mask.window, layer.scale)
         return self.sdpa(layer, q, k, v, mask)
 
 

@@ -34,7 +34,7 @@ class Gemma3Block(Block):
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
         if self.decode_kernel is not None:
-            rows = decode_rows(cache, self.attn.layer, mask, x)
+            rows = decode_rows(cache, self.attn.layer)
             y = self.decode_kernel(x, rope, rows) if rows is not None else None
             if y is not None:
                 return y

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from adapters.torch.models.attention_backend import SDPA, SdpaAttention
 from adapters.torch.models.config import ModelConfig, RopeConfig
-from adapters.torch.models.kv_cache import DecodeRows, KVCache, KVStore
 from adapters.torch.models.paged_kv import PagedKVCache, block_tables, slot_mapping
 
 
@@ -141,12 +140,10 @@ class Attention(nn.Module):
         rotate = self.backend.rope or apply_rope
         q, k = rotate(qk, *rope).transpose(1, 2).split([self.n_heads, self.n_kv], dim=1)
         v = v.transpose(1, 2)
-        if isinstance(cache, PagedView):
-            y = cache.attend(self.layer, q, k, v, self._attend)
-        else:
-            if cache is not None:
-                k, v = cache.update(self.layer, k, v)
+        if cache is None:  # the no-cache forward: the sequence attends over its own keys
             y = self._attend(q, k, v, mask)
+        else:
+            y = cache.attend(self.layer, q, k, v, self._attend)
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask") -> Tensor:
@@ -177,8 +174,8 @@ class AttnMask:
     """What SDPA needs for one forward and one kind of layer (global or sliding).
 
     ``mask`` is boolean ``[batch | 1, 1, T, kv_len - kv_start]`` (True = attend) or None;
-    ``kv_start`` drops keys before a sliding window instead of masking them. Without padding
-    the same mask is also given as ``lengths`` (``[B]`` or ``[1]``: row ``b``'s last query
+    ``kv_start`` drops keys before a sliding window instead of masking them. The
+    same mask is also given as ``lengths`` (``[B]`` or ``[1]``: row ``b``'s last query
     sees keys ``< lengths[b]``, earlier queries one fewer each, causally) and ``window``
     (only the last ``window`` keys up to a query's position; 0 = all), for a kernel.
     Over a paged cache, ``tables`` ``[B, max_blocks]`` int32 are the rows' block tables and
@@ -220,19 +217,15 @@ def position_mask(positions: Tensor, kv_len: int, window: int | None) -> AttnMas
     return AttnMask(allowed[:, None, None, :], False, 0, lengths=positions + 1, window=window or 0)
 
 
-def build_mask(
-    start: int, seqlen: int, padding_mask: Tensor | None, window: int | None, device: torch.device
-) -> AttnMask:
-    """Mask for queries at positions ``[start, start + seqlen)`` over keys ``[0, start + seqlen)``.
-
-    ``padding_mask`` ``[batch, >= kv_len]`` marks real positions (right padding); ``window``
-    is a sliding-window size (key ``j`` visible from query ``i`` iff ``i - j < window``).
-    """
+def build_mask(start: int, seqlen: int, window: int | None, device: torch.device) -> AttnMask:
+    """Mask for queries at positions ``[start, start + seqlen)`` over keys ``[0, start + seqlen)``;
+    ``window`` is a sliding-window size (key ``j`` visible from query ``i`` iff
+    ``i - j < window``)."""
     kv_len = start + seqlen
     kv_start = max(0, kv_len - seqlen - window + 1) if window else 0
     windowed = window is not None and kv_len - kv_start > window
-    lengths = None if padding_mask is not None else torch.tensor([kv_len], device=device)
-    if padding_mask is None and not windowed:
+    lengths = torch.tensor([kv_len], device=device)
+    if not windowed:
         if seqlen == 1:
             return AttnMask(None, False, kv_start, lengths=lengths, window=window or 0)
         if start == 0:
@@ -242,10 +235,7 @@ def build_mask(
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= q_pos - k_pos < window
-    mask = allowed[None, None]
-    if padding_mask is not None:
-        mask = mask & padding_mask[:, None, None, kv_start:kv_len]
-    return AttnMask(mask, False, kv_start, lengths=lengths, window=window or 0)
+    return AttnMask(allowed[None, None], False, kv_start, lengths=lengths, window=window or 0)
 
 
 class PagedBatch:
@@ -283,7 +273,7 @@ class PagedBatch:
         self.chunk_masks: list[dict[bool, AttnMask]] = []
         for table, start, length in chunks:
             self.chunks.append((len(token_positions), length))
-            masks = {s: build_mask(start, length, None, w, device) for s, w in windows.items()}
+            masks = {s: build_mask(start, length, w, device) for s, w in windows.items()}
             if start:  # a chunk after computed positions reads them through its table
                 tables = block_tables([table], device)
                 masks = {s: mask.paged(tables, start + length) for s, mask in masks.items()}
@@ -390,16 +380,10 @@ class PagedDecodeRows:
     window: int
 
 
-Cache = KVStore | PagedView
+Cache = PagedView
 
 
-def decode_rows(
-    cache: Cache | None, layer: int, mask: AttnMask, x: Tensor
-) -> DecodeRows | PagedDecodeRows | None:
-    """The step as decode rows (every token a sequence's next one, no padding) for a fused
-    decode layer, or None: prompt chunks, several tokens, padding, no cache."""
-    if isinstance(cache, PagedView):
-        return cache.decode_rows(layer)
-    if isinstance(cache, KVCache) and x.shape[:2] == (1, 1) and mask.lengths is not None:
-        return cache.decode_rows(layer, mask.lengths, mask.window)
-    return None
+def decode_rows(cache: Cache | None, layer: int) -> PagedDecodeRows | None:
+    """The step as decode rows (every token a sequence's next one) for a fused decode layer,
+    or None: prompt chunks, or no cache (the no-cache forward)."""
+    return cache.decode_rows(layer) if cache is not None else None

@@ -24,7 +24,7 @@ class LlamaBlock(Block):
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
         if self.decode_kernel is not None:
-            rows = decode_rows(cache, self.attn.layer, mask, x)
+            rows = decode_rows(cache, self.attn.layer)
             y = self.decode_kernel(x, rope, rows) if rows is not None else None
             if y is not None:
                 return y

@@ -1,7 +1,8 @@
 """The decoder-only transformer every family shares; families supply their blocks.
 
-``forward(input_ids, kv_cache=None, padding_mask=None)``: right
-padding, and the last-position shortcut only with a cache and no padding mask.
+``forward(input_ids)``: one causal forward without a cache (the reference the paged path is
+tested against: HF parity, training); ``forward_mixed``: one engine step over the paged KV
+pool (:class:`PagedBatch`).
 """
 
 from collections.abc import Callable
@@ -10,7 +11,6 @@ import torch
 from torch import Tensor, nn
 
 from adapters.torch.models.config import ModelConfig
-from adapters.torch.models.kv_cache import DecodeRows, KVCache
 from adapters.torch.models.layers import (
     AttnMask,
     Cache,
@@ -32,8 +32,7 @@ class Block(nn.Module):
     # (x, rope, rows) -> the modules' result, or None where it does not apply to this step
     # (the modules run). See cpu.fused_decode.FusedDecodeLayer, cpu.quant_decode.
     decode_kernel: (
-        Callable[[Tensor, tuple[Tensor, Tensor], DecodeRows | PagedDecodeRows], Tensor | None]
-        | None
+        Callable[[Tensor, tuple[Tensor, Tensor], PagedDecodeRows], Tensor | None] | None
     ) = None
 
     def forward(
@@ -69,30 +68,9 @@ class Transformer(nn.Module):
     def embed(self, input_ids: Tensor) -> Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(
-        self, input_ids: Tensor, kv_cache: KVCache | None = None, padding_mask: Tensor | None = None
-    ) -> Tensor:
-        """``input_ids`` ``[batch, T]`` -> logits ``[batch, T | 1, vocab]``.
-
-        ``padding_mask`` ``[batch, >= kv_len]`` (True = real token) requires a cache.
-        """
-        if padding_mask is not None and kv_cache is None:
-            raise ValueError("padding_mask requires a kv_cache")
-        seqlen = input_ids.shape[1]
-        start = kv_cache.seq_len if kv_cache is not None else 0
-        ropes = {s: table.at(start, seqlen) for s, table in self.rope.items()}
-        masks = {
-            s: build_mask(start, seqlen, padding_mask, self._window(s), input_ids.device)
-            for s in self.rope
-        }
-        x = self.embed(input_ids)
-        for layer, sliding in zip(self.layers, self.sliding, strict=True):
-            x = layer(x, ropes[sliding], masks[sliding], kv_cache)
-        if kv_cache is not None:
-            kv_cache.advance(seqlen)
-            if padding_mask is None:
-                x = x[:, -1:]
-        return self.logits(self.norm(x))
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """``input_ids`` ``[batch, T]`` (no cache, causal) -> logits ``[batch, T, vocab]``."""
+        return self.logits(self.hidden_states(input_ids))
 
     def hidden_states(self, input_ids: Tensor) -> Tensor:
         """``input_ids`` ``[batch, T]`` (no cache, causal) -> the final normed hidden states
@@ -100,9 +78,7 @@ class Transformer(nn.Module):
         score only some rows)."""
         seqlen = input_ids.shape[1]
         ropes = {s: table.at(0, seqlen) for s, table in self.rope.items()}
-        masks = {
-            s: build_mask(0, seqlen, None, self._window(s), input_ids.device) for s in self.rope
-        }
+        masks = {s: build_mask(0, seqlen, self._window(s), input_ids.device) for s in self.rope}
         x = self.embed(input_ids)
         for layer, sliding in zip(self.layers, self.sliding, strict=True):
             x = layer(x, ropes[sliding], masks[sliding], None)

@@ -1,5 +1,5 @@
-// Causal GQA attention over the bf16 KV cache (decode rows and prompt chunks), and a decode
-// step's cache writes.
+// Causal GQA attention in bf16: prompt chunks over their keys (prompt_attention), decode rows
+// over a paged pool through block tables (paged_attention), and a decode step's pool writes.
 #include "common.h"
 #include "kernels.h"
 
@@ -37,7 +37,7 @@ void softmax_inplace(float* s, int64_t n) {
 }
 
 // A run of consecutive keys and their values (bf16 rows of dim): a decode row's keys are
-// one span in a slot cache, one span per block in a paged pool.
+// one span per block of a paged pool.
 struct KeySpan {
   const uint16_t* k;
   const uint16_t* v;
@@ -297,17 +297,6 @@ void prompt_rows(const uint32_t* const* q, const uint32_t* kt, const uint32_t* v
 
 // Where decode rows' keys live. `spans(b, g, from, count, out)` fills the spans of row b's
 // keys [from, from + count) of KV head g; `first(b, g, from)` is the address of key `from`.
-// A slot cache [S, Hkv, L, D] (contiguous rows): one span.
-struct SlotKeys {
-  const uint16_t *K, *V;
-  int64_t k_row, k_head, v_row, v_head, dim;
-  const uint16_t* first(int64_t b, int64_t g, int64_t from) const { return K + b * k_row + g * k_head + from * dim; }
-  void spans(int64_t b, int64_t g, int64_t from, int64_t count, std::vector<KeySpan>& out) const {
-    out.clear();
-    out.push_back({first(b, g, from), V + b * v_row + g * v_head + from * dim, count});
-  }
-};
-
 // A paged pool [blocks, Hkv, block_size, D] read through block tables [R, max_blocks]: one
 // span per block.
 struct PoolKeys {
@@ -463,20 +452,21 @@ void decode_attention(const uint16_t* Q, int64_t q_row, int64_t q_head, const st
   }
 }
 
-// Causal attention over a bf16 cache, heads grouped per KV head (GQA), for decode (T = 1) and
-// prefill (T > 1) alike: q [B, H, T, D] bf16; k, v [B, Hkv, L, D] bf16 with contiguous rows
-// (views of the cache). Query t of row b sits at position len_b - T + t, where len_b =
-// lengths[b] (lengths holds B values, or one for every row; L when empty), and attends keys
-// [start, position] with start = max(0, position - window + 1) for a sliding window
-// (window > 0), else 0. Returns [B, H, T, D] bf16, a transposed view of a contiguous
-// [B, T, H, D] (what the output projection reads); scores and softmax in float32. Prompt
-// chunks rearrange their keys and values once and take P @ V with P in bf16 (rearrange_block);
-// decode rows (each row's cache read once, no rearranging to amortize) score 16 keys at a
-// time with a transpose-and-add reduction and take P @ V in float32.
+// Causal attention of prompt chunks (any T >= 1, one query too), heads grouped per KV head
+// (GQA): q [B, H, T, D] bf16; k, v [B, Hkv, L, D] bf16 with contiguous rows (a chunk's keys,
+// or a prefix gathered from the pool, and its own). Query t of row b sits at position
+// len_b - T + t, where len_b = lengths[b] (lengths holds B values, or one for every row; L
+// when empty), and attends keys [start, position] with start = max(0, position - window + 1)
+// for a sliding window (window > 0), else 0. Returns [B, H, T, D] bf16, a transposed view of a
+// contiguous [B, T, H, D] (what the output projection reads); scores and softmax in float32.
+// The keys and values are rearranged once and P @ V taken with P in bf16 (rearrange_block),
+// so a prompt's logits do not depend on how it was split into chunks. (Decode rows read the
+// pool in paged_attention: each row's keys read once, no rearranging to amortize, 16 keys
+// scored at a time with a transpose-and-add reduction, P @ V in float32.)
 namespace {
 
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                     const torch::Tensor& lengths, int64_t window, double scale, bool prompt) {
+                     const torch::Tensor& lengths, int64_t window, double scale) {
   check_bf16_rows(q, "q");
   check_bf16_rows(k, "k");
   check_bf16_rows(v, "v");
@@ -499,130 +489,95 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   const int64_t group = heads / kv_heads;
   const int64_t s_stride = (max_len + 15) / 16 * 16;
   const float fscale = static_cast<float>(scale);
-  if (prompt) {
-    // Row b's keys from `base` (the first query's first key, block-aligned) rearranged once.
-    const int64_t block_words = kKeyBlock * dim / 2;  // a rearranged block, in kt or vp
-    std::vector<int64_t> len(batch), base(batch), blocks(batch), offset(batch + 1, 0);
-    for (int64_t b = 0; b < batch; ++b) {
-      len[b] = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
-      const int64_t first_end = len[b] - queries + 1;
-      base[b] = (window > 0 ? std::max<int64_t>(0, first_end - window) : 0) / kKeyBlock * kKeyBlock;
-      blocks[b] = std::max<int64_t>(0, (len[b] - base[b] + kKeyBlock - 1) / kKeyBlock);
-      offset[b + 1] = offset[b] + kv_heads * blocks[b] * block_words;  // of kt (and of vp)
-    }
-    // every word is written by rearrange_block before it is read
-    std::unique_ptr<uint32_t[]> kt(new uint32_t[offset[batch]]), vp(new uint32_t[offset[batch]]);
-#pragma omp parallel
-    {
-      for (int64_t b = 0; b < batch; ++b) {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < kv_heads * blocks[b]; ++i) {
-          const int64_t g = i / blocks[b], blk = i % blocks[b], first = base[b] + blk * kKeyBlock;
-          const int64_t at = offset[b] + i * block_words;
-          rearrange_block(K + b * k.stride(0) + g * k.stride(1) + first * dim,
-                          V + b * v.stride(0) + g * v.stride(1) + first * dim, dim,
-                          std::min<int64_t>(kKeyBlock, len[b] - first), dim, kt.get() + at, vp.get() + at);
-        }
-      }
-      // Tiles of consecutive queries whose (query, head) rows of one KV group, at most
-      // kMaxRows, share each key block load (a group of more heads than that: one query per
-      // tile, its heads in several calls).
-      constexpr int64_t kMaxRows = 6;
-      const int64_t per_tile = group >= kMaxRows ? 1 : kMaxRows / group;
-      const int64_t tiles = (queries + per_tile - 1) / per_tile;
-      std::vector<float> scores(kMaxRows * s_stride);
-#pragma omp for schedule(dynamic) collapse(3)
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          for (int64_t tile = 0; tile < tiles; ++tile) {
-            const uint32_t* qs[kMaxRows];
-            uint16_t* os[kMaxRows];
-            int64_t starts[kMaxRows], ends[kMaxRows];
-            int64_t count = 0;
-            const uint32_t* ktb = kt.get() + offset[b] + g * blocks[b] * block_words;
-            const uint32_t* vpb = vp.get() + offset[b] + g * blocks[b] * block_words;
-            auto flush = [&]() {
-              switch (count) {
-                case 1: prompt_rows<1>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
-                case 2: prompt_rows<2>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
-                case 3: prompt_rows<3>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
-                case 4: prompt_rows<4>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
-                case 5: prompt_rows<5>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
-                case 6: prompt_rows<6>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
-                default: break;
-              }
-              count = 0;
-            };
-            for (int64_t t = tile * per_tile; t < std::min(queries, (tile + 1) * per_tile); ++t) {
-              const int64_t end = len[b] - queries + t + 1;
-              const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
-              uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
-              if (end <= start) {
-                std::fill(o, o + group * dim, 0);
-                continue;
-              }
-              for (int64_t h = 0; h < group; ++h) {
-                qs[count] = reinterpret_cast<const uint32_t*>(Q + b * q.stride(0) + (g * group + h) * q.stride(1) + t * q.stride(2));
-                os[count] = o + h * dim;
-                starts[count] = start;
-                ends[count] = end;
-                if (++count == kMaxRows) flush();
-              }
-            }
-            flush();
-          }
-        }
-      }
-    }
-    return out.transpose(1, 2);
+  // Row b's keys from `base` (the first query's first key, block-aligned) rearranged once.
+  const int64_t block_words = kKeyBlock * dim / 2;  // a rearranged block, in kt or vp
+  std::vector<int64_t> len(batch), base(batch), blocks(batch), offset(batch + 1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    len[b] = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
+    const int64_t first_end = len[b] - queries + 1;
+    base[b] = (window > 0 ? std::max<int64_t>(0, first_end - window) : 0) / kKeyBlock * kKeyBlock;
+    blocks[b] = std::max<int64_t>(0, (len[b] - base[b] + kKeyBlock - 1) / kKeyBlock);
+    offset[b + 1] = offset[b] + kv_heads * blocks[b] * block_words;  // of kt (and of vp)
   }
-  // Decode: one query per row, its keys one span of the cache.
-  std::vector<int64_t> ends(batch);
-  for (int64_t b = 0; b < batch; ++b) ends[b] = lens ? std::min(lens[given == 1 ? 0 : b], max_len) : max_len;
-  const SlotKeys keys{K, V, k.stride(0), k.stride(1), v.stride(0), v.stride(1), dim};
-  decode_attention(Q, q.stride(0), q.stride(1), ends, window, kv_heads, group, dim, fscale, keys, O);
+  // every word is written by rearrange_block before it is read
+  std::unique_ptr<uint32_t[]> kt(new uint32_t[offset[batch]]), vp(new uint32_t[offset[batch]]);
+#pragma omp parallel
+  {
+    for (int64_t b = 0; b < batch; ++b) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < kv_heads * blocks[b]; ++i) {
+        const int64_t g = i / blocks[b], blk = i % blocks[b], first = base[b] + blk * kKeyBlock;
+        const int64_t at = offset[b] + i * block_words;
+        rearrange_block(K + b * k.stride(0) + g * k.stride(1) + first * dim,
+                        V + b * v.stride(0) + g * v.stride(1) + first * dim, dim,
+                        std::min<int64_t>(kKeyBlock, len[b] - first), dim, kt.get() + at, vp.get() + at);
+      }
+    }
+    // Tiles of consecutive queries whose (query, head) rows of one KV group, at most
+    // kMaxRows, share each key block load (a group of more heads than that: one query per
+    // tile, its heads in several calls).
+    constexpr int64_t kMaxRows = 6;
+    const int64_t per_tile = group >= kMaxRows ? 1 : kMaxRows / group;
+    const int64_t tiles = (queries + per_tile - 1) / per_tile;
+    std::vector<float> scores(kMaxRows * s_stride);
+#pragma omp for schedule(dynamic) collapse(3)
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+          const uint32_t* qs[kMaxRows];
+          uint16_t* os[kMaxRows];
+          int64_t starts[kMaxRows], ends[kMaxRows];
+          int64_t count = 0;
+          const uint32_t* ktb = kt.get() + offset[b] + g * blocks[b] * block_words;
+          const uint32_t* vpb = vp.get() + offset[b] + g * blocks[b] * block_words;
+          auto flush = [&]() {
+            switch (count) {
+              case 1: prompt_rows<1>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+              case 2: prompt_rows<2>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+              case 3: prompt_rows<3>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+              case 4: prompt_rows<4>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+              case 5: prompt_rows<5>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+              case 6: prompt_rows<6>(qs, ktb, vpb, base[b], starts, ends, dim, fscale, scores.data(), s_stride, os); break;
+              default: break;
+            }
+            count = 0;
+          };
+          for (int64_t t = tile * per_tile; t < std::min(queries, (tile + 1) * per_tile); ++t) {
+            const int64_t end = len[b] - queries + t + 1;
+            const int64_t start = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+            uint16_t* o = O + ((b * queries + t) * heads + g * group) * dim;
+            if (end <= start) {
+              std::fill(o, o + group * dim, 0);
+              continue;
+            }
+            for (int64_t h = 0; h < group; ++h) {
+              qs[count] = reinterpret_cast<const uint32_t*>(Q + b * q.stride(0) + (g * group + h) * q.stride(1) + t * q.stride(2));
+              os[count] = o + h * dim;
+              starts[count] = start;
+              ends[count] = end;
+              if (++count == kMaxRows) flush();
+            }
+          }
+          flush();
+        }
+      }
+    }
+  }
   return out.transpose(1, 2);
 }
 
 }  // namespace
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const torch::Tensor& lengths, int64_t window, double scale) {
-  return attend(q, k, v, lengths, window, scale, q.size(2) > 1);
-}
-
-// attention() as for a prompt chunk whatever its length: a chunk of one query (the last
-// token of a cached prompt) rounds as it would among others (P in bf16 for P @ V), so a
-// prompt's logits do not depend on how it was split into chunks.
 torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& lengths, int64_t window, double scale) {
-  return attend(q, k, v, lengths, window, scale, true);
-}
-
-// A decode step's cache write: dst [S, Hkv, L, D] (one layer of a slot cache, contiguous),
-// src [B, Hkv, 1, D] (any strides, contiguous D): row b's keys go to slot b at positions[b].
-void write_rows(torch::Tensor& dst, const torch::Tensor& src, const torch::Tensor& positions) {
-  TORCH_CHECK(dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.stride(3) == 1 &&
-                  dst.element_size() == 2 && positions.scalar_type() == at::kLong &&
-                  positions.is_contiguous() && positions.numel() == src.size(0) &&
-                  src.size(0) <= dst.size(0) && src.size(1) == dst.size(1) && src.size(3) == dst.size(3),
-              "write_rows: 2-byte dst [S, Hkv, L, D] contiguous, src [B, Hkv, 1, D], positions [B]");
-  const int64_t batch = src.size(0), heads = src.size(1), len = dst.size(2), dim = dst.size(3);
-  const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) TORCH_CHECK(pos[b] >= 0 && pos[b] < len, "write_rows: position out of range");
-  auto* D = reinterpret_cast<uint16_t*>(dst.data_ptr());
-  const auto* S = reinterpret_cast<const uint16_t*>(src.data_ptr());
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      std::memcpy(D + ((b * heads + h) * len + pos[b]) * dim, S + b * src.stride(0) + h * src.stride(1),
-                  dim * sizeof(uint16_t));
+  return attend(q, k, v, lengths, window, scale);
 }
 
 // Decode attention read through block tables: q [R, H, 1, D] bf16 (contiguous D); k_pool,
 // v_pool [blocks, Hkv, block_size, D] bf16 contiguous; tables [R, max_blocks] int32; lengths
 // [R] int64 (row r reads keys [max(0, lengths[r] - window), lengths[r]); window 0 = all).
-// Returns [R, H, 1, D] bf16, a transposed view of a contiguous [R, 1, H, D], computed as the
-// slot cache's decode rows are (the same scores, softmax and P @ V, block by block).
+// Returns [R, H, 1, D] bf16, a transposed view of a contiguous [R, 1, H, D], scores, softmax
+// and P @ V in float32, block by block.
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                               const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,
                               double scale) {

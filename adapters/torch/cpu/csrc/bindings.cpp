@@ -1,16 +1,15 @@
 // CPU kernels for bf16 inference (AVX512-BF16). A decode step of a small model is bound by
 // reading its weights and KV cache and by per-op dispatch: a matrix product on panel-packed
 // weights that streams them once per call, single calls for RMSNorm and SiLU gating (which
-// PyTorch runs as ~9 and ~4 small ops), causal GQA attention over the bf16 cache for decode
-// rows and prompt chunks (and over a paged pool's block tables), the decode step's cache writes, and a vectorized argmax. Results
-// round like the PyTorch path.
+// PyTorch runs as ~9 and ~4 small ops), causal GQA attention for prompt chunks and for decode
+// rows over a paged KV pool's block tables, the decode step's pool writes, and a vectorized
+// argmax. Results round like the PyTorch path.
 #include <torch/library.h>
 
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attention", &attention, "causal GQA attention over a bf16 cache (decode rows, prompt chunks)");
-  m.def("prompt_attention", &prompt_attention, "attention as for a prompt chunk, one query too");
+  m.def("prompt_attention", &prompt_attention, "causal GQA attention of a prompt chunk, one query too");
   m.def("pack_panels", &pack_panels, "weights [N, K] in gemm_packed's panel layout");
   m.def("gemm_packed", &gemm_packed, "bf16 matrix product on panel-packed weights (AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "bf16 RMSNorm computed in float32");
@@ -19,8 +18,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sample_rows", &sample_rows, "sample one token per row: top-k, temperature, top-p, min-p, inverse CDF");
   m.def("rope", &rope, "rotate-half RoPE in one pass (bf16)");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
-  m.def("write_rows", &write_rows, "one decode step's writes into a slot KV cache layer");
-  m.def("decode_layer", &decode_layer, "one decoder layer for decode rows (the module path's kernels)");
   m.def("paged_attention", &paged_attention, "decode attention over a bf16 paged KV pool, read through block tables");
   m.def("write_pool", &write_pool, "one decode step's writes into a paged KV pool layer");
   m.def("decode_layer_paged", &decode_layer_paged, "one decoder layer for decode rows over a paged KV pool");

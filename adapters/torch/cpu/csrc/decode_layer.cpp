@@ -44,37 +44,13 @@ torch::Tensor layer_around(const torch::Tensor& x, const torch::Tensor& w_in, co
 // One decoder layer for R decode rows, each one new token: x [R, hidden]. Llama / Qwen3:
 // h = x + attn(norm_in(x)), out = h + mlp(norm_mlp(h)); Gemma 3 also normalizes the attention
 // and MLP outputs (post_attn, post_mlp) and uses (1 + w) norms (unit_offset) and tanh-GELU.
-// Optional per-head QK-norm (q_norm, k_norm) before RoPE. No biases. Row r writes its key and
-// value at positions[r] of cache row r (k_cache, v_cache [S, Hkv, M, D], one layer) and attends
-// to keys < lengths[r] (within `window`, 0 = all) of the first kv_len positions; cos, sin
-// [R, 1, 1, D] at the rows' positions. The modules' kernels in their order, so the result is
-// identical: one call instead of ~40-50 Python-level ops (~1.5 ms of a ~8 ms single-row step).
-torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& wqkv,
-                           const torch::Tensor& wo, const c10::optional<torch::Tensor>& w_post_attn,
-                           const torch::Tensor& w_mlp, const torch::Tensor& w13, const torch::Tensor& w2,
-                           const c10::optional<torch::Tensor>& w_post_mlp,
-                           const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
-                           bool unit_offset, bool gelu, int64_t intermediate, torch::Tensor& k_cache,
-                           torch::Tensor& v_cache, const torch::Tensor& positions, const torch::Tensor& lengths,
-                           int64_t kv_len, int64_t window, const torch::Tensor& cos, const torch::Tensor& sin,
-                           int64_t n_heads, int64_t n_kv, double scale, double eps) {
-  const int64_t rows = x.size(0);
-  TORCH_CHECK(k_cache.dim() == 4 && rows <= k_cache.size(0) && kv_len <= k_cache.size(2),
-              "decode_layer: caches [S >= R, Hkv, M >= kv_len, D]");
-  return layer_around(x, w_in, wqkv, wo, w_post_attn, w_mlp, w13, w2, w_post_mlp, q_norm, k_norm, unit_offset, gelu,
-                      intermediate, k_cache.size(3), cos, sin, n_heads, n_kv, eps,
-                      [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-                        write_rows(k_cache, k, positions);
-                        write_rows(v_cache, v, positions);
-                        return attention(q, k_cache.narrow(0, 0, rows).narrow(2, 0, kv_len),
-                                         v_cache.narrow(0, 0, rows).narrow(2, 0, kv_len), lengths, window, scale);
-                      });
-}
-
-// The same layer over one layer of a paged KV pool (k_pool, v_pool [blocks, Hkv, block_size,
-// D]): row r's key and value heads go to rows write_index[r * Hkv + h] of the pool seen as
-// [-1, D], and it attends to its keys < lengths[r] (within `window`) through its block table
-// (tables [R, max_blocks] int32), as the modules' path does with paged_attention.
+// Optional per-head QK-norm (q_norm, k_norm) before RoPE. No biases. Over one layer of a
+// paged KV pool (k_pool, v_pool [blocks, Hkv, block_size, D]): row r's key and value heads go
+// to rows write_index[r * Hkv + h] of the pool seen as [-1, D], and it attends to its keys
+// < lengths[r] (within `window`, 0 = all) through its block table (tables [R, max_blocks]
+// int32), as the modules' path does with paged_attention; cos, sin [R, 1, 1, D] at the rows'
+// positions. The modules' kernels in their order, so the result is identical: one call
+// instead of ~40-50 Python-level ops (~1.5 ms of a ~8 ms single-row step).
 torch::Tensor decode_layer_paged(const torch::Tensor& x, const torch::Tensor& w_in, const torch::Tensor& wqkv,
                                  const torch::Tensor& wo, const c10::optional<torch::Tensor>& w_post_attn,
                                  const torch::Tensor& w_mlp, const torch::Tensor& w13, const torch::Tensor& w2,
