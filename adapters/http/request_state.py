@@ -1,7 +1,6 @@
 """What one API request carries from the middlewares and the guard to its handler:
 Litestar's ``request.state``, typed (:class:`ApiState`), and the handlers' dependencies:
-those read from it (:func:`caller`, :func:`record`) and the app's services
-(:func:`provide`).
+the one read from it (:func:`caller`) and the app's services (:func:`provide`).
 
 The owning middleware (``ownership.py``) sets the state up for every request: its record
 (``ObservedApp``'s, when it wraps the app), its request group, what it holds on its model;
@@ -27,9 +26,8 @@ from application.request_record import RequestRecord
 from domain.tenancy import Tenant
 
 log = structlog.get_logger(__name__)
-# A handler's ``caller: RequestCaller`` (its group, record and limits) and ``record: Record``.
+# A handler's ``caller: RequestCaller``: its group, record and limits.
 RequestCaller = NamedDependency[Caller]
-Record = NamedDependency[RequestRecord]
 
 
 class ModelHold:
@@ -88,13 +86,8 @@ class ApiState(State):
     def open(cls, state: dict[str, Any], group: OwnedRequests, record: RequestRecord) -> "ApiState":
         """The state of a request starting, over its ASGI ``state`` mapping."""
         api = cls(state)
-        api.record, api.group, api.hold, api.tenant, api.limits = (
-            record,
-            group,
-            ModelHold(),
-            None,
-            None,
-        )
+        api.record, api.group, api.hold = record, group, ModelHold()
+        api.tenant = api.limits = None
         return api
 
 
@@ -109,16 +102,8 @@ def caller(request: Request[Any, Any, Any]) -> Caller:
     return Caller(state.group, state.record, state.limits)
 
 
-def record(request: Request[Any, Any, Any]) -> RequestRecord:
-    """A handler's ``record``."""
-    return api_state(request).record
-
-
 # The dependencies of the inference faces' handlers, by parameter name.
-REQUEST_DEPENDENCIES = {
-    "caller": Provide(caller, sync_to_thread=False),
-    "record": Provide(record, sync_to_thread=False),
-}
+REQUEST_DEPENDENCIES = {"caller": Provide(caller, sync_to_thread=False)}
 
 
 def provide(services: Mapping[str, object]) -> dict[str, Provide]:

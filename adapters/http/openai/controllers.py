@@ -2,7 +2,7 @@
 (``params.py``), one call to the completion service, the streams as SSE chunks or one
 JSON body (``replies.py``). Errors raise as they come; the router maps them."""
 
-import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -12,28 +12,15 @@ from litestar.response import ServerSentEvent
 from adapters.http.errors import PROMPT_FIELD
 from adapters.http.openai.deps import Completions, Inputs, Names, ToolCalls
 from adapters.http.openai.params import chat_job, completion_job, decode_body
-from adapters.http.openai.replies import (
-    Echo,
-    chat_choice,
-    chat_chunks,
-    collect_all,
-    completion_choice,
-    completion_chunks,
-    json_response,
-    total_usage,
-)
-from adapters.http.openai.schemas import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-)
+from adapters.http.openai.replies import ChatReply, CompletionReply, Echo, collect_all
+from adapters.http.openai.schemas import ChatCompletionRequest, CompletionRequest
 from adapters.http.request_state import RequestCaller
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import sse
 from application.completions import Caller
 from application.request_ids import new_request_id
 from application.served_models import ModelEntry
+from domain.request import StepOutput
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -59,30 +46,15 @@ class CompletionRoutes(Controller):
             for prompt, ids in zip(job.prompts, started.prompts, strict=True):
                 text = prompt if isinstance(prompt, str) else await inputs.detokenize(prompt)
                 echoes.append(Echo(text, ids))
-        reply_id, n, logprobs = new_request_id("cmpl"), job.n, job.params.logprobs
-        if body.stream:
-            return sse(
-                completion_chunks(
-                    reply_id,
-                    model.id,
-                    started.streams,
-                    _usage(body),
-                    texts=inputs.token_texts,
-                    n=n,
-                    logprobs=logprobs,
-                    echoes=echoes,
-                )
-            )
-        outputs = await collect_all(request, started.streams)
-        replies = [
-            completion_choice(
-                i, out, inputs.token_texts, logprobs, echoes[i // n] if echoes else None
-            )
-            for i, out in enumerate(outputs)
-        ]
-        return json_response(
-            Completion(reply_id, int(time.time()), model.id, replies, total_usage(outputs, n))
+        reply = CompletionReply(
+            new_request_id("cmpl"),
+            model.id,
+            inputs.token_texts,
+            job.n,
+            job.params.logprobs,
+            echoes,
         )
+        return await _answer(request, body, started.streams, reply)
 
     @post("/v1/chat/completions", status_code=200, opt={PROMPT_FIELD: "messages"})
     async def chat_completions(
@@ -98,35 +70,15 @@ class CompletionRoutes(Controller):
         model = _model(request, caller, names, body)
         job = chat_job(body, model.adapter_id)
         started = await completions.chat(job, caller)
-        reply_id, top_logprobs = new_request_id("chatcmpl"), job.params.logprobs
-        if body.stream:
-            return sse(
-                chat_chunks(
-                    reply_id,
-                    model.id,
-                    started.streams,
-                    _usage(body),
-                    texts=inputs.token_texts,
-                    top_logprobs=top_logprobs,
-                    tools=[tool_calls.stream(job.tools) for _ in started.streams],
-                )
-            )
-        outputs = await collect_all(request, started.streams)
-        replies = [
-            chat_choice(
-                j,
-                out,
-                inputs.token_texts,
-                top_logprobs,
-                tool_calls.reply(job.tools, out.text, out.finish_reason),
-            )
-            for j, out in enumerate(outputs)
-        ]
-        return json_response(
-            ChatCompletion(
-                reply_id, int(time.time()), model.id, replies, total_usage(outputs, job.n)
-            )
+        reply = ChatReply(
+            new_request_id("chatcmpl"),
+            model.id,
+            inputs.token_texts,
+            job.params.logprobs,
+            tool_calls,
+            job.tools,
         )
+        return await _answer(request, body, started.streams, reply)
 
 
 def _model(
@@ -142,6 +94,15 @@ def _model(
     return names.resolve(request, body.model)
 
 
-def _usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
-    """A stream ends with a usage chunk."""
-    return bool(body.stream_options and body.stream_options.include_usage)
+async def _answer(
+    request: Request[Any, Any, Any],
+    body: CompletionRequest | ChatCompletionRequest,
+    streams: list[AsyncIterator[StepOutput]],
+    reply: CompletionReply | ChatReply,
+) -> Reply:
+    """SSE chunks (a usage chunk last with ``include_usage``), or the whole body once every
+    choice finished."""
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse(reply.chunks(streams, usage))
+    return reply.body(await collect_all(request, streams))

@@ -28,6 +28,7 @@ from adapters.http.errors import HTTPError
 from adapters.http.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
+    ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
     ChatLogprobs,
@@ -39,8 +40,9 @@ from adapters.http.openai.schemas import (
     TopLogprob,
     Usage,
 )
-from adapters.http.openai.tools import ToolStream
+from adapters.http.openai.tools import ToolReplies
 from adapters.http.streaming import merge_streams, unless_disconnected
+from application.chat_prompts import ToolRequest
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()
@@ -109,6 +111,50 @@ def total_usage(choices: Sequence[Collected], n: int = 1) -> Usage:
 
 
 # --- completions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompletionReply:
+    """A completion's answer: ``n`` choices per prompt, ``logprobs`` alternatives per token
+    (None: no logprobs), ``echoes``: per prompt, what ``echo`` puts first (none: no echo)."""
+
+    reply_id: str
+    model: str
+    texts: TokenTexts
+    n: int = 1
+    logprobs: int | None = None
+    echoes: Sequence[Echo] = ()
+
+    def body(self, outputs: Sequence[Collected]) -> Response[bytes]:
+        """The whole completion: its choices and usage."""
+        echoes, n = self.echoes, self.n
+        choices = [
+            completion_choice(i, out, self.texts, self.logprobs, echoes[i // n] if echoes else None)
+            for i, out in enumerate(outputs)
+        ]
+        created, usage = int(time.time()), total_usage(outputs, n)
+        return json_response(Completion(self.reply_id, created, self.model, choices, usage))
+
+    async def chunks(
+        self, streams: list[AsyncIterator[StepOutput]], include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        reply_id, model, n, echoes = self.reply_id, self.model, self.n, self.echoes
+        created, totals = int(time.time()), [0, 0]
+        states = [_StreamedChoice(echoes[i // n] if echoes else None) for i in range(len(streams))]
+        async for index, out in merge_streams(streams):
+            if out.error is not None:
+                yield error_chunk(out.error)
+                return
+            if out.finished:
+                totals[0] += out.prompt_tokens if index % n == 0 else 0
+                totals[1] += out.completion_tokens
+            choice = _completion_delta(index, out, states[index], self.texts, self.logprobs)
+            yield _encoder.encode(Completion(reply_id, created, model, [choice]))
+        if include_usage:
+            yield _encoder.encode(
+                Completion(reply_id, created, model, [], Usage(totals[0], totals[1], sum(totals)))
+            )
+        yield b"[DONE]"
 
 
 def completion_choice(
@@ -195,36 +241,6 @@ class _StreamedChoice:
     offset: int = 0
 
 
-async def completion_chunks(
-    reply_id: str,
-    model: str,
-    streams: list[AsyncIterator[StepOutput]],
-    include_usage: bool,
-    *,
-    texts: TokenTexts,
-    n: int = 1,
-    logprobs: int | None = None,
-    echoes: Sequence[Echo | None] = (),
-) -> AsyncIterator[bytes]:
-    """``echoes``: per prompt, what ``echo`` puts first (none: no echo)."""
-    created, totals = int(time.time()), [0, 0]
-    states = [_StreamedChoice(echoes[i // n] if echoes else None) for i in range(len(streams))]
-    async for index, out in merge_streams(streams):
-        if out.error is not None:
-            yield error_chunk(out.error)
-            return
-        if out.finished:
-            totals[0] += out.prompt_tokens if index % n == 0 else 0
-            totals[1] += out.completion_tokens
-        choice = _completion_delta(index, out, states[index], texts, logprobs)
-        yield _encoder.encode(Completion(reply_id, created, model, [choice]))
-    if include_usage:
-        yield _encoder.encode(
-            Completion(reply_id, created, model, [], Usage(totals[0], totals[1], sum(totals)))
-        )
-    yield b"[DONE]"
-
-
 def _completion_delta(
     index: int, out: StepOutput, state: _StreamedChoice, texts: TokenTexts, logprobs: int | None
 ) -> CompletionChoice:
@@ -242,6 +258,83 @@ def _completion_delta(
 
 
 # --- chat -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """A chat completion's answer: ``top_logprobs`` alternatives per token (None: no
+    logprobs); ``tools`` read tool calls for ``request`` from the text (None: all content)."""
+
+    reply_id: str
+    model: str
+    texts: TokenTexts
+    top_logprobs: int | None = None
+    tools: ToolReplies | None = None
+    request: ToolRequest | None = None
+
+    def body(self, outputs: Sequence[Collected]) -> Response[bytes]:
+        """The whole chat completion: each choice's message, and the usage."""
+        tools, request = self.tools, self.request
+        choices = [
+            chat_choice(
+                j,
+                out,
+                self.texts,
+                self.top_logprobs,
+                None if tools is None else tools.reply(request, out.text, out.finish_reason),
+            )
+            for j, out in enumerate(outputs)
+        ]
+        created, usage = int(time.time()), total_usage(outputs)
+        return json_response(ChatCompletion(self.reply_id, created, self.model, choices, usage))
+
+    async def chunks(
+        self, streams: list[AsyncIterator[StepOutput]], include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """Each choice (its index in ``streams``) opens with its role, then carries its
+        text (content and tool-call deltas) and each token's logprobs, then its finish."""
+        reply_id, model, created = self.reply_id, self.model, int(time.time())
+        tools = [None if self.tools is None else self.tools.stream(self.request) for _ in streams]
+
+        def chunk(
+            index: int,
+            delta: ChatDelta,
+            reason: str | None = None,
+            scores: ChatLogprobs | None = None,
+        ) -> bytes:
+            choice = ChatChunkChoice(index, delta, reason, scores)
+            return _encoder.encode(ChatCompletionChunk(reply_id, created, model, [choice]))
+
+        for index in range(len(streams)):
+            yield chunk(index, ChatDelta(role="assistant", content=""))
+        prompt = completion = 0
+        async for index, out in merge_streams(streams):
+            if out.error is not None:
+                yield error_chunk(out.error)
+                return
+            scores = None
+            if self.top_logprobs is not None and out.token_id is not None:
+                scores = ChatLogprobs(chat_logprobs([out], self.texts))
+            tool_stream = tools[index]
+            if tool_stream is not None:
+                deltas = tool_stream.deltas(out.text_delta, out.finished)
+                if scores is not None and not deltas:
+                    deltas = [ChatDelta(content="")]
+                for i, delta in enumerate(deltas):  # the token's logprobs on its first delta
+                    yield chunk(index, delta, None, scores if i == 0 else None)
+            elif out.text_delta or scores is not None:
+                yield chunk(index, ChatDelta(content=out.text_delta), None, scores)
+            if out.finished:
+                reason = finish_reason(out)
+                if tool_stream is not None:
+                    reason = tool_stream.finish_reason(reason)
+                yield chunk(index, ChatDelta(), reason)
+                prompt = out.prompt_tokens  # one prompt, counted once
+                completion += out.completion_tokens
+        if include_usage:
+            usage = Usage(prompt, completion, prompt + completion)
+            yield _encoder.encode(ChatCompletionChunk(reply_id, created, model, [], usage))
+        yield b"[DONE]"
 
 
 def chat_choice(
@@ -274,63 +367,6 @@ def chat_logprobs(outputs: Sequence[StepOutput], texts: TokenTexts) -> list[Chat
             ChatTokenLogprob(token, _floored(out.logprob), list(token.encode()), alternatives)
         )
     return items
-
-
-async def chat_chunks(
-    reply_id: str,
-    model: str,
-    streams: list[AsyncIterator[StepOutput]],
-    include_usage: bool,
-    *,
-    texts: TokenTexts,
-    top_logprobs: int | None = None,
-    tools: Sequence[ToolStream | None] = (),
-) -> AsyncIterator[bytes]:
-    """The chunks of ``streams`` (one per choice; its index in the list): each choice
-    opens with its role, then carries its text and (``top_logprobs`` not None) each
-    token's logprobs, then its finish. ``tools``: per choice, what turns its text into
-    content and tool-call deltas (none: all content)."""
-    created = int(time.time())
-
-    def chunk(
-        index: int, delta: ChatDelta, reason: str | None = None, scores: ChatLogprobs | None = None
-    ) -> bytes:
-        choice = ChatChunkChoice(index, delta, reason, scores)
-        return _encoder.encode(ChatCompletionChunk(reply_id, created, model, [choice]))
-
-    for index in range(len(streams)):
-        yield chunk(index, ChatDelta(role="assistant", content=""))
-    prompt = completion = 0
-    async for index, out in merge_streams(streams):
-        if out.error is not None:
-            yield error_chunk(out.error)
-            return
-        scores = None
-        if top_logprobs is not None and out.token_id is not None:
-            scores = ChatLogprobs(chat_logprobs([out], texts))
-        tool_stream = tools[index] if index < len(tools) else None
-        if tool_stream is not None:
-            deltas = tool_stream.deltas(out.text_delta, out.finished)
-            if scores is not None and not deltas:
-                deltas = [ChatDelta(content="")]
-            for i, delta in enumerate(deltas):  # the token's logprobs on its first delta
-                yield chunk(index, delta, None, scores if i == 0 else None)
-        elif out.text_delta or scores is not None:
-            yield chunk(index, ChatDelta(content=out.text_delta), None, scores)
-        if out.finished:
-            reason = finish_reason(out)
-            if tool_stream is not None:
-                reason = tool_stream.finish_reason(reason)
-            yield chunk(index, ChatDelta(), reason)
-            prompt = out.prompt_tokens  # one prompt, counted once
-            completion += out.completion_tokens
-    if include_usage:
-        yield _encoder.encode(
-            ChatCompletionChunk(
-                reply_id, created, model, [], Usage(prompt, completion, prompt + completion)
-            )
-        )
-    yield b"[DONE]"
 
 
 def error_chunk(message: str) -> bytes:
