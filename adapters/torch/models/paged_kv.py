@@ -1,10 +1,10 @@
 """Paged KV storage: every layer's keys and values in one pool of fixed-size blocks.
 
 The pool is ``[layers, num_blocks, kv_heads, block_size, head_dim]``: within a block, each
-KV head's ``block_size`` keys are contiguous ``head_dim`` rows, the same rows the contiguous
-cache gives the CPU attention kernel (``dot_scores`` reads 16 keys of one head at a time and
-the P @ V loop walks value rows), so the paged kernel reads a block as it reads a run of the
-contiguous cache, and a block of 16 keys is exactly one of its key tiles. (vLLM's CUDA layout
+KV head's ``block_size`` keys are contiguous ``head_dim`` rows, what the CPU attention
+kernel reads (``dot_scores`` reads 16 keys of one head at a time and the P @ V loop walks
+value rows), so the paged kernel reads a block as one run of keys, and a block of 16 keys
+is exactly one of the prompt kernel's key tiles. (vLLM's CUDA layout
 ``[blocks, block_size, kv_heads, head_dim]`` suits a token-major write; here the writes are a
 few rows a step and the reads are the whole context, so the reads choose.)
 
