@@ -68,5 +68,5 @@ def build_tinker(
     storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
     service = TinkerService(backend(), sampling, storage, limits=limits, observer=observer)
     if track_pending is not None:
-        track_pending(service.futures.pending)
+        track_pending(service.pending_futures)
     return service

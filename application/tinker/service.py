@@ -142,6 +142,10 @@ class TinkerService:
 
     # --- the server ---------------------------------------------------------------------
 
+    def pending_futures(self) -> int:
+        """Futures created and not yet resolved (the metrics' gauge)."""
+        return self.futures.pending()
+
     def served_models(self) -> list[ServedModel]:
         """Every name a base model is served under (its own and its aliases)."""
         return [

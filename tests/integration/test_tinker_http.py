@@ -629,3 +629,11 @@ def test_sessions_are_listed_per_key_with_their_runs_and_samplers(api: Api) -> N
     }
     other.get(f"sessions/{mine[0]}", status=404)
     api.get(f"sessions/{theirs}", status=404)
+
+
+def test_pending_futures_counts_what_is_not_resolved(service: TinkerService) -> None:
+    assert service.pending_futures() == 0
+    future = service.futures.create("tml-owner", "ForwardBackward")
+    assert service.pending_futures() == 1
+    service.futures.resolve(future, {"done": True})
+    assert service.pending_futures() == 0
