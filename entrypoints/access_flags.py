@@ -18,6 +18,7 @@ from application.idempotency import DEFAULT_TTL_S
 from application.keys import Keyring, hash_key
 from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
+from entrypoints.flag_fields import from_flags
 
 log = structlog.get_logger("infer.audit")
 
@@ -74,13 +75,8 @@ class AccessSettings:
         """``infer serve``'s settings, the keys file read once to check it before the model
         loads."""
         keys = [*(args.api_key or []), *filter(None, [os.environ.get("INFER_API_KEY", "")])]
-        settings = cls(
-            api_keys_file=args.api_keys_file,
-            api_key_hashes=tuple(hash_key(k) for k in dict.fromkeys(keys)),
-            redis_url=args.redis_url,
-            idempotency_ttl=args.idempotency_ttl,
-            idempotency_max_keys=args.idempotency_max_keys,
-        )
+        hashes = tuple(hash_key(k) for k in dict.fromkeys(keys))
+        settings = from_flags(cls, args, api_key_hashes=hashes)
         settings.keyring()
         return settings
 

@@ -20,6 +20,7 @@ from adapters.torch.kv_sizing import (
     parse_kv_cache_memory,
 )
 from domain.config import EngineConfig
+from entrypoints.flag_fields import from_flags
 from entrypoints.request_flags import request_limits
 
 # ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
@@ -83,19 +84,7 @@ class EngineSettings:
         max_num_seqs = args.max_num_seqs
         if max_num_seqs is None:  # vLLM's default on a GPU; what a CPU serves well
             max_num_seqs = MAX_NUM_SEQS["cuda" if device.startswith("cuda") else "cpu"]
-        return cls(
-            max_num_seqs=max_num_seqs,
-            max_model_len=args.max_model_len,
-            max_waiting_requests=args.max_waiting_requests,
-            batching_mode=args.batching_mode,
-            batch_wait_timeout=args.batch_wait_timeout,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_block_size=args.kv_block_size,
-            num_kv_blocks=args.num_kv_blocks,
-            prefix_caching=args.prefix_caching,
-            enforce_eager=args.enforce_eager,
-            **request_limits(args),
-        )
+        return from_flags(cls, args, max_num_seqs=max_num_seqs, **request_limits(args))
 
 
 def add_engine_args(serve: argparse.ArgumentParser) -> None:

@@ -45,6 +45,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from adapters.http.errors import face_error_body, openai_error_body
 from adapters.http.ownership import Draining
 from domain.errors import InvalidParameterError
+from entrypoints.flag_fields import from_flags
 
 log = logging.getLogger("uvicorn.error")
 
@@ -85,15 +86,7 @@ class ConnectionLimits:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ConnectionLimits":
-        return cls(
-            max_connections=args.max_connections,
-            timeout_keep_alive=args.timeout_keep_alive,
-            header_timeout=args.header_timeout,
-            body_timeout=args.body_timeout,
-            body_read_timeout=args.body_read_timeout,
-            backlog=args.backlog,
-            h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
-        )
+        return from_flags(cls, args)
 
 
 def raise_open_files_limit() -> int | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S
 from domain.errors import InvalidParameterError
+from entrypoints.flag_fields import from_flags
 
 
 @dataclass(frozen=True)
@@ -61,17 +62,7 @@ class TransportSettings:
     def from_args(cls, args: argparse.Namespace) -> "TransportSettings":
         """The flags, checked (the TLS files loaded) before the model loads."""
         origins = [o.strip() for flag in args.allowed_origins or () for o in flag.split(",")]
-        settings = cls(
-            host=args.host,
-            port=args.port,
-            allowed_origins=tuple(o for o in origins if o),
-            ssl_certfile=args.ssl_certfile,
-            ssl_keyfile=args.ssl_keyfile,
-            ssl_keyfile_password=args.ssl_keyfile_password,
-            sse_heartbeat_interval=args.sse_heartbeat_interval,
-            request_timeout=args.request_timeout,
-            drain_timeout=args.drain_timeout,
-        )
+        settings = from_flags(cls, args, allowed_origins=tuple(o for o in origins if o))
         settings.check_tls()
         return settings
 

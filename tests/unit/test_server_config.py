@@ -263,3 +263,20 @@ def test_the_parsed_flags_cover_every_field() -> None:
         partial = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != name})
         with pytest.raises(AttributeError, match=name):
             ServerConfig.from_args(partial)
+
+
+def test_from_flags_takes_each_field_from_its_flag_and_names_a_missing_one() -> None:
+    import argparse
+    from dataclasses import dataclass
+
+    from entrypoints.flag_fields import from_flags
+
+    @dataclass(frozen=True)
+    class Settings:
+        port: int
+        hosts: tuple[str, ...]
+
+    args = argparse.Namespace(port=8000, hosts="a,b", unrelated=1)
+    assert from_flags(Settings, args, hosts=("a", "b")) == Settings(8000, ("a", "b"))
+    with pytest.raises(AttributeError, match=r"Settings\.hosts: no flag of that name"):
+        from_flags(Settings, argparse.Namespace(port=1))
