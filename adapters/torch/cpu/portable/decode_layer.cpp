@@ -25,6 +25,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "quant_weight.h"  // bf16_bits
+
 at::Tensor quant_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
                         std::optional<at::Tensor> mins, int64_t bits, int64_t group_size,
                         int64_t dense_from_rows);
@@ -96,14 +98,6 @@ inline __m512 load16(const T* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-}
-
-inline __m512i bf16_bits(__m512 v) {  // the bfloat16 of each lane, in the low 16 bits
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
 
 template <typename T>

@@ -47,22 +47,27 @@ inline void halves_to_floats(const at::Half* src, float* dst, int64_t count) {
 #endif
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The bfloat16 of each float32 lane, in its low 16 bits, rounded as c10::BFloat16 rounds
+// (to nearest even; NaN to 0x7FC0). decode_layer.cpp's elementwise loops use it too.
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+#endif
+
 // float32 -> bfloat16 for a run of values, rounded as c10::BFloat16 rounds (to nearest
 // even; NaN to 0x7FC0), 16 or 8 at a time with integer vector ops: the scalar conversion
 // took most of the dense path's dequantization time.
 inline void floats_to_bf16(const float* src, at::BFloat16* dst, int64_t count) {
   int64_t i = 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-  const __m512i nan = _mm512_set1_epi32(0x7FC0);
-  for (; i + 16 <= count; i += 16) {
-    const __m512 v = _mm512_loadu_ps(src + i);
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
-  }
+  for (; i + 16 <= count; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtepi32_epi16(bf16_bits(_mm512_loadu_ps(src + i))));
 #elif defined(__AVX2__)
   const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
   const __m256i nan = _mm256_set1_epi32(0x7FC0);
