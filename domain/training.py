@@ -440,7 +440,9 @@ class TrainingBackend(Protocol):
     Calls for one model arrive one at a time in ``seq_id`` order (the TrainingController
     guarantees it), from a worker thread. Implementations: the numpy ToyBackend and the
     LoRA backend on our torch models. A forward/backward can run in pieces
-    (:meth:`forward_backward_steps`) so that other models' work takes turns with a long one.
+    (:meth:`forward_backward_steps`) so that other models' work takes turns with a long one;
+    an implementation that subclasses this protocol gets :meth:`forward_backward` (all the
+    pieces at once) from it.
     """
 
     @property
@@ -461,7 +463,9 @@ class TrainingBackend(Protocol):
     ) -> ForwardBackwardResult:
         """Loss and per-token target logprobs; with ``backward`` also adds the loss's
         gradients to the adapter's accumulated gradients."""
-        ...
+        return run_steps(
+            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
+        )
 
     def forward_backward_steps(
         self,

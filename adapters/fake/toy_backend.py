@@ -33,11 +33,11 @@ from domain.training import (
     TinkerSampleResult,
     TinkerSamplingParams,
     TopK,
+    TrainingBackend,
     UnsupportedFeatureError,
     WeightsSource,
     check_data,
     loss_config,
-    run_steps,
 )
 
 ADAPTER = "adapter_model.safetensors"
@@ -58,7 +58,7 @@ class _ToyAdapter:
     step: int = 0
 
 
-class ToyBackend:
+class ToyBackend(TrainingBackend):
     def __init__(
         self,
         name: str = "toy/bigram",
@@ -96,19 +96,6 @@ class ToyBackend:
             self._adapters[model_id] = _ToyAdapter(
                 base_model, lora, a, b, np.zeros_like(a), np.zeros_like(b)
             )
-
-    def forward_backward(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
-    ) -> ForwardBackwardResult:
-        return run_steps(
-            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
-        )
 
     def forward_backward_steps(
         self,

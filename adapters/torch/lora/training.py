@@ -49,8 +49,8 @@ from domain.training import (
     NotFoundError,
     Steps,
     TensorValue,
+    TrainingBackend,
     loss_config,
-    run_steps,
 )
 
 OPTIMIZER_STATE = "optimizer.safetensors"
@@ -179,7 +179,7 @@ class _TrainedAdapter:
         return state
 
 
-class LoraTrainingBackend:
+class LoraTrainingBackend(TrainingBackend):
     """LoRA adapters on our torch models for the Tinker face; see the module docstring.
 
     Calls are serialized by one lock (a step of one model at a time); a base model is
@@ -223,19 +223,6 @@ class LoraTrainingBackend:
             if model_id in self._adapters:
                 raise InvalidTrainingRequest(f"model {model_id!r} already exists")
             self._adapters[model_id] = _TrainedAdapter(self._base(base_model), lora)
-
-    def forward_backward(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
-    ) -> ForwardBackwardResult:
-        return run_steps(
-            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
-        )
 
     def forward_backward_steps(
         self,
