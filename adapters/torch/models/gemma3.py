@@ -12,7 +12,6 @@ from adapters.torch.models.layers import (
     Cache,
     GatedMLP,
     RMSNorm,
-    decode_rows,
     gelu_tanh,
 )
 from adapters.torch.models.transformer import Block, Transformer
@@ -30,14 +29,9 @@ class Gemma3Block(Block):
         self.mlp = GatedMLP(dim, config.intermediate_size, gelu_tanh)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, unit_offset=True)
 
-    def forward(
+    def forward_modules(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
-        if self.decode_kernel is not None:
-            rows = decode_rows(cache, self.attn.layer)
-            y = self.decode_kernel(x, rope, rows) if rows is not None else None
-            if y is not None:
-                return y
         h = x + self.post_attention_layernorm(self.attn(self.input_layernorm(x), rope, mask, cache))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 

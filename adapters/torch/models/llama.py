@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.torch.models.config import ModelConfig
-from adapters.torch.models.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm, decode_rows
+from adapters.torch.models.layers import Attention, AttnMask, Cache, GatedMLP, RMSNorm
 from adapters.torch.models.transformer import Block, Transformer
 
 
@@ -20,14 +20,9 @@ class LlamaBlock(Block):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, F.silu)
 
-    def forward(
+    def forward_modules(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
-        if self.decode_kernel is not None:
-            rows = decode_rows(cache, self.attn.layer)
-            y = self.decode_kernel(x, rope, rows) if rows is not None else None
-            if y is not None:
-                return y
         h = x + self.attn(self.input_layernorm(x), rope, mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 

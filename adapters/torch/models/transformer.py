@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.layers import (
+    Attention,
     AttnMask,
     Cache,
     PagedBatch,
@@ -19,13 +20,15 @@ from adapters.torch.models.layers import (
     RMSNorm,
     RotaryTable,
     build_mask,
+    decode_rows,
 )
 
 _NO_MASK = AttnMask(None, False)  # a PagedBatch carries its own masks
 
 
 class Block(nn.Module):
-    """One decoder layer; ``sliding`` selects the local rope and sliding-window mask."""
+    """One decoder layer; ``sliding`` selects the local rope and sliding-window mask. A family
+    writes :meth:`forward_modules`; :meth:`forward` tries an installed decode kernel first."""
 
     sliding: bool = False
     # The whole layer for decode rows in one call, installed by CPU inference optimizations:
@@ -35,9 +38,24 @@ class Block(nn.Module):
         Callable[[Tensor, tuple[Tensor, Tensor], PagedDecodeRows], Tensor | None] | None
     ) = None
 
+    attn: Attention
+
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
     ) -> Tensor:
+        """The decode kernel's result where one is installed and applies to this step, else
+        :meth:`forward_modules`."""
+        if self.decode_kernel is not None:
+            rows = decode_rows(cache, self.attn.layer)
+            y = self.decode_kernel(x, rope, rows) if rows is not None else None
+            if y is not None:
+                return y
+        return self.forward_modules(x, rope, mask, cache)
+
+    def forward_modules(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: AttnMask, cache: Cache | None
+    ) -> Tensor:
+        """The layer through its modules (the family's own)."""
         raise NotImplementedError
 
 
