@@ -8,7 +8,7 @@ answers ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` w
 answers ``{"prompt"}``.
 """
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, post
@@ -17,6 +17,7 @@ from adapters.http.errors import HTTPError
 from adapters.http.openai.deps import Inputs, Names
 from adapters.http.openai.params import decode_body
 from adapters.http.openai.replies import json_response
+from adapters.http.served_models import ModelNames
 
 
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -46,6 +47,7 @@ class DetokenizeResponse(msgspec.Struct):
 
 _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+Body = TypeVar("Body", TokenizeRequest, DetokenizeRequest)
 
 
 class TokenizeRoutes(Controller):
@@ -55,8 +57,7 @@ class TokenizeRoutes(Controller):
     async def tokenize(
         self, request: Request[Any, Any, Any], inputs: Inputs, names: Names
     ) -> Response[bytes]:
-        body = decode_body(_tokenize_decoder, request, await request.body())
-        names.resolve(request, body.model)
+        body = await _body(_tokenize_decoder, request, names)
         if body.messages is not None and body.prompt is None:
             inputs.check_prompt_size([str(m.get("content", "")) for m in body.messages], "messages")
             tokens = await inputs.render_chat(body.messages)
@@ -75,6 +76,14 @@ class TokenizeRoutes(Controller):
     async def detokenize(
         self, request: Request[Any, Any, Any], inputs: Inputs, names: Names
     ) -> Response[bytes]:
-        body = decode_body(_detokenize_decoder, request, await request.body())
-        names.resolve(request, body.model)
+        body = await _body(_detokenize_decoder, request, names)
         return json_response(DetokenizeResponse(await inputs.detokenize(body.tokens)))
+
+
+async def _body(
+    decoder: msgspec.json.Decoder[Body], request: Request[Any, Any, Any], names: ModelNames
+) -> Body:
+    """The request's body, once the model it names (if any) is one this server serves."""
+    body = decode_body(decoder, request, await request.body())
+    names.resolve(request, body.model)
+    return body
