@@ -111,13 +111,7 @@ def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
         except (OSError, ValueError, TypeError):
             pass  # measured again below
         else:
-            log.info(
-                "kernel paths read from this CPU's measurement",
-                dtype=tuning.dtype,
-                dense_from_rows=tuning.dense_from_rows,
-                cached=str(path),
-            )
-            return tuning
+            return _logged("kernel paths read from this CPU's measurement", tuning, path)
     log.info(
         "measuring this CPU's kernel paths for the model's shapes, once "
         "(`infer build-kernels` does it ahead)",
@@ -128,12 +122,12 @@ def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     scratch.write_text(json.dumps(asdict(tuning), indent=1))
     os.replace(scratch, path)
-    log.info(
-        "kernel paths chosen",
-        dtype=tuning.dtype,
-        dense_from_rows=tuning.dense_from_rows,
-        cached=str(path),
-    )
+    return _logged("kernel paths chosen", tuning, path)
+
+
+def _logged(message: str, tuning: Tuning, path: Path) -> Tuning:
+    """``tuning``, once logged as the paths in use (and where they are cached)."""
+    log.info(message, dtype=tuning.dtype, dense_from_rows=tuning.dense_from_rows, cached=str(path))
     return tuning
 
 
