@@ -76,20 +76,12 @@ class ModelIdIn(_In):
     model_id: str
 
 
-class AdamParamsIn(_In):
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-
 class OptimStepIn(_In):
     model_id: str
     seq_id: int | None = None
-    adam_params: AdamParamsIn | None = None
-    optim_params: AdamParamsIn | None = None
+    # Decoded as the domain value itself: its fields and defaults are Tinker's AdamParams.
+    adam_params: AdamParams | None = None
+    optim_params: AdamParams | None = None
     optimizer_params: dict[str, Any] | None = None
 
 
@@ -236,8 +228,7 @@ def adam_params(body: OptimStepIn) -> AdamParams:
     if body.optimizer_params is not None:
         kind = body.optimizer_params.get("type")
         raise UnsupportedFeatureError(f"optimizer {kind!r} is not supported (only AdamW)")
-    p = body.adam_params or body.optim_params or AdamParamsIn()
-    return AdamParams(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
+    return body.adam_params or body.optim_params or AdamParams()
 
 
 def prompt_tokens(model_input: ModelInputIn, what: str = "prompt") -> list[int]:
