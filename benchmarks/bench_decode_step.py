@@ -13,7 +13,6 @@ Usage:
         [--result-json PATH]
 """
 
-import argparse
 import json
 import platform
 import random
@@ -26,22 +25,18 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_offline import engine_options  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 from entrypoints.inprocess import LLM  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--model", default="dummy:Qwen3-0.6B")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default=None)
+    p = engine_options(__doc__)
     p.add_argument("--batch-sizes", default="1,16,64,256")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--result-json", type=Path, default=None)
     args = p.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     llm = LLM(

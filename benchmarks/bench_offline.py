@@ -28,19 +28,27 @@ from domain.sampling import SamplingParams  # noqa: E402
 from entrypoints.inprocess import LLM  # noqa: E402
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def engine_options(doc: str) -> argparse.ArgumentParser:
+    """A parser (described by ``doc``'s first line) with the in-process engine's options:
+    ``--model``, ``--dtype``, ``--device``, ``--enforce-eager``, ``--result-json``; shared
+    with bench_decode_step.py."""
+    p = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
     p.add_argument("--model", default="dummy:Qwen3-0.6B")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default=None)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--result-json", type=Path, default=None)
+    return p
+
+
+def main() -> None:
+    p = engine_options(__doc__)
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--result-json", type=Path, default=None)
     args = p.parse_args()
 
     llm = LLM(
