@@ -8,6 +8,7 @@ which hands stop-string hits back to the scheduler.
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -31,6 +32,19 @@ from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
 log = structlog.get_logger(__name__)
 # What a client is told when a step fails (a bug or the device, not its request).
 STEP_FAILED = "internal error: the engine step failed (details in the server log)"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """The engine now, for a fleet's router and its operators: requests running and
+    waiting, the KV pool's use (0..1), and prompt tokens looked up in the prefix cache
+    since start, and of those found there."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
 
 
 class Engine:
@@ -154,6 +168,13 @@ class Engine:
             self.output.discard(request_id)
             request.finished_s = self.clock()
             self._ended.append(request)
+
+    def load(self) -> EngineLoad:
+        running, waiting = self.scheduler.counts()
+        kv = self.scheduler.kv_stats()
+        return EngineLoad(
+            running, waiting, kv.usage, kv.prefix_queried_tokens, kv.prefix_hit_tokens
+        )
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

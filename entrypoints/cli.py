@@ -33,6 +33,7 @@ from entrypoints.model_flags import (
     add_model_name_args,
 )
 from entrypoints.observability_flags import add_observability_args
+from entrypoints.replica_flags import add_replica_args
 from entrypoints.request_flags import add_request_limit_args
 from entrypoints.server import add_connection_args, run_server
 from entrypoints.tinker_flags import add_tinker_limit_args
@@ -183,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     add_transport_args(serve)
     add_observability_args(serve)
     add_access_args(serve)
+    add_replica_args(serve)
     tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
     tinker.add_argument(
         "--no-tinker", dest="tinker", action="store_false", help="do not serve the Tinker API"
@@ -432,6 +434,10 @@ async def _stream_to_stdout(
 def _serve(args: argparse.Namespace) -> int:
     config = ServerConfig.from_args(args)  # every flag checked before the model loads
     configure_logging(config.observability.log_level, config.observability.log_format)
+    if config.fleet.replicas:
+        from entrypoints.replicas import serve_replicas  # Ray only when asked for
+
+        return serve_replicas(config)
     set_threads(config.model.threads)
     keys_file = config.access.api_keys_file
     container = create_container(

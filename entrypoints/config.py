@@ -33,6 +33,8 @@ group              holds (module)
                    (``embedding_flags.py``)
 ``observability``  :class:`ObservabilitySettings`: logs, metrics, traces
                    (``observability_flags.py``)
+``fleet``          :class:`ReplicaSettings`: engine replicas on Ray Serve, routing
+                   (``replica_flags.py``)
 =================  ===================================================================
 
 A field is named as its flag's destination (``--max-num-seqs``: ``engine.max_num_seqs``,
@@ -63,6 +65,7 @@ from entrypoints.access_flags import AccessSettings
 from entrypoints.embedding_flags import EmbeddingSettings
 from entrypoints.engine_flags import ENGINE_CONFIG_NAMES, EngineSettings
 from entrypoints.model_flags import ModelSettings
+from entrypoints.replica_flags import ReplicaSettings
 from entrypoints.server import ConnectionLimits
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings
@@ -84,6 +87,7 @@ class ServerConfig:
     access: AccessSettings = field(default_factory=AccessSettings)
     embeddings: EmbeddingSettings = field(default_factory=EmbeddingSettings)
     observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
+    fleet: ReplicaSettings = field(default_factory=ReplicaSettings)
 
     def __post_init__(self) -> None:
         if self.model.kv_cache_memory is not None and self.engine.num_kv_blocks is not None:
@@ -112,6 +116,7 @@ class ServerConfig:
             access=access,
             embeddings=EmbeddingSettings.from_args(args, engine.max_prompt_bytes),
             observability=observability,
+            fleet=ReplicaSettings.from_args(args),
         )
 
     @classmethod

@@ -16,6 +16,7 @@ observer). Nothing is built until asked for: ``container.http_app()`` builds the
 """
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dependency_injector import containers, providers
 
@@ -149,6 +150,9 @@ class Container(containers.DeclarativeContainer):
     )
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
+    # A fleet's replicas as /admin/replicas lists them (an async callable; None: one
+    # process). entrypoints/replicas.py gives it.
+    replicas: providers.Object[Any] = providers.Object(None)
 
     # The HTTP app: the faces over the engine and these services, in the observing
     # middleware.
@@ -161,6 +165,7 @@ class Container(containers.DeclarativeContainer):
         embeddings=backend.embeddings,
         metrics=providers.Callable(metrics_render, metrics),
         draining=draining,
+        replicas=replicas,
         on_startup=on_startup,
         on_shutdown=providers.Callable(shutdown_hooks, tracing),
     )

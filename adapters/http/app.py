@@ -7,15 +7,17 @@ Faces, one router each: the native token stream (``generate_routes``), the OpenA
 endpoints (``openai/``), the Tinker API (``tinker/``), and the probes (``probes``).
 """
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
+from adapters.http.admin import admin_router
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_router
 from adapters.http.idempotency import IdempotencyMiddleware
@@ -84,8 +86,10 @@ class HttpServices:
     are kept (None: the header is ignored); ``embeddings``: also serve ``/v1/embeddings``;
     ``metrics``: serve ``GET /metrics`` with what it returns (the exposition and its
     content type); ``draining``: the server's drain state (``entrypoints.server`` begins it
-    on SIGTERM); ``on_startup``: called on the event loop before the engine starts (signal
-    handlers); ``on_shutdown``: called after the engine stopped (flushing traces)."""
+    on SIGTERM); ``replicas``: a fleet's replicas, listed at ``/admin/replicas`` (None:
+    one process); ``on_startup``: called on the event loop before the engine starts
+    (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
+    traces)."""
 
     models: ServedModels | None = None
     tinker: TinkerService | None = None
@@ -94,6 +98,7 @@ class HttpServices:
     embeddings: EmbeddingService | None = None
     metrics: Callable[[], tuple[bytes, str]] | None = None
     draining: Draining | None = None
+    replicas: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -129,6 +134,8 @@ def create_app(
     interval = settings.sse_heartbeat_interval
     heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
+    if services.replicas is not None:
+        routers.append(admin_router(services.replicas, access))
     return Litestar(
         route_handlers=[
             generate_router(completions, names, access),

@@ -85,7 +85,12 @@ def cache_namespace(request: Request) -> str | None:
     """What a request's KV blocks are keyed by beside their tokens: its LoRA adapter (KV
     computed under other weights is never reused) and its ``cache_salt`` (blocks are shared
     only between requests with the same salt)."""
-    salt = request.sampling_params.cache_salt
-    if salt is None:
-        return request.adapter_id
-    return f"{request.adapter_id or ''}\x00salt:{salt}"
+    return key_namespace(request.adapter_id, request.sampling_params.cache_salt)
+
+
+def key_namespace(adapter_id: str | None, cache_salt: str | None) -> str | None:
+    """:func:`cache_namespace` of a request with this adapter and salt (the fleet's router
+    keys a prompt's blocks as the replica will)."""
+    if cache_salt is None:
+        return adapter_id
+    return f"{adapter_id or ''}\x00salt:{cache_salt}"

@@ -1,0 +1,33 @@
+"""The admin face: ``GET /admin/replicas``, a fleet's engine replicas (id, pid, node, state,
+running, waiting, KV usage, prefix hit rate), served when the server runs replicas. Behind
+the API keys when there are any (any key; open without a keys file)."""
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from litestar import Controller, Router, get
+from litestar.di import NamedDependency
+
+from adapters.http.access import guards
+from adapters.http.request_state import provide
+from application.access import Access
+
+Replicas = NamedDependency[Callable[[], Awaitable[list[dict[str, Any]]]]]
+
+
+class AdminRoutes(Controller):
+    @get("/admin/replicas")
+    async def replicas(self, replicas: Replicas) -> dict[str, Any]:
+        listed = await replicas()
+        return {"object": "list", "data": listed}
+
+
+def admin_router(
+    replicas: Callable[[], Awaitable[list[dict[str, Any]]]], access: Access | None
+) -> Router:
+    return Router(
+        path="/",
+        route_handlers=[AdminRoutes],
+        guards=guards(access),
+        dependencies=provide({"replicas": replicas}),
+    )

@@ -1,0 +1,64 @@
+"""The ingress's :class:`~application.remote_engine.Dispatch` over a Ray Serve deployment
+handle: each call is one streaming ``generate`` call on the engine deployment, placed by
+its request router (:mod:`adapters.ray.router`). The replica's first item is its id; the
+rest are batches of outputs. A replica that dies (or cannot be reached) is a
+:class:`ReplicaLostError`; its own refusal (a domain error) is raised as it is, unwrapped
+from Ray's task error. Leaving the outputs early cancels the call (the replica aborts)."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from application.remote_engine import AdmitCall, ReplicaLostError, Routed
+from domain.request import StepOutput
+from domain.routing import RouteRequest
+
+LOST = (RayActorError, ActorUnavailableError)
+
+
+class HandleDispatch:
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._handle = handle.options(stream=True, method_name="generate")
+
+    async def __call__(self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]) -> Routed:
+        outputs = self._handle.remote(route, call, avoid)
+        assert isinstance(outputs, DeploymentResponseGenerator)  # a streaming handle's
+        try:
+            replica_id = str(await _next(outputs, None))
+        except BaseException:
+            outputs.cancel()
+            raise
+        return Routed(replica_id, _rest(outputs, replica_id))
+
+
+async def _next(outputs: DeploymentResponseGenerator, replica_id: str | None) -> Any:
+    try:
+        return await outputs.__anext__()
+    except StopAsyncIteration:
+        raise ReplicaLostError(replica_id, "the call ended without a reply") from None
+    except LOST as e:
+        raise ReplicaLostError(replica_id, type(e).__name__) from e
+    except RayTaskError as e:
+        raise _cause(e) from None
+
+
+async def _rest(
+    outputs: DeploymentResponseGenerator, replica_id: str
+) -> AsyncIterator[list[StepOutput]]:
+    try:
+        async for batch in outputs:
+            yield batch
+    except LOST as e:
+        raise ReplicaLostError(replica_id, type(e).__name__) from e
+    except RayTaskError as e:
+        raise _cause(e) from None
+    finally:
+        outputs.cancel()
+
+
+def _cause(error: RayTaskError) -> Exception:
+    """The replica's own error (its queue full...), not Ray's wrapper of it."""
+    cause = error.cause
+    return cause if isinstance(cause, Exception) else error

@@ -1,0 +1,85 @@
+"""The fleet's routing policy (:class:`domain.routing.Router`) as a Ray Serve request router.
+
+Ray Serve asks a deployment handle's ``RequestRouter`` which replicas may take a call
+(``choose_replicas``: ranks of replicas, best first; Ray sends to the first of a rank that
+has room under ``max_ongoing_requests``). This one reads the call's
+:class:`~domain.routing.RouteRequest` (the first argument of every engine call: its
+prompt's block-hash chain and its session) and the replicas to avoid (the third: those that
+lost a try of it), builds each candidate's :class:`~domain.routing.ReplicaLoad` from what
+Ray knows (its ongoing calls) and what the replica reports every
+``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage),
+and ranks the policy's choice first, the rest after it.
+
+A replica that dies or leaves is forgotten (its cache with it; its sessions move on their
+next call). Configured through ``RequestRouterConfig(request_router_class=...,
+request_router_kwargs={"policy": ..., "imbalance": ...})``.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from domain.routing import ReplicaLoad, Route, Router, RouteRequest, RouterSettings
+
+
+def replica_key(replica_id: ReplicaID) -> str:
+    """A replica's id as the fleet names it (``x-infer-replica``, ``/admin/replicas``)."""
+    return str(replica_id.unique_id)
+
+
+def call_route(request: PendingRequest | None) -> tuple[RouteRequest, frozenset[str]]:
+    """What the engine call asks of routing: its route and the replicas to avoid."""
+    args: Sequence[Any] = request.args if request is not None else ()
+    route = args[0] if args and isinstance(args[0], RouteRequest) else RouteRequest()
+    avoid = args[2] if len(args) > 2 and isinstance(args[2], frozenset) else frozenset()
+    return route, avoid
+
+
+class FleetRequestRouter(RequestRouter):
+    """Ray Serve's ``RequestRouter`` over :class:`Router` (see the module)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self.policy = Router(RouterSettings(**kwargs))
+        self.last_route: Route | None = None
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        route, avoid = call_route(pending_request)
+        live = [r for r in candidate_replicas if replica_key(r.replica_id) not in avoid]
+        live = live or candidate_replicas
+        by_key = {replica_key(r.replica_id): r for r in live}
+        self.last_route = self.policy.route(route, [self._load(r) for r in live])
+        chosen = by_key[self.last_route.replica_id]
+        return [[chosen], [r for r in live if r is not chosen]]
+
+    def _load(self, replica: RunningReplica) -> ReplicaLoad:
+        stats = replica.routing_stats or {}
+        ongoing = self.replica_queue_len_cache.get(replica.replica_id)
+        running = int(stats.get("running", 0))
+        waiting = int(stats.get("waiting", 0))
+        if ongoing is not None:  # Ray's count is fresher than the last report
+            waiting = max(waiting, ongoing - running)
+        return ReplicaLoad(
+            replica_key(replica.replica_id), running, waiting, float(stats.get("kv_usage", 0.0))
+        )
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.policy.replica_gone(replica_key(replica_id))
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        before = {replica_key(r) for r in self.curr_replicas}
+        super().update_replicas(replicas)
+        for gone in before - {replica_key(r) for r in self.curr_replicas}:
+            self.policy.replica_gone(gone)

@@ -1,0 +1,373 @@
+"""The engine of a fleet, as the ingress sees it: an :class:`EngineClient` whose requests
+run on engine replicas elsewhere (Ray Serve's, :mod:`entrypoints.replicas`), reached
+through a :class:`Dispatch`.
+
+The ingress prepares requests itself (its :class:`InputProcessor`: the same tokenizer,
+limits and checks as a replica's), so a bad request is refused before it leaves. Each
+``admit`` is one call: every choice of every prompt goes to one replica, all or none, and
+the call's outputs come back in batches (whatever the replica's step produced) that this
+client spreads over one stream per request id, as :class:`AsyncEngine` gives them.
+
+The call carries what routing needs (:class:`~domain.routing.RouteRequest`): the first
+prompt's block-hash chain, keyed as the replica's cache keys it (adapter, ``cache_salt``),
+and the session (a Tinker run) that pins it to a replica.
+
+No silent loss: a replica that dies before a call produced anything is retried once on
+another (:data:`RETRIES`); a call that had produced output ends each open stream with an
+``error`` output (a client cannot be given half an answer twice). A replica whose queue is
+full is tried once more on another; any other refusal by the replica ends the call's
+streams with its error. Closing a stream early, or the
+group, cancels the call (the replica aborts its requests).
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from application.engine_client import EngineClient
+from application.input_processor import InputProcessor
+from application.request_checks import RequestChecks
+from domain.config import EngineConfig
+from domain.errors import QueueFullError
+from domain.ports import GrammarCompiler, Tokenizer
+from domain.request import NO_CONTEXT, RequestContext, StepOutput
+from domain.routing import RouteRequest, prompt_block_hashes
+from domain.sampling import SamplingParams
+from domain.scheduler.shared_prefill import key_namespace
+
+log = structlog.get_logger(__name__)
+
+RETRIES = 1  # a call lost with its replica before any output runs again once, elsewhere
+REPLICA_LOST = "the engine replica serving this request stopped; retry the request"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitCall:
+    """One ``admit``, as a replica takes it (plain data: it travels between processes)."""
+
+    request_ids: tuple[str, ...]
+    prompts: tuple[list[int], ...]
+    params: SamplingParams
+    n: int = 1
+    adapter_id: str | None = None
+    context: RequestContext = NO_CONTEXT
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A call's destination as the dispatcher reports it: which replica (an id, never an
+    address) and the batches of outputs it sends back."""
+
+    replica_id: str
+    outputs: AsyncIterator[list[StepOutput]]
+
+
+class ReplicaLostError(Exception):
+    """The replica running a call died or could not be reached."""
+
+    def __init__(self, replica_id: str | None, detail: str) -> None:
+        super().__init__(f"replica {replica_id or '?'}: {detail}")
+        self.replica_id = replica_id
+
+
+class Dispatch(Protocol):
+    """Sends a call to a replica chosen for ``route`` (not one of ``avoid``: those lost a
+    try of it) and gives its output batches. Raises :class:`ReplicaLostError` (at once or
+    while iterating) when the replica dies; a replica's own refusal (a domain error)
+    raises as it is."""
+
+    async def __call__(
+        self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]
+    ) -> Routed: ...
+
+
+@dataclass(slots=True)
+class _Call:
+    """One call's streams: the queue of each request id, which are still read, and the
+    task feeding them."""
+
+    queues: dict[str, asyncio.Queue[StepOutput]]
+    open: set[str]
+    task: asyncio.Task[None] | None = None
+    replica_id: str | None = None
+    produced: bool = False
+    note: "ReplicaNote | None" = None
+
+
+@dataclass(slots=True)
+class ReplicaNote:
+    """Which replicas served the calls of one API request (its ``x-infer-replica``): the
+    HTTP layer sets one in :data:`CURRENT_NOTE` per request and reads it when the
+    response starts, after ``routed`` (every call sent so far has its replica)."""
+
+    replicas: list[str] = field(default_factory=list)
+    pending: int = 0
+    routed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def routed_to(self, replica_id: str | None) -> None:
+        if replica_id is not None and replica_id not in self.replicas:
+            self.replicas.append(replica_id)
+        self.pending -= 1
+        if self.pending <= 0:
+            self.routed.set()
+
+
+CURRENT_NOTE: ContextVar[ReplicaNote | None] = ContextVar("infer_replica_note", default=None)
+
+
+class RemoteEngine:
+    """:class:`~application.engine_client.EngineClient` over ``replicas`` engine replicas
+    (see the module), each configured as ``config``; requests are checked here as a
+    replica would (``vocab_size``, ``grammar``: as :class:`RequestChecks` takes them), the
+    fleet's room being every replica's capacity less the requests in flight."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        tokenizer: Tokenizer,
+        dispatch: Dispatch,
+        *,
+        replicas: int,
+        vocab_size: int | None = None,
+        grammar: GrammarCompiler | None = None,
+    ) -> None:
+        self.capacity = config.capacity * replicas
+        self.block_size = config.kv_block_size
+        checks = RequestChecks(
+            config, tokenizer, room=self.room, vocab_size=vocab_size, grammar=grammar
+        )
+        self.inputs = InputProcessor(config, tokenizer, checks)
+        self._dispatch = dispatch
+        self._calls: dict[str, _Call] = {}  # request id -> its call
+        self._running = False
+
+    def room(self) -> int:
+        return self.capacity - len(self._calls)
+
+    @property
+    def healthy(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        self._running = True
+
+    async def stop(self) -> None:
+        self._running = False
+        for call in {id(c): c for c in self._calls.values()}.values():
+            if call.task is not None:
+                call.task.cancel()
+        self.inputs.close()
+
+    def group(self, context: RequestContext = NO_CONTEXT) -> "RemoteGroup":
+        return RemoteGroup(self, context)
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
+    ) -> AsyncIterator[StepOutput]:
+        prompt_ids = await self.inputs.prepare(prompt, params)
+        call = AdmitCall((request_id,), (prompt_ids,), params, 1, adapter_id, context)
+        [outputs] = self.submit(call)
+        return outputs
+
+    def route_of(self, call: AdmitCall, session: str | None = None) -> RouteRequest:
+        namespace = key_namespace(call.adapter_id, call.params.cache_salt)
+        hashes = prompt_block_hashes(call.prompts[0], self.block_size, namespace)
+        return RouteRequest(hashes, session)
+
+    def submit(
+        self, call: AdmitCall, *, session: str | None = None
+    ) -> list[AsyncIterator[StepOutput]]:
+        """Send ``call`` (its outputs read on the running loop); one stream per request
+        id, in order."""
+        if not self._running:
+            raise RuntimeError("the remote engine is not started")
+        state = _Call({rid: asyncio.Queue() for rid in call.request_ids}, set(call.request_ids))
+        state.note = CURRENT_NOTE.get()
+        if state.note is not None:
+            state.note.pending += 1
+        for request_id in call.request_ids:
+            self._calls[request_id] = state
+        state.task = asyncio.create_task(self._feed(state, call, self.route_of(call, session)))
+        return [self._drain(state, rid) for rid in call.request_ids]
+
+    def replica_of(self, request_id: str) -> str | None:
+        """The replica a queued request runs on (None: not yet routed, or done)."""
+        call = self._calls.get(request_id)
+        return None if call is None else call.replica_id
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            call = self._calls.pop(request_id, None)
+            if call is not None:
+                self._close_stream(call, request_id)
+
+    def fail(self, request_ids: Sequence[str], error: str) -> None:
+        for request_id in request_ids:
+            call = self._calls.get(request_id)
+            if call is not None:
+                call.queues[request_id].put_nowait(_error(request_id, error))
+        self.abort(request_ids)
+
+    def _close_stream(self, call: _Call, request_id: str) -> None:
+        call.open.discard(request_id)
+        if not call.open and call.task is not None and not call.task.done():
+            call.task.cancel()  # nobody reads the rest: the replica aborts the call
+
+    async def _feed(self, call: _Call, admit: AdmitCall, route: RouteRequest) -> None:
+        try:
+            await self._run(call, admit, route)
+        finally:
+            if call.note is not None:  # never routed (refused, lost, cancelled)
+                call.note.routed_to(None)
+
+    async def _run(self, call: _Call, admit: AdmitCall, route: RouteRequest) -> None:
+        avoid: frozenset[str] = frozenset()
+        for attempt in range(RETRIES + 1):
+            try:
+                routed = await self._dispatch(route, admit, avoid)
+                call.replica_id = routed.replica_id
+                if call.note is not None:
+                    call.note.routed_to(routed.replica_id)
+                    call.note = None
+                async for batch in routed.outputs:
+                    call.produced = call.produced or bool(batch)
+                    for output in batch:
+                        queue = call.queues.get(output.request_id)
+                        if queue is not None:
+                            queue.put_nowait(output)
+                return
+            except ReplicaLostError as e:
+                if call.produced or attempt == RETRIES:
+                    log.warning("replica lost", replica=e.replica_id, produced=call.produced)
+                    self._end(call, REPLICA_LOST)
+                    return
+                log.warning("replica lost before any output: retrying", replica=e.replica_id)
+                avoid = avoid | ({e.replica_id} if e.replica_id else set())
+            except QueueFullError as e:  # that replica is full: nothing ran, try another
+                if call.produced or attempt == RETRIES:
+                    self._end(call, str(e))
+                    return
+                avoid = avoid | ({call.replica_id} if call.replica_id else set())
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the replica refused the call (a domain error)
+                self._end(call, str(e) or type(e).__name__)
+                return
+
+    @staticmethod
+    def _end(call: _Call, error: str) -> None:
+        for request_id, queue in call.queues.items():
+            queue.put_nowait(_error(request_id, error))
+
+    async def _drain(self, call: _Call, request_id: str) -> AsyncIterator[StepOutput]:
+        queue = call.queues[request_id]
+        try:
+            while True:
+                output = await queue.get()
+                yield output
+                if output.finished:
+                    return
+        finally:
+            self._calls.pop(request_id, None)
+            self._close_stream(call, request_id)
+
+
+class RemoteGroup:
+    """The requests one caller queued (as :class:`~application.async_engine.RequestGroup`):
+    ``close`` aborts every one still running."""
+
+    def __init__(self, engine: RemoteEngine, context: RequestContext = NO_CONTEXT) -> None:
+        self._engine = engine
+        self._request_ids: list[str] = []
+        self.context = context
+
+    def admit(
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        *,
+        adapter_id: str | None = None,
+    ) -> list[AsyncIterator[StepOutput]]:
+        call = AdmitCall(tuple(request_ids), tuple(prompts), params, n, adapter_id, self.context)
+        streams = self._engine.submit(call)
+        self._request_ids.extend(request_ids)
+        return streams
+
+    def close(self) -> None:
+        self._engine.abort(self._request_ids)
+        self._request_ids = []
+
+    def fail(self, error: str) -> None:
+        self._engine.fail(self._request_ids, error)
+        self._request_ids = []
+
+
+def _error(request_id: str, error: str) -> StepOutput:
+    return StepOutput(request_id, None, "", finished=True, error=error)
+
+
+async def serve_call(engine: EngineClient, call: AdmitCall) -> AsyncIterator[list[StepOutput]]:
+    """The replica's side of a call: queue it on ``engine`` (in a group of its own, closed
+    at the end: a caller gone aborts what still runs) and give its outputs in batches, each
+    what is ready when the caller asks (one step's tokens of every choice together), until
+    every stream has finished. A refusal (a full queue) raises before the first batch."""
+    group = engine.group(call.context)
+    try:
+        streams = group.admit(
+            list(call.request_ids),
+            list(call.prompts),
+            call.params,
+            call.n,
+            adapter_id=call.adapter_id,
+        )
+        async for batch in _merged(streams):
+            yield batch
+    finally:
+        group.close()
+
+
+async def _merged(streams: Sequence[AsyncIterator[StepOutput]]) -> AsyncIterator[list[StepOutput]]:
+    ready: asyncio.Queue[StepOutput | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[StepOutput]) -> None:
+        try:
+            async for output in stream:
+                ready.put_nowait(output)
+        finally:
+            ready.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            batch: list[StepOutput] = []
+            item = await ready.get()
+            while True:
+                if item is None:
+                    remaining -= 1
+                else:
+                    batch.append(item)
+                if ready.empty():
+                    break
+                item = ready.get_nowait()
+            if batch:
+                yield batch
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

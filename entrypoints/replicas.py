@@ -1,0 +1,309 @@
+"""``infer serve --replicas N``: the server as a Ray Serve application of two deployments.
+
+- **engine** (``EngineReplica``, N replicas): each builds the container from the one
+  :class:`ServerConfig` (carried as JSON) and runs its :class:`AsyncEngine`; a call
+  (``generate``) queues one :class:`AdmitCall` and streams its outputs back in batches
+  (:func:`application.remote_engine.serve_call`). Every second it reports its load to the
+  fleet registry and, through ``record_routing_stats``, to the request router.
+- **ingress** (``Ingress``, one replica, the HTTP port through Ray Serve's proxy): the same
+  Litestar app as one process (auth, limits, parsing, chat rendering, tokenizing), built by
+  the same container with the engine replaced by a :class:`RemoteEngine` whose calls go
+  through the engine deployment's handle, routed by :class:`FleetRequestRouter`
+  (``--routing``). It loads the tokenizer, not the model.
+
+``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), runs the
+application, waits for SIGINT/SIGTERM, then stops what it started. A cluster that cannot be
+reached, or replicas that do not start within ``--replica-start-timeout``, is an error
+naming the flag, and nothing is left running.
+"""
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import ray
+import structlog
+from dependency_injector import providers
+from ray import serve
+from ray.serve.config import HTTPOptions, RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+
+from adapters.http.replica_header import ReplicaHeader
+from adapters.observability.logging import configure_logging
+from adapters.ray.dispatch import HandleDispatch
+from adapters.ray.router import FleetRequestRouter
+from adapters.torch.cpu.threads import set_threads
+from application.remote_engine import AdmitCall, RemoteEngine, serve_call
+from domain.errors import InvalidParameterError
+from domain.routing import RouteRequest
+from entrypoints.config import ServerConfig, from_json, to_json
+from entrypoints.container import create_container
+
+log = structlog.get_logger(__name__)
+
+APP_NAME = "infer"
+REGISTRY_NAME = "infer-fleet-registry"
+REPORT_EVERY_S = 1.0
+ROUTING_STATS_PERIOD_S = 1.0
+# A replica not heard from for this long is listed as unreachable.
+STALE_AFTER_S = 5.0
+
+
+@ray.remote(num_cpus=0)
+class FleetRegistry:
+    """What every engine replica last reported (its load, its pid and node): the ingress
+    lists them at ``/admin/replicas``."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, dict[str, Any]] = {}
+
+    def report(self, replica_id: str, stats: dict[str, Any]) -> None:
+        self._reports[replica_id] = {**stats, "reported_at": time.time()}
+
+    def forget(self, replica_id: str) -> None:
+        self._reports.pop(replica_id, None)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = time.time()
+        return [
+            {
+                "id": replica_id,
+                **stats,
+                "state": "running" if now - stats["reported_at"] < STALE_AFTER_S else "unreachable",
+            }
+            for replica_id, stats in sorted(self._reports.items())
+        ]
+
+
+class EngineReplica:
+    """One engine replica (see the module)."""
+
+    async def __init__(self, config_json: bytes) -> None:  # type: ignore[misc]
+        config = from_json(config_json)
+        configure_logging(config.observability.log_level, config.observability.log_format)
+        set_threads(config.model.threads)
+        self.config = config
+        self.container = create_container(config)
+        self.engine = self.container.async_engine()
+        self.engine.start()  # on the replica's event loop, the thread that loaded the model
+        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
+        self.node = socket.gethostname()
+        self._registry = ray.get_actor(REGISTRY_NAME)
+        self._reporter = asyncio.create_task(self._report_forever())
+
+    async def describe(self) -> dict[str, Any]:
+        """What the ingress builds its checks from: the engine's configuration (the KV pool
+        sized here, on the model) and the model's vocabulary."""
+        backend = self.container.backend
+        return {
+            "engine_config": backend.engine_config(),
+            "vocab_size": backend.vocab_size(),
+            "kv_cache_bytes": backend.kv_cache_bytes(),
+            "replica_id": self.replica_id,
+        }
+
+    async def generate(
+        self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]
+    ) -> AsyncIterator[Any]:
+        """One call: this replica's id first, then the outputs' batches. ``route`` and
+        ``avoid`` are the router's (:mod:`adapters.ray.router`)."""
+        del route, avoid
+        yield self.replica_id
+        async for batch in serve_call(self.engine, call):
+            yield batch
+
+    def stats(self) -> dict[str, Any]:
+        load = self.engine.engine.load()
+        hit = (
+            load.prefix_hit_tokens / load.prefix_queried_tokens
+            if load.prefix_queried_tokens
+            else 0.0
+        )
+        return {
+            "pid": os.getpid(),
+            "node": self.node,
+            "running": load.running,
+            "waiting": load.waiting,
+            "kv_usage": round(load.kv_usage, 4),
+            "prefix_queried_tokens": load.prefix_queried_tokens,
+            "prefix_hit_tokens": load.prefix_hit_tokens,
+            "prefix_hit_rate": round(hit, 4),
+            "healthy": self.engine.healthy,
+        }
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        load = self.engine.engine.load()
+        return {"running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage}
+
+    def check_health(self) -> None:
+        if not self.engine.healthy:
+            raise RuntimeError("the engine loop stopped")
+
+    async def _report_forever(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # the registry gone: the server is stopping
+                await self._registry.report.remote(self.replica_id, self.stats())
+            await asyncio.sleep(REPORT_EVERY_S)
+
+    async def __del__(self) -> None:
+        await self.engine.stop()
+
+
+@serve.ingress()
+class Ingress:
+    """The HTTP face of the fleet (see the module)."""
+
+    async def __init__(self, config_json: bytes, engine: DeploymentHandle) -> None:  # type: ignore[misc]
+        config = from_json(config_json)
+        configure_logging(config.observability.log_level, config.observability.log_format)
+        described = await engine.describe.remote()
+        # Tinker runs on the replicas (not here): the ingress never loads the model.
+        self.config = replace(config, tinker=replace(config.tinker, enabled=False))
+        self.engine_handle = engine
+        self.registry = ray.get_actor(REGISTRY_NAME)
+        self.container = ingress_container(self.config, described)
+        self.remote = RemoteEngine(
+            described["engine_config"],
+            self.container.backend.tokenizer(),
+            HandleDispatch(engine),
+            replicas=config.fleet.replicas,
+            vocab_size=described["vocab_size"],
+            grammar=self.container.backend.grammar(),
+        )
+        self.container.async_engine.override(providers.Object(self.remote))
+        self.container.replicas.override(providers.Object(self.replicas))
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        return list(await self.registry.snapshot.remote())
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return ReplicaHeader(self.container.http_app())
+
+
+def ingress_container(config: ServerConfig, described: dict[str, Any]) -> Any:
+    """The server's container without the model: what a replica measured (the KV pool, the
+    vocabulary) stands in for what loading the model would give."""
+    container = create_container(config)
+    backend = container.backend
+    for name in ("model", "dtype", "runner", "lora_serving"):
+        getattr(backend, name).override(providers.Object(None))
+    backend.engine_config.override(providers.Object(described["engine_config"]))
+    backend.vocab_size.override(providers.Object(described["vocab_size"]))
+    backend.kv_cache_bytes.override(providers.Object(described["kv_cache_bytes"]))
+    return container
+
+
+def deployments(config: ServerConfig) -> Any:
+    """The application: the ingress over ``replicas`` engine replicas."""
+    fleet = config.fleet
+    cpus = fleet.replica_cpus or float(config.model.threads or 1)
+    config_json = to_json(config)
+    router: dict[str, Any] = {
+        "request_router_class": FleetRequestRouter,
+        "request_router_kwargs": {"policy": fleet.routing},
+        "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+        "request_routing_stats_timeout_s": 5,
+    }
+    engine = serve.deployment(
+        EngineReplica,
+        name="engine",
+        num_replicas=fleet.replicas,
+        ray_actor_options={"num_cpus": cpus},
+        max_ongoing_requests=config.engine.max_num_seqs + config.engine.max_waiting_requests,
+        health_check_period_s=2,
+        health_check_timeout_s=10,
+        request_router_config=RequestRouterConfig(**router),
+    )
+    ingress = serve.deployment(
+        Ingress,
+        name="ingress",
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=config.connections.max_connections,
+    )
+    return ingress.bind(config_json, engine.bind(config_json))  # type: ignore[attr-defined]
+
+
+def serve_replicas(config: ServerConfig) -> int:
+    """Run the fleet until SIGINT/SIGTERM (see the module)."""
+    fleet = config.fleet
+    if config.model.threads is None and fleet.ray_address is None:
+        # One machine: its cores shared between the replicas.
+        threads = max(1, (os.cpu_count() or 1) // fleet.replicas)
+        config = replace(config, model=replace(config.model, threads=threads))
+    _start_ray(fleet.ray_address, fleet.replica_start_timeout)
+    try:
+        registry = FleetRegistry.options(name=REGISTRY_NAME).remote()  # type: ignore[attr-defined]
+        http = config.http
+        serve.start(http_options=HTTPOptions(host=http.host, port=http.port))
+        _note(f"starting {fleet.replicas} engine replicas on Ray Serve (routing: {fleet.routing})")
+        _run_bounded(deployments(config), fleet.replica_start_timeout)
+        _note(f"serving {fleet.replicas} replicas at http://{http.host}:{http.port}")
+        _wait_for_signal()
+        _note("stopping the replicas")
+        del registry
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+def _start_ray(address: str | None, timeout_s: float) -> None:
+    try:
+        if address is None:
+            ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        else:
+            _within(timeout_s, "ray_address", lambda: ray.init(address=address))
+    except ConnectionError as e:
+        raise InvalidParameterError("ray_address", f"no Ray cluster reached: {e}") from e
+
+
+def _run_bounded(app: Any, timeout_s: float) -> None:
+    _within(
+        timeout_s,
+        "replica_start_timeout",
+        lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False),
+        what="the replicas did not start (a cluster short of CPUs for --replicas?)",
+    )
+
+
+def _within(timeout_s: float, flag: str, work: Any, what: str = "no answer") -> None:
+    """Run ``work`` on a thread; past ``timeout_s`` it is an error naming ``flag``."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # reported on the caller's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True, name=f"ray-{flag}")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise InvalidParameterError(flag, f"{what} within {timeout_s:g} s")
+    if errors:
+        raise errors[0]
+
+
+def _wait_for_signal() -> None:
+    """Until SIGINT or SIGTERM (a flag, not an Event: a handler must not take a lock the
+    main thread may hold)."""
+    stopped: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _: stopped.append(signum))
+    while not stopped:
+        time.sleep(0.2)
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

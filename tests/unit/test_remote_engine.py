@@ -1,0 +1,224 @@
+"""The fleet's ingress engine (:class:`RemoteEngine`) over in-process "replicas": each a
+real :class:`AsyncEngine` on the fake runner, reached through a dispatch that runs the
+replica's side (:func:`serve_call`) as Ray Serve would, minus the processes. Routing,
+retries, losses and aborts are the ingress's; Ray is only the transport."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from application.async_engine import AsyncEngine
+from application.remote_engine import (
+    CURRENT_NOTE,
+    REPLICA_LOST,
+    AdmitCall,
+    RemoteEngine,
+    ReplicaLostError,
+    ReplicaNote,
+    Routed,
+    serve_call,
+)
+from domain.config import EngineConfig
+from domain.request import StepOutput
+from domain.routing import ReplicaLoad, Router, RouteRequest, RouterSettings
+from domain.sampling import SamplingParams
+from tests.fakes import fake_async_engine
+
+PARAMS = SamplingParams(max_tokens=4, temperature=0.0)
+BLOCK = 16
+
+
+class LocalFleet:
+    """Replicas in this process, placed by the domain's router; ``lose`` makes the next
+    call(s) to a replica fail as a dead one would, before or after its first batch."""
+
+    def __init__(self, count: int, policy: str = "prefix", **config: object) -> None:
+        self.replicas: dict[str, AsyncEngine] = {
+            f"r{i}": fake_async_engine(kv_block_size=BLOCK, **config) for i in range(count)
+        }
+        self.router = Router(RouterSettings(policy=policy))  # type: ignore[arg-type]
+        self.calls: list[tuple[str, AdmitCall]] = []
+        self.lose: dict[str, str] = {}  # replica -> "before" | "after"
+
+    def start(self) -> None:
+        for engine in self.replicas.values():
+            engine.start()
+
+    async def stop(self) -> None:
+        for engine in self.replicas.values():
+            await engine.stop()
+
+    async def __call__(self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]) -> Routed:
+        # as the Ray router: every replica avoided, any of them
+        loads = [ReplicaLoad(r) for r in self.replicas if r not in avoid]
+        loads = loads or [ReplicaLoad(r) for r in self.replicas]
+        replica = self.router.route(route, loads).replica_id
+        self.calls.append((replica, call))
+        how = self.lose.pop(replica, None)
+        if how == "before":
+            raise ReplicaLostError(replica, "killed")
+        return Routed(replica, self._outputs(replica, call, how))
+
+    async def _outputs(
+        self, replica: str, call: AdmitCall, how: str | None
+    ) -> AsyncIterator[list[StepOutput]]:
+        async for batch in serve_call(self.replicas[replica], call):
+            yield batch
+            if how == "after":
+                raise ReplicaLostError(replica, "killed mid-stream")
+
+
+def remote(fleet: LocalFleet, **config: object) -> RemoteEngine:
+    any_engine = next(iter(fleet.replicas.values()))
+    engine = RemoteEngine(
+        EngineConfig(kv_block_size=BLOCK, **config),  # type: ignore[arg-type]
+        any_engine.inputs.tokenizer,
+        fleet,
+        replicas=len(fleet.replicas),
+    )
+    engine.start()
+    return engine
+
+
+async def read_all(stream: AsyncIterator[StepOutput]) -> list[StepOutput]:
+    return [o async for o in stream]
+
+
+@pytest.fixture
+async def fleet():
+    fleet = LocalFleet(2)
+    fleet.start()
+    yield fleet
+    await fleet.stop()
+
+
+async def test_each_choice_streams_what_a_local_engine_gives(fleet: LocalFleet) -> None:
+    engine = remote(fleet)
+    prompt = await engine.inputs.prepare("hello there", PARAMS)
+    group = engine.group()
+    streams = group.admit(["a-0", "a-1"], [prompt], PARAMS, 2)
+    outputs = await asyncio.gather(*(read_all(s) for s in streams))
+
+    local = fake_async_engine(kv_block_size=BLOCK)
+    local.start()
+    expected = await read_all(await local.stream("x", prompt, PARAMS))
+    await local.stop()
+    for request_id, out in zip(["a-0", "a-1"], outputs, strict=True):
+        assert [o.request_id for o in out] == [request_id] * len(expected)
+        assert [o.token_id for o in out] == [o.token_id for o in expected]
+        assert out[-1].finished and out[-1].error is None
+    assert len(fleet.calls) == 1  # every choice of one admit on one replica
+    await engine.stop()
+
+
+async def test_prompts_sharing_a_prefix_go_to_the_replica_that_cached_it(
+    fleet: LocalFleet,
+) -> None:
+    engine = remote(fleet)
+    system = "You are a careful assistant. " * 4
+    for user in ["first question", "second one", "a third"]:
+        prompt = await engine.inputs.prepare(system + user, PARAMS)
+        [stream] = engine.group().admit([user], [prompt], PARAMS)
+        await read_all(stream)
+    assert len({replica for replica, _ in fleet.calls}) == 1
+    await engine.stop()
+
+
+async def test_a_replica_lost_before_any_output_is_retried_once_elsewhere(
+    fleet: LocalFleet,
+) -> None:
+    engine = remote(fleet)
+    fleet.lose = {"r0": "before", "r1": "before"}
+    prompt = await engine.inputs.prepare("retry me", PARAMS)
+    [stream] = engine.group().admit(["x"], [prompt], PARAMS)
+    out = await read_all(stream)
+    # Both replicas were lost once: the retry went to the other, which was lost too.
+    first, second = (r for r, _ in fleet.calls)
+    assert first != second
+    assert out[-1].error == REPLICA_LOST
+
+    fleet.lose = {"r0": "before"}
+    fleet.router = Router(RouterSettings(policy="round-robin"))  # r0 first
+    [stream] = engine.group().admit(["y"], [prompt], PARAMS)
+    out = await read_all(stream)
+    assert out[-1].finished and out[-1].error is None
+    assert [r for r, _ in fleet.calls][-2:] == ["r0", "r1"]
+    await engine.stop()
+
+
+async def test_a_replica_lost_after_output_ends_the_stream_with_an_error(
+    fleet: LocalFleet,
+) -> None:
+    engine = remote(fleet)
+    fleet.router = Router(RouterSettings(policy="round-robin"))
+    fleet.lose = {"r0": "after"}
+    prompt = await engine.inputs.prepare("half an answer", PARAMS)
+    [stream] = engine.group().admit(["z"], [prompt], PARAMS)
+    out = await asyncio.wait_for(read_all(stream), 10)
+    assert out[0].error is None and out[-1].error == REPLICA_LOST
+    assert len(fleet.calls) == 1  # not retried: the client had output already
+    await engine.stop()
+
+
+async def test_a_full_replica_passes_the_call_to_another() -> None:
+    fleet = LocalFleet(2, policy="round-robin", max_batch_size=1, max_waiting_requests=1)
+    fleet.start()
+    engine = remote(fleet)
+    hold = fleet.replicas["r0"].group()
+    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    hold.admit(["held-0", "held-1"], [[1, 2, 3], [1, 2, 4]], long)
+    [stream] = engine.group().admit(["passed"], [[4, 5, 6]], PARAMS)
+    out = await asyncio.wait_for(read_all(stream), 10)
+    assert out[-1].finished and out[-1].error is None
+    assert [r for r, _ in fleet.calls] == ["r0", "r1"]
+    hold.close()
+    await engine.stop()
+    await fleet.stop()
+
+
+async def test_a_replicas_refusal_ends_the_streams_with_its_error() -> None:
+    fleet = LocalFleet(1, max_batch_size=1, max_waiting_requests=1)
+    fleet.start()
+    engine = remote(fleet)
+    hold = fleet.replicas["r0"].group()
+    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    hold.admit(["held-0", "held-1"], [[1, 2, 3], [1, 2, 4]], long)
+    [stream] = engine.group().admit(["refused"], [[4, 5, 6]], PARAMS)
+    out = await asyncio.wait_for(read_all(stream), 10)
+    assert out[-1].error is not None and out[-1].error.startswith("the engine is full")
+    hold.close()
+    await engine.stop()
+    await fleet.stop()
+
+
+async def test_closing_the_group_aborts_the_call_on_its_replica(fleet: LocalFleet) -> None:
+    engine = remote(fleet)
+    group = engine.group()
+    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    [stream] = group.admit(["long"], [[1, 2, 3, 4, 5]], long)
+    first = await anext(stream)
+    assert first.error is None
+    [(replica, _)] = fleet.calls
+    group.close()
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if not fleet.replicas[replica].engine.has_work():
+            break
+    assert not fleet.replicas[replica].engine.has_work()
+    assert engine.room() == engine.capacity
+    await engine.stop()
+
+
+async def test_the_note_names_the_replica_each_call_went_to(fleet: LocalFleet) -> None:
+    engine = remote(fleet)
+    note = ReplicaNote()
+    token = CURRENT_NOTE.set(note)
+    try:
+        [stream] = engine.group().admit(["n"], [[7, 8, 9]], PARAMS)
+    finally:
+        CURRENT_NOTE.reset(token)
+    await asyncio.wait_for(note.routed.wait(), 5)
+    assert note.replicas == [fleet.calls[0][0]]
+    await read_all(stream)
+    await engine.stop()
