@@ -53,8 +53,9 @@ APP_NAME = "infer"
 REGISTRY_NAME = "infer-fleet-registry"
 REPORT_EVERY_S = 1.0
 ROUTING_STATS_PERIOD_S = 1.0
-# A replica not heard from for this long is listed as unreachable.
+# A replica not heard from for this long is listed as unreachable, and then dropped.
 STALE_AFTER_S = 5.0
+FORGET_AFTER_S = 60.0
 
 
 @ray.remote(num_cpus=0)
@@ -73,6 +74,9 @@ class FleetRegistry:
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = time.time()
+        for replica_id, stats in list(self._reports.items()):
+            if now - stats["reported_at"] > FORGET_AFTER_S:  # dead, replaced by Ray
+                del self._reports[replica_id]
         return [
             {
                 "id": replica_id,
@@ -220,6 +224,7 @@ def deployments(config: ServerConfig) -> Any:
         max_ongoing_requests=config.engine.max_num_seqs + config.engine.max_waiting_requests,
         health_check_period_s=2,
         health_check_timeout_s=10,
+        graceful_shutdown_timeout_s=config.http.drain_timeout,
         request_router_config=RequestRouterConfig(**router),
     )
     ingress = serve.deployment(
@@ -228,6 +233,7 @@ def deployments(config: ServerConfig) -> Any:
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=config.connections.max_connections,
+        graceful_shutdown_timeout_s=config.http.drain_timeout,
     )
     return ingress.bind(config_json, engine.bind(config_json))  # type: ignore[attr-defined]
 

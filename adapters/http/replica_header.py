@@ -32,12 +32,11 @@ class ReplicaHeader:
                 if note.pending > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(note.routed.wait(), self.wait_s)
+                # Ray Serve's proxy sends the request id itself: not twice.
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID]
                 if note.replicas:
-                    headers = [
-                        *message.get("headers", ()),
-                        (HEADER, ",".join(note.replicas).encode()),
-                    ]
-                    message = {**message, "headers": headers}
+                    headers.append((HEADER, ",".join(note.replicas).encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

@@ -1,0 +1,179 @@
+"""``infer serve --replicas 2`` end to end: two engine replicas on a local Ray cluster behind
+one port, driven by the official openai SDK; routing affinity seen in ``x-infer-replica``;
+a replica killed (``kill -9``) under load loses and hangs nothing; stopping the server
+leaves no Ray process behind. On a 2-core machine each replica runs one thread: this shows
+correctness and routing, not scaling (benchmarks/sim_router.py measures that)."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.server import INFER, free_port
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 420
+SYSTEM = (
+    "You are the support assistant of a small bakery. Answer in one short sentence, "
+    "politely, and never invent opening hours or prices that you were not given. "
+)
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [
+        line
+        for line in out.splitlines()
+        if "ray::" in line or "raylet" in line or "gcs_server" in line
+    ]
+
+
+def running_replicas(url: str) -> list[dict]:
+    try:
+        listed = httpx.get(f"{url}/admin/replicas", timeout=5).json()["data"]
+    except (httpx.TransportError, ValueError, KeyError):
+        return []
+    return [r for r in listed if r["state"] == "running"]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    assert not ray_processes(), "a Ray cluster is already running here"
+    log = tmp_path_factory.mktemp("fleet") / "serve.log"
+    port = free_port()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(running_replicas(url)) < 2:
+            assert process.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(1)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            subprocess.run([str(Path(INFER).with_name("ray")), "stop", "--force"], check=False)
+            raise
+        for _ in range(30):  # Ray's own processes end shortly after the driver
+            if not ray_processes():
+                break
+            time.sleep(1)
+        left = ray_processes()
+        if left:
+            subprocess.run([str(Path(INFER).with_name("ray")), "stop", "--force"], check=False)
+        assert not left, f"Ray processes left after the server stopped: {left}"
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def model_of(url: str) -> str:
+    return client(url).models.list().data[0].id
+
+
+def test_the_openai_sdk_is_served_through_the_replicas(fleet: str) -> None:
+    sdk, model = client(fleet), model_of(fleet)
+    ids = {r["id"] for r in running_replicas(fleet)}
+    raw = sdk.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "Hi!"}], max_tokens=8
+    )
+    chat = raw.parse()
+    assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
+    assert raw.headers["x-infer-replica"] in ids
+    assert len(raw.headers.get_list("x-request-id")) == 1
+
+    text = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in sdk.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Count to three."}],
+            max_tokens=8,
+            stream=True,
+        )
+        if chunk.choices
+    )
+    assert text
+    completion = sdk.completions.create(model=model, prompt="The sky is", max_tokens=4, n=2)
+    assert len(completion.choices) == 2
+
+
+def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(fleet: str) -> None:
+    sdk, model = client(fleet), model_of(fleet)
+    served_by = []
+    for question in ["Are you open?", "Do you sell rye bread?", "Can I order a cake?"]:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            max_tokens=4,
+        )
+        served_by.append(raw.headers["x-infer-replica"])
+    assert len(set(served_by)) == 1, served_by
+    deadline = time.monotonic() + 10  # replicas report every second
+    while True:
+        [replica] = [r for r in running_replicas(fleet) if r["id"] == served_by[0]]
+        if replica["prefix_hit_tokens"] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert replica["prefix_hit_tokens"] > 0
+    assert {"pid", "node", "running", "waiting", "kv_usage", "prefix_hit_rate"} <= set(replica)
+
+
+def test_a_replica_killed_under_load_loses_and_hangs_nothing(fleet: str) -> None:
+    model = model_of(fleet)
+    sdk = openai.AsyncOpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    async def one(i: int) -> str:
+        messages = [{"role": "user", "content": f"Tell story number {i}."}]
+        try:
+            if i % 2:
+                stream = await sdk.chat.completions.create(
+                    model=model, messages=messages, max_tokens=48, stream=True
+                )
+                async for _ in stream:
+                    pass
+            else:
+                await sdk.chat.completions.create(model=model, messages=messages, max_tokens=48)
+            return "ok"
+        except openai.APIError as e:
+            assert "replica" in str(e), e  # the stream's error event names what happened
+            return "error"
+
+    async def load_and_kill() -> list[str]:
+        tasks = [asyncio.create_task(one(i)) for i in range(12)]
+        await asyncio.sleep(2)
+        victim = running_replicas(fleet)[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        done, hung = await asyncio.wait(tasks, timeout=150)
+        assert not hung, f"{len(hung)} requests hung after a replica was killed"
+        return [t.result() for t in done]
+
+    results = asyncio.run(load_and_kill())
+    assert len(results) == 12 and results.count("ok") >= 1
+    # New requests go to the live replica at once, and Ray restarts the dead one.
+    after = client(fleet).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Still there?"}], max_tokens=4
+    )
+    assert after.choices[0].message.content is not None
+    deadline = time.monotonic() + 300
+    while len(running_replicas(fleet)) < 2:
+        assert time.monotonic() < deadline, "the killed replica was not restarted"
+        time.sleep(2)
