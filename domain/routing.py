@@ -24,9 +24,11 @@ and corrected by what replicas report (evictions, a restart).
   shortest by more than ``imbalance`` requests, as Ray's prefix-aware router checks), pow2
   instead, so one hot prefix cannot pile work on one replica.
 
-A request with a ``session`` (a Tinker training run, a client's sticky key) goes to the
-replica its session was pinned to while that replica lives; its first request is routed by
-the policy and pins it.
+A request with a ``session`` (a client's sticky key) goes to the replica its session was
+pinned to while that replica lives; its first request is routed by the policy and pins it.
+A request naming its ``replica`` (a Tinker call: the ids of Tinker's sessions, runs and
+futures carry the replica that holds them) goes there while it lives, and by the policy
+once it is gone.
 """
 
 import random
@@ -73,10 +75,13 @@ class ReplicaLoad:
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What routing needs of a request: its prompt's block-hash chain and its session."""
+    """What routing needs of a request: its prompt's block-hash chain, its session, and
+    the replica it must go to while that one lives (``replica``: where its state is, as a
+    Tinker session's or future's id names it)."""
 
     block_hashes: tuple[BlockHash, ...] = ()
     session: str | None = None
+    replica: str | None = None
 
 
 @dataclass(slots=True)
@@ -155,7 +160,7 @@ class Route:
     """A routing decision and why (for logs, metrics and tests)."""
 
     replica_id: str
-    reason: Literal["session", "prefix", "pow2", "round-robin"]
+    reason: Literal["owner", "session", "prefix", "pow2", "round-robin"]
     matched_blocks: int = 0
 
 
@@ -176,6 +181,9 @@ class Router:
         if not replicas:
             raise ValueError("no live replica to route to")
         live = {r.replica_id: r for r in replicas}
+        if request.replica in live:
+            replica = request.replica
+            return Route(replica, "owner", self.index.matched(replica, request.block_hashes))
         pinned = self._sessions.get(request.session) if request.session is not None else None
         if pinned is not None and pinned in live:
             route = Route(pinned, "session", self.index.matched(pinned, request.block_hashes))

@@ -110,6 +110,9 @@ class Container(containers.DeclarativeContainer):
     sink = async_engine.provided.sink
 
     # The Tinker API (None unless enabled): the training sub-container trains and samples.
+    # A fleet's replica puts its id in the ids of its sessions and futures (entrypoints/
+    # replicas.py overrides the tag).
+    tinker_id_tag = providers.Object("")
     tinker = providers.Singleton(
         build_tinker,
         config.provided.tinker.enabled,
@@ -119,6 +122,7 @@ class Container(containers.DeclarativeContainer):
         training.sampler.provider,
         providers.Singleton(training_observer, metrics, tracing),
         providers.Callable(pending_futures_gauge, metrics),
+        tinker_id_tag,
     )
     # API keys -> tenants (None: an open server), read from the keys file once.
     keyring = providers.Singleton(AccessSettings.keyring, config.provided.access)

@@ -37,8 +37,15 @@ from ray.serve.config import HTTPOptions, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from adapters.http.replica_header import ReplicaHeader
+from adapters.http.tinker_forward import (
+    HttpCall,
+    HttpReply,
+    TinkerForwarder,
+    lost_future_reply,
+    run_asgi,
+)
 from adapters.observability.logging import configure_logging
-from adapters.ray.dispatch import HandleDispatch
+from adapters.ray.dispatch import HandleDispatch, HandleForward
 from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
 from application.remote_engine import AdmitCall, RemoteEngine, serve_call
@@ -95,10 +102,18 @@ class EngineReplica:
         configure_logging(config.observability.log_level, config.observability.log_format)
         set_threads(config.model.threads)
         self.config = config
+        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
         self.container = create_container(config)
+        self.container.tinker_id_tag.override(providers.Object(self.replica_id))
+        # /v1/embeddings is the ingress's: a replica loads no embedding model.
+        self.container.backend.embeddings.override(providers.Object(None))
         self.engine = self.container.async_engine()
         self.engine.start()  # on the replica's event loop, the thread that loaded the model
-        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
+        # The replica's own app answers the Tinker calls the ingress forwards here.
+        self.app = self.container.http_app() if config.tinker.enabled else None
+        self.tinker = self.container.tinker()
+        if self.tinker is not None:
+            self.tinker.start()
         self.node = socket.gethostname()
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._reporter = asyncio.create_task(self._report_forever())
@@ -123,6 +138,20 @@ class EngineReplica:
         yield self.replica_id
         async for batch in serve_call(self.engine, call):
             yield batch
+
+    async def tinker_http(
+        self, route: RouteRequest, call: HttpCall, avoid: frozenset[str]
+    ) -> HttpReply:
+        """A Tinker call the ingress forwarded (:mod:`adapters.http.tinker_forward`),
+        answered by this replica's Tinker face."""
+        del route, avoid
+        lost = lost_future_reply(call, self.replica_id)
+        if lost is not None:
+            return lost
+        if self.app is None:
+            return HttpReply(404, (), b'{"detail":"Tinker is off (--no-tinker)"}', self.replica_id)
+        status, headers, body = await run_asgi(self.app, call)
+        return HttpReply(status, headers, body, self.replica_id)
 
     def stats(self) -> dict[str, Any]:
         load = self.engine.engine.load()
@@ -158,6 +187,8 @@ class EngineReplica:
             await asyncio.sleep(REPORT_EVERY_S)
 
     async def __del__(self) -> None:
+        if self.tinker is not None:
+            await self.tinker.stop()
         await self.engine.stop()
 
 
@@ -169,7 +200,8 @@ class Ingress:
         config = from_json(config_json)
         configure_logging(config.observability.log_level, config.observability.log_format)
         described = await engine.describe.remote()
-        # Tinker runs on the replicas (not here): the ingress never loads the model.
+        # Tinker runs on the replicas (calls forwarded there): the ingress loads no model.
+        self.tinker = config.tinker.enabled
         self.config = replace(config, tinker=replace(config.tinker, enabled=False))
         self.engine_handle = engine
         self.registry = ray.get_actor(REGISTRY_NAME)
@@ -189,7 +221,10 @@ class Ingress:
         return list(await self.registry.snapshot.remote())
 
     def __serve_build_asgi_app__(self) -> Any:
-        return ReplicaHeader(self.container.http_app())
+        app: Any = ReplicaHeader(self.container.http_app())
+        if self.tinker:
+            app = TinkerForwarder(app, HandleForward(self.engine_handle))
+        return app
 
 
 def ingress_container(config: ServerConfig, described: dict[str, Any]) -> Any:

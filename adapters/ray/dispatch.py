@@ -11,6 +11,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from adapters.http.tinker_forward import HttpCall, HttpReply
 from application.remote_engine import AdmitCall, ReplicaLostError, Routed
 from domain.request import StepOutput
 from domain.routing import RouteRequest
@@ -62,3 +63,22 @@ def _cause(error: RayTaskError) -> Exception:
     """The replica's own error (its queue full...), not Ray's wrapper of it."""
     cause = error.cause
     return cause if isinstance(cause, Exception) else error
+
+
+class HandleForward:
+    """The ingress's Tinker :data:`~adapters.http.tinker_forward.Forward`: a call
+    (``tinker_http``) on the engine deployment, placed by the request router by the replica
+    its ids name (``route.replica``)."""
+
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._handle = handle.options(method_name="tinker_http")
+
+    async def __call__(self, route: RouteRequest, call: HttpCall) -> HttpReply:
+        try:
+            reply = await self._handle.remote(route, call, frozenset())
+        except LOST as e:
+            raise ReplicaLostError(route.replica, type(e).__name__) from e
+        except RayTaskError as e:
+            raise _cause(e) from None
+        assert isinstance(reply, HttpReply)
+        return reply

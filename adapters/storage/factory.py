@@ -54,19 +54,23 @@ def build_tinker(
     sampler: Callable[[], SamplingBackend | None],
     observer: TrainingObserver | None = None,
     track_pending: Callable[[Callable[[], int]], None] | None = None,
+    id_tag: str = "",
 ) -> TinkerService | None:
     """The Tinker service when ``enabled`` (None otherwise): training on ``backend()``,
     samples from ``sampler()`` (None: nothing samples here, as LoRA training on the fake
     runner: no Tinker API either), checkpoints as folders under ``checkpoint_dir``;
     ``observer``: told of every operation; ``track_pending``: given the count of pending
-    futures (a gauge). The backends are built only when the service is."""
+    futures (a gauge); ``id_tag``: in its session and future ids (a fleet's replica id).
+    The backends are built only when the service is."""
     if not enabled:
         return None
     sampling = sampler()
     if sampling is None:
         return None
     storage = FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
-    service = TinkerService(backend(), sampling, storage, limits=limits, observer=observer)
+    service = TinkerService(
+        backend(), sampling, storage, limits=limits, observer=observer, id_tag=id_tag
+    )
     if track_pending is not None:
         track_pending(service.pending_futures)
     return service

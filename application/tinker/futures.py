@@ -48,8 +48,11 @@ class FutureStore:
         ttl_s: float = 900.0,
         clock: Callable[[], float] = time.monotonic,
         observer: TrainingObserver | None = None,
+        id_tag: str = "",
     ):
-        """``observer``: told of every operation that ran (metrics, traces)."""
+        """``observer``: told of every operation that ran (metrics, traces); ``id_tag``:
+        put in every future's id (a fleet's replica id, as in session ids)."""
+        self._prefix = f"req-{id_tag}-" if id_tag else "req-"
         self._ttl_s = ttl_s
         self.observer = observer
         self._clock = clock
@@ -66,7 +69,7 @@ class FutureStore:
 
     def create(self, owner: str, kind: str) -> Future:
         self.evict_expired()
-        future = Future(f"req-{next(self._ids)}", owner, kind, self._clock())
+        future = Future(f"{self._prefix}{next(self._ids)}", owner, kind, self._clock())
         self._futures[future.id] = future
         return future
 

@@ -86,12 +86,15 @@ class TinkerService:
         ended_session_retention_s: float = 24 * 3600.0,
         limits: TinkerLimits | None = None,
         observer: TrainingObserver | None = None,
+        id_tag: str = "",
     ) -> None:
-        """``observer``: told of every Tinker operation that ran (metrics, traces)."""
+        """``observer``: told of every Tinker operation that ran (metrics, traces);
+        ``id_tag``: in the ids of sessions (so of runs and samplers) and futures: a fleet's
+        replica id, by which the ingress routes each call to the replica holding it."""
         self.storage = storage
         self.limits = limits or TinkerLimits()
-        self.futures = FutureStore(ttl_s=future_ttl_s, observer=observer)
-        self.sessions = SessionManager(timeout_s=session_timeout_s)
+        self.futures = FutureStore(ttl_s=future_ttl_s, observer=observer, id_tag=id_tag)
+        self.sessions = SessionManager(timeout_s=session_timeout_s, id_tag=id_tag)
         self.checkpoints = CheckpointStore(storage)
         self.downloads = CheckpointDownloads(self.checkpoints, storage)
         self.scheduler = FairScheduler()

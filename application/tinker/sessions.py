@@ -38,8 +38,12 @@ class SessionManager:
         timeout_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        id_tag: str = "",
     ) -> None:
+        """``id_tag``: put in every session id (a fleet's replica id: the ingress routes a
+        session's calls by it)."""
         self.timeout_s = timeout_s
+        self._prefix = f"session-{id_tag}-" if id_tag else "session-"
         self._clock = clock
         self._wall_clock = wall_clock
         self._sessions: dict[str, Session] = {}
@@ -55,7 +59,7 @@ class SessionManager:
     ) -> Session:
         now = self._clock()
         session = Session(
-            id=f"session-{uuid.uuid4().hex[:12]}",
+            id=f"{self._prefix}{uuid.uuid4().hex[:12]}",
             owner=owner,
             created_at=self._wall_clock(),
             last_heartbeat=now,

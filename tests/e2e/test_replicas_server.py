@@ -15,10 +15,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import tinker
+from tinker import types
 
 from tests.e2e.server import INFER, free_port
 
 pytestmark = pytest.mark.slow
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+TINKER_KEY = "tml-fleet"
 
 START_TIMEOUT_S = 420
 SYSTEM = (
@@ -135,6 +139,58 @@ def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(fleet
         time.sleep(0.5)
     assert replica["prefix_hit_tokens"] > 0
     assert {"pid", "node", "running", "waiting", "kv_usage", "prefix_hit_rate"} <= set(replica)
+
+
+def test_a_tinker_session_lives_on_one_replica_and_trains_there(fleet: str) -> None:
+    headers = {"X-API-Key": TINKER_KEY}
+    created = httpx.post(f"{fleet}/api/v1/create_session", json={}, headers=headers, timeout=60)
+    created.raise_for_status()
+    replica = created.headers["x-infer-replica"]
+    session = created.json()["session_id"]
+    assert f"-{replica}-" in session  # the id names its replica: any ingress routes it
+    for _ in range(4):
+        beat = httpx.post(
+            f"{fleet}/api/v1/session_heartbeat",
+            json={"session_id": session},
+            headers=headers,
+            timeout=60,
+        )
+        assert beat.status_code == 200 and beat.headers["x-infer-replica"] == replica
+
+    # The stock SDK, end to end: a LoRA run trains and samples on its replica.
+    sc = tinker.ServiceClient(base_url=fleet, api_key=TINKER_KEY)
+    model = model_of(fleet)
+    tc = sc.create_lora_training_client(base_model=model, rank=8, seed=0).result()
+    tokenizer = tc.get_tokenizer()
+    full = list(tokenizer.encode("The secret word is pineapple.", add_special_tokens=False))
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(full[:-1]),
+        loss_fn_inputs={"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)},
+    )
+    losses = []
+    for _ in range(4):
+        fb = tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        losses.append(fb.result().metrics["loss:sum"])
+    assert losses[-1] < losses[0], losses
+    sampler = tc.save_weights_for_sampler("fleet").result().path
+    sampled = (
+        sc.create_sampling_client(model_path=sampler)
+        .result()
+        .sample(types.ModelInput.from_ints(full[:3]), 1, types.SamplingParams(max_tokens=4))
+        .result()
+    )
+    assert len(sampled.sequences[0].tokens) > 0
+    sc.close("success").result()
+
+    # A future of a replica that is gone fails (category server): it never polls forever.
+    lost = httpx.post(
+        f"{fleet}/api/v1/retrieve_future",
+        json={"request_id": "req-gone0000-7"},
+        headers=headers,
+        timeout=60,
+    )
+    assert lost.status_code == 200 and lost.json()["category"] == "server"
 
 
 def test_a_replica_killed_under_load_loses_and_hangs_nothing(fleet: str) -> None:

@@ -124,6 +124,16 @@ def test_sessions_stick_until_their_replica_is_gone() -> None:
     assert router.route(_request([7], session="run-1"), replicas).reason == "round-robin"
 
 
+def test_a_request_naming_its_replica_goes_there_while_it_lives() -> None:
+    router = Router(RouterSettings(policy="round-robin"))
+    replicas = _replicas(0, 5, 0)
+    for _ in range(3):
+        route = router.route(RouteRequest(replica="r1"), replicas)
+        assert route.replica_id == "r1" and route.reason == "owner"
+    gone = router.route(RouteRequest(replica="r1"), [r for r in replicas if r.replica_id != "r1"])
+    assert gone.replica_id != "r1" and gone.reason == "round-robin"
+
+
 def test_bad_settings_and_no_replicas() -> None:
     with pytest.raises(ValueError, match="policy"):
         RouterSettings(policy="random")  # type: ignore[arg-type]
