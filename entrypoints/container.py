@@ -152,6 +152,8 @@ class Container(containers.DeclarativeContainer):
         config.provided.model.tool_call_parser,
         backend.tokenizer.provided.chat_template,
     )
+    # What /metrics answers (a fleet's ingress gives every replica's too).
+    metrics_exposition = providers.Callable(metrics_render, metrics)
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
     # A fleet's replicas as /admin/replicas lists them (an async callable; None: one
@@ -167,7 +169,7 @@ class Container(containers.DeclarativeContainer):
         access=access,
         idempotency=idempotency,
         embeddings=backend.embeddings,
-        metrics=providers.Callable(metrics_render, metrics),
+        metrics=metrics_exposition,
         draining=draining,
         replicas=replicas,
         on_startup=on_startup,

@@ -44,6 +44,7 @@ from adapters.http.tinker_forward import (
     lost_future_reply,
     run_asgi,
 )
+from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.logging import configure_logging
 from adapters.ray.dispatch import HandleDispatch, HandleForward
 from adapters.ray.router import FleetRequestRouter
@@ -79,6 +80,15 @@ class FleetRegistry:
     def forget(self, replica_id: str) -> None:
         self._reports.pop(replica_id, None)
 
+    def expositions(self) -> list[tuple[str, str]]:
+        """Each live replica's ``/metrics`` exposition, by replica id."""
+        now = time.time()
+        return [
+            (replica_id, stats["metrics"])
+            for replica_id, stats in sorted(self._reports.items())
+            if stats.get("metrics") and now - stats["reported_at"] < STALE_AFTER_S
+        ]
+
     def snapshot(self) -> list[dict[str, Any]]:
         now = time.time()
         for replica_id, stats in list(self._reports.items()):
@@ -87,7 +97,7 @@ class FleetRegistry:
         return [
             {
                 "id": replica_id,
-                **stats,
+                **{k: v for k, v in stats.items() if k != "metrics"},
                 "state": "running" if now - stats["reported_at"] < STALE_AFTER_S else "unreachable",
             }
             for replica_id, stats in sorted(self._reports.items())
@@ -181,9 +191,13 @@ class EngineReplica:
             raise RuntimeError("the engine loop stopped")
 
     async def _report_forever(self) -> None:
+        metrics = self.container.metrics()
         while True:
+            report = self.stats()
+            if metrics is not None:
+                report["metrics"] = metrics.render()[0].decode()
             with contextlib.suppress(Exception):  # the registry gone: the server is stopping
-                await self._registry.report.remote(self.replica_id, self.stats())
+                await self._registry.report.remote(self.replica_id, report)
             await asyncio.sleep(REPORT_EVERY_S)
 
     async def __del__(self) -> None:
@@ -216,6 +230,23 @@ class Ingress:
         )
         self.container.async_engine.override(providers.Object(self.remote))
         self.container.replicas.override(providers.Object(self.replicas))
+        own = self.container.metrics()
+        if own is not None:  # /metrics: the ingress's and every replica's, labelled
+            self._expositions: list[tuple[str, str]] = []
+            self._poller = asyncio.create_task(self._poll_metrics())
+            self.container.metrics_exposition.override(
+                providers.Object(lambda: self._fleet_metrics(own.render()))
+            )
+
+    async def _poll_metrics(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                self._expositions = await self.registry.expositions.remote()
+            await asyncio.sleep(REPORT_EVERY_S)
+
+    def _fleet_metrics(self, own: tuple[bytes, str]) -> tuple[bytes, str]:
+        merged = merge_expositions([("ingress", own[0].decode()), *self._expositions])
+        return merged.encode(), own[1]
 
     async def replicas(self) -> list[dict[str, Any]]:
         return list(await self.registry.snapshot.remote())

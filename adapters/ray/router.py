@@ -8,7 +8,10 @@ prompt's block-hash chain and its session) and the replicas to avoid (the third:
 lost a try of it), builds each candidate's :class:`~domain.routing.ReplicaLoad` from what
 Ray knows (its ongoing calls) and what the replica reports every
 ``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage),
-and ranks the policy's choice first, the rest after it.
+and ranks the policy's choice first, the rest after it — except where the call's state or
+cache is (a Tinker call's replica, a session's, a matched prefix): there it ranks that
+replica alone, so a slow answer to Ray's queue probe (a replica busy with a step answers
+it late) makes Ray ask again rather than send the call elsewhere.
 
 A replica that dies or leaves is forgotten (its cache with it; its sessions move on their
 next call). Configured through ``RequestRouterConfig(request_router_class=...,
@@ -60,7 +63,12 @@ class FleetRequestRouter(RequestRouter):
         live = live or candidate_replicas
         by_key = {replica_key(r.replica_id): r for r in live}
         self.last_route = self.policy.route(route, [self._load(r) for r in live])
-        chosen = by_key[self.last_route.replica_id]
+        route = self.last_route
+        chosen = by_key[route.replica_id]
+        if route.reason in ("owner", "session") or route.matched_blocks:
+            # Where its state or cache is: wait for that replica (Ray probes it again,
+            # with a longer deadline) rather than fall to another when a probe is slow.
+            return [[chosen]]
         return [[chosen], [r for r in live if r is not chosen]]
 
     def _load(self, replica: RunningReplica) -> ReplicaLoad:

@@ -119,6 +119,15 @@ def test_the_openai_sdk_is_served_through_the_replicas(fleet: str) -> None:
     completion = sdk.completions.create(model=model, prompt="The sky is", max_tokens=4, n=2)
     assert len(completion.choices) == 2
 
+    # /metrics covers every replica, each sample labelled with its source.
+    deadline = time.monotonic() + 15
+    while True:
+        metrics = httpx.get(f"{fleet}/metrics", timeout=10).text
+        if all(f'replica="{i}"' in metrics for i in ids) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert all(f'replica="{i}"' in metrics for i in ids | {"ingress"})
+
 
 def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(fleet: str) -> None:
     sdk, model = client(fleet), model_of(fleet)

@@ -20,7 +20,7 @@ from application.remote_engine import (
     serve_call,
 )
 from domain.config import EngineConfig
-from domain.request import StepOutput
+from domain.request import RequestContext, StepOutput
 from domain.routing import ReplicaLoad, Router, RouteRequest, RouterSettings
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
@@ -221,4 +221,15 @@ async def test_the_note_names_the_replica_each_call_went_to(fleet: LocalFleet) -
     await asyncio.wait_for(note.routed.wait(), 5)
     assert note.replicas == [fleet.calls[0][0]]
     await read_all(stream)
+    await engine.stop()
+
+
+async def test_the_callers_context_and_trace_travel_with_the_call(fleet: LocalFleet) -> None:
+    engine = remote(fleet)
+    trace = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+    context = RequestContext(tenant_id="acme", priority=2, trace=trace)
+    [stream] = engine.group(context).admit(["t"], [[1, 2, 3]], PARAMS)
+    await read_all(stream)
+    [(_, call)] = fleet.calls
+    assert call.context == context  # the replica's engine spans continue the caller's trace
     await engine.stop()
