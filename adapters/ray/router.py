@@ -63,9 +63,9 @@ class FleetRequestRouter(RequestRouter):
         live = live or candidate_replicas
         by_key = {replica_key(r.replica_id): r for r in live}
         self.last_route = self.policy.route(route, [self._load(r) for r in live])
-        route = self.last_route
-        chosen = by_key[route.replica_id]
-        if route.reason in ("owner", "session") or route.matched_blocks:
+        decided = self.last_route
+        chosen = by_key[decided.replica_id]
+        if decided.reason in ("owner", "session") or decided.matched_blocks:
             # Where its state or cache is: wait for that replica (Ray probes it again,
             # with a longer deadline) rather than fall to another when a probe is slow.
             return [[chosen]]
