@@ -50,7 +50,8 @@ from adapters.ray.dispatch import HandleDispatch, HandleForward
 from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
 from application.remote_engine import AdmitCall, RemoteEngine, serve_call
-from domain.errors import InvalidParameterError
+from domain.errors import InvalidParameterError, QueueFullError
+from domain.request import StepOutput
 from domain.routing import RouteRequest
 from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.container import create_container
@@ -142,11 +143,17 @@ class EngineReplica:
     async def generate(
         self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]
     ) -> AsyncIterator[Any]:
-        """One call: this replica's id first, then the outputs' batches. ``route`` and
-        ``avoid`` are the router's (:mod:`adapters.ray.router`)."""
+        """One call: this replica's id with the first batch of outputs (or the refusal
+        that stopped the call: the ingress tries another replica), then the other batches.
+        ``route`` and ``avoid`` are the router's (:mod:`adapters.ray.router`)."""
         del route, avoid
-        yield self.replica_id
-        async for batch in serve_call(self.engine, call):
+        outputs = serve_call(self.engine, call)
+        try:
+            first: list[StepOutput] | Exception = await anext(outputs, [])
+        except QueueFullError as e:
+            first = e
+        yield (self.replica_id, first)
+        async for batch in outputs:
             yield batch
 
     async def tinker_http(

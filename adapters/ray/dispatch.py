@@ -1,9 +1,10 @@
 """The ingress's :class:`~application.remote_engine.Dispatch` over a Ray Serve deployment
 handle: each call is one streaming ``generate`` call on the engine deployment, placed by
-its request router (:mod:`adapters.ray.router`). The replica's first item is its id; the
-rest are batches of outputs. A replica that dies (or cannot be reached) is a
-:class:`ReplicaLostError`; its own refusal (a domain error) is raised as it is, unwrapped
-from Ray's task error. Leaving the outputs early cancels the call (the replica aborts)."""
+its request router (:mod:`adapters.ray.router`). The replica's first item is its id with
+the first batch of outputs (or its refusal of the call), the rest are batches. A replica
+that dies (or cannot be reached) is a :class:`ReplicaLostError`; its own refusal (a domain
+error) is raised as it is, unwrapped from Ray's task error. Leaving the outputs early
+cancels the call (the replica aborts)."""
 
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,11 +28,11 @@ class HandleDispatch:
         outputs = self._handle.remote(route, call, avoid)
         assert isinstance(outputs, DeploymentResponseGenerator)  # a streaming handle's
         try:
-            replica_id = str(await _next(outputs, None))
+            replica_id, first = await _next(outputs, None)
         except BaseException:
             outputs.cancel()
             raise
-        return Routed(replica_id, _rest(outputs, replica_id))
+        return Routed(replica_id, _rest(outputs, replica_id, first))
 
 
 async def _next(outputs: DeploymentResponseGenerator, replica_id: str | None) -> Any:
@@ -46,9 +47,12 @@ async def _next(outputs: DeploymentResponseGenerator, replica_id: str | None) ->
 
 
 async def _rest(
-    outputs: DeploymentResponseGenerator, replica_id: str
+    outputs: DeploymentResponseGenerator, replica_id: str, first: list[StepOutput] | Exception
 ) -> AsyncIterator[list[StepOutput]]:
     try:
+        if isinstance(first, Exception):  # the replica refused the call
+            raise first
+        yield first
         async for batch in outputs:
             yield batch
     except LOST as e:

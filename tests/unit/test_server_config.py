@@ -27,6 +27,7 @@ from entrypoints.config import ENGINE_CONFIG_NAMES, ServerConfig, from_json, to_
 from entrypoints.embedding_flags import EmbeddingSettings
 from entrypoints.engine_flags import EngineSettings
 from entrypoints.model_flags import ModelSettings
+from entrypoints.replica_flags import ReplicaSettings
 from entrypoints.server import ConnectionLimits
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings
@@ -192,6 +193,7 @@ def test_every_group_round_trips_through_pickle_and_json() -> None:
         observability=ObservabilitySettings(
             tracing=TracingSettings(endpoint="grpc://h:4317", console=True), log_level="debug"
         ),
+        fleet=ReplicaSettings(replicas=3, ray_address="ray://h:10001", routing="pow2"),
     )
     round_trip(config)
     round_trip(ServerConfig())
@@ -248,6 +250,9 @@ def test_each_flag_module_builds_its_group(tmp_path: Path) -> None:
         (["--max-embedding-queue", "0"], "max_embedding_queue"),
         (["--max-num-seqs", "0"], "max_batch_size"),
         (["--max-loras", "0"], "max_loras"),
+        (["--replicas", "-1"], "replicas"),
+        (["--replica-cpus", "0"], "replica_cpus"),
+        (["--replica-start-timeout", "0"], "replica_start_timeout"),
     ]:
         with pytest.raises(InvalidParameterError) as error:
             serve(*argv)
@@ -280,3 +285,19 @@ def test_from_flags_takes_each_field_from_its_flag_and_names_a_missing_one() -> 
     assert from_flags(Settings, args, hosts=("a", "b")) == Settings(8000, ("a", "b"))
     with pytest.raises(AttributeError, match=r"Settings\.hosts: no flag of that name"):
         from_flags(Settings, argparse.Namespace(port=1))
+
+
+def test_the_replica_flags_and_a_single_process_without_ray() -> None:
+    """``--replicas`` and its companions land in ``fleet``; without them nothing changes,
+    and the command line does not import Ray (only ``--replicas`` does)."""
+    import subprocess
+    import sys
+
+    fleet = serve("--replicas", "2", "--routing", "round-robin", "--ray-address", "h:6379").fleet
+    assert (fleet.replicas, fleet.routing, fleet.ray_address) == (2, "round-robin", "h:6379")
+    assert serve().fleet == ReplicaSettings()
+    assert ServerConfig.for_model(replicas=2).fleet.replicas == 2
+    with pytest.raises(SystemExit):
+        serve("--routing", "random")
+    code = "import sys, entrypoints.cli; sys.exit('ray' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
