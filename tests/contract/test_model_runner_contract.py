@@ -16,7 +16,7 @@ from domain.ports import ModelRunner
 from domain.request import Request
 from domain.sampling import SamplingParams
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
-from tests.integration.tiny_models import VOCAB, save_tiny_model
+from tests.support.tiny_models import VOCAB, save_tiny_model
 
 CONFIG = EngineConfig(max_batch_size=3, max_seq_len=64)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

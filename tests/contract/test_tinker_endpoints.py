@@ -24,7 +24,7 @@ from tinker.proto.response_conv import deserialize_proto_response
 from tinker.types.try_again_response import TryAgainResponse
 
 from application.tinker.service import TinkerService
-from tests.integration.tinker_server import BASE_MODEL, tinker_app, toy_service
+from tests.support.tinker_server import BASE_MODEL, tinker_app, toy_service
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 

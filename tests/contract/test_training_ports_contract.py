@@ -31,7 +31,7 @@ from domain.training import (
     TinkerSamplingParams,
     WeightsSource,
 )
-from tests.integration.tiny_models import save_tiny_model
+from tests.support.tiny_models import save_tiny_model
 
 BASE = "base"
 SEQ = [5, 17, 42, 7, 99, 3, 250, 8, 61]

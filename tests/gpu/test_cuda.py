@@ -34,8 +34,8 @@ from domain.request import StepOutput
 from domain.sampling import SamplingParams
 from domain.training import AdamParams, Datum, LoraSpec, TensorValue
 from tests.fakes import ListSink
-from tests.integration.paged_forward import PagedSequence
-from tests.integration.tiny_models import VOCAB, save_tiny_model
+from tests.support.paged_forward import PagedSequence
+from tests.support.tiny_models import VOCAB, save_tiny_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -89,7 +89,7 @@ def build_extension(
     ``torch.ops``. Raises where it cannot be built (no compiler, no ninja,
     :class:`KernelBuildTimeout`)."""
     # INFER_KERNEL_CFLAGS: extra compiler flags for every kernel build (e.g. the
-    # -fsanitize=address of tests/integration/test_kernel_asan.py); they name a build apart
+    # -fsanitize=address of tests/integration/kernels/test_kernel_asan.py); they name a build apart
     cflags = [*cflags, *os.environ.get("INFER_KERNEL_CFLAGS", "").split()]
     files = sorted(p for p in source_dir.iterdir() if p.suffix in (".cpp", ".h"))
     name = f"{prefix}_{digest(files, cflags)}"

@@ -1,0 +1,144 @@
+"""LoRA adapters as models on the OpenAI face (a tiny random Llama, the composition root,
+the official openai SDK): a ``--lora-modules`` PEFT folder, and a Tinker sampler
+checkpoint saved through the Tinker API (the stock tinker SDK), each addressable as
+``model``, listed with ``parent`` = the base, and changing the output against the base."""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import tinker
+import torch
+from litestar.testing import TestClient
+from tinker import types
+
+from adapters.fake import ByteTokenizer
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from application.served_models import LoraModule
+from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
+from domain.training import AdamParams, Datum, LoraSpec, TensorValue
+from entrypoints.config import ServerConfig
+from entrypoints.container import Container, create_container
+from entrypoints.tinker_flags import TinkerSettings
+from tests.support.tinker_server import serve
+from tests.support.tiny_models import save_tiny_model
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+BASE = "tiny"
+TEXT = "hello!!!!!!!"  # what the adapters learn: after "hello", "!" and more "!"
+PROMPT, CONTINUATION = TEXT[:5], TEXT[5:]
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_model("llama", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def peft_folder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEFT adapter folder (the LoRA training backend's format) that learned ``TEXT``."""
+    backend = LoraTrainingBackend([BaseModelEntry(BASE, tiny_model, dtype=torch.float32)])
+    backend.create("hello", BASE, LoraSpec(rank=8, seed=1))
+    tokens = ByteTokenizer().encode(TEXT)
+    datum = Datum(tokens[:-1], {"target_tokens": TensorValue.ints(tokens[1:])})
+    for _ in range(STEPS):
+        backend.forward_backward("hello", [datum], "cross_entropy", {}, backward=True)
+        backend.optim_step("hello", AdamParams(learning_rate=0.05))
+    folder = tmp_path_factory.mktemp("peft-hello")
+    backend.save("hello", folder, optimizer=False)
+    return folder
+
+
+def container(tiny_model: Path, tmp_path: Path, **kwargs: object) -> Container:
+    config = ServerConfig.for_model(
+        str(tiny_model),
+        dtype="float32",
+        device="cpu",
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        engine=EngineConfig(max_seq_len=128, max_batch_size=4),
+        served_model_name=BASE,
+        **kwargs,
+    )
+    return create_container(config)
+
+
+def greedy(client: openai.OpenAI, model: str) -> str:
+    reply = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=len(CONTINUATION), temperature=0
+    )
+    assert reply.model == model
+    return reply.choices[0].text
+
+
+def test_a_lora_module_is_a_model_of_its_own(
+    tiny_model: Path, peft_folder: Path, tmp_path: Path
+) -> None:
+    modules = (LoraModule("hello", peft_folder),)
+    app = container(tiny_model, tmp_path, lora_modules=modules).http_app()
+    with TestClient(app=app) as http:  # type: ignore[arg-type]
+        client = openai.OpenAI(
+            base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        assert greedy(client, "hello") == CONTINUATION
+        assert greedy(client, BASE) != CONTINUATION
+        cards = {m.id: m.model_dump() for m in client.models.list().data}
+        assert list(cards) == [BASE, "hello"]
+        assert (cards["hello"]["parent"], cards["hello"]["root"]) == (BASE, str(peft_folder))
+        assert cards[BASE]["parent"] is None
+
+
+def test_a_lora_module_that_is_no_adapter_fails_the_start(tiny_model: Path, tmp_path: Path) -> None:
+    modules = (LoraModule("sql", tmp_path),)
+    with pytest.raises(InvalidParameterError, match=f"sql={tmp_path}: no adapter_model"):
+        container(tiny_model, tmp_path, lora_modules=modules).http_app()
+
+
+def train_and_save(url: str, key: str) -> str:
+    """A sampler checkpoint that learned ``TEXT``, saved through the Tinker API."""
+    service = tinker.ServiceClient(base_url=url, api_key=key)
+    try:
+        training = service.create_lora_training_client(base_model=BASE, rank=8, seed=1).result()
+        tokens = ByteTokenizer().encode(TEXT)
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+        )
+        for _ in range(STEPS):
+            training.forward_backward([datum], "cross_entropy").result()
+            training.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        return training.save_weights_for_sampler("hello").result().path
+    finally:
+        service.close("success").result()
+
+
+@pytest.fixture
+def tinker_url(tiny_model: Path, tmp_path: Path) -> Iterator[str]:
+    api = TinkerSettings(enabled=True, checkpoint_dir=str(tmp_path / "ckpt"))
+    app = container(tiny_model, tmp_path, tinker=api).http_app()
+    with serve(app) as url:  # type: ignore[arg-type]
+        yield url
+
+
+def test_a_tinker_sampler_checkpoint_is_a_model_of_its_owner(tinker_url: str) -> None:
+    path = train_and_save(tinker_url, "tml-alice")
+    alice = openai.OpenAI(base_url=f"{tinker_url}/v1", api_key="tml-alice", max_retries=0)
+    assert greedy(alice, path) == CONTINUATION
+    assert greedy(alice, BASE) != CONTINUATION
+    cards = {m.id: m.model_dump() for m in alice.models.list().data}
+    assert list(cards) == [BASE, path]
+    assert (cards[path]["parent"], cards[path]["root"]) == (BASE, path)
+    assert alice.models.retrieve(path).id == path
+
+    bob = openai.OpenAI(base_url=f"{tinker_url}/v1", api_key="tml-bob", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as error:
+        greedy(bob, path)
+    assert error.value.body["code"] == "model_not_found"  # type: ignore[index]
+    assert [m.id for m in bob.models.list().data] == [BASE]
