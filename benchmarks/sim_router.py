@@ -38,6 +38,7 @@ from domain.routing import (
     Router,
     RouteRequest,
     RouterSettings,
+    imbalance_for,
     prompt_block_hashes,
 )
 
@@ -218,7 +219,11 @@ def trace(args: argparse.Namespace, replicas: int, rate: float) -> list[SimReque
 def simulate(args: argparse.Namespace, policy: str, replicas: int, requests: list[SimRequest]):
     curve = Curve(args.step_ms / 1e3, args.row_ms / 1e3, args.token_ms / 1e3)
     router = Router(
-        RouterSettings(policy=policy, index_capacity=args.kv_blocks),  # type: ignore[arg-type]
+        RouterSettings(
+            policy=policy,  # type: ignore[arg-type]
+            index_capacity=args.kv_blocks,
+            imbalance=imbalance_for(args.max_num_seqs),
+        ),
         random.Random(args.seed),
     )
     fleet = [Replica(f"r{i}", args, curve, router) for i in range(replicas)]

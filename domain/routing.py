@@ -136,6 +136,14 @@ class PrefixIndex:
         return 0 if held is None else len(held.hashes)
 
 
+def imbalance_for(max_num_seqs: int) -> int:
+    """The queue gap past which prefix routing yields to pow2, for replicas running
+    ``max_num_seqs`` requests each: half a replica's batch (at least Ray's 10). A tighter
+    gap gives up cache affinity under ordinary load (64 running per replica: gaps of 10
+    are routine), a looser one lets a hot prefix queue up (benchmarks/README.md)."""
+    return max(10, max_num_seqs // 2)
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     policy: Policy = "prefix"

@@ -52,7 +52,7 @@ from adapters.torch.cpu.threads import set_threads
 from application.remote_engine import AdmitCall, RemoteEngine, serve_call
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
-from domain.routing import RouteRequest
+from domain.routing import RouteRequest, imbalance_for
 from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.container import create_container
 
@@ -285,7 +285,10 @@ def deployments(config: ServerConfig) -> Any:
     config_json = to_json(config)
     router: dict[str, Any] = {
         "request_router_class": FleetRequestRouter,
-        "request_router_kwargs": {"policy": fleet.routing},
+        "request_router_kwargs": {
+            "policy": fleet.routing,
+            "imbalance": imbalance_for(config.engine.max_num_seqs),
+        },
         "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
         "request_routing_stats_timeout_s": 5,
     }
@@ -314,6 +317,14 @@ def deployments(config: ServerConfig) -> Any:
 def serve_replicas(config: ServerConfig) -> int:
     """Run the fleet until SIGINT/SIGTERM (see the module)."""
     fleet = config.fleet
+    if config.http.tls:
+        raise InvalidParameterError(
+            "replicas", "TLS is not served by Ray Serve's proxy: terminate it in front of it"
+        )
+    if config.model.lora_modules:
+        raise InvalidParameterError(
+            "lora_modules", "not served with --replicas yet (the ingress holds no adapters)"
+        )
     if config.model.threads is None and fleet.ray_address is None:
         # One machine: its cores shared between the replicas.
         threads = max(1, (os.cpu_count() or 1) // fleet.replicas)

@@ -13,6 +13,7 @@ from domain.routing import (
     Router,
     RouteRequest,
     RouterSettings,
+    imbalance_for,
     prompt_block_hashes,
 )
 
@@ -132,6 +133,10 @@ def test_a_request_naming_its_replica_goes_there_while_it_lives() -> None:
         assert route.replica_id == "r1" and route.reason == "owner"
     gone = router.route(RouteRequest(replica="r1"), [r for r in replicas if r.replica_id != "r1"])
     assert gone.replica_id != "r1" and gone.reason == "round-robin"
+
+
+def test_the_imbalance_gap_is_half_a_replicas_batch() -> None:
+    assert [imbalance_for(n) for n in (4, 20, 64, 256)] == [10, 10, 32, 128]
 
 
 def test_bad_settings_and_no_replicas() -> None:
