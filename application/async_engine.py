@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import structlog
 
 from application.engine import Engine
+from application.engine_client import RequestGroup, stream_one
 from application.input_processor import InputProcessor
 from domain.config import EngineConfig
 from domain.observer import StepObserver
@@ -139,7 +140,7 @@ class AsyncEngine:
         """The loop task is running (not crashed, not stopped)."""
         return self._task is not None and not self._task.done()
 
-    def group(self, context: RequestContext = NO_CONTEXT) -> "RequestGroup":
+    def group(self, context: RequestContext = NO_CONTEXT) -> RequestGroup:
         """A new group of requests owned by one caller (see :class:`RequestGroup`), queued
         with ``context`` (the caller may refine it before admitting: ``group.context``)."""
         return RequestGroup(self, context)
@@ -155,11 +156,9 @@ class AsyncEngine:
     ) -> AsyncIterator[StepOutput]:
         """Queue a request and yield its outputs until it finishes. Validation errors raise
         before the first yield; leaving early (a client disconnect) aborts the request."""
-        prompt_ids = await self.inputs.prepare(prompt, params)
-        [outputs] = self.admit(
-            [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
+        return await stream_one(
+            self, request_id, prompt, params, adapter_id=adapter_id, context=context
         )
-        return outputs
 
     def admit(
         self,
@@ -234,43 +233,3 @@ class AsyncEngine:
             # generator -> response -> transport); one pass of the loop per hand-off.
             for _ in range(_FLUSH_PASSES):
                 await asyncio.sleep(0)
-
-
-class RequestGroup:
-    """The engine requests one caller queued, e.g. everything one HTTP request started.
-
-    ``close`` aborts every one of them still queued or running, at once (synchronously),
-    however the caller ended: an error after part of its work was queued, a client gone
-    before its stream was ever read (a generator never started cannot clean up after
-    itself), a cancellation. Closing twice is harmless.
-    """
-
-    def __init__(self, engine: AsyncEngine, context: RequestContext = NO_CONTEXT) -> None:
-        self._engine = engine
-        self._request_ids: list[str] = []
-        self.context = context  # who asked: every request of the group is queued with it
-
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        n: int = 1,
-        *,
-        adapter_id: str | None = None,
-    ) -> list[AsyncIterator[StepOutput]]:
-        """``AsyncEngine.admit``, remembered for ``close``."""
-        streams = self._engine.admit(
-            request_ids, prompts, params, adapter_id=adapter_id, context=self.context, n=n
-        )
-        self._request_ids.extend(request_ids)
-        return streams
-
-    def close(self) -> None:
-        self._engine.abort(self._request_ids)
-        self._request_ids = []
-
-    def fail(self, error: str) -> None:
-        """End every request still running, its stream's last output an ``error``."""
-        self._engine.fail(self._request_ids, error)
-        self._request_ids = []

@@ -67,3 +67,87 @@ class EngineClient(Protocol):
     ) -> AsyncIterator[StepOutput]: ...
 
     def abort(self, request_ids: Sequence[str]) -> None: ...
+
+
+class QueuesRequests(Protocol):
+    """What a :class:`RequestGroup` and :func:`stream_one` need of an engine client:
+    :class:`~application.async_engine.AsyncEngine` and
+    :class:`~application.remote_engine.RemoteEngine` have it."""
+
+    @property
+    def inputs(self) -> InputProcessor: ...
+
+    def admit(
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
+        n: int = 1,
+    ) -> list[AsyncIterator[StepOutput]]:
+        """Queue prepared prompts all together or none (``n`` choices per prompt); one
+        output stream per request id."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> None: ...
+
+    def fail(self, request_ids: Sequence[str], error: str) -> None: ...
+
+
+async def stream_one(
+    engine: QueuesRequests,
+    request_id: str,
+    prompt: str | list[int],
+    params: SamplingParams,
+    *,
+    adapter_id: str | None = None,
+    context: RequestContext = NO_CONTEXT,
+) -> AsyncIterator[StepOutput]:
+    """``EngineClient.stream`` over ``engine``: prepare the prompt, queue it, its outputs."""
+    prompt_ids = await engine.inputs.prepare(prompt, params)
+    [outputs] = engine.admit(
+        [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
+    )
+    return outputs
+
+
+class RequestGroup:
+    """The engine requests one caller queued, e.g. everything one HTTP request started.
+
+    ``close`` aborts every one of them still queued or running, at once (synchronously),
+    however the caller ended: an error after part of its work was queued, a client gone
+    before its stream was ever read (a generator never started cannot clean up after
+    itself), a cancellation. Closing twice is harmless.
+    """
+
+    def __init__(self, engine: "QueuesRequests", context: RequestContext = NO_CONTEXT) -> None:
+        self._engine = engine
+        self._request_ids: list[str] = []
+        self.context = context  # who asked: every request of the group is queued with it
+
+    def admit(
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        *,
+        adapter_id: str | None = None,
+    ) -> list[AsyncIterator[StepOutput]]:
+        """``engine.admit``, remembered for ``close``."""
+        streams = self._engine.admit(
+            request_ids, prompts, params, adapter_id=adapter_id, context=self.context, n=n
+        )
+        self._request_ids.extend(request_ids)
+        return streams
+
+    def close(self) -> None:
+        self._engine.abort(self._request_ids)
+        self._request_ids = []
+
+    def fail(self, error: str) -> None:
+        """End every request still running, its stream's last output an ``error``."""
+        self._engine.fail(self._request_ids, error)
+        self._request_ids = []

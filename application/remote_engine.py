@@ -29,7 +29,7 @@ from typing import Protocol
 
 import structlog
 
-from application.engine_client import EngineClient
+from application.engine_client import EngineClient, RequestGroup, stream_one
 from application.input_processor import InputProcessor
 from application.request_checks import RequestChecks
 from domain.config import EngineConfig
@@ -163,8 +163,8 @@ class RemoteEngine:
                 call.task.cancel()
         self.inputs.close()
 
-    def group(self, context: RequestContext = NO_CONTEXT) -> "RemoteGroup":
-        return RemoteGroup(self, context)
+    def group(self, context: RequestContext = NO_CONTEXT) -> RequestGroup:
+        return RequestGroup(self, context)
 
     async def stream(
         self,
@@ -175,10 +175,24 @@ class RemoteEngine:
         adapter_id: str | None = None,
         context: RequestContext = NO_CONTEXT,
     ) -> AsyncIterator[StepOutput]:
-        prompt_ids = await self.inputs.prepare(prompt, params)
-        call = AdmitCall((request_id,), (prompt_ids,), params, 1, adapter_id, context)
-        [outputs] = self.submit(call)
-        return outputs
+        return await stream_one(
+            self, request_id, prompt, params, adapter_id=adapter_id, context=context
+        )
+
+    def admit(
+        self,
+        request_ids: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
+        n: int = 1,
+    ) -> list[AsyncIterator[StepOutput]]:
+        """Queue prepared prompts as one call (all on one replica, or none); one output
+        stream per request id."""
+        call = AdmitCall(tuple(request_ids), tuple(prompts), params, n, adapter_id, context)
+        return self.submit(call)
 
     def route_of(self, call: AdmitCall, session: str | None = None) -> RouteRequest:
         namespace = key_namespace(call.adapter_id, call.params.cache_salt)
@@ -281,38 +295,6 @@ class RemoteEngine:
         finally:
             self._calls.pop(request_id, None)
             self._close_stream(call, request_id)
-
-
-class RemoteGroup:
-    """The requests one caller queued (as :class:`~application.async_engine.RequestGroup`):
-    ``close`` aborts every one still running."""
-
-    def __init__(self, engine: RemoteEngine, context: RequestContext = NO_CONTEXT) -> None:
-        self._engine = engine
-        self._request_ids: list[str] = []
-        self.context = context
-
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        n: int = 1,
-        *,
-        adapter_id: str | None = None,
-    ) -> list[AsyncIterator[StepOutput]]:
-        call = AdmitCall(tuple(request_ids), tuple(prompts), params, n, adapter_id, self.context)
-        streams = self._engine.submit(call)
-        self._request_ids.extend(request_ids)
-        return streams
-
-    def close(self) -> None:
-        self._engine.abort(self._request_ids)
-        self._request_ids = []
-
-    def fail(self, error: str) -> None:
-        self._engine.fail(self._request_ids, error)
-        self._request_ids = []
 
 
 def _error(request_id: str, error: str) -> StepOutput:
