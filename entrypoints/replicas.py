@@ -62,6 +62,12 @@ APP_NAME = "infer"
 REGISTRY_NAME = "infer-fleet-registry"
 REPORT_EVERY_S = 1.0
 ROUTING_STATS_PERIOD_S = 1.0
+# The ingress runs no blocking work: its app and its handle's router on the replica's own
+# event loop, not each on a thread of its own (two thread hops fewer per call).
+INGRESS_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
 # A replica not heard from for this long is listed as unreachable, and then dropped.
 STALE_AFTER_S = 5.0
 FORGET_AFTER_S = 60.0
@@ -307,7 +313,7 @@ def deployments(config: ServerConfig) -> Any:
         Ingress,
         name="ingress",
         num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": INGRESS_ENV}},
         max_ongoing_requests=config.connections.max_connections,
         graceful_shutdown_timeout_s=config.http.drain_timeout,
     )
