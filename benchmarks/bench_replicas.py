@@ -92,8 +92,15 @@ def _progress(text: str) -> None:
 async def timed_completion(
     client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
 ) -> dict[str, Any]:
-    """One streamed completion: its TTFT, total latency, replica, and how it ended."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    """One streamed completion of exactly ``max_tokens`` (EOS ignored): its TTFT, total
+    latency, replica, and how it ended."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     start = time.perf_counter()
     first: float | None = None
     ended = "lost"

@@ -134,6 +134,7 @@ class EngineReplica:
         self.node = socket.gethostname()
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._reporter = asyncio.create_task(self._report_forever())
+        self._reports = 0
 
     async def describe(self) -> dict[str, Any]:
         """What the ingress builds its checks from: the engine's configuration (the KV pool
@@ -197,7 +198,13 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict[str, Any]:
         load = self.engine.engine.load()
-        return {"running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage}
+        self._reports += 1  # the router counts its calls since the last report
+        return {
+            "running": load.running,
+            "waiting": load.waiting,
+            "kv_usage": load.kv_usage,
+            "report": self._reports,
+        }
 
     def check_health(self) -> None:
         if not self.engine.healthy:

@@ -6,8 +6,9 @@ has room under ``max_ongoing_requests``). This one reads the call's
 :class:`~domain.routing.RouteRequest` (the first argument of every engine call: its
 prompt's block-hash chain and its session) and the replicas to avoid (the third: those that
 lost a try of it), builds each candidate's :class:`~domain.routing.ReplicaLoad` from what
-Ray knows (its ongoing calls) and what the replica reports every
-``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage),
+Ray knows (its ongoing calls), what the replica reports every
+``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage)
+and the calls routed to it since that report (a burst's calls see each other),
 and ranks the policy's choice first, the rest after it — except where the call's state or
 cache is (a Tinker call's replica, a session's, a matched prefix): there it ranks that
 replica alone, so a slow answer to Ray's queue probe (a replica busy with a step answers
@@ -50,6 +51,9 @@ class FleetRequestRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self.policy = Router(RouterSettings(**kwargs))
         self.last_route: Route | None = None
+        # Calls routed to a replica since its last report (a burst's calls see each other).
+        self._routed: dict[str, int] = {}
+        self._report: dict[str, Any] = {}
 
     async def choose_replicas(
         self,
@@ -64,6 +68,7 @@ class FleetRequestRouter(RequestRouter):
         by_key = {replica_key(r.replica_id): r for r in live}
         self.last_route = self.policy.route(route, [self._load(r) for r in live])
         decided = self.last_route
+        self._routed[decided.replica_id] = self._routed.get(decided.replica_id, 0) + 1
         chosen = by_key[decided.replica_id]
         if decided.reason in ("owner", "session") or decided.matched_blocks:
             # Where its state or cache is: wait for that replica (Ray probes it again,
@@ -72,15 +77,17 @@ class FleetRequestRouter(RequestRouter):
         return [[chosen], [r for r in live if r is not chosen]]
 
     def _load(self, replica: RunningReplica) -> ReplicaLoad:
+        key = replica_key(replica.replica_id)
         stats = replica.routing_stats or {}
+        if stats.get("report") != self._report.get(key):  # a new report counts them
+            self._report[key] = stats.get("report")
+            self._routed[key] = 0
         ongoing = self.replica_queue_len_cache.get(replica.replica_id)
         running = int(stats.get("running", 0))
-        waiting = int(stats.get("waiting", 0))
+        waiting = int(stats.get("waiting", 0)) + self._routed.get(key, 0)
         if ongoing is not None:  # Ray's count is fresher than the last report
             waiting = max(waiting, ongoing - running)
-        return ReplicaLoad(
-            replica_key(replica.replica_id), running, waiting, float(stats.get("kv_usage", 0.0))
-        )
+        return ReplicaLoad(key, running, waiting, float(stats.get("kv_usage", 0.0)))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
