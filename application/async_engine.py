@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import structlog
 
 from application.engine import Engine
-from application.engine_client import RequestGroup, stream_one
+from application.engine_client import AdmittingClient
 from application.input_processor import InputProcessor
 from domain.config import EngineConfig
 from domain.observer import StepObserver
@@ -79,7 +79,7 @@ class QueueOutputSink:
         return len(self._queues)
 
 
-class AsyncEngine:
+class AsyncEngine(AdmittingClient):
     """The engine and its output queues, driven by one background task.
 
     It builds its own :class:`QueueOutputSink`, :class:`Engine` (the keyword arguments go
@@ -139,26 +139,6 @@ class AsyncEngine:
     def healthy(self) -> bool:
         """The loop task is running (not crashed, not stopped)."""
         return self._task is not None and not self._task.done()
-
-    def group(self, context: RequestContext = NO_CONTEXT) -> RequestGroup:
-        """A new group of requests owned by one caller (see :class:`RequestGroup`), queued
-        with ``context`` (the caller may refine it before admitting: ``group.context``)."""
-        return RequestGroup(self, context)
-
-    async def stream(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-    ) -> AsyncIterator[StepOutput]:
-        """Queue a request and yield its outputs until it finishes. Validation errors raise
-        before the first yield; leaving early (a client disconnect) aborts the request."""
-        return await stream_one(
-            self, request_id, prompt, params, adapter_id=adapter_id, context=context
-        )
 
     def admit(
         self,

@@ -69,13 +69,13 @@ class EngineClient(Protocol):
     def abort(self, request_ids: Sequence[str]) -> None: ...
 
 
-class QueuesRequests(Protocol):
-    """What a :class:`RequestGroup` and :func:`stream_one` need of an engine client:
-    :class:`~application.async_engine.AsyncEngine` and
-    :class:`~application.remote_engine.RemoteEngine` have it."""
+class AdmittingClient:
+    """What :class:`~application.async_engine.AsyncEngine` and
+    :class:`~application.remote_engine.RemoteEngine` share: ``stream`` and ``group`` over
+    their own ``admit`` (prepared prompts queued all together or none, ``n`` choices per
+    prompt, one output stream per request id), ``abort`` and ``fail``."""
 
-    @property
-    def inputs(self) -> InputProcessor: ...
+    inputs: InputProcessor
 
     def admit(
         self,
@@ -87,30 +87,35 @@ class QueuesRequests(Protocol):
         context: RequestContext = NO_CONTEXT,
         n: int = 1,
     ) -> list[AsyncIterator[StepOutput]]:
-        """Queue prepared prompts all together or none (``n`` choices per prompt); one
-        output stream per request id."""
-        ...
+        raise NotImplementedError
 
-    def abort(self, request_ids: Sequence[str]) -> None: ...
+    def abort(self, request_ids: Sequence[str]) -> None:
+        raise NotImplementedError
 
-    def fail(self, request_ids: Sequence[str], error: str) -> None: ...
+    def fail(self, request_ids: Sequence[str], error: str) -> None:
+        raise NotImplementedError
 
+    def group(self, context: RequestContext = NO_CONTEXT) -> "RequestGroup":
+        """A new group of requests owned by one caller (see :class:`RequestGroup`), queued
+        with ``context`` (the caller may refine it before admitting: ``group.context``)."""
+        return RequestGroup(self, context)
 
-async def stream_one(
-    engine: QueuesRequests,
-    request_id: str,
-    prompt: str | list[int],
-    params: SamplingParams,
-    *,
-    adapter_id: str | None = None,
-    context: RequestContext = NO_CONTEXT,
-) -> AsyncIterator[StepOutput]:
-    """``EngineClient.stream`` over ``engine``: prepare the prompt, queue it, its outputs."""
-    prompt_ids = await engine.inputs.prepare(prompt, params)
-    [outputs] = engine.admit(
-        [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
-    )
-    return outputs
+    async def stream(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
+    ) -> AsyncIterator[StepOutput]:
+        """Queue a request and yield its outputs until it finishes. Validation errors raise
+        before the first yield; leaving early (a client disconnect) aborts the request."""
+        prompt_ids = await self.inputs.prepare(prompt, params)
+        [outputs] = self.admit(
+            [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
+        )
+        return outputs
 
 
 class RequestGroup:
@@ -122,7 +127,7 @@ class RequestGroup:
     itself), a cancellation. Closing twice is harmless.
     """
 
-    def __init__(self, engine: "QueuesRequests", context: RequestContext = NO_CONTEXT) -> None:
+    def __init__(self, engine: AdmittingClient, context: RequestContext = NO_CONTEXT) -> None:
         self._engine = engine
         self._request_ids: list[str] = []
         self.context = context  # who asked: every request of the group is queued with it

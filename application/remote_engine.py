@@ -29,7 +29,7 @@ from typing import Protocol
 
 import structlog
 
-from application.engine_client import EngineClient, RequestGroup, stream_one
+from application.engine_client import AdmittingClient, EngineClient
 from application.input_processor import InputProcessor
 from application.request_checks import RequestChecks
 from domain.config import EngineConfig
@@ -120,7 +120,7 @@ class ReplicaNote:
 CURRENT_NOTE: ContextVar[ReplicaNote | None] = ContextVar("infer_replica_note", default=None)
 
 
-class RemoteEngine:
+class RemoteEngine(AdmittingClient):
     """:class:`~application.engine_client.EngineClient` over ``replicas`` engine replicas
     (see the module), each configured as ``config``; requests are checked here as a
     replica would (``vocab_size``, ``grammar``: as :class:`RequestChecks` takes them), the
@@ -162,22 +162,6 @@ class RemoteEngine:
             if call.task is not None:
                 call.task.cancel()
         self.inputs.close()
-
-    def group(self, context: RequestContext = NO_CONTEXT) -> RequestGroup:
-        return RequestGroup(self, context)
-
-    async def stream(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-    ) -> AsyncIterator[StepOutput]:
-        return await stream_one(
-            self, request_id, prompt, params, adapter_id=adapter_id, context=context
-        )
 
     def admit(
         self,
