@@ -176,6 +176,11 @@ class Engine:
             running, waiting, kv.usage, kv.prefix_queried_tokens, kv.prefix_hit_tokens
         )
 
+    def take_evicted(self) -> list[bytes]:
+        """The prefix cache's blocks evicted since the last call, by hash (a fleet's
+        replica reports them to the router)."""
+        return self.scheduler.take_evicted()
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

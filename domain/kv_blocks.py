@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 BlockHash = bytes
+EVICTION_LOG = 4096  # evicted hashes kept for take_evicted()
 _ROOT: BlockHash = b""  # the parent of a request's first block
 
 
@@ -103,6 +104,9 @@ class BlockManager:
         self._requests: dict[str, _RequestBlocks] = {}
         self.prefix_queried_tokens = 0  # tokens of admitted requests looked up
         self.prefix_hit_tokens = 0  # of those, found cached
+        # The hashes of cached blocks evicted since the last take_evicted() (the newest
+        # EVICTION_LOG: a fleet's router corrects what it thinks this pool holds).
+        self._evicted: deque[BlockHash] = deque(maxlen=EVICTION_LOG)
 
     @property
     def num_free_blocks(self) -> int:
@@ -270,7 +274,7 @@ class BlockManager:
             block_id = self._empty.popleft()
         else:
             block_id, _ = self._cached.popitem(last=False)
-            self._forget(self.blocks[block_id])
+            self._evicted.append(self._forget(self.blocks[block_id]))
         self.blocks[block_id].ref_count = 1
         return block_id
 
@@ -282,7 +286,16 @@ class BlockManager:
             block.block_hash = block_hash
             self._by_hash[block_hash] = block_id
 
-    def _forget(self, block: KVBlock) -> None:
-        assert block.block_hash is not None
-        del self._by_hash[block.block_hash]
+    def _forget(self, block: KVBlock) -> BlockHash:
+        forgotten = block.block_hash
+        assert forgotten is not None
+        del self._by_hash[forgotten]
         block.block_hash = None
+        return forgotten
+
+    def take_evicted(self) -> list[BlockHash]:
+        """The hashes of cached blocks evicted since the last call (at most the newest
+        ``EVICTION_LOG``)."""
+        evicted = list(self._evicted)
+        self._evicted.clear()
+        return evicted

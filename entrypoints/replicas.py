@@ -204,6 +204,7 @@ class EngineReplica:
             "waiting": load.waiting,
             "kv_usage": load.kv_usage,
             "report": self._reports,
+            "evicted": self.engine.engine.take_evicted(),
         }
 
     def check_health(self) -> None:

@@ -8,7 +8,8 @@ prompt's block-hash chain and its session) and the replicas to avoid (the third:
 lost a try of it), builds each candidate's :class:`~domain.routing.ReplicaLoad` from what
 Ray knows (its ongoing calls), what the replica reports every
 ``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage)
-and the calls routed to it since that report (a burst's calls see each other),
+and the calls routed to it since that report (a burst's calls see each other); each
+report's evicted block hashes leave what the router thinks the replica holds;
 and ranks the policy's choice first, the rest after it — except where the call's state or
 cache is (a Tinker call's replica, a session's, a matched prefix): there it ranks that
 replica alone, so a slow answer to Ray's queue probe (a replica busy with a step answers
@@ -82,6 +83,7 @@ class FleetRequestRouter(RequestRouter):
         if stats.get("report") != self._report.get(key):  # a new report counts them
             self._report[key] = stats.get("report")
             self._routed[key] = 0
+            self.policy.index.evicted(key, stats.get("evicted", ()))
         ongoing = self.replica_queue_len_cache.get(replica.replica_id)
         running = int(stats.get("running", 0))
         waiting = int(stats.get("waiting", 0)) + self._routed.get(key, 0)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from domain.config import EngineConfig
-from domain.kv_blocks import BlockManager
+from domain.kv_blocks import BlockHash, BlockManager
 from domain.request import Request, is_stop_token, token_finish_reason
 from domain.scheduler.outputs import (
     KVStats,
@@ -41,6 +41,10 @@ class Scheduler(Protocol):
 
     def kv_stats(self) -> KVStats: ...
 
+    def take_evicted(self) -> list[BlockHash]:
+        """The prefix cache's blocks evicted since the last call, by hash."""
+        ...
+
 
 class WaitingQueue(Protocol):
     """The waiting requests, however a policy orders them."""
@@ -73,6 +77,9 @@ class QueueingScheduler:
     def kv_stats(self) -> KVStats:
         blocks = self.blocks
         return KVStats(blocks.usage, blocks.prefix_queried_tokens, blocks.prefix_hit_tokens)
+
+    def take_evicted(self) -> list[BlockHash]:
+        return self.blocks.take_evicted()
 
     def _table(self, chunk: ScheduledChunk) -> ScheduledChunk:
         """``chunk`` with its request's block table (the blocks its positions need)."""

@@ -210,6 +210,18 @@ def test_empty_blocks_are_used_before_cached_ones_are_evicted() -> None:
     assert m.find_cached_prefix(list(range(9))).num_tokens == 8  # a's blocks survive
 
 
+def test_evicted_blocks_are_reported_once_by_hash() -> None:
+    m = manager(num_blocks=2)
+    computed(m, "a", list(range(8)))
+    chain = m.find_cached_prefix(list(range(9))).block_hashes
+    m.free("a")
+    assert m.take_evicted() == []
+    assert m.allocate("b", 4) is not None  # evicts a's tail, then nothing more
+    assert m.take_evicted() == [chain[1]]
+    assert m.take_evicted() == []
+    check_invariants(m)
+
+
 def test_cached_blocks_are_evicted_least_recently_freed_first_tail_before_head() -> None:
     m = manager(num_blocks=4)
     old = computed(m, "old", list(range(8)))
