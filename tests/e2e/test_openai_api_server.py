@@ -22,7 +22,12 @@ USER = [{"role": "user", "content": "Name a color."}]
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    with infer_serve("--served-model-name", MODEL, ALIAS, "--max-batch-size", "8") as url:
+    # float32: these tests hold sampled text to exact equality (seeds, greedy `n`), and in
+    # bfloat16 (`--dtype auto` on an AVX512-BF16 CPU) a prompt computed whole, after a
+    # cached prefix, or as a forked choice's last position differs in the logits' last
+    # bits, which can flip a sample or a near-tie argmax.
+    flags = ("--served-model-name", MODEL, ALIAS, "--max-batch-size", "8", "--dtype", "float32")
+    with infer_serve(*flags) as url:
         yield url
 
 

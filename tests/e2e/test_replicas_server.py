@@ -242,3 +242,19 @@ def test_a_replica_killed_under_load_loses_and_hangs_nothing(fleet: str) -> None
     while len(running_replicas(fleet)) < 2:
         assert time.monotonic() < deadline, "the killed replica was not restarted"
         time.sleep(2)
+
+
+def test_an_unreachable_cluster_is_an_error_naming_the_flag_in_bounded_time() -> None:
+    start = time.monotonic()
+    done = subprocess.run(
+        [
+            *(str(INFER), "serve", "--port", str(free_port()), "--replicas", "2"),
+            *("--ray-address", "127.0.0.1:1", "--replica-start-timeout", "10"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "--ray-address" in done.stderr.splitlines()[-1]
+    assert time.monotonic() - start < 90
