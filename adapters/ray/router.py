@@ -8,7 +8,7 @@ prompt's block-hash chain and its session) and the replicas to avoid (the third:
 lost a try of it), builds each candidate's :class:`~domain.routing.ReplicaLoad` from what
 Ray knows (its ongoing calls), what the replica reports every
 ``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage)
-and the calls routed to it since that report (a burst's calls see each other); each
+and the calls chosen for it but not yet sent (a burst's calls see each other); each
 report's evicted block hashes leave what the router thinks the replica holds;
 and ranks the policy's choice first, the rest after it — except where the call's state or
 cache is (a Tinker call's replica, a session's, a matched prefix): there it ranks that
@@ -52,7 +52,7 @@ class FleetRequestRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self.policy = Router(RouterSettings(**kwargs))
         self.last_route: Route | None = None
-        # Calls routed to a replica since its last report (a burst's calls see each other).
+        # Calls chosen for a replica and not yet sent (a burst's calls see each other).
         self._routed: dict[str, int] = {}
         self._report: dict[str, Any] = {}
 
@@ -86,10 +86,17 @@ class FleetRequestRouter(RequestRouter):
             self.policy.index.evicted(key, stats.get("evicted", ()))
         ongoing = self.replica_queue_len_cache.get(replica.replica_id)
         running = int(stats.get("running", 0))
-        waiting = int(stats.get("waiting", 0)) + self._routed.get(key, 0)
+        waiting = int(stats.get("waiting", 0))
         if ongoing is not None:  # Ray's count is fresher than the last report
             waiting = max(waiting, ongoing - running)
+        waiting += self._routed.get(key, 0)
         return ReplicaLoad(key, running, waiting, float(stats.get("kv_usage", 0.0)))
+
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)  # Ray's ongoing count has it now
+        key = replica_key(replica_id)
+        if self._routed.get(key):
+            self._routed[key] -= 1
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

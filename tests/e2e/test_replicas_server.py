@@ -256,5 +256,5 @@ def test_an_unreachable_cluster_is_an_error_naming_the_flag_in_bounded_time() ->
         timeout=120,
     )
     assert done.returncode != 0
-    assert "--ray-address" in done.stderr.splitlines()[-1]
+    assert "error: --ray-address" in done.stderr
     assert time.monotonic() - start < 90
