@@ -343,7 +343,9 @@ def serve_replicas(config: ServerConfig) -> int:
         # One machine: its cores shared between the replicas.
         threads = max(1, (os.cpu_count() or 1) // fleet.replicas)
         config = replace(config, model=replace(config.model, threads=threads))
+    _on_stop_signals()
     _start_ray(fleet.ray_address, fleet.replica_start_timeout)
+    _on_stop_signals()
     try:
         registry = FleetRegistry.options(name=REGISTRY_NAME).remote()  # type: ignore[attr-defined]
         http = config.http
@@ -355,6 +357,9 @@ def serve_replicas(config: ServerConfig) -> int:
         _note("stopping the replicas")
         del registry
         return 0
+    except KeyboardInterrupt:
+        _note("stopped during the start")
+        return 130
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()
@@ -392,20 +397,29 @@ def _within(timeout_s: float, flag: str, work: Any, what: str = "no answer") -> 
 
     thread = threading.Thread(target=run, daemon=True, name=f"ray-{flag}")
     thread.start()
-    thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline and not _STOPPED:
+        thread.join(0.2)
+    if _STOPPED:
+        raise KeyboardInterrupt  # stopped during the start: clean up what started
     if thread.is_alive():
         raise InvalidParameterError(flag, f"{what} within {timeout_s:g} s")
     if errors:
         raise errors[0]
 
 
-def _wait_for_signal() -> None:
-    """Until SIGINT or SIGTERM (a flag, not an Event: a handler must not take a lock the
-    main thread may hold)."""
-    stopped: list[int] = []
+_STOPPED: list[int] = []  # signals received (a flag: a handler must take no lock)
+
+
+def _on_stop_signals() -> None:
+    """SIGINT/SIGTERM set the flag from now on (again after ray.init, which sets its own)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _: stopped.append(signum))
-    while not stopped:
+        signal.signal(sig, lambda signum, _: _STOPPED.append(signum))
+
+
+def _wait_for_signal() -> None:
+    """Until SIGINT or SIGTERM, received now or during the start."""
+    while not _STOPPED:
         time.sleep(0.2)
 
 
