@@ -34,6 +34,24 @@ def value(samples: Samples, name: str, model: str = "m", **labels: str) -> float
     return samples[(name, frozenset({"model_name": model, **labels}.items()))]
 
 
+def assert_histogram(
+    samples: Samples,
+    name: str,
+    *,
+    count: float,
+    total: object = None,
+    buckets: dict[str, float] | None = None,
+    **labels: str,
+) -> None:
+    """``name``'s ``_count``, its ``_sum`` (where ``total`` is given) and the ``le`` buckets
+    named in ``buckets``."""
+    assert value(samples, f"{name}_count", **labels) == count
+    if total is not None:
+        assert value(samples, f"{name}_sum", **labels) == total
+    for le, observed in (buckets or {}).items():
+        assert value(samples, f"{name}_bucket", le=le, **labels) == observed
+
+
 def labelled(samples: Samples, name: str, label: str) -> dict[str, float]:
     """``name``'s samples keyed by one label's value."""
     return {dict(key)[label]: v for (sample, key), v in samples.items() if sample == name}
@@ -179,42 +197,29 @@ def test_a_request_life_adds_up() -> None:
     assert value(s, "infer:kv_cache_usage_perc") == 0.0
 
     # TTFT: a only (b never got a first token): 2.0 - 0.0.
-    assert value(s, "infer:time_to_first_token_seconds_count") == 1
-    assert value(s, "infer:time_to_first_token_seconds_sum") == 2.0
-    assert value(s, "infer:time_to_first_token_seconds_bucket", le="1.0") == 0
-    assert value(s, "infer:time_to_first_token_seconds_bucket", le="2.5") == 1
+    assert_histogram(
+        s, "infer:time_to_first_token_seconds", count=1, total=2.0, buckets={"1.0": 0, "2.5": 1}
+    )
     # ITL: a decoded in steps 3 and 4: 2.5 - 2.0 and 3.25 - 2.5.
-    assert value(s, "infer:inter_token_latency_seconds_count") == 2
-    assert value(s, "infer:inter_token_latency_seconds_sum") == 1.25
-    assert value(s, "infer:inter_token_latency_seconds_bucket", le="0.5") == 1
-    assert value(s, "infer:inter_token_latency_seconds_bucket", le="0.75") == 2
+    assert_histogram(
+        s, "infer:inter_token_latency_seconds", count=2, total=1.25, buckets={"0.5": 1, "0.75": 2}
+    )
     # e2e: both requests (3.25 and 2.0); queue / prefill / decode: a only.
-    assert value(s, "infer:e2e_request_latency_seconds_count") == 2
-    assert value(s, "infer:e2e_request_latency_seconds_sum") == 5.25
-    assert value(s, "infer:request_queue_time_seconds_count") == 1
-    assert value(s, "infer:request_queue_time_seconds_sum") == pytest.approx(0.9)
-    assert value(s, "infer:request_prefill_time_seconds_count") == 1
-    assert value(s, "infer:request_prefill_time_seconds_sum") == pytest.approx(1.1)
-    assert value(s, "infer:request_decode_time_seconds_count") == 1
-    assert value(s, "infer:request_decode_time_seconds_sum") == 1.25
-    assert value(s, "infer:request_prompt_tokens_count") == 2
-    assert value(s, "infer:request_prompt_tokens_sum") == 17
-    assert value(s, "infer:request_prompt_tokens_bucket", le="5.0") == 0
-    assert value(s, "infer:request_prompt_tokens_bucket", le="10.0") == 2
-    assert value(s, "infer:request_generation_tokens_count") == 2
-    assert value(s, "infer:request_generation_tokens_sum") == 3
-    assert value(s, "infer:request_generation_tokens_bucket", le="1.0") == 1
+    assert_histogram(s, "infer:e2e_request_latency_seconds", count=2, total=5.25)
+    assert_histogram(s, "infer:request_queue_time_seconds", count=1, total=pytest.approx(0.9))
+    assert_histogram(s, "infer:request_prefill_time_seconds", count=1, total=pytest.approx(1.1))
+    assert_histogram(s, "infer:request_decode_time_seconds", count=1, total=1.25)
+    assert_histogram(
+        s, "infer:request_prompt_tokens", count=2, total=17, buckets={"5.0": 0, "10.0": 2}
+    )
+    assert_histogram(s, "infer:request_generation_tokens", count=2, total=3, buckets={"1.0": 1})
 
     # Per step: tokens 6, 4, 1, 1; prefill rows 1, 1, 0, 0; decode rows 0, 0, 1, 1.
-    assert value(s, "infer:iteration_tokens_total_count") == 4
-    assert value(s, "infer:iteration_tokens_total_sum") == 12
-    assert value(s, "infer:iteration_tokens_total_bucket", le="1.0") == 2
-    assert value(s, "infer:iteration_tokens_total_bucket", le="8.0") == 4
+    assert_histogram(
+        s, "infer:iteration_tokens_total", count=4, total=12, buckets={"1.0": 2, "8.0": 4}
+    )
     for name in ("infer:batch_size_prefill", "infer:batch_size_decode"):
-        assert value(s, f"{name}_count") == 4
-        assert value(s, f"{name}_sum") == 2
-        assert value(s, f"{name}_bucket", le="0.0") == 2
-        assert value(s, f"{name}_bucket", le="1.0") == 4
+        assert_histogram(s, name, count=4, total=2, buckets={"0.0": 2, "1.0": 4})
     assert set(labelled(s, "infer:batch_size_decode_bucket", "le")) == {
         "0.0",
         "1.0",
@@ -265,9 +270,7 @@ def test_inter_token_latency_skips_the_first_step_after_idle() -> None:
     step(True, 9.0)  # the engine went idle in between: skipped
     step(True, 9.5)  # 2 rows, 0.5 each
     s = scrape(metrics)
-    assert value(s, "infer:inter_token_latency_seconds_count") == 6
-    assert value(s, "infer:inter_token_latency_seconds_sum") == 2.5
-    assert value(s, "infer:inter_token_latency_seconds_bucket", le="0.3") == 2
+    assert_histogram(s, "infer:inter_token_latency_seconds", count=6, total=2.5, buckets={"0.3": 2})
     assert value(s, "infer:num_preemptions_total") == 1
     # Steps that ran: 6 (the idle one observes nothing); 1 prefill row and 2 decode rows each.
     assert value(s, "infer:batch_size_prefill_count") == 6
