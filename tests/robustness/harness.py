@@ -1,11 +1,9 @@
 """The app on the fake model (and the toy Tinker backend), in process or under a real uvicorn
 server with ``entrypoints.server``'s limits, and checks that nothing is left running."""
 
-import asyncio
 import json
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +22,7 @@ from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
 from entrypoints.server import ConnectionLimits, LimitedServer, server_config
 from tests.fakes import fake_async_engine
+from tests.support.uvicorn_thread import running
 
 MODEL = "test/fake-model"
 TINKER_BASE_MODEL = "test/base"
@@ -118,17 +117,8 @@ def serving(app: Litestar, limits: ConnectionLimits | None = None) -> Iterator[S
     """``app`` under a real uvicorn server (``entrypoints.server``'s) on 127.0.0.1."""
     config = server_config(app, "127.0.0.1", 0, limits or ConnectionLimits(), log_level="warning")
     server = LimitedServer(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server failed to start"
-        time.sleep(0.01)
-    try:
-        yield Served(server, server.servers[0].sockets[0].getsockname()[1])
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with running(server) as started:
+        yield Served(server, started.port)
 
 
 def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:

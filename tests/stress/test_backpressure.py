@@ -1,9 +1,6 @@
 """Stress tests over the HTTP app with the fake runner (bounded in time and count)."""
 
 import asyncio
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +13,7 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
 from application.async_engine import AsyncEngine
 from tests.fakes import fake_async_engine
+from tests.support.uvicorn_thread import running
 
 pytestmark = pytest.mark.slow
 MODEL = "test/fake-model"
@@ -34,23 +32,12 @@ BODY = {"model": MODEL, "prompt": "go", "max_tokens": 64}
 @contextmanager
 def serving(engine: AsyncEngine) -> Iterator[str]:
     """A real uvicorn server on 127.0.0.1 in a thread: requests really run concurrently."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = uvicorn.Config(
-        create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"
+        create_app(engine, MODEL), host="127.0.0.1", port=0, log_level="warning"
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with running(server, target=server.run, start_timeout_s=10, stop_timeout_s=10) as started:
+        yield started.url
 
 
 async def test_requests_beyond_the_engines_capacity_get_503_and_the_rest_complete() -> None:

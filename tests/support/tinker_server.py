@@ -1,7 +1,5 @@
 """A Tinker API server on 127.0.0.1 in a background thread, for the real tinker SDK."""
 
-import asyncio
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -21,6 +19,7 @@ from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
 from tests.fakes import torch_async_engine
+from tests.support.uvicorn_thread import running
 
 API_KEY = "tml-test-key"
 BASE_MODEL = "test/base"
@@ -70,15 +69,5 @@ def serve(app: Litestar) -> Iterator[str]:
     """Run ``app`` with uvicorn on a free port; yields its base URL."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("server failed to start")
-        threading.Event().wait(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with running(server, start_timeout_s=None, stop_timeout_s=30) as started:
+        yield started.url

@@ -9,7 +9,6 @@ the engine loop stopped, so a request left behind stays queued and is seen; and 
 real server whose clients reset their connections.
 """
 
-import asyncio
 import json
 import socket
 import struct
@@ -30,6 +29,7 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
+from tests.support.uvicorn_thread import running
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
@@ -211,17 +211,8 @@ def test_one_bad_prompt_of_several_queues_none(prompt: list[Any], stream: bool) 
 def serving(app: Litestar) -> Iterator[str]:
     """``app`` under a real uvicorn server on 127.0.0.1; yields its URL."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server failed to start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with running(server) as started:
+        yield started.url
 
 
 def raw_post(path: str, body: dict[str, Any]) -> bytes:

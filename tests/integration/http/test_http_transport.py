@@ -8,13 +8,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from litestar import Litestar
 from litestar.testing import TestClient
 
 from adapters.http import HttpServices, HttpSettings, create_app
@@ -24,6 +24,7 @@ from entrypoints.server import END_GRACE_S, ConnectionLimits, LimitedServer, ser
 from entrypoints.transport_flags import TransportSettings
 from tests.fakes import fake_container
 from tests.robustness.harness import MODEL, Stack, fake_stack, serving
+from tests.support.uvicorn_thread import running
 
 ORIGIN = "https://app.example.com"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
@@ -270,9 +271,37 @@ def test_a_request_within_its_deadline_is_unaffected() -> None:
 # --- the drain -------------------------------------------------------------------------
 
 
+@dataclass
+class Drain:
+    """A /v1/generate stream under way on a real server whose drain has begun."""
+
+    stack: Stack
+    draining: Draining
+    server: LimitedServer
+    url: str
+    thread: threading.Thread  # the server's
+    reader: threading.Thread  # the stream's client
+    out: list[str]  # the stream's body, once it ended
+
+    def stopped(self, timeout_s: float) -> bool:
+        """Whether the server's thread ends within ``timeout_s``."""
+        self.thread.join(timeout=timeout_s)
+        return not self.thread.is_alive()
+
+
 @contextmanager
-def draining_server(app: Litestar, draining: Draining, timeout_s: float) -> Iterator[Any]:
-    """``app`` under :class:`LimitedServer` with a drain; yields (server, url, thread)."""
+def drain_begun(
+    timeout_s: float,
+    max_tokens: int,
+    how: signal.Signals = signal.SIGTERM,
+    checkpoints: Path | None = None,
+) -> Iterator[Drain]:
+    """An endless fake stack (with the toy Tinker backend where ``checkpoints`` is given)
+    under :class:`LimitedServer` with a drain of ``timeout_s``; a stream of ``max_tokens``
+    runs when the server handles the signal ``how``."""
+    stack = fake_stack(checkpoints, endless=True, step_latency_s=0.02)
+    draining = Draining()
+    app = create_app(stack.engine, MODEL, HttpServices(tinker=stack.tinker, draining=draining))
     config = server_config(
         app,
         "127.0.0.1",
@@ -282,18 +311,11 @@ def draining_server(app: Litestar, draining: Draining, timeout_s: float) -> Iter
         timeout_graceful_shutdown=END_GRACE_S,
     )
     server = LimitedServer(config, draining, timeout_s)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server failed to start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield server, f"http://127.0.0.1:{port}", thread
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with running(server) as started:
+        reader, out = _stream_in_background(started.url, {**GENERATE, "max_tokens": max_tokens})
+        stack.wait_busy()
+        server.handle_exit(how, None)
+        yield Drain(stack, draining, server, started.url, started.thread, reader, out)
 
 
 def _stream_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, list[str]]:
@@ -309,20 +331,15 @@ def _stream_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thr
 
 
 def test_draining_refuses_new_work_in_each_face_format_and_is_not_ready(tmp_path: Path) -> None:
-    stack = fake_stack(tmp_path, endless=True, step_latency_s=0.02)
-    draining = Draining()
-    app = create_app(stack.engine, MODEL, HttpServices(tinker=stack.tinker, draining=draining))
-    with draining_server(app, draining, 10) as (server, url, _):
-        reader, _ = _stream_in_background(url, {**GENERATE, "max_tokens": 1000})
-        stack.wait_busy()
-        server.handle_exit(signal.SIGTERM, None)
+    with drain_begun(10, max_tokens=1000, checkpoints=tmp_path) as drain:
+        url = drain.url
         chat = httpx.post(f"{url}/v1/chat/completions", json=CHAT)
         generate = httpx.post(f"{url}/v1/generate", json=GENERATE)
         tinker = httpx.get(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-1"})
         health, ready = httpx.get(f"{url}/health"), httpx.get(f"{url}/ready")
-        assert server.started and reader.is_alive()  # the stream still runs
-        server.servers[0].get_loop().call_soon_threadsafe(draining.end_all)
-        reader.join(timeout=10)
+        assert drain.server.started and drain.reader.is_alive()  # the stream still runs
+        drain.server.servers[0].get_loop().call_soon_threadsafe(drain.draining.end_all)
+        drain.reader.join(timeout=10)
     for reply in (chat, generate, tinker):
         assert reply.status_code == 503 and reply.headers["retry-after"] == "1", reply.text
     assert chat.json()["error"]["type"] == "server_error"
@@ -333,52 +350,31 @@ def test_draining_refuses_new_work_in_each_face_format_and_is_not_ready(tmp_path
 
 
 def test_a_stream_that_fits_in_the_drain_timeout_completes_then_the_server_stops() -> None:
-    stack = fake_stack(endless=True, step_latency_s=0.02)
-    draining = Draining()
-    app = create_app(stack.engine, MODEL, HttpServices(draining=draining))
-    with draining_server(app, draining, 10) as (server, url, thread):
-        reader, out = _stream_in_background(url, {**GENERATE, "max_tokens": 30})
-        stack.wait_busy()
-        server.handle_exit(signal.SIGTERM, None)
-        reader.join(timeout=10)
-        thread.join(timeout=5)
-        stopped = not thread.is_alive()
-    events = _events(out[0])
+    with drain_begun(10, max_tokens=30) as drain:
+        drain.reader.join(timeout=10)
+        stopped = drain.stopped(5)
+    events = _events(drain.out[0])
     assert events[-1][0] == "done" and len(events) == 31
     assert stopped
 
 
 def test_a_stream_past_the_drain_timeout_gets_an_error_event_and_is_aborted() -> None:
-    stack = fake_stack(endless=True, step_latency_s=0.02)
-    draining = Draining()
-    app = create_app(stack.engine, MODEL, HttpServices(draining=draining))
-    with draining_server(app, draining, 0.3) as (server, url, thread):
-        reader, out = _stream_in_background(url, {**GENERATE, "max_tokens": 1000})
-        stack.wait_busy()
-        server.handle_exit(signal.SIGTERM, None)
-        reader.join(timeout=10)
-        left = stack.wait_idle()
-        thread.join(timeout=10)
-        stopped = not thread.is_alive()
-    kind, payload = _events(out[0])[-1]
+    with drain_begun(0.3, max_tokens=1000) as drain:
+        drain.reader.join(timeout=10)
+        left = drain.stack.wait_idle()
+        stopped = drain.stopped(10)
+    kind, payload = _events(drain.out[0])[-1]
     assert kind == "error" and "shutting down" in payload["error"]
     assert left == {}
     assert stopped
 
 
 def test_a_second_signal_ends_the_drain_at_once() -> None:
-    stack = fake_stack(endless=True, step_latency_s=0.02)
-    draining = Draining()
-    app = create_app(stack.engine, MODEL, HttpServices(draining=draining))
-    with draining_server(app, draining, 30) as (server, url, thread):
-        reader, out = _stream_in_background(url, {**GENERATE, "max_tokens": 1000})
-        stack.wait_busy()
-        server.handle_exit(signal.SIGINT, None)
+    with drain_begun(30, max_tokens=1000, how=signal.SIGINT) as drain:
         time.sleep(0.3)
-        assert reader.is_alive()
-        server.handle_exit(signal.SIGINT, None)
-        reader.join(timeout=5)
-        thread.join(timeout=5)
-        stopped = not thread.is_alive()
-    assert _events(out[0])[-1][0] == "error"
-    assert stopped and not server.force_exit
+        assert drain.reader.is_alive()
+        drain.server.handle_exit(signal.SIGINT, None)
+        drain.reader.join(timeout=5)
+        stopped = drain.stopped(5)
+    assert _events(drain.out[0])[-1][0] == "error"
+    assert stopped and not drain.server.force_exit
