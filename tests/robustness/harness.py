@@ -22,6 +22,7 @@ from application.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
 from entrypoints.server import ConnectionLimits, LimitedServer, server_config
 from tests.fakes import fake_async_engine
+from tests.support.engine_leftovers import EngineLeftovers
 from tests.support.uvicorn_thread import running
 
 MODEL = "test/fake-model"
@@ -32,42 +33,13 @@ ENDLESS = 1500
 
 
 @dataclass
-class Stack:
+class Stack(EngineLeftovers):
     engine: AsyncEngine
     runner: FakeModelRunner
     tinker: TinkerService | None
 
     def app(self) -> Litestar:
         return create_app(self.engine, MODEL, HttpServices(tinker=self.tinker))
-
-    def leftovers(self) -> dict[str, Any]:
-        """What the engine still holds: empty when every request has ended."""
-        engine = self.engine.engine
-        left: dict[str, Any] = {}
-        if engine.has_work():
-            left["scheduled"] = True
-        if self.runner.live:
-            left["runner_state"] = sorted(self.runner.live)
-        blocks = engine.scheduler.blocks  # type: ignore[attr-defined]
-        if blocks.num_free_blocks < blocks.num_blocks:
-            left["kv_blocks"] = blocks.num_blocks - blocks.num_free_blocks
-        if len(self.engine.sink):
-            left["open_streams"] = len(self.engine.sink)
-        return left
-
-    def wait_idle(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        """Poll until nothing is left (empty dict) or ``timeout_s`` passes (what is left)."""
-        deadline = time.monotonic() + timeout_s
-        while (left := self.leftovers()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return left
-
-    def wait_busy(self, timeout_s: float = 5.0) -> None:
-        """Until some request holds runner state (it is running)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.runner.live:
-            assert time.monotonic() < deadline, "no request started"
-            time.sleep(0.005)
 
 
 def fake_stack(

@@ -22,6 +22,7 @@ from tests.robustness.harness import (
     reset,
     serving,
 )
+from tests.support.asgi import leave_right_after_sending
 
 # How long the engine gets to clean up: a request left running would need ENDLESS steps
 # of STEP_S (15 s) to end by itself.
@@ -234,32 +235,9 @@ async def test_a_client_gone_before_the_first_event(name: str) -> None:
     stack = fake_stack(endless=True, step_latency_s=STEP_S)
     path, fields = BODIES[name]
     body = json.dumps({"model": MODEL, "max_tokens": ENDLESS, **fields}).encode()
-    incoming: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        pass
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"x")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2),
-        "state": {},
-    }
     stack.engine.start()
     try:
-        await stack.app()(scope, receive, send)  # type: ignore[arg-type]
+        await leave_right_after_sending(stack.app(), path, body)
         for _ in range(int(SETTLE_S / 0.02)):
             if not stack.leftovers():
                 break

@@ -29,6 +29,8 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
+from tests.support.asgi import leave_right_after_sending
+from tests.support.engine_leftovers import EngineLeftovers
 from tests.support.uvicorn_thread import running
 
 MODEL = "test/fake-model"
@@ -37,7 +39,7 @@ CHAT = [{"role": "user", "content": "hi"}]
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/generate"]
 
 
-class Stack:
+class Stack(EngineLeftovers):
     """The app over the fake runner; ``endless``: every request runs to ``max_tokens``."""
 
     def __init__(self, *, endless: bool = True, step_latency_s: float = 0.0, **config: Any):
@@ -52,23 +54,6 @@ class Stack:
         self.core, self.sink = self.engine.engine, self.engine.sink
         self.app: Litestar = create_app(self.engine, MODEL)
 
-    def leftovers(self) -> dict[str, Any]:
-        """What the engine still holds: empty when every request has ended."""
-        left: dict[str, Any] = {}
-        if self.core.has_work():
-            left["queued_or_running"] = len(self.core.output)
-        if self.runner.live:
-            left["kv_slots"] = len(self.runner.live)
-        if len(self.sink):
-            left["open_streams"] = len(self.sink)
-        return left
-
-    def wait_idle(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while (left := self.leftovers()) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return left
-
     def occupy(self, count: int) -> None:
         """``count`` requests that run for a long time."""
         for i in range(count):
@@ -79,38 +64,6 @@ class Stack:
 def body_for(path: str, **fields: Any) -> dict[str, Any]:
     slot = {"messages": CHAT} if path == "/v1/chat/completions" else {"prompt": "hi"}
     return {"model": MODEL, "max_tokens": 600, **slot, **fields}
-
-
-async def leave_right_after_sending(app: Litestar, path: str, body: bytes) -> list[Any]:
-    """One request through the ASGI app from a client that leaves once it is sent; the
-    messages the app sent back."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> Any:
-        return pending.pop() if pending else {"type": "http.disconnect"}
-
-    sent: list[Any] = []
-
-    async def send(message: Any) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"test"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1234),
-        "server": ("127.0.0.1", 80),
-        "state": {},
-    }
-    await app(scope, receive, send)  # type: ignore[arg-type]
-    return sent
 
 
 def status_of(sent: list[Any]) -> int:
