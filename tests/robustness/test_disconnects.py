@@ -110,23 +110,15 @@ def test_leaving_before_the_request_is_complete_queues_nothing(
 
 @pytest.mark.parametrize("name", list(BODIES))
 @pytest.mark.parametrize("close", [socket.socket.close, reset], ids=["close", "reset"])
-def test_leaving_right_after_sending_the_request_aborts_it(
-    served: Served, stack: Stack, name: str, close: Callable[[socket.socket], None]
+@pytest.mark.parametrize("running", [False, True], ids=["right-after-sending", "while-it-runs"])
+def test_leaving_after_sending_the_request_aborts_it(
+    served: Served, stack: Stack, name: str, close: Callable[[socket.socket], None], running: bool
 ) -> None:
+    """The client leaves right after sending the request, or once the request runs."""
     sock = served.connect()
     sock.sendall(request_bytes(name))
-    close(sock)
-    assert stack.wait_idle(SETTLE_S) == {}
-
-
-@pytest.mark.parametrize("name", list(BODIES))
-@pytest.mark.parametrize("close", [socket.socket.close, reset], ids=["close", "reset"])
-def test_leaving_while_the_request_runs_aborts_it(
-    served: Served, stack: Stack, name: str, close: Callable[[socket.socket], None]
-) -> None:
-    sock = served.connect()
-    sock.sendall(request_bytes(name))
-    stack.wait_busy()
+    if running:
+        stack.wait_busy()
     close(sock)
     assert stack.wait_idle(SETTLE_S) == {}
 
