@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from application.keys import Keyring
-from application.quotas import Quotas
+from application.quotas import Quotas, RateLimitCounters
 from domain.tenancy import Tenant
 
 log = structlog.get_logger("infer.audit")
@@ -25,6 +25,23 @@ class Access:
         self.keyring, self.quotas, self.on_tenants = keyring, quotas, on_tenants
         if keyring is not None and on_tenants is not None:
             on_tenants(keyring.tenants)
+
+    @classmethod
+    def for_keyring(
+        cls,
+        keyring: Keyring | None,
+        counters: Callable[[], RateLimitCounters],
+        *,
+        on_refused: Callable[[str, str], None] | None = None,
+        on_tenants: Callable[[Sequence[Tenant]], None] | None = None,
+    ) -> "Access":
+        """Keys and limits (none without a keyring: an open server): quotas counted on
+        ``counters()`` (built only with a keyring); ``on_refused``: told of each refusal;
+        ``on_tenants``: told the tenants (their weights) whenever the keyring is placed."""
+        quotas = None
+        if keyring is not None:
+            quotas = Quotas(counters(), on_refused=on_refused)
+        return cls(keyring, quotas, on_tenants=on_tenants)
 
     @property
     def open(self) -> bool:

@@ -22,6 +22,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
+from typing import Protocol
 
 from application.tinker.engine_sampler import checkpoint_adapter_id
 from application.tinker.service import TinkerService
@@ -63,7 +64,45 @@ class ModelEntry:
         return any(allows_model(name) for name in self.grants)
 
 
+class NameSettings(Protocol):
+    """The model settings that name what is served (``infer serve``'s flags)."""
+
+    @property
+    def aliases(self) -> Sequence[str]: ...
+    @property
+    def model_version(self) -> str | None: ...
+    @property
+    def lora_modules(self) -> Sequence[LoraModule]: ...
+    @property
+    def deprecations(self) -> Mapping[str, date]: ...
+
+
 class ServedModels:
+    @classmethod
+    def from_settings(
+        cls,
+        names: list[str],
+        root: str,
+        settings: NameSettings,
+        lora: ServingAdapters | None,
+        tinker: TinkerService | None,
+    ) -> "ServedModels":
+        """The names the OpenAI faces serve: ``names[0]`` and the aliases of ``settings``,
+        the LoRA modules (loaded now: a bad folder fails the start), Tinker's checkpoints
+        (on the base model under any of ``names``, Tinker's aliases included)."""
+        models = cls(
+            [names[0], *settings.aliases],
+            root,
+            version=settings.model_version,
+            lora_modules=settings.lora_modules,
+            adapters=lora,
+            tinker=tinker,
+            tinker_base_names=names,
+            deprecations=settings.deprecations,
+        )
+        models.load_lora_modules()
+        return models
+
     def __init__(
         self,
         names: Sequence[str],

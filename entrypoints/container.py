@@ -37,9 +37,12 @@ from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import Tracing
-from adapters.storage.factory import build_access, build_idempotency, build_tinker
-from adapters.weights.factory import build_served_models
+from adapters.storage.factory import build_idempotency, checkpoint_storage
+from adapters.storage.rate_limits import LimitsCounters
+from application.access import Access
 from application.async_engine import AsyncEngine
+from application.served_models import ServedModels
+from application.tinker.service import tinker_service
 from domain.scheduler import TenantShares, make_scheduler
 from entrypoints.access_flags import AccessSettings
 from entrypoints.backends import BACKENDS, TRAININGS
@@ -114,22 +117,23 @@ class Container(containers.DeclarativeContainer):
     # replicas.py overrides the tag).
     tinker_id_tag = providers.Object("")
     tinker = providers.Singleton(
-        build_tinker,
+        tinker_service,
         config.provided.tinker.enabled,
-        config.provided.tinker.checkpoint_dir,
         config.provided.tinker.limits,
         training.backend.provider,
         training.sampler.provider,
+        providers.Factory(checkpoint_storage, config.provided.tinker.checkpoint_dir).provider,
         providers.Singleton(training_observer, metrics, tracing),
         providers.Callable(pending_futures_gauge, metrics),
         tinker_id_tag,
     )
-    # API keys -> tenants (None: an open server), read from the keys file once.
+    # API keys -> tenants (None: an open server), read from the keys file once; the
+    # quotas' counters in Redis with --redis-url, else in memory.
     keyring = providers.Singleton(AccessSettings.keyring, config.provided.access)
     access = providers.Singleton(
-        build_access,
+        Access.for_keyring,
         keyring,
-        config.provided.access.redis_url,
+        providers.Factory(LimitsCounters, config.provided.access.redis_url).provider,
         on_refused=providers.Callable(on_rate_limited, metrics),
         on_tenants=tenant_shares.provided.set_tenants,
     )
@@ -140,7 +144,7 @@ class Container(containers.DeclarativeContainer):
         config.provided.access.idempotency_max_keys,
     )
     served_models = providers.Singleton(
-        build_served_models,
+        ServedModels.from_settings,
         backend.served_names,
         backend.model_name,
         config.provided.model,

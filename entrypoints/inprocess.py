@@ -91,11 +91,7 @@ class LLM:
                 raise ValueError(f"{len(per_prompt)} params for {len(prompts)} prompts")
         if engine.healthy:
             raise RuntimeError("generate() while stream()s run: finish them first")
-        prepared = [
-            (engine.engine.prepare(prompt, p), p)
-            for prompt, p in zip(prompts, per_prompt, strict=True)
-        ]
-        outputs = _run(_generate(engine, prepared))
+        outputs = _run(_generate(engine, list(zip(prompts, per_prompt, strict=True))))
         return [_result(p, o) for p, o in zip(prompts, outputs, strict=True)]
 
     async def stream(
@@ -135,12 +131,13 @@ def _run(work: Coroutine[Any, Any, T]) -> T:
 
 
 async def _generate(
-    engine: AsyncEngine, prepared: Sequence[tuple[list[int], SamplingParams]]
+    engine: AsyncEngine, requests: Sequence[tuple[str | list[int], SamplingParams]]
 ) -> list[list[StepOutput]]:
-    """Run prepared prompts through the engine loop: each is queued as the waiting queue
-    has room (when full, once a queued one finishes); every output, in prompt order."""
-    outputs: list[list[StepOutput]] = [[] for _ in prepared]
-    request_ids = [new_request_id("llm") for _ in prepared]
+    """Run prompts through the engine loop: every one is prepared (tokenized, validated:
+    a bad one raises before any is queued), then each is queued as the waiting queue has
+    room (when full, once a queued one finishes); every output, in prompt order."""
+    outputs: list[list[StepOutput]] = [[] for _ in requests]
+    request_ids = [new_request_id("llm") for _ in requests]
 
     async def collect(index: int, stream: AsyncIterator[StepOutput]) -> None:
         outputs[index] = [output async for output in stream]
@@ -149,6 +146,7 @@ async def _generate(
     queued = 0
     engine.start()
     try:
+        prepared = [(await engine.inputs.prepare(prompt, p), p) for prompt, p in requests]
         while queued < len(prepared) or running:
             while queued < len(prepared):
                 prompt_ids, params = prepared[queued]

@@ -106,15 +106,17 @@ def caller(request: Request[Any, Any, Any]) -> Caller:
 REQUEST_DEPENDENCIES = {"caller": Provide(caller, sync_to_thread=False)}
 
 
+def constants(services: Mapping[str, object]) -> dict[str, Provide]:
+    """``services`` as dependencies by name (each the same object for every request)."""
+    return {
+        name: Provide(_constant(value), use_cache=True, sync_to_thread=False)
+        for name, value in services.items()
+    }
+
+
 def provide(services: Mapping[str, object]) -> dict[str, Provide]:
     """The app's ``services`` as dependencies by name, with the request's ones."""
-    return {
-        **{
-            name: Provide(_constant(value), use_cache=True, sync_to_thread=False)
-            for name, value in services.items()
-        },
-        **REQUEST_DEPENDENCIES,
-    }
+    return {**constants(services), **REQUEST_DEPENDENCIES}
 
 
 def _constant(value: object) -> Any:

@@ -1,19 +1,13 @@
 """What the composition root builds from model specs: the model's folder, the embedding
-model's, and the names a model is served under (its id, its aliases and Tinker's, the
-served models with their LoRA modules' folders loaded)."""
+model's, and the names a model is served under (its id, its aliases and Tinker's)."""
 
-from collections.abc import Mapping, Sequence
-from datetime import date
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from adapters.weights.embedding import resolve_embedding_model
 from adapters.weights.folder import ResolvedModel
 from adapters.weights.packaged import SMOLLM2_NAME
 from adapters.weights.resolve import resolve_model
-from application.served_models import LoraModule, ServedModels
-from application.tinker.service import TinkerService
-from domain.training import ServingAdapters
 
 # Names under which a model is also advertised to Tinker clients, so that tinker-cookbook
 # recipes (which look renderers up by exact model name) find one that writes the model's
@@ -37,40 +31,3 @@ def model_names(name: str, served: str | None, aliases: Sequence[str] | None) ->
     first = served or name
     extra = DEFAULT_TINKER_ALIASES.get(name, ()) if aliases is None else aliases
     return [first, *(a for a in extra if a != first)]
-
-
-class NameSettings(Protocol):
-    """The model settings that name what is served (``infer serve``'s flags)."""
-
-    @property
-    def aliases(self) -> Sequence[str]: ...
-    @property
-    def model_version(self) -> str | None: ...
-    @property
-    def lora_modules(self) -> Sequence[LoraModule]: ...
-    @property
-    def deprecations(self) -> Mapping[str, date]: ...
-
-
-def build_served_models(
-    names: list[str],
-    root: str,
-    settings: NameSettings,
-    lora: ServingAdapters | None,
-    tinker: TinkerService | None,
-) -> ServedModels:
-    """The names the OpenAI faces serve: ``names[0]`` and the aliases of ``settings``, the
-    LoRA modules (loaded now: a bad folder fails the start), Tinker's checkpoints (on the
-    base model under any of ``names``, Tinker's aliases included)."""
-    models = ServedModels(
-        [names[0], *settings.aliases],
-        root,
-        version=settings.model_version,
-        lora_modules=settings.lora_modules,
-        adapters=lora,
-        tinker=tinker,
-        tinker_base_names=names,
-        deprecations=settings.deprecations,
-    )
-    models.load_lora_modules()
-    return models

@@ -9,7 +9,7 @@ another tenant's session, run, sampler, checkpoint or future is a ``NotFoundErro
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -338,3 +338,32 @@ class TinkerService:
             source = self.sampling.source_for(owner, base_model=base_model, model_path=model_path)
         context = self.training.base_model(source.base_model).max_context_length
         return SampleTarget(source, context)
+
+
+def tinker_service(
+    enabled: bool,
+    limits: TinkerLimits,
+    backend: Callable[[], TrainingBackend],
+    sampler: Callable[[], SamplingBackend | None],
+    storage: Callable[[], DownloadableStorage],
+    observer: TrainingObserver | None = None,
+    track_pending: Callable[[Callable[[], int]], None] | None = None,
+    id_tag: str = "",
+) -> TinkerService | None:
+    """The Tinker service when ``enabled`` (None otherwise): training on ``backend()``,
+    samples from ``sampler()`` (None: nothing samples here, as LoRA training on the fake
+    runner: no Tinker API either), checkpoints in ``storage()``; ``observer``: told of
+    every operation; ``track_pending``: given the count of pending futures (a gauge);
+    ``id_tag``: in its session and future ids (a fleet's replica id). The backends and
+    storage are built only when the service is."""
+    if not enabled:
+        return None
+    sampling = sampler()
+    if sampling is None:
+        return None
+    service = TinkerService(
+        backend(), sampling, storage(), limits=limits, observer=observer, id_tag=id_tag
+    )
+    if track_pending is not None:
+        track_pending(service.pending_futures)
+    return service

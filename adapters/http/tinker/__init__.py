@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from litestar import Router
-from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
 from adapters.http.auth import TENANT, ApiKeyGuard
 from adapters.http.errors import HTTPError
+from adapters.http.request_state import constants
 from adapters.http.tinker.errors import forbidden_key, refused_key, tinker_error_response
 from adapters.http.tinker.futures import FutureRoutes
 from adapters.http.tinker.models import ModelRoutes
@@ -78,9 +78,7 @@ def tinker_router(
             RunRoutes,
         ],
         dependencies={
-            "service": Provide(lambda: service, use_cache=True, sync_to_thread=False),
-            "sdk_config": Provide(lambda: sdk_config, use_cache=True, sync_to_thread=False),
-            "api_keys": Provide(lambda: guard, use_cache=True, sync_to_thread=False),
+            **constants({"service": service, "sdk_config": sdk_config, "api_keys": guard}),
             TENANT: guard.dependency(),
         },
         # Every error under /api/v1 in this API's form (the app's OpenAI-form handlers

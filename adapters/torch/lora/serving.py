@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from adapters.torch.lora import peft
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.models.config import ModelConfig
-from adapters.torch.models.transformer import Block, Transformer
+from adapters.torch.models.transformer import Transformer
 from domain.training import InvalidTrainingRequest
 
 Route = tuple[Tensor, Tensor, Tensor]  # token indices [n], A [R, in], B [out, R] (scaled)
@@ -154,7 +154,8 @@ class LoraServing:
         self, token_adapters: Sequence[str | None], logit_adapters: Sequence[str | None]
     ) -> Iterator[None]:
         """Apply each token's adapter (the model's flat token order) and each logit row's
-        (the rows passed to ``lm_head``) for one forward."""
+        (the rows passed to ``lm_head``) for one forward, which the runner runs through
+        the layers' modules (``PagedBatch(fused=False)``: the decode kernels know no LoRA)."""
         token_groups = _groups(token_adapters, self.device)
         logit_groups = _groups(logit_adapters, self.device)
         if not token_groups and not logit_groups:
@@ -164,11 +165,7 @@ class LoraServing:
             if adapter_id not in self._adapters:
                 raise RuntimeError(f"LoRA adapter {adapter_id!r} is not loaded")
             self._adapters.move_to_end(adapter_id)
-        blocks = [b for b in self.model.layers if isinstance(b, Block)]
-        kernels = [(block, block.decode_kernel) for block in blocks]
         try:
-            for block in blocks:
-                block.decode_kernel = None
             for path, site in self.sites.items():
                 groups = logit_groups if path == "lm_head" else token_groups
                 site.routes = [
@@ -180,8 +177,6 @@ class LoraServing:
         finally:
             for site in self.sites.values():
                 site.routes = []
-            for block, kernel in kernels:
-                block.decode_kernel = kernel
 
     def _fuse(
         self, path: str, pairs: Mapping[str, peft.Pair], scale: float

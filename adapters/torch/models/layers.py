@@ -257,8 +257,13 @@ class PagedBatch:
         chunks: list[tuple[list[int], int, int]],
         windows: dict[bool, int | None],
         device: torch.device,
+        *,
+        fused: bool = True,
     ) -> None:
+        # fused: decode steps may run through a layer's installed decode kernel (False: a
+        # step the kernels cannot compute, e.g. one with LoRA deltas, runs the modules).
         self.cache, self.rows, size = cache, len(rows), cache.block_size
+        self.fused = fused
         token_positions = [position for _, position in rows]
         slots = [s for table, p in rows for s in slot_mapping(table, p, 1, size)]
         self.decode_masks: dict[bool, AttnMask] = {}
@@ -297,7 +302,7 @@ class PagedBatch:
         be built inside a CUDA-graph capture (the paged kernel reads ``tables`` and the
         lengths; a gather would read ``max_blocks`` blocks)."""
         batch = cls.__new__(cls)
-        batch.cache, batch.rows = cache, positions.shape[0]
+        batch.cache, batch.rows, batch.fused = cache, positions.shape[0], True
         lengths = positions + 1
         kv_len = tables.shape[1] * cache.block_size
         masks = {
@@ -346,9 +351,9 @@ class PagedView:
 
     def decode_rows(self, layer: int) -> "PagedDecodeRows | None":
         """The step as decode rows over this layer's pool, for a fused decode layer (None
-        when it has prompt chunks)."""
+        when it has prompt chunks or runs unfused)."""
         batch = self.batch
-        if batch.chunks or not batch.rows:
+        if batch.chunks or not batch.rows or not batch.fused:
             return None
         mask = batch.decode_masks[self.sliding]
         assert mask.lengths is not None and mask.tables is not None

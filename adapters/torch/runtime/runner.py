@@ -168,7 +168,14 @@ class TorchModelRunner:
         ):
             tables, positions = [t for t, _ in rows_in], [p for _, p in rows_in]
             return self.graphs.forward(tokens, tables, positions), ({}, {})
-        batch = PagedBatch(self.cache, rows_in, chunks, self.model.windows(), self.device)
+        batch = PagedBatch(
+            self.cache,
+            rows_in,
+            chunks,
+            self.model.windows(),
+            self.device,
+            fused=not any(token_adapters),  # the fused decode kernels know no LoRA deltas
+        )
         with self._routed(token_adapters, [token_adapters[r] for r in rows]):
             logits = self.model.forward_mixed(
                 torch.tensor(tokens, device=self.device),
