@@ -13,25 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pydantic
 import pytest
 import tinker
 from litestar.testing import TestClient
 from tinker import types
-from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 from tinker.types.try_again_response import TryAgainResponse
 
 from application.tinker.service import TinkerService
+from tests.support.tinker_client import HEADERS, PROTOBUF, SEQ, forward_backward_proto, post_proto
 from tests.support.tinker_server import BASE_MODEL, tinker_app, toy_service
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-KEY = "tml-test"
-HEADERS = {"X-API-Key": KEY}
-PROTOBUF = "application/x-protobuf"
-SEQ = [5, 17, 42, 7, 99, 3, 250, 8]
 
 # --- the SDK's endpoints ----------------------------------------------------------------
 
@@ -273,31 +268,8 @@ def outcome(client: TestClient[Any], request_id: str, *, proto: bool = False) ->
     raise AssertionError(f"future {request_id} never finished")
 
 
-def datum(tokens: list[int]) -> types.Datum:
-    inputs = {
-        "target_tokens": types.TensorData.from_numpy(np.array(tokens[1:], dtype=np.int64)),
-        "weights": types.TensorData.from_numpy(np.ones(len(tokens) - 1, dtype=np.float32)),
-    }
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
-
-
-def forward_backward_body(model_id: str, seq_id: int) -> bytes:
-    request = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(
-            data=[datum(SEQ)], loss_fn="cross_entropy"
-        ),
-        model_id=model_id,
-        seq_id=seq_id,
-    )
-    return forward_backward_request_to_proto(request).SerializeToString()
-
-
 def post_forward_backward(client: TestClient[Any], model_id: str, seq_id: int) -> str:
-    response = client.post(
-        "/api/v1/forward_backward",
-        content=forward_backward_body(model_id, seq_id),
-        headers={**HEADERS, "Content-Type": PROTOBUF},
-    )
+    response = post_proto(client, forward_backward_proto(model_id, seq_id))
     assert response.status_code == 200, response.text
     return types.UntypedAPIFuture.model_validate(response.json()).request_id
 

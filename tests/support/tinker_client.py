@@ -64,34 +64,51 @@ class Api:
         return session_id
 
     def model(self, session_id: str, seq: int = 0, **extra: Any) -> str:
-        body = {
-            "session_id": session_id,
-            "model_seq_id": seq,
-            "base_model": BASE_MODEL,
-            "lora_config": {"rank": 4, "seed": 0},
-            **extra,
-        }
+        body = {**model_body(session_id, seq, lora_config={"rank": 4, "seed": 0}), **extra}
         model_id: str = self.run("create_model", body)["model_id"]
         return model_id
 
     def forward_backward(self, model_id: str, seq_id: int, *, forward_only: bool = False) -> str:
-        request = types.ForwardBackwardRequest(
-            forward_backward_input=types.ForwardBackwardInput(
-                data=[datum(SEQ)], loss_fn="cross_entropy"
-            ),
-            model_id=model_id,
-            seq_id=seq_id,
-        )
-        msg = forward_backward_request_to_proto(request)
-        msg.forward_only = forward_only
-        response = self.http.post(
-            "/api/v1/forward_backward",
-            content=msg.SerializeToString(),
-            headers={**self.headers, "Content-Type": PROTOBUF},
-        )
+        msg = forward_backward_proto(model_id, seq_id, forward_only=forward_only)
+        response = post_proto(self.http, msg, self.headers)
         assert response.status_code == 200, response.text
         request_id: str = response.json()["request_id"]
         return request_id
+
+
+def model_body(session_id: str, seq: int = 0, **extra: Any) -> dict[str, Any]:
+    """A create_model body: a rank-4 LoRA of the base model (``extra``: fields to add or
+    replace)."""
+    return {
+        "session_id": session_id,
+        "model_seq_id": seq,
+        "base_model": BASE_MODEL,
+        "lora_config": {"rank": 4},
+        **extra,
+    }
+
+
+def forward_backward_proto(model_id: str, seq_id: int, *, forward_only: bool = False) -> Any:
+    """A forward_backward request (cross entropy on ``SEQ``) as the SDK's protobuf message."""
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(
+            data=[datum(SEQ)], loss_fn="cross_entropy"
+        ),
+        model_id=model_id,
+        seq_id=seq_id,
+    )
+    msg = forward_backward_request_to_proto(request)
+    msg.forward_only = forward_only
+    return msg
+
+
+def post_proto(http: Any, msg: Any, headers: dict[str, str] = HEADERS) -> Any:
+    """POST the protobuf ``msg`` to forward_backward; the response."""
+    return http.post(
+        "/api/v1/forward_backward",
+        content=msg.SerializeToString(),
+        headers={**headers, "Content-Type": PROTOBUF},
+    )
 
 
 def datum(tokens: list[int]) -> types.Datum:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from tests.support.tinker_server import BASE_MODEL, tinker_app, toy_service
+from tests.support.tinker_client import model_body
+from tests.support.tinker_server import tinker_app, toy_service
 
 OPEN = {"/api/v1/healthz", "/api/v1/client/config", "/api/v1/get_server_capabilities",
         "/api/v1/telemetry"}  # fmt: skip
@@ -60,16 +61,7 @@ def test_a_signed_download_link_needs_no_key_but_a_signature(client: TestClient[
 def test_tenants_see_only_their_own(client: TestClient[Any]) -> None:
     alice, bob = {"X-API-Key": "tml-alice"}, {"Authorization": "Bearer tml-bob"}
     session = client.post("/api/v1/create_session", json={}, headers=alice).json()["session_id"]
-    created = client.post(
-        "/api/v1/create_model",
-        json={
-            "session_id": session,
-            "model_seq_id": 0,
-            "base_model": BASE_MODEL,
-            "lora_config": {"rank": 4},
-        },
-        headers=alice,
-    ).json()
+    created = client.post("/api/v1/create_model", json=model_body(session), headers=alice).json()
     model_id, request_id = created["model_id"], created["request_id"]
     assert client.get(f"/api/v1/sessions/{session}", headers=alice).status_code == 200
     for method, path, body in [

@@ -4,25 +4,22 @@ limits, and checkpoint links and errors that name no server path."""
 
 import json
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from litestar.testing import TestClient
-from tinker import types
-from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from application.tinker.service import TinkerService
 from domain.training import TinkerLimits
 from tests.support.tinker_client import (
     HEADERS,
-    PROTOBUF,
     SEQ,
     Api,
-    datum,
+    forward_backward_proto,
     json_datum,
+    post_proto,
     sample_body,
 )
 from tests.support.tinker_server import BASE_MODEL, tinker_app, toy_service
@@ -32,20 +29,8 @@ JSON = {**HEADERS, "Content-Type": "application/json"}
 
 @pytest.fixture
 def service(tmp_path: Path) -> TinkerService:
-    service = toy_service(tmp_path / "ckpt", limits=TinkerLimits(max_pending_requests=4))
-    service.long_poll_s = 0.5
-    return service
-
-
-@pytest.fixture
-def client(service: TinkerService) -> Iterator[TestClient[Any]]:
-    with TestClient(tinker_app(service)) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def api(client: TestClient[Any]) -> Api:
-    return Api(client)
+    limits = TinkerLimits(max_pending_requests=4)
+    return toy_service(tmp_path / "ckpt", limits=limits, long_poll_s=0.5)
 
 
 def user_error(response: Any, status: int = 400) -> str:
@@ -64,25 +49,6 @@ def fb_json(model_id: str, seq_id: int | None, data: list[dict[str, Any]]) -> di
         "seq_id": seq_id,
         "forward_backward_input": {"data": data, "loss_fn": "cross_entropy"},
     }
-
-
-def proto_body(model_id: str, seq_id: int) -> Any:
-    request = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(
-            data=[datum(SEQ)], loss_fn="cross_entropy"
-        ),
-        model_id=model_id,
-        seq_id=seq_id,
-    )
-    return forward_backward_request_to_proto(request)
-
-
-def post_proto(client: TestClient[Any], msg: Any) -> Any:
-    return client.post(
-        "/api/v1/forward_backward",
-        content=msg.SerializeToString(),
-        headers={**HEADERS, "Content-Type": PROTOBUF},
-    )
 
 
 # --- malformed bodies -------------------------------------------------------------------------
@@ -104,10 +70,10 @@ def test_protobuf_bytes_that_are_not_whole_values_are_a_400(
     client: TestClient[Any], api: Api
 ) -> None:
     model_id = api.model(api.session())
-    msg = proto_body(model_id, 1)
+    msg = forward_backward_proto(model_id, 1)
     msg.data[0].model_input[0].encoded_text.tokens += b"\x01"  # 4-byte ids and a stray byte
     assert "whole number" in user_error(post_proto(client, msg))
-    msg = proto_body(model_id, 1)
+    msg = forward_backward_proto(model_id, 1)
     msg.data[0].loss_fn_inputs["target_tokens"].dense += b"\x00" * 3  # int64 + 3 bytes
     assert "whole number" in user_error(post_proto(client, msg))
 
@@ -115,7 +81,7 @@ def test_protobuf_bytes_that_are_not_whole_values_are_a_400(
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_protobuf_weights_must_be_finite(client: TestClient[Any], api: Api, bad: float) -> None:
     model_id = api.model(api.session())
-    msg = proto_body(model_id, 1)
+    msg = forward_backward_proto(model_id, 1)
     weights = np.ones(len(SEQ) - 1, np.float32)
     weights[2] = bad
     msg.data[0].loss_fn_inputs["weights"].dense = weights.tobytes()

@@ -6,7 +6,6 @@ import io
 import os
 import tarfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,16 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from application.tinker.service import TinkerService
-from tests.support.tinker_client import HEADERS, PROTOBUF, SEQ, Api, datum, json_datum, sample_body
+from tests.support.tinker_client import (
+    HEADERS,
+    PROTOBUF,
+    SEQ,
+    Api,
+    datum,
+    json_datum,
+    model_body,
+    sample_body,
+)
 from tests.support.tinker_server import API_KEY, BASE_MODEL, serve, tinker_app, toy_service
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -30,20 +38,8 @@ EXTRA = {"future_field": 1}  # a field a newer SDK might send
 
 @pytest.fixture
 def service(tmp_path: Path) -> TinkerService:
-    service = toy_service(tmp_path / "ckpt")
-    service.long_poll_s = 0.5  # a future that never finishes fails a test fast
-    return service
-
-
-@pytest.fixture
-def client(service: TinkerService) -> Iterator[TestClient[Any]]:
-    with TestClient(tinker_app(service)) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def api(client: TestClient[Any]) -> Api:
-    return Api(client)
+    # a future that never finishes fails a test fast
+    return toy_service(tmp_path / "ckpt", long_poll_s=0.5)
 
 
 # --- API keys -----------------------------------------------------------------------------
@@ -252,14 +248,7 @@ def test_bad_input_is_never_answered_with_a_retryable_status(api: Api) -> None:
         (
             "unknown base_model",
             "create_model",
-            {
-                "json": {
-                    "session_id": sid,
-                    "model_seq_id": 1,
-                    "base_model": "no/such-model",
-                    "lora_config": {"rank": 4},
-                }
-            },
+            {"json": model_body(sid, 1, base_model="no/such-model")},
             400,
         ),
         ("bad tinker path", "weights_info", {"json": {"tinker_path": "tinker://nope"}}, 400),
@@ -294,14 +283,7 @@ def test_bad_input_is_never_answered_with_a_retryable_status(api: Api) -> None:
         (
             "bad lora rank",
             "create_model",
-            {
-                "json": {
-                    "session_id": sid,
-                    "model_seq_id": 2,
-                    "base_model": BASE_MODEL,
-                    "lora_config": {"rank": 0},
-                }
-            },
+            {"json": model_body(sid, 2, lora_config={"rank": 0})},
             400,
         ),
         ("num_samples 0", "asample", {"json": sample_body([1, 2], num_samples=0)}, 400),
@@ -333,16 +315,7 @@ def test_bad_input_is_never_answered_with_a_retryable_status(api: Api) -> None:
     assert api.post(f"sessions/{sid}/finish", {}) == {}
     gone = api.http.post("/api/v1/session_heartbeat", json={"session_id": sid}, headers=HEADERS)
     assert gone.status_code == 410 and gone.json()["category"] == "user"
-    late = api.http.post(
-        "/api/v1/create_model",
-        json={
-            "session_id": sid,
-            "model_seq_id": 3,
-            "base_model": BASE_MODEL,
-            "lora_config": {"rank": 4},
-        },
-        headers=HEADERS,
-    )
+    late = api.http.post("/api/v1/create_model", json=model_body(sid, 3), headers=HEADERS)
     assert late.status_code == 410, late.text
     assert api.post(f"sessions/{sid}/finish", {}) == {}  # finishing again is fine
 

@@ -286,20 +286,14 @@ def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceC
     with pytest.raises(tinker.BadRequestError, match="not served"):
         client.create_lora_training_client(base_model="no/such-model", rank=4).result()
     sampler = client.create_sampling_client(base_model=BASE_MODEL).result()
-    with pytest.raises(tinker.BadRequestError, match="prompt_alt_tokens_k"):
-        sampler.sample(
-            types.ModelInput.from_ints(SEQ),
-            num_samples=1,
-            sampling_params=types.SamplingParams(max_tokens=2),
-            prompt_alt_tokens_k=3,
-        ).result()
-    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
-        sampler.sample(
-            types.ModelInput.from_ints(SEQ),
-            num_samples=1,
-            sampling_params=types.SamplingParams(max_tokens=2),
-            topk_sample_logprobs=21,
-        ).result()
+    for option, value in [("prompt_alt_tokens_k", 3), ("topk_sample_logprobs", 21)]:
+        with pytest.raises(tinker.BadRequestError, match=option):
+            sampler.sample(
+                types.ModelInput.from_ints(SEQ),
+                num_samples=1,
+                sampling_params=types.SamplingParams(max_tokens=2),
+                **{option: value},
+            ).result()
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
     with pytest.raises(tinker.BadRequestError, match="needs 'advantages'"):
         bad = types.Datum(
