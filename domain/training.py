@@ -162,6 +162,16 @@ class AdamParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ForwardBackwardInput:
+    """One forward/backward call's batch (Tinker's ``ForwardBackwardInput``): the data and
+    the loss over it, ``loss_fn_config`` as given (:func:`loss_config` fills defaults)."""
+
+    data: Sequence[Datum]
+    loss_fn: str
+    loss_fn_config: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardBackwardResult:
     """Per-datum outputs (``logprobs`` of the target tokens at least) and ``name:reduction``
     metrics (``loss:sum``)."""
@@ -181,6 +191,21 @@ class TinkerSamplingParams:
     seed: int | None = None
     stop_strings: tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRequest:
+    """One sampling call (Tinker's ``SampleRequest``): ``num_samples`` sequences after
+    ``prompt``; ``prompt_logprobs``: each prompt token's logprob too; ``topk_prompt`` /
+    ``topk_sample``: the top-k alternatives at each prompt position / each sampled token
+    (0: none)."""
+
+    prompt: Sequence[int]
+    params: TinkerSamplingParams
+    num_samples: int = 1
+    prompt_logprobs: bool = False
+    topk_prompt: int = 0
+    topk_sample: int = 0
 
 
 TopK = list[tuple[int, float]]  # (token id, logprob) pairs, best first
@@ -453,28 +478,14 @@ class TrainingBackend(Protocol):
         ...
 
     def forward_backward(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
+        self, model_id: str, batch: ForwardBackwardInput, *, backward: bool
     ) -> ForwardBackwardResult:
         """Loss and per-token target logprobs; with ``backward`` also adds the loss's
         gradients to the adapter's accumulated gradients."""
-        return run_steps(
-            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
-        )
+        return run_steps(self.forward_backward_steps(model_id, batch, backward=backward))
 
     def forward_backward_steps(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
+        self, model_id: str, batch: ForwardBackwardInput, *, backward: bool
     ) -> Steps[ForwardBackwardResult]:
         """:meth:`forward_backward` in pieces (micro-batches): between two pieces the caller
         may run other models' calls (never this model's), from any one thread at a time."""
@@ -505,20 +516,10 @@ class SamplingBackend(Protocol):
     """Samples from a base model with optional adapter weights applied per request."""
 
     async def sample(
-        self,
-        source: WeightsSource,
-        prompt: Sequence[int],
-        params: TinkerSamplingParams,
-        num_samples: int,
-        *,
-        prompt_logprobs: bool,
-        topk_prompt: int = 0,
-        topk_sample: int = 0,
-        tenant: str = "",
+        self, source: WeightsSource, request: SampleRequest, *, tenant: str = ""
     ) -> TinkerSampleResult:
-        """``topk_prompt`` / ``topk_sample``: also the top-k alternatives at each prompt
-        position / each sampled token (0: none). ``tenant``: who asks (an API key's owner
-        id), so backends that share capacity can let tenants take turns."""
+        """``request``'s sequences from ``source``'s weights. ``tenant``: who asks (an API
+        key's owner id), so backends that share capacity can let tenants take turns."""
         ...
 
 

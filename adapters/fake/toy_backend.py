@@ -23,11 +23,13 @@ from domain.training import (
     AdamParams,
     BaseModelInfo,
     Datum,
+    ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
     SampledSequence,
+    SampleRequest,
     Steps,
     TensorValue,
     TinkerSampleResult,
@@ -98,15 +100,10 @@ class ToyBackend(TrainingBackend):
             )
 
     def forward_backward_steps(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
+        self, model_id: str, batch: ForwardBackwardInput, *, backward: bool
     ) -> Steps[ForwardBackwardResult]:
         """One datum per piece (the gradient is added to the adapter's at the end)."""
+        data, loss_fn, loss_fn_config = batch.data, batch.loss_fn, batch.loss_fn_config
         check_data(data, loss_fn)  # inputs present, one value per input position
         outputs: list[dict[str, TensorValue]] = []
         total = 0.0
@@ -199,20 +196,12 @@ class ToyBackend(TrainingBackend):
     # --- SamplingBackend --------------------------------------------------------------
 
     async def sample(
-        self,
-        source: WeightsSource,
-        prompt: Sequence[int],
-        params: TinkerSamplingParams,
-        num_samples: int,
-        *,
-        prompt_logprobs: bool,
-        topk_prompt: int = 0,
-        topk_sample: int = 0,
-        tenant: str = "",
+        self, source: WeightsSource, request: SampleRequest, *, tenant: str = ""
     ) -> TinkerSampleResult:
         self._check_base(source.base_model)
         w = self._weights(source)
-        x = self._tokens(prompt, "prompt")
+        params, topk_prompt = request.params, request.topk_prompt
+        x = self._tokens(request.prompt, "prompt")
         if len(x) + params.max_tokens > self._info.max_context_length:
             raise InvalidTrainingRequest(
                 f"prompt ({len(x)} tokens) + max_tokens ({params.max_tokens}) exceed the "
@@ -227,12 +216,12 @@ class ToyBackend(TrainingBackend):
             else (set() if params.stop_strings is not None else {self.eos})
         )
         sequences = [
-            self._sample_one(w, int(x[-1]), params, stops, rng, topk_sample)
-            for _ in range(num_samples)
+            self._sample_one(w, int(x[-1]), params, stops, rng, request.topk_sample)
+            for _ in range(request.num_samples)
         ]
         scored: list[float | None] | None = None
         alternatives: list[TopK | None] | None = None
-        if prompt_logprobs or topk_prompt:
+        if request.prompt_logprobs or topk_prompt:
             logits = self._embed[x[:-1]] @ w
             all_lp = logits - _logsumexp(logits)
             lp = all_lp[np.arange(len(x) - 1), x[1:]]

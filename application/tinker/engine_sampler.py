@@ -30,6 +30,7 @@ from domain.training import (
     InvalidTrainingRequest,
     NotFoundError,
     SampledSequence,
+    SampleRequest,
     ServingAdapters,
     TinkerSampleResult,
     TinkerSamplingParams,
@@ -58,16 +59,7 @@ class EngineSampler:
         self._ids = itertools.count()
 
     async def sample(
-        self,
-        source: WeightsSource,
-        prompt: Sequence[int],
-        params: TinkerSamplingParams,
-        num_samples: int,
-        *,
-        prompt_logprobs: bool,
-        topk_prompt: int = 0,
-        topk_sample: int = 0,
-        tenant: str = "",
+        self, source: WeightsSource, request: SampleRequest, *, tenant: str = ""
     ) -> TinkerSampleResult:
         if source.base_model not in self.model_names:
             raise InvalidTrainingRequest(
@@ -78,24 +70,24 @@ class EngineSampler:
             adapter = self._adapter(source, stack)
             runs = [
                 self._one(
-                    list(prompt),
+                    list(request.prompt),
                     _engine_params(
-                        params,
+                        request.params,
                         i,
-                        prompt_logprobs=prompt_logprobs and i == 0,
-                        topk_prompt=topk_prompt if i == 0 else 0,
-                        topk_sample=topk_sample,
+                        prompt_logprobs=request.prompt_logprobs and i == 0,
+                        topk_prompt=request.topk_prompt if i == 0 else 0,
+                        topk_sample=request.topk_sample,
                     ),
                     adapter,
                     tenant,
                 )
-                for i in range(num_samples)
+                for i in range(request.num_samples)
             ]
             outputs = await asyncio.gather(*runs)
         first = outputs[0][1]
-        scored = [None, *(first.prompt_logprobs or ())] if prompt_logprobs else None
+        scored = [None, *(first.prompt_logprobs or ())] if request.prompt_logprobs else None
         alternatives: list[TopK | None] | None = None
-        if topk_prompt and first.prompt_top_logprobs is not None:
+        if request.topk_prompt and first.prompt_top_logprobs is not None:
             alternatives = [None, *(list(row) for row in first.prompt_top_logprobs)]
         return TinkerSampleResult([seq for seq, _ in outputs], scored, alternatives)
 

@@ -16,6 +16,7 @@ from application.tinker.training import TrainingController
 from domain.training import (
     InvalidTrainingRequest,
     NotFoundError,
+    SampleRequest,
     SamplingBackend,
     TinkerSampleResult,
     TinkerSamplingParams,
@@ -139,16 +140,15 @@ class SamplingController:
         tenant = owner
 
         async def work() -> object:
-            result = await self.backend.sample(
-                source,
+            request = SampleRequest(
                 tokens,
                 params,
                 num_samples,
                 prompt_logprobs=prompt_logprobs or topk_prompt > 0,
                 topk_prompt=topk_prompt,
                 topk_sample=topk_sample,
-                tenant=tenant,
             )
+            result = await self.backend.sample(source, request, tenant=tenant)
             scored, alternatives = result.prompt_logprobs, result.topk_prompt
             if not prompt_logprobs:
                 scored = None

@@ -31,6 +31,7 @@ from domain.training import (
     CheckpointKind,
     CheckpointRecord,
     Datum,
+    ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
@@ -294,9 +295,8 @@ class TrainingController:
             )
 
         async def work() -> ForwardBackwardResult:
-            steps = self.backend.forward_backward_steps(
-                model_id, data, loss_fn, config, backward=not forward_only
-            )
+            batch = ForwardBackwardInput(data, loss_fn, config)
+            steps = self.backend.forward_backward_steps(model_id, batch, backward=not forward_only)
             return await self._run(live, steps)
 
         kind = "Forward" if forward_only else "ForwardBackward"

@@ -24,9 +24,11 @@ from domain.config import EngineConfig
 from domain.training import (
     AdamParams,
     Datum,
+    ForwardBackwardInput,
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    SampleRequest,
     TensorValue,
     TinkerSamplingParams,
     WeightsSource,
@@ -78,7 +80,9 @@ class _Started:
 
 
 def logprobs(trainer: Any, model_id: str, datum: Datum) -> list[float]:
-    out = trainer.forward_backward(model_id, [datum], "cross_entropy", {}, backward=False)
+    out = trainer.forward_backward(
+        model_id, ForwardBackwardInput([datum], "cross_entropy"), backward=False
+    )
     return list(out.outputs[0]["logprobs"].data)
 
 
@@ -90,7 +94,9 @@ def test_base_models_and_fresh_adapters_are_deterministic(backends) -> None:
     assert [m.name for m in trainer.base_models] == [BASE]
     trainer.create("a", BASE, LoraSpec(rank=4, seed=1))
     trainer.create("b", BASE, LoraSpec(rank=4, seed=1))
-    out = trainer.forward_backward("a", [ce_datum()], "cross_entropy", {}, backward=False)
+    out = trainer.forward_backward(
+        "a", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=False
+    )
     lp = list(out.outputs[0]["logprobs"].data)
     assert len(lp) == len(SEQ) - 1 and all(v <= 0 for v in lp)
     assert out.metrics["loss:sum"] == pytest.approx(-sum(lp), rel=1e-5)
@@ -106,7 +112,9 @@ def test_gradients_accumulate_until_the_optimizer_step_lowers_the_loss(backends)
     trainer.create("m", BASE, LoraSpec(rank=4, seed=3))
     before = -sum(logprobs(trainer, "m", ce_datum()))
     for _ in range(5):
-        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
+        )
         metrics = trainer.optim_step("m", AdamParams(learning_rate=0.05))
         assert all(k.count(":") == 1 for k in metrics)
     assert -sum(logprobs(trainer, "m", ce_datum())) < 0.8 * before
@@ -114,9 +122,13 @@ def test_gradients_accumulate_until_the_optimizer_step_lowers_the_loss(backends)
     trainer.create("fresh-m", BASE, LoraSpec(rank=4, seed=3))
     trainer.create("fresh-n", BASE, LoraSpec(rank=4, seed=3))
     for model_id, extra in (("fresh-m", True), ("fresh-n", False)):
-        trainer.forward_backward(model_id, [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
+        )
         if extra:
-            trainer.forward_backward(model_id, [ce_datum()], "cross_entropy", {}, backward=False)
+            trainer.forward_backward(
+                model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=False
+            )
         trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
     assert logprobs(trainer, "fresh-m", ce_datum()) == pytest.approx(
         logprobs(trainer, "fresh-n", ce_datum()), abs=1e-6
@@ -133,9 +145,13 @@ def test_forward_backward_in_pieces_interleaves_models_with_the_same_result(
     data = [ce_datum(SEQ), ce_datum(SEQ[::-1]), ce_datum(SEQ[2:])]
     for model_id in ("whole", "piece-a", "piece-b"):
         trainer.create(model_id, BASE, LoraSpec(rank=4, seed=5))
-    whole = trainer.forward_backward("whole", data, "cross_entropy", {}, backward=True)
+    whole = trainer.forward_backward(
+        "whole", ForwardBackwardInput(data, "cross_entropy"), backward=True
+    )
     steps = [
-        trainer.forward_backward_steps(m, data, "cross_entropy", {}, backward=True)
+        trainer.forward_backward_steps(
+            m, ForwardBackwardInput(data, "cross_entropy"), backward=True
+        )
         for m in ("piece-a", "piece-b")
     ]
     results: dict[int, Any] = {}
@@ -158,7 +174,9 @@ def test_forward_backward_in_pieces_interleaves_models_with_the_same_result(
     for model_id in ("piece-a", "piece-b"):
         assert logprobs(trainer, model_id, ce_datum()) == pytest.approx(expected, abs=1e-5)
     # A released model is gone, and a piece of it afterwards says so.
-    late = trainer.forward_backward_steps("piece-a", data, "cross_entropy", {}, backward=False)
+    late = trainer.forward_backward_steps(
+        "piece-a", ForwardBackwardInput(data, "cross_entropy"), backward=False
+    )
     next(late)
     trainer.release("piece-a")
     with pytest.raises(NotFoundError):
@@ -185,7 +203,9 @@ def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:
         "dro": -sum(v * a - 0.025 * (v - b) ** 2 for v, b, a in zip(lp, q, adv, strict=True)),
     }
     for loss, value in expected.items():
-        out = trainer.forward_backward("m", [Datum(SEQ[:-1], inputs)], loss, {}, backward=False)
+        out = trainer.forward_backward(
+            "m", ForwardBackwardInput([Datum(SEQ[:-1], inputs)], loss), backward=False
+        )
         assert out.metrics["loss:sum"] == pytest.approx(value, rel=1e-4, abs=1e-5), loss
 
 
@@ -193,7 +213,9 @@ def test_save_and_load_round_trip_with_and_without_the_optimizer(backends, tmp_p
     trainer, _ = backends
     trainer.create("m", BASE, LoraSpec(rank=4, seed=5))
     for _ in range(2):
-        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
+        )
         trainer.optim_step("m", AdamParams(learning_rate=0.05))
     trainer.save("m", tmp_path, optimizer=True)
     trainer.create("copy", BASE, LoraSpec(rank=4, seed=9))
@@ -202,7 +224,9 @@ def test_save_and_load_round_trip_with_and_without_the_optimizer(backends, tmp_p
         logprobs(trainer, "m", ce_datum()), abs=1e-6
     )
     for model_id in ("m", "copy"):  # the same next step: the optimizer state came along
-        trainer.forward_backward(model_id, [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
+        )
         trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
     assert logprobs(trainer, "copy", ce_datum()) == pytest.approx(
         logprobs(trainer, "m", ce_datum()), abs=1e-5
@@ -215,10 +239,14 @@ def test_bad_input_and_unknown_models_raise_the_domain_errors(backends) -> None:
         trainer.create("x", "no-such-model", LoraSpec(rank=4))
     trainer.create("m", BASE, LoraSpec(rank=4, seed=6))
     with pytest.raises(InvalidTrainingRequest):
-        trainer.forward_backward("m", [ce_datum([1, 99999])], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            "m", ForwardBackwardInput([ce_datum([1, 99999])], "cross_entropy"), backward=True
+        )
     trainer.release("m")
     with pytest.raises(NotFoundError):
-        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
+        )
     trainer.release("m")  # twice: ignored
 
 
@@ -229,12 +257,14 @@ def test_samples_carry_logprobs_stop_reasons_and_prompt_logprobs(backends, tmp_p
     trainer, sampler = backends
     trainer.create("m", BASE, LoraSpec(rank=4, seed=7))
     for _ in range(3):
-        trainer.forward_backward("m", [ce_datum()], "cross_entropy", {}, backward=True)
+        trainer.forward_backward(
+            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
+        )
         trainer.optim_step("m", AdamParams(learning_rate=0.05))
     trainer.save("m", tmp_path, optimizer=False)
 
     async def run(source: WeightsSource, params: TinkerSamplingParams, n: int = 2) -> Any:
-        return await sampler.sample(source, SEQ, params, n, prompt_logprobs=True)
+        return await sampler.sample(source, SampleRequest(SEQ, params, n, prompt_logprobs=True))
 
     params = TinkerSamplingParams(max_tokens=6, temperature=1.0, seed=11)
     saved = asyncio.run(run(WeightsSource(BASE, path=tmp_path), params))

@@ -32,7 +32,7 @@ from application.engine import Engine
 from domain.config import EngineConfig
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
-from domain.training import AdamParams, Datum, LoraSpec, TensorValue
+from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from tests.fakes import ListSink
 from tests.support.paged_forward import PagedSequence
 from tests.support.tiny_models import VOCAB, save_tiny_model
@@ -226,7 +226,9 @@ def test_lora_training_on_cuda_lowers_the_loss(backend, arch) -> None:
     data = [_datum(16, 0), _datum(9, 1)]
     losses = []
     for _ in range(8):
-        out = backend.forward_backward(model_id, data, "cross_entropy", {}, backward=True)
+        out = backend.forward_backward(
+            model_id, ForwardBackwardInput(data, "cross_entropy"), backward=True
+        )
         losses.append(out.metrics["loss:sum"])
         backend.optim_step(model_id, AdamParams(learning_rate=0.02))
     assert losses[-1] < 0.7 * losses[0]
@@ -238,7 +240,9 @@ def test_a_lora_step_on_cuda_equals_peft_autograd_then_torch_adamw(
 ) -> None:
     backend.create("start", "gemma3", LoraSpec(rank=4, seed=7))
     for _ in range(2):  # B nonzero, so A gets gradients too
-        backend.forward_backward("start", [_datum(16, 0)], "cross_entropy", {}, backward=True)
+        backend.forward_backward(
+            "start", ForwardBackwardInput([_datum(16, 0)], "cross_entropy"), backward=True
+        )
         backend.optim_step("start", AdamParams(learning_rate=0.02))
     backend.save("start", tmp_path / "start", optimizer=False)
     backend.create("step", "gemma3", LoraSpec(rank=4, seed=7))
@@ -246,7 +250,9 @@ def test_a_lora_step_on_cuda_equals_peft_autograd_then_torch_adamw(
     rng = np.random.default_rng(3)
     data = [_datum(n, s, rng.normal(size=n).tolist()) for s, n in enumerate((16, 9))]
     params = AdamParams(learning_rate=0.01, beta1=0.8, beta2=0.9, eps=1e-3, weight_decay=0.1)
-    result = backend.forward_backward("step", data, "cross_entropy", {}, backward=True)
+    result = backend.forward_backward(
+        "step", ForwardBackwardInput(data, "cross_entropy"), backward=True
+    )
     metrics = backend.optim_step("step", params)
     backend.save("step", tmp_path / "ours", optimizer=False)
 
@@ -286,7 +292,9 @@ async def test_multi_lora_serving_on_cuda_matches_the_training_forward(
     for name, seed in (("a", 1), ("b", 2)):
         backend.create(f"{arch}-{name}", arch, LoraSpec(rank=4, seed=seed))
         for _ in range(3):
-            backend.forward_backward(f"{arch}-{name}", [datum], "cross_entropy", {}, backward=True)
+            backend.forward_backward(
+                f"{arch}-{name}", ForwardBackwardInput([datum], "cross_entropy"), backward=True
+            )
             backend.optim_step(f"{arch}-{name}", AdamParams(learning_rate=0.05))
         backend.save(f"{arch}-{name}", tmp_path / name, optimizer=False)
     model = load_model(folders[arch], dtype=torch.float32, device=CUDA)
@@ -310,7 +318,7 @@ async def test_multi_lora_serving_on_cuda_matches_the_training_forward(
         seq = prompt + [o.token_id for o in outputs]  # type: ignore[misc]
         check = Datum(seq[:-1], {"target_tokens": TensorValue.ints(seq[1:])})
         out = backend.forward_backward(
-            f"{arch}-{name}", [check], "cross_entropy", {}, backward=False
+            f"{arch}-{name}", ForwardBackwardInput([check], "cross_entropy"), backward=False
         )
         expected = list(out.outputs[0]["logprobs"].data)
         scored = outputs[0].prompt_logprobs

@@ -2,7 +2,7 @@
 sequence guard, with a recording fake backend (no torch, no HTTP)."""
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from domain.training import (
     BaseModelInfo,
     CheckpointRef,
     Datum,
+    ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
@@ -25,12 +26,13 @@ from domain.training import (
     SessionClosedError,
     Steps,
     TensorValue,
+    TrainingBackend,
     one_step,
 )
 from tests.fakes import ManualClock
 
 
-class RecordingBackend:
+class RecordingBackend(TrainingBackend):
     """Records the calls it gets; each forward_backward reports the datum lengths."""
 
     def __init__(self) -> None:
@@ -44,34 +46,17 @@ class RecordingBackend:
     def create(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
         self.calls.append(("create", model_id, base_model, str(lora.rank)))
 
-    def forward_backward(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
-    ) -> ForwardBackwardResult:
-        tag = ",".join(str(len(d.tokens)) for d in data)
-        self.calls.append(("fb" if backward else "fwd", model_id, tag))
-        outs = [{"logprobs": TensorValue.floats([0.0] * len(d.tokens))} for d in data]
-        return ForwardBackwardResult(outs, {"loss:sum": float(len(data))})
-
     def forward_backward_steps(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
+        self, model_id: str, batch: ForwardBackwardInput, *, backward: bool
     ) -> Steps[ForwardBackwardResult]:
-        return one_step(
-            lambda: self.forward_backward(
-                model_id, data, loss_fn, loss_fn_config, backward=backward
-            )
-        )
+        def run() -> ForwardBackwardResult:
+            data = batch.data
+            tag = ",".join(str(len(d.tokens)) for d in data)
+            self.calls.append(("fb" if backward else "fwd", model_id, tag))
+            outs = [{"logprobs": TensorValue.floats([0.0] * len(d.tokens))} for d in data]
+            return ForwardBackwardResult(outs, {"loss:sum": float(len(data))})
+
+        return one_step(run)
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         self.calls.append(("optim", model_id, str(params.learning_rate)))

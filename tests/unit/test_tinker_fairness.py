@@ -4,7 +4,7 @@ per-key limits (runs, rank, tokens, waiting requests and bytes, seq_id bounds)."
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from domain.training import (
     AdamParams,
     BaseModelInfo,
     Datum,
+    ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
@@ -27,6 +28,7 @@ from domain.training import (
     Steps,
     TensorValue,
     TinkerLimits,
+    TrainingBackend,
     check_adam,
     one_step,
     run_steps,
@@ -153,7 +155,7 @@ async def test_a_cancelled_waiter_gives_its_place_up() -> None:
 # --- TrainingController limits ------------------------------------------------------------
 
 
-class PiecewiseBackend:
+class PiecewiseBackend(TrainingBackend):
     """One piece per datum; records each piece as (model id, datum index)."""
 
     def __init__(self) -> None:
@@ -166,33 +168,14 @@ class PiecewiseBackend:
     def create(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
         pass
 
-    def forward_backward(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
-    ) -> ForwardBackwardResult:
-        return run_steps(
-            self.forward_backward_steps(model_id, data, loss_fn, loss_fn_config, backward=backward)
-        )
-
     def forward_backward_steps(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
+        self, model_id: str, batch: ForwardBackwardInput, *, backward: bool
     ) -> Steps[ForwardBackwardResult]:
-        for i in range(len(data)):
+        for i in range(len(batch.data)):
             if i:
                 yield
             self.pieces.append((model_id, i))
-        outs = [{"logprobs": TensorValue.floats([0.0] * len(d.tokens))} for d in data]
+        outs = [{"logprobs": TensorValue.floats([0.0] * len(d.tokens))} for d in batch.data]
         return ForwardBackwardResult(outs, {"loss:sum": 0.0})
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:

@@ -43,6 +43,7 @@ from domain.training import (
     AdamParams,
     BaseModelInfo,
     Datum,
+    ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
@@ -225,17 +226,12 @@ class LoraTrainingBackend(TrainingBackend):
             self._adapters[model_id] = _TrainedAdapter(self._base(base_model), lora)
 
     def forward_backward_steps(
-        self,
-        model_id: str,
-        data: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float],
-        *,
-        backward: bool,
+        self, model_id: str, batch: ForwardBackwardInput, *, backward: bool
     ) -> Steps[ForwardBackwardResult]:
         """One micro-batch per piece. Between pieces nothing of this call is held (the
         lock, the active adapter, autograd's state): other models run in between."""
-        config = loss_config(loss_fn, loss_fn_config)
+        data, loss_fn = batch.data, batch.loss_fn
+        config = loss_config(loss_fn, batch.loss_fn_config)
         with self._lock:
             adapter = self._adapter(model_id)
             if not data:

@@ -19,7 +19,7 @@ from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from application.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
-from domain.training import AdamParams, Datum, LoraSpec, TensorValue
+from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from entrypoints.config import ServerConfig
 from entrypoints.container import Container, create_container
 from entrypoints.tinker_flags import TinkerSettings
@@ -49,7 +49,9 @@ def peft_folder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     tokens = ByteTokenizer().encode(TEXT)
     datum = Datum(tokens[:-1], {"target_tokens": TensorValue.ints(tokens[1:])})
     for _ in range(STEPS):
-        backend.forward_backward("hello", [datum], "cross_entropy", {}, backward=True)
+        backend.forward_backward(
+            "hello", ForwardBackwardInput([datum], "cross_entropy"), backward=True
+        )
         backend.optim_step("hello", AdamParams(learning_rate=0.05))
     folder = tmp_path_factory.mktemp("peft-hello")
     backend.save("hello", folder, optimizer=False)

@@ -13,7 +13,7 @@ from adapters.torch.lora.serving import LoraServing
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
-from domain.training import TinkerSamplingParams, WeightsSource
+from domain.training import SampleRequest, TinkerSamplingParams, WeightsSource
 from tests.fakes import torch_async_engine
 from tests.support.tiny_models import save_tiny_model
 
@@ -33,7 +33,9 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
         tinker = [
             asyncio.ensure_future(
                 sampler.sample(
-                    WeightsSource("tiny"), PROMPT, params, 24, prompt_logprobs=False, tenant=t
+                    WeightsSource("tiny"),
+                    SampleRequest(PROMPT, params, 24, prompt_logprobs=False),
+                    tenant=t,
                 )
             )
             for t in ("tenant-a", "tenant-b")
@@ -87,11 +89,11 @@ async def test_the_samples_of_one_call_compute_their_prompt_once(tmp_path: Path)
     engine.start()
     try:
         first = await sampler.sample(
-            WeightsSource("tiny"), prompt, params, 4, prompt_logprobs=False
+            WeightsSource("tiny"), SampleRequest(prompt, params, 4, prompt_logprobs=False)
         )
         once = sum(computed)
         again = await sampler.sample(
-            WeightsSource("tiny"), prompt, params, 4, prompt_logprobs=False
+            WeightsSource("tiny"), SampleRequest(prompt, params, 4, prompt_logprobs=False)
         )
     finally:
         await engine.stop()

@@ -19,6 +19,7 @@ from adapters.torch.lora.training import OPTIMIZER_STATE, BaseModelEntry, LoraTr
 from domain.training import (
     AdamParams,
     Datum,
+    ForwardBackwardInput,
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
@@ -76,13 +77,17 @@ def _data() -> list[Datum]:
 
 
 def _logprobs(backend, model_id: str, data: list[Datum]) -> list[np.ndarray]:
-    result = backend.forward_backward(model_id, data, "cross_entropy", {}, backward=False)
+    result = backend.forward_backward(
+        model_id, ForwardBackwardInput(data, "cross_entropy"), backward=False
+    )
     return [np.asarray(out["logprobs"].data) for out in result.outputs]
 
 
 def _train(backend, model_id: str, steps: int, lr: float = 0.02) -> None:
     for _ in range(steps):
-        backend.forward_backward(model_id, _data(), "cross_entropy", {}, backward=True)
+        backend.forward_backward(
+            model_id, ForwardBackwardInput(_data(), "cross_entropy"), backward=True
+        )
         backend.optim_step(model_id, AdamParams(learning_rate=lr))
 
 
@@ -162,7 +167,9 @@ def test_a_step_equals_peft_autograd_then_torch_adamw(backend, folders, tmp_path
         learning_rate=0.01, beta1=0.8, beta2=0.9, eps=1e-3, weight_decay=0.1, grad_clip_norm=clip
     )
 
-    result = backend.forward_backward(model_id, data, "cross_entropy", {}, backward=True)
+    result = backend.forward_backward(
+        model_id, ForwardBackwardInput(data, "cross_entropy"), backward=True
+    )
     metrics = backend.optim_step(model_id, params)
     backend.save(model_id, tmp_path / "ours", optimizer=False)
 
@@ -197,12 +204,14 @@ def test_gradients_accumulate_across_calls_until_the_step(backend, tmp_path) -> 
     twice, once = _create(backend), _create(backend)
     data = _data()
     for _ in range(2):
-        backend.forward_backward(twice, data, "cross_entropy", {}, backward=True)
-    backend.forward_backward(once, data + data, "cross_entropy", {}, backward=True)
+        backend.forward_backward(twice, ForwardBackwardInput(data, "cross_entropy"), backward=True)
+    backend.forward_backward(
+        once, ForwardBackwardInput(data + data, "cross_entropy"), backward=True
+    )
     params = AdamParams(learning_rate=0.01, eps=1.0)  # a large eps: the step scales with grads
     assert backend.optim_step(twice, params) == pytest.approx(backend.optim_step(once, params))
     # The step cleared them, and a forward-only call adds none.
-    backend.forward_backward(twice, data, "cross_entropy", {}, backward=False)
+    backend.forward_backward(twice, ForwardBackwardInput(data, "cross_entropy"), backward=False)
     assert backend.optim_step(twice, AdamParams())["grad_norm:mean"] == 0.0
 
 
@@ -269,12 +278,14 @@ def test_rl_loss_value_and_gradient_follow_the_formula(
         expected += value
         weights.append(w)
 
-    result = backend.forward_backward(model_id, data, loss_fn, config, backward=True)
+    result = backend.forward_backward(
+        model_id, ForwardBackwardInput(data, loss_fn, config), backward=True
+    )
     ce_data = [
         _datum(n, i, weights=w.tolist())
         for i, (n, w) in enumerate(zip(LENGTHS, weights, strict=True))
     ]
-    backend.forward_backward(twin, ce_data, "cross_entropy", {}, backward=True)
+    backend.forward_backward(twin, ForwardBackwardInput(ce_data, "cross_entropy"), backward=True)
 
     assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
     for out, lp in zip(result.outputs, lps, strict=True):
@@ -293,7 +304,9 @@ def test_cross_entropy_value_is_the_weighted_sum_of_target_logprobs(backend) -> 
         _datum(n, i, weights=w.tolist())
         for i, (n, w) in enumerate(zip(LENGTHS, weights, strict=True))
     ]
-    result = backend.forward_backward(model_id, data, "cross_entropy", {}, backward=False)
+    result = backend.forward_backward(
+        model_id, ForwardBackwardInput(data, "cross_entropy"), backward=False
+    )
     expected = -sum((w * lp).sum() for w, lp in zip(weights, lps, strict=True))
     assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
 
@@ -303,7 +316,9 @@ def test_training_on_one_sequence_lowers_its_loss(backend) -> None:
     datum = [_datum(12, seed=11)]
     losses = []
     for _ in range(20):
-        result = backend.forward_backward(model_id, datum, "cross_entropy", {}, backward=True)
+        result = backend.forward_backward(
+            model_id, ForwardBackwardInput(datum, "cross_entropy"), backward=True
+        )
         losses.append(result.metrics["loss:sum"])
         backend.optim_step(model_id, AdamParams(learning_rate=0.01))
     assert losses[-1] < 0.3 * losses[0]
@@ -392,7 +407,9 @@ def test_bad_requests_are_rejected_naming_the_problem(
 ) -> None:
     model_id = _create(backend)
     with pytest.raises(InvalidTrainingRequest, match=message):
-        backend.forward_backward(model_id, data, loss_fn, config, backward=True)
+        backend.forward_backward(
+            model_id, ForwardBackwardInput(data, loss_fn, config), backward=True
+        )
     assert backend.optim_step(model_id, AdamParams())["grad_norm:mean"] == 0.0  # nothing kept
 
 
@@ -402,9 +419,13 @@ def test_out_of_range_target_and_overlong_input_are_rejected(backend) -> None:
         [1, 2], {**_datum(2, 0).loss_fn_inputs, "target_tokens": TensorValue.ints([3, -1])}
     )
     with pytest.raises(InvalidTrainingRequest, match=r"target_tokens'\]: token id -1"):
-        backend.forward_backward(model_id, [bad_target], "cross_entropy", {}, backward=False)
+        backend.forward_backward(
+            model_id, ForwardBackwardInput([bad_target], "cross_entropy"), backward=False
+        )
     with pytest.raises(InvalidTrainingRequest, match="exceed the model's context of 256"):
-        backend.forward_backward(model_id, [_datum(257, 0)], "cross_entropy", {}, backward=False)
+        backend.forward_backward(
+            model_id, ForwardBackwardInput([_datum(257, 0)], "cross_entropy"), backward=False
+        )
 
 
 def test_unknown_models_and_released_adapters_are_not_found(backend) -> None:
@@ -424,11 +445,15 @@ def test_chunked_logits_with_recomputation_give_the_same_step(backend, monkeypat
 
     data = _data()
     whole, chunked = _create(backend, seed=3), _create(backend, seed=3)
-    plain = backend.forward_backward(whole, data, "cross_entropy", {}, backward=True)
+    plain = backend.forward_backward(
+        whole, ForwardBackwardInput(data, "cross_entropy"), backward=True
+    )
     backend.optim_step(whole, AdamParams(learning_rate=0.02))
     monkeypatch.setattr(lora, "LOGIT_ELEMENTS", 1)
     monkeypatch.setattr(lora, "LOGIT_CHUNK_ROWS", 3)
-    split = backend.forward_backward(chunked, data, "cross_entropy", {}, backward=True)
+    split = backend.forward_backward(
+        chunked, ForwardBackwardInput(data, "cross_entropy"), backward=True
+    )
     backend.optim_step(chunked, AdamParams(learning_rate=0.02))
     assert split.metrics["loss:sum"] == pytest.approx(plain.metrics["loss:sum"], rel=1e-6)
     for a, b in zip(split.outputs, plain.outputs, strict=True):
@@ -459,7 +484,9 @@ def test_bf16_mixed_precision_update_is_as_accurate_as_float32_math(
     def train(trainer: LoraTrainingBackend, name: str, arch: str) -> tuple[float, np.ndarray]:
         trainer.create(name, arch, LoraSpec(rank=4, seed=11))
         for _ in range(3):
-            out = trainer.forward_backward(name, _data(), "cross_entropy", {}, backward=True)
+            out = trainer.forward_backward(
+                name, ForwardBackwardInput(_data(), "cross_entropy"), backward=True
+            )
             trainer.optim_step(name, AdamParams(learning_rate=0.02))
         return out.metrics["loss:sum"], np.concatenate(_logprobs(trainer, name, _data()))
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from domain.training import AdamParams, Datum, LoraSpec, TensorValue
+from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from tests.support.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -34,7 +34,9 @@ def test_releasing_runs_returns_their_memory(tmp_path: Path) -> None:
         before = rss_mib()
         for i in range(2):
             backend.create(f"m{i}", "t", LoraSpec(128, seed=i))
-            backend.forward_backward(f"m{i}", data, "cross_entropy", {}, backward=True)
+            backend.forward_backward(
+                f"m{i}", ForwardBackwardInput(data, "cross_entropy"), backward=True
+            )
             backend.optim_step(f"m{i}", AdamParams())
         loaded = rss_mib()
         for i in range(2):

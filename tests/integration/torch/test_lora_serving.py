@@ -21,8 +21,10 @@ from domain.sampling import SamplingParams
 from domain.training import (
     AdamParams,
     Datum,
+    ForwardBackwardInput,
     InvalidTrainingRequest,
     LoraSpec,
+    SampleRequest,
     TensorValue,
     TinkerSamplingParams,
     WeightsSource,
@@ -37,14 +39,18 @@ def train(backend: LoraTrainingBackend, model_id: str, seed: int, steps: int = 3
     tokens = PROMPT[:-1]
     datum = Datum(tokens, {"target_tokens": TensorValue.ints(PROMPT[1:])})
     for _ in range(steps):
-        backend.forward_backward(model_id, [datum], "cross_entropy", {}, backward=True)
+        backend.forward_backward(
+            model_id, ForwardBackwardInput([datum], "cross_entropy"), backward=True
+        )
         backend.optim_step(model_id, AdamParams(learning_rate=0.05))
 
 
 def reference_logprobs(backend: LoraTrainingBackend, model_id: str, seq: list[int]) -> list[float]:
     """Logprob of each token of ``seq`` after the first, by the training forward."""
     datum = Datum(seq[:-1], {"target_tokens": TensorValue.ints(seq[1:])})
-    out = backend.forward_backward(model_id, [datum], "cross_entropy", {}, backward=False)
+    out = backend.forward_backward(
+        model_id, ForwardBackwardInput([datum], "cross_entropy"), backward=False
+    )
     return list(out.outputs[0]["logprobs"].data)
 
 
@@ -113,13 +119,17 @@ async def test_engine_sampler_serves_saved_and_live_weights(setup) -> None:
     try:
         params = TinkerSamplingParams(max_tokens=5, temperature=1.0, seed=7)
         from_path = await sampler.sample(
-            WeightsSource("tiny", path=saved["a"]), PROMPT, params, 3, prompt_logprobs=True
+            WeightsSource("tiny", path=saved["a"]),
+            SampleRequest(PROMPT, params, 3, prompt_logprobs=True),
         )
         live = await sampler.sample(
-            WeightsSource("tiny", model_id="a"), PROMPT, params, 3, prompt_logprobs=True
+            WeightsSource("tiny", model_id="a"),
+            SampleRequest(PROMPT, params, 3, prompt_logprobs=True),
         )
         with pytest.raises(InvalidTrainingRequest, match="not the one"):
-            await sampler.sample(WeightsSource("other"), PROMPT, params, 1, prompt_logprobs=False)
+            await sampler.sample(
+                WeightsSource("other"), SampleRequest(PROMPT, params, 1, prompt_logprobs=False)
+            )
     finally:
         await engine.stop()
     # Same weights, same seeds: the same samples; seeds differ per sample.
@@ -143,9 +153,11 @@ async def test_engine_sampler_reloads_a_checkpoint_saved_again(setup, tmp_path) 
     engine.start()
     try:
         backend.save("a", tmp_path, optimizer=False)
-        first = await sampler.sample(source, PROMPT, params, 1, prompt_logprobs=True)
+        first = await sampler.sample(source, SampleRequest(PROMPT, params, 1, prompt_logprobs=True))
         backend.save("b", tmp_path, optimizer=False)  # the same name, other weights
-        second = await sampler.sample(source, PROMPT, params, 1, prompt_logprobs=True)
+        second = await sampler.sample(
+            source, SampleRequest(PROMPT, params, 1, prompt_logprobs=True)
+        )
     finally:
         await engine.stop()
     assert first.prompt_logprobs is not None and second.prompt_logprobs is not None
@@ -164,7 +176,8 @@ async def test_engine_sampler_without_live_weights_refuses_a_live_source(
     params = TinkerSamplingParams(max_tokens=1, temperature=0.0)
     with pytest.raises(InvalidTrainingRequest, match="live training weights"):
         await sampler.sample(
-            WeightsSource("tiny", model_id="a"), PROMPT, params, 1, prompt_logprobs=False
+            WeightsSource("tiny", model_id="a"),
+            SampleRequest(PROMPT, params, 1, prompt_logprobs=False),
         )
     assert all(not k.startswith("live:") for k in lora._adapters)
 
