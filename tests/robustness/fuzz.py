@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 # Values that broke servers before: lone surrogates (invalid UTF-8 once encoded), NUL,
@@ -199,6 +200,27 @@ def checked(
         if defect is None:
             raise
         hits.append(Hit(defect, path, payload, failure.splitlines()[0][:200]))
+
+
+def fuzz_path(
+    check: Callable[[str, Payload], None],
+    path: str,
+    strategy: st.SearchStrategy[Payload],
+    defects: Sequence[KnownDefect],
+    max_examples: int | None = None,
+) -> None:
+    """``check(path, payload)`` on payloads drawn from ``strategy`` (as many as the profile
+    says, or ``max_examples``); failures of a known defect end the test as an xfail."""
+    hits: list[Hit] = []
+
+    @given(payload=strategy)
+    def run(payload: Payload) -> None:
+        checked(check, path, payload, defects, hits)
+
+    if max_examples is not None:
+        run = settings(max_examples=max_examples)(run)
+    run()
+    xfail_if_hit(hits)
 
 
 def xfail_if_hit(hits: list[Hit]) -> None:

@@ -4,7 +4,6 @@ model, in process): never a 5xx, errors in the API's schema, nothing left in the
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
 from litestar.testing import TestClient
 
 from tests.robustness.fuzz import (
@@ -15,6 +14,7 @@ from tests.robustness.fuzz import (
     assert_error_format,
     checked,
     encode,
+    fuzz_path,
     payloads,
     xfail_if_hit,
 )
@@ -96,16 +96,7 @@ DEFECTS: list[KnownDefect] = []
 
 
 def fuzz(path: str, max_examples: int | None = None) -> None:
-    hits: list[Hit] = []
-
-    @given(payload=STRATEGIES[path])
-    def run(payload: Payload) -> None:
-        checked(check, path, payload, DEFECTS, hits)
-
-    if max_examples is not None:
-        run = settings(max_examples=max_examples)(run)
-    run()
-    xfail_if_hit(hits)
+    fuzz_path(check, path, STRATEGIES[path], DEFECTS, max_examples)
 
 
 @pytest.mark.parametrize("path", list(ENDPOINTS))

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from litestar.testing import TestClient
 from tinker import types
@@ -21,15 +20,13 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tests.robustness.fuzz import (
     LEAKS,
-    Hit,
     KnownDefect,
     Path,
     Payload,
     assert_error_format,
-    checked,
     encode,
+    fuzz_path,
     payloads,
-    xfail_if_hit,
 )
 from tests.robustness.harness import TINKER_BASE_MODEL, fake_stack
 
@@ -273,17 +270,8 @@ DEFECTS: list[KnownDefect] = []
 
 
 def fuzz(path: str, max_examples: int | None = None) -> None:
-    hits: list[Hit] = []
     with tinker_client() as tinker:
-
-        @given(payload=STRATEGIES[path])
-        def run(payload: Payload) -> None:
-            checked(partial(check, tinker), path, payload, DEFECTS, hits)
-
-        if max_examples is not None:
-            run = settings(max_examples=max_examples)(run)
-        run()
-    xfail_if_hit(hits)
+        fuzz_path(partial(check, tinker), path, STRATEGIES[path], DEFECTS, max_examples)
 
 
 @pytest.mark.parametrize("path", list(STRATEGIES))
