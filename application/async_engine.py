@@ -27,13 +27,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import structlog
 
 from application.engine import Engine
-from application.engine_client import AdmittingClient
+from application.engine_client import AdmitCall, AdmittingClient
 from application.input_processor import InputProcessor
 from domain.config import EngineConfig
 from domain.observer import StepObserver
 from domain.ports import GrammarCompiler, ModelRunner, Tokenizer
-from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
-from domain.sampling import SamplingParams
+from domain.request import Request, StepOutput
 from domain.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -140,27 +139,22 @@ class AsyncEngine(AdmittingClient):
         """The loop task is running (not crashed, not stopped)."""
         return self._task is not None and not self._task.done()
 
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-        n: int = 1,
-    ) -> list[AsyncIterator[StepOutput]]:
-        """Queue prepared prompts all together or none (``Engine.admit``, ``n`` choices per
-        prompt); one output stream per request id. A stream left early aborts its request;
-        one never read does not: queue through a :class:`RequestGroup` where that can
-        happen."""
-        queues = [self.sink.open(request_id) for request_id in request_ids]
+    def submit(self, call: AdmitCall) -> list[AsyncIterator[StepOutput]]:
+        """Queue ``call``'s prompts all together or none (``Engine.admit``); one output
+        stream per request id. A stream left early aborts its request; one never read does
+        not: queue through a :class:`RequestGroup` where that can happen."""
+        queues = [self.sink.open(request_id) for request_id in call.request_ids]
         try:
             requests = self.engine.admit(
-                request_ids, prompts, params, adapter_id=adapter_id, context=context, n=n
+                call.request_ids,
+                call.prompts,
+                call.params,
+                adapter_id=call.adapter_id,
+                context=call.context,
+                n=call.n,
             )
         except Exception:
-            for request_id in request_ids:
+            for request_id in call.request_ids:
                 self.sink.close(request_id)
             raise
         self._wake.set()

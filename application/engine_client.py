@@ -5,6 +5,7 @@ only, so a test or another engine (a remote one, a fake) can stand in. What come
 queueing (checks, rendering, tokenizing) is its :class:`InputProcessor`'s (``inputs``)."""
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from application.input_processor import InputProcessor
@@ -69,11 +70,25 @@ class EngineClient(Protocol):
     def abort(self, request_ids: Sequence[str]) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class AdmitCall:
+    """One ``admit``: prepared prompts, ``n`` request ids each (choice j of prompt i at
+    ``i * n + j``), queued all together or none. Plain data: a fleet sends it to a replica
+    in another process."""
+
+    request_ids: tuple[str, ...]
+    prompts: tuple[list[int], ...]
+    params: SamplingParams
+    n: int = 1
+    adapter_id: str | None = None
+    context: RequestContext = NO_CONTEXT
+
+
 class AdmittingClient:
     """What :class:`~application.async_engine.AsyncEngine` and
-    :class:`~application.remote_engine.RemoteEngine` share: ``stream`` and ``group`` over
-    their own ``admit`` (prepared prompts queued all together or none, ``n`` choices per
-    prompt, one output stream per request id), ``abort`` and ``fail``."""
+    :class:`~application.remote_engine.RemoteEngine` share: ``admit``, ``stream`` and
+    ``group`` over their own ``submit`` (one :class:`AdmitCall` queued, one output stream
+    per request id), ``abort`` and ``fail``."""
 
     inputs: InputProcessor
 
@@ -87,6 +102,12 @@ class AdmittingClient:
         context: RequestContext = NO_CONTEXT,
         n: int = 1,
     ) -> list[AsyncIterator[StepOutput]]:
+        """Queue prepared prompts all together or none (``n`` choices per prompt, with
+        ``adapter_id``'s LoRA, for ``context``'s caller); one output stream per request id."""
+        call = AdmitCall(tuple(request_ids), tuple(prompts), params, n, adapter_id, context)
+        return self.submit(call)
+
+    def submit(self, call: AdmitCall) -> list[AsyncIterator[StepOutput]]:
         raise NotImplementedError
 
     def abort(self, request_ids: Sequence[str]) -> None:

@@ -29,33 +29,20 @@ from typing import Protocol
 
 import structlog
 
-from application.engine_client import AdmittingClient, EngineClient
+from application.engine_client import AdmitCall, AdmittingClient, EngineClient
 from application.input_processor import InputProcessor
 from application.request_checks import RequestChecks
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.ports import GrammarCompiler, Tokenizer
-from domain.request import NO_CONTEXT, RequestContext, StepOutput
+from domain.request import StepOutput
 from domain.routing import RouteRequest, prompt_block_hashes
-from domain.sampling import SamplingParams
 from domain.scheduler.shared_prefill import key_namespace
 
 log = structlog.get_logger(__name__)
 
 RETRIES = 1  # a call lost with its replica before any output runs again once, elsewhere
 REPLICA_LOST = "the engine replica serving this request stopped; retry the request"
-
-
-@dataclass(frozen=True, slots=True)
-class AdmitCall:
-    """One ``admit``, as a replica takes it (plain data: it travels between processes)."""
-
-    request_ids: tuple[str, ...]
-    prompts: tuple[list[int], ...]
-    params: SamplingParams
-    n: int = 1
-    adapter_id: str | None = None
-    context: RequestContext = NO_CONTEXT
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,21 +150,6 @@ class RemoteEngine(AdmittingClient):
                 call.task.cancel()
         self.inputs.close()
 
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-        n: int = 1,
-    ) -> list[AsyncIterator[StepOutput]]:
-        """Queue prepared prompts as one call (all on one replica, or none); one output
-        stream per request id."""
-        call = AdmitCall(tuple(request_ids), tuple(prompts), params, n, adapter_id, context)
-        return self.submit(call)
-
     def route_of(self, call: AdmitCall, session: str | None = None) -> RouteRequest:
         namespace = key_namespace(call.adapter_id, call.params.cache_salt)
         hashes = prompt_block_hashes(call.prompts[0], self.block_size, namespace)
@@ -186,8 +158,8 @@ class RemoteEngine(AdmittingClient):
     def submit(
         self, call: AdmitCall, *, session: str | None = None
     ) -> list[AsyncIterator[StepOutput]]:
-        """Send ``call`` (its outputs read on the running loop); one stream per request
-        id, in order."""
+        """Send ``call`` to one replica (all its prompts there, or none; its outputs read
+        on the running loop); one stream per request id, in order."""
         if not self._running:
             raise RuntimeError("the remote engine is not started")
         state = _Call({rid: asyncio.Queue() for rid in call.request_ids}, set(call.request_ids))

@@ -49,7 +49,8 @@ from adapters.observability.logging import configure_logging
 from adapters.ray.dispatch import HandleDispatch, HandleForward
 from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
-from application.remote_engine import AdmitCall, RemoteEngine, serve_call
+from application.engine_client import AdmitCall
+from application.remote_engine import RemoteEngine, serve_call
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
 from domain.routing import RouteRequest, imbalance_for

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from application.async_engine import AsyncEngine
+from application.engine_client import AdmitCall
 from application.remote_engine import (
     CURRENT_NOTE,
     REPLICA_LOST,
-    AdmitCall,
     RemoteEngine,
     ReplicaLostError,
     ReplicaNote,
