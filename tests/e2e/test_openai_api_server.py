@@ -31,11 +31,6 @@ def base_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
 def test_chat_logprobs_stream_and_not(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
         model=MODEL, messages=USER, max_tokens=6, logprobs=True, top_logprobs=3, temperature=0

@@ -21,11 +21,6 @@ def base_url(request) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
 def test_chat_completion_answers(client: openai.OpenAI) -> None:
     # A question the 135M model answers the same in float32 and in bf16 with either
     # summation order of the attention kernels ("What is the capital of France?" is a

@@ -53,11 +53,6 @@ def base_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
 def constrained(base_url: str) -> None:
     """Skip unless the server enforces JSON schemas (the structured-outputs branch)."""
     body = {

@@ -1,5 +1,6 @@
-"""Fixtures of the HTTP-face tests: a real Redis server (shared by the quota and the
-idempotency tests)."""
+"""Fixtures of the HTTP-face tests: the openai SDK over the module's own ``http`` fixture
+(Litestar's test client), and a real Redis server (shared by the quota and the idempotency
+tests)."""
 
 import shutil
 import socket
@@ -8,7 +9,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
+from litestar.testing import TestClient
+
+
+@pytest.fixture
+def client(http: TestClient) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
+    )
 
 
 def _redis_binary() -> str | None:

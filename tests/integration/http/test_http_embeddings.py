@@ -40,13 +40,6 @@ def http(tmp_path: Path) -> Iterator[TestClient]:
         yield client
 
 
-@pytest.fixture
-def client(http: TestClient) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
-    )
-
-
 def test_models_lists_the_chat_and_the_embedding_model(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == ["fake", EMBED]
 

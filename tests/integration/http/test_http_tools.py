@@ -69,13 +69,6 @@ def http(replies: Replies) -> Iterator[TestClient]:
         yield client
 
 
-@pytest.fixture
-def client(http: TestClient) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
-    )
-
-
 def chat(client: openai.OpenAI, **kwargs: Any) -> Any:
     return client.chat.completions.create(
         model=MODEL,

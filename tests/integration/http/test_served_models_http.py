@@ -44,13 +44,6 @@ def http(tmp_path: Path) -> Iterator[TestClient]:
         yield client
 
 
-@pytest.fixture
-def client(http: TestClient) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
-    )
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_every_name_serves_the_model_and_is_echoed(client: openai.OpenAI, name: str) -> None:
     chat = client.chat.completions.create(
