@@ -5,10 +5,10 @@ uvicorn's loggers routed through the same pipeline."""
 import io
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from litestar.testing import TestClient
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,24 +20,16 @@ from adapters.observability.http import ObservedApp
 from adapters.observability.logging import configure_logging
 from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
 from tests.fakes import fake_async_engine
+from tests.support.json_logs import json_log_stream
 
 REPLY = "The secret reply."
 PROMPT = "my private prompt"
 
 
 @pytest.fixture
-def log_stream() -> Any:
-    stream = io.StringIO()
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    assert configure_logging("info", "json", stream) == "json"
-    yield stream
-    structlog.reset_defaults()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in saved[0]:
-        root.addHandler(handler)
-    root.setLevel(saved[1])
+def log_stream() -> Iterator[io.StringIO]:
+    with json_log_stream() as stream:
+        yield stream
 
 
 def _lines(stream: io.StringIO) -> list[dict[str, Any]]:

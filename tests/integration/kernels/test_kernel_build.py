@@ -6,7 +6,6 @@ builder is waited for, with a log line, for a bounded time."""
 import fcntl
 import io
 import json
-import logging
 import os
 import shutil
 import signal
@@ -17,10 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 import torch.utils.cpp_extension
 
-from adapters.observability.logging import configure_logging
 from adapters.torch.cpu import portable
 from adapters.torch.cpu.build import (
     LOCK_FILE,
@@ -32,6 +29,7 @@ from adapters.torch.cpu.build import (
     digest,
     kernel_cache_dir,
 )
+from tests.support.json_logs import json_log_stream
 
 ROOT = Path(__file__).resolve().parents[3]
 CXX = shutil.which(os.environ.get("CXX", "c++"))
@@ -58,19 +56,9 @@ def _tiny_folder(sources: Path) -> Path:
 
 @pytest.fixture
 def log_stream() -> Iterator[io.StringIO]:
-    """The structured log as JSON lines (loggers cached by an earlier configuration
-    included: they write through the root handler set here)."""
-    stream = io.StringIO()
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    configure_logging("info", "json", stream)
-    yield stream
-    structlog.reset_defaults()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in saved[0]:
-        root.addHandler(handler)
-    root.setLevel(saved[1])
+    """The structured log as JSON lines."""
+    with json_log_stream() as stream:
+        yield stream
 
 
 def _env(cache: Path) -> dict[str, str]:
