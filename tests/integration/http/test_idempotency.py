@@ -12,7 +12,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner
 from adapters.storage.idempotency import RedisIdempotencyStore
-from application.idempotency import MemoryIdempotencyStore, StoredReply
+from application.idempotency import IdempotencyStore, MemoryIdempotencyStore, StoredReply
 from tests.fakes import fake_container
 
 
@@ -138,15 +138,23 @@ def test_off_when_the_retention_is_zero(tmp_path) -> None:
     assert runner.started == 2
 
 
+async def run_once_then_replay(
+    first: IdempotencyStore, second: IdempotencyStore, key: str, reply: StoredReply, ttl: int
+) -> None:
+    """``key`` begun in ``first`` (fingerprint ``f``) runs once: ``second`` sees it running,
+    or in conflict for another fingerprint; once ``first`` finished it, ``second`` replays."""
+    assert await first.begin(key, "f", ttl) == "new"
+    assert await second.begin(key, "f", ttl) == "running"
+    assert await second.begin(key, "g", ttl) == "conflict"
+    await first.finish(key, "f", reply, ttl)
+    assert await second.begin(key, "f", ttl) == reply
+
+
 async def test_the_memory_store_expires_and_is_bounded() -> None:
     now = [0.0]
     store = MemoryIdempotencyStore(max_entries=2, clock=lambda: now[0])
     reply = StoredReply(200, (("content-type", "application/json"),), b"{}")
-    assert await store.begin("a", "f", 10) == "new"
-    assert await store.begin("a", "f", 10) == "running"
-    assert await store.begin("a", "g", 10) == "conflict"
-    await store.finish("a", "f", reply, 10)
-    assert await store.begin("a", "f", 10) == reply
+    await run_once_then_replay(store, store, "a", reply, 10)
     now[0] = 11
     assert await store.begin("a", "f", 10) == "new"  # expired
     await store.begin("b", "f", 10)
@@ -159,10 +167,6 @@ async def test_the_memory_store_expires_and_is_bounded() -> None:
 async def test_the_redis_store_is_shared(redis_url: str) -> None:
     one, two = RedisIdempotencyStore(redis_url), RedisIdempotencyStore(redis_url)
     reply = StoredReply(200, (("content-type", "text/event-stream"),), b"data: x\n\n")
-    assert await one.begin("shared", "f", 60) == "new"
-    assert await two.begin("shared", "f", 60) == "running"
-    assert await two.begin("shared", "g", 60) == "conflict"
-    await one.finish("shared", "f", reply, 60)
-    assert await two.begin("shared", "f", 60) == reply
+    await run_once_then_replay(one, two, "shared", reply, 60)
     await two.abandon("shared")
     assert await one.begin("shared", "f", 60) == "new"

@@ -198,22 +198,15 @@ def client(model, compiler) -> Iterator[openai.OpenAI]:
 
 def test_chat_and_completions_follow_each_wire_form(client: openai.OpenAI) -> None:
     schema_format = {"type": "json_schema", "json_schema": {"name": "record", "schema": RECORD}}
-    chat = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "JSON"}],
-        response_format=schema_format,  # type: ignore[arg-type]
-        max_tokens=200,
-        seed=1,
-    )
+    request: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "JSON"}],
+        "response_format": schema_format,
+        "max_tokens": 200,
+    }
+    chat = client.chat.completions.create(**request, seed=1)
     jsonschema.validate(json.loads(chat.choices[0].message.content or ""), RECORD)
-    stream = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "JSON"}],
-        response_format=schema_format,  # type: ignore[arg-type]
-        max_tokens=200,
-        seed=2,
-        stream=True,
-    )
+    stream = client.chat.completions.create(**request, seed=2, stream=True)
     streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     jsonschema.validate(json.loads(streamed), RECORD)
     for extra in (
