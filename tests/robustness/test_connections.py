@@ -64,6 +64,23 @@ def assert_openai_error(raw: bytes, status: int, kind: str) -> None:
     assert error["type"] == kind and error["message"]
 
 
+def drip(sock: socket.socket, drop: bytes) -> tuple[bytes, float]:
+    """Send ``drop`` every 0.1 s until the server answers (what it sent) or closes (b""),
+    for ``PATIENCE_S`` at most; and when the drip began."""
+    sock.settimeout(0.1)
+    start, data = time.monotonic(), b""
+    while time.monotonic() - start < PATIENCE_S:
+        try:
+            sock.sendall(drop)
+            data = sock.recv(65536)
+            break
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            break
+    return data, start
+
+
 # --- read deadlines -----------------------------------------------------------------------
 
 
@@ -80,17 +97,7 @@ def test_slowloris_headers_get_408_at_the_header_deadline_however_steady_the_dri
 ) -> None:
     with served.connect() as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
-        sock.settimeout(0.1)
-        start, data = time.monotonic(), b""
-        while time.monotonic() - start < PATIENCE_S:  # a header line every 0.1 s
-            try:
-                sock.sendall(b"X-Drip: 1\r\n")
-                data = sock.recv(65536)
-                break
-            except TimeoutError:
-                continue
-            except ConnectionError:
-                break
+        data, start = drip(sock, b"X-Drip: 1\r\n")  # a header line every 0.1 s
     assert_openai_error(data, 408, "timeout_error")
     assert time.monotonic() - start < PATIENCE_S
 
@@ -257,17 +264,7 @@ def test_a_steady_drip_still_gets_408_at_the_total_body_timeout(stack: Stack) ->
     limits = ConnectionLimits(header_timeout=5, body_timeout=1.0, body_read_timeout=0.5)
     with serving(stack.app(), limits) as served, served.connect() as sock:
         sock.sendall(_post("/v1/completions", b"Content-Length: 1000\r\n\r\n"))
-        sock.settimeout(0.1)
-        start, data = time.monotonic(), b""
-        while time.monotonic() - start < PATIENCE_S:  # a byte every 0.1 s
-            try:
-                sock.sendall(b" ")
-                data = sock.recv(65536)
-                break
-            except TimeoutError:
-                continue
-            except ConnectionError:
-                break
+        data, start = drip(sock, b" ")  # a byte every 0.1 s
         took = time.monotonic() - start
     error = assert_face_error(data, "/v1/completions", 408)
     assert "within 1 s" in error["message"] and 0.9 < took < 3.0, (error, took)
