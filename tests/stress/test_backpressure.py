@@ -13,6 +13,7 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
 from application.async_engine import AsyncEngine
 from tests.fakes import fake_async_engine
+from tests.support.engine_runs import wait_for
 from tests.support.uvicorn_thread import running
 
 pytestmark = pytest.mark.slow
@@ -87,10 +88,7 @@ async def _disconnects(
     assert (await client.get("/health")).status_code == 200
     again = await client.post("/v1/generate", json=BODY)
     assert "event: done" in again.text
-    for _ in range(200):
-        if not engine.engine.has_work() and not runner.live:
-            break
-        await asyncio.sleep(0.01)
+    await wait_for(lambda: not engine.engine.has_work() and not runner.live, 200, 0.01)
     assert not engine.engine.has_work() and runner.live == set() and len(engine.sink) == 0
 
 
@@ -110,9 +108,6 @@ async def test_a_client_leaving_a_non_streamed_request_aborts_it(path: str, body
         async with httpx.AsyncClient(base_url=url, timeout=0.3) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.post(path, json=request)
-        for _ in range(200):
-            if not engine.engine.has_work() and not runner.live:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: not engine.engine.has_work() and not runner.live, 200, 0.01)
         assert not engine.engine.has_work() and runner.live == set() and len(engine.sink) == 0
         assert len(runner.steps) < 600  # 900 decode steps if nobody had noticed

@@ -19,6 +19,7 @@ from domain.errors import (
 from domain.request import Request, StepOutput
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink
+from tests.support.engine_runs import run_to_end, wait_for
 
 TOKENIZER = ByteTokenizer()
 EOS = next(iter(TOKENIZER.eos_token_ids))
@@ -35,14 +36,6 @@ def make_engine(text: str = "Hello", **config) -> tuple[Engine, FakeModelRunner,
     return engine, runner, sink
 
 
-def run(engine: Engine, max_steps: int = 100) -> None:
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return
-        engine.step()
-    raise AssertionError("engine did not finish")
-
-
 def make_async(runner: FakeModelRunner) -> tuple[AsyncEngine, QueueOutputSink]:
     engine = AsyncEngine(EngineConfig(), runner, TOKENIZER)
     return engine, engine.sink
@@ -55,7 +48,7 @@ def params(**kwargs) -> SamplingParams:
 def test_a_request_streams_its_text_then_finishes_with_usage() -> None:
     engine, runner, sink = make_engine("Hello")
     engine.add_request("a", "hi", params())
-    run(engine)
+    run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "Hello"
     last = outputs[-1]
@@ -69,7 +62,7 @@ def test_a_request_streams_its_text_then_finishes_with_usage() -> None:
 def test_a_stop_string_across_tokens_ends_the_request_without_its_text() -> None:
     engine, _, sink = make_engine("The answer is 42. END of story")
     engine.add_request("a", "q", params(stop=("END",)))
-    run(engine)
+    run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "The answer is 42. "
     assert outputs[-1].finish_reason == "stop"
@@ -78,7 +71,7 @@ def test_a_stop_string_across_tokens_ends_the_request_without_its_text() -> None
 def test_max_tokens_ends_with_length() -> None:
     engine, _, sink = make_engine("Hello world")
     engine.add_request("a", "q", params(max_tokens=4))
-    run(engine)
+    run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "Hell"
     assert (outputs[-1].finish_reason, outputs[-1].completion_tokens) == ("length", 4)
@@ -199,7 +192,7 @@ def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
     ]
     assert "out of memory" not in STEP_FAILED  # no exception text reaches clients
     engine.add_request("c", "x", params())
-    run(engine)
+    run_to_end(engine)
     assert "".join(o.text_delta for o in sink.of("c")) == "ok"
     assert runner.live == set()
 
@@ -213,7 +206,7 @@ def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
     engine.abort("a")
     engine.step()
     assert runner.live == {"b"}
-    run(engine)
+    run_to_end(engine)
     assert sink.of("a")[-1].finished is False  # no output after the abort
     assert "".join(o.text_delta for o in sink.of("b")) == "a long reply"
 
@@ -222,7 +215,7 @@ def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
     engine, runner, sink = make_engine("hey", batching_mode="static", batch_wait_timeout_s=0.0)
     engine.add_request("short", "a", params())
     engine.add_request("long", "a much longer prompt", params(max_tokens=2))
-    run(engine)
+    run_to_end(engine)
     assert all(c.start == 0 for c in runner.steps[0].chunks)  # a new batch: whole prompts
     assert [c.num_tokens for c in runner.steps[0].chunks] == [2, 21]
     assert "".join(o.text_delta for o in sink.of("short")) == "hey"
@@ -289,10 +282,8 @@ async def test_leaving_a_stream_early_aborts_the_request_and_leaks_nothing() -> 
             break
         await stream.aclose()  # what a client disconnect does to the SSE generator
         assert len(sink) == 0
-        for _ in range(400):  # the slot is released at the loop's next step
-            if not core.has_work() and not runner.live:
-                break
-            await asyncio.sleep(0.005)
+        # the slot is released at the loop's next step
+        await wait_for(lambda: not core.has_work() and not runner.live)
         assert not core.has_work() and runner.live == set()
     finally:
         await engine.stop()
@@ -315,18 +306,13 @@ async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> 
     try:
         group = engine.group()
         streams = group.admit(["a", "b", "c"], [[5], [6], [7]], params(max_tokens=400))
-        for _ in range(400):  # until two run
-            if len(runner.live) == 2:
-                break
-            await asyncio.sleep(0.005)
+        await wait_for(lambda: len(runner.live) == 2)  # until two run
         await streams[0].aclose()  # closing a stream never started does nothing
         assert core.has_work()
         group.close()
         assert len(sink) == 0
-        for _ in range(400):  # the slots are released at the loop's next step
-            if not core.has_work() and not runner.live:
-                break
-            await asyncio.sleep(0.005)
+        # the slots are released at the loop's next step
+        await wait_for(lambda: not core.has_work() and not runner.live)
         assert not core.has_work() and runner.live == set()
         assert core.scheduler.room() == 4
     finally:

@@ -12,6 +12,7 @@ from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink
+from tests.support.engine_runs import run_to_end
 
 TOKENIZER = ByteTokenizer()
 
@@ -35,14 +36,6 @@ def make(text: str = "Hello", runner: FakeModelRunner | None = None, **config):
     return engine, observer
 
 
-def drain(engine: Engine) -> None:
-    for _ in range(200):
-        if not engine.has_work():
-            return
-        engine.step()
-    raise AssertionError("engine did not finish")
-
-
 def greedy(**kwargs) -> SamplingParams:
     return SamplingParams(temperature=0.0, **kwargs)
 
@@ -63,7 +56,7 @@ def test_each_step_is_observed_and_returned() -> None:
 def test_a_finished_request_reports_its_life_in_order() -> None:
     engine, observer = make("Hello")
     engine.add_request("a", "hi", greedy())
-    drain(engine)
+    run_to_end(engine, max_steps=200)
     record = observer.finished["a"]
     assert record.finish_reason == "eos"
     assert (record.prompt_tokens, record.completion_tokens) == (3, 6)
@@ -80,14 +73,14 @@ def test_a_finished_request_reports_its_life_in_order() -> None:
 def test_finish_reasons_are_reported(params: SamplingParams, reason: str) -> None:
     engine, observer = make("Hello")
     engine.add_request("a", "hi", params)
-    drain(engine)
+    run_to_end(engine, max_steps=200)
     assert observer.finished["a"].finish_reason == reason
 
 
 def test_a_stop_string_hit_ends_the_request_in_the_scheduler() -> None:
     engine, observer = make("Hello there")
     engine.add_request("a", "hi", greedy(stop=("lo",)))
-    drain(engine)
+    run_to_end(engine, max_steps=200)
     request_stats = observer.finished["a"]
     assert request_stats.finish_reason == "stop"
     engine.step()  # the policy released the finished request's slot
@@ -153,7 +146,7 @@ def test_an_observer_that_raises_does_not_break_the_engine() -> None:
         observer=Raising(),
     )
     engine.add_request("a", "hi", greedy())
-    drain(engine)
+    run_to_end(engine, max_steps=200)
     assert "".join(o.text_delta for o in sink.of("a")) == "ok"
 
 

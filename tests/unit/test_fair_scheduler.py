@@ -15,6 +15,7 @@ from domain.request import Request, RequestContext
 from domain.sampling import SamplingParams
 from domain.scheduler import ContinuousScheduler, RunnerOutput, SchedulerOutput
 from tests.fakes import ListSink, ManualClock
+from tests.support.engine_runs import run_to_end
 
 EOS = 0
 TOKEN = 7  # what every request samples in the scheduler-only tests (never EOS)
@@ -77,6 +78,20 @@ class Flood:
             self.sent += 1
 
 
+def saturated_shares(s: ContinuousScheduler, steps: int) -> Counter[str | None]:
+    """Tenants A and B both flooding ``s`` for ``steps`` steps: the tokens each got in the
+    steps past the first 200 (the start)."""
+    floods = [Flood(s, "A"), Flood(s, "B")]
+    totals: Counter[str | None] = Counter()
+    for i in range(steps):
+        for flood in floods:
+            flood.top_up()
+        counts = tokens_by_tenant(step(s))
+        if i >= 200:
+            totals += counts
+    return totals
+
+
 # Admission
 
 
@@ -108,28 +123,14 @@ def test_a_flooding_tenant_delays_another_by_about_one_request() -> None:
 
 def test_weights_3_to_1_give_a_3_to_1_token_share_under_saturation() -> None:
     s = scheduler(max_batch_size=8, tenant_weights={"A": 3.0})
-    floods = [Flood(s, "A"), Flood(s, "B")]
-    totals: Counter[str | None] = Counter()
-    for i in range(1200):
-        for flood in floods:
-            flood.top_up()
-        counts = tokens_by_tenant(step(s))
-        if i >= 200:  # past the start
-            totals += counts
+    totals = saturated_shares(s, 1200)
     assert 2.7 <= totals["A"] / totals["B"] <= 3.3
 
 
 def test_set_tenant_weights_changes_the_share() -> None:
     s = scheduler(max_batch_size=8)
     s.set_tenant_weights({"B": 2.0})
-    floods = [Flood(s, "A"), Flood(s, "B")]
-    totals: Counter[str | None] = Counter()
-    for i in range(1000):
-        for flood in floods:
-            flood.top_up()
-        counts = tokens_by_tenant(step(s))
-        if i >= 200:
-            totals += counts
+    totals = saturated_shares(s, 1000)
     assert 1.8 <= totals["B"] / totals["A"] <= 2.2
 
 
@@ -351,18 +352,10 @@ def add(e: Engine, request_id: str, prompt: list[int], priority: int = 0) -> Non
     e.add_request(request_id, prompt, PARAMS, context=RequestContext(priority=priority))
 
 
-def drain(e: Engine) -> None:
-    for _ in range(500):
-        if not e.has_work():
-            return
-        e.step()
-    raise AssertionError("engine did not finish")
-
-
 def alone(request_id: str, prompt: list[int]) -> list[int]:
     e, _, sink, _ = engine()
     add(e, request_id, prompt)
-    drain(e)
+    run_to_end(e, max_steps=500)
     return [o.token_id for o in sink.of(request_id) if o.token_id is not None]
 
 
@@ -379,7 +372,7 @@ def test_a_preempted_request_finishes_with_the_tokens_it_would_have_had_each_sen
     stats = e.step()
     assert stats.preempted == ("young",) and "young" in runner.released
     assert len(sink.of("young")) == 5
-    drain(e)
+    run_to_end(e, max_steps=500)
     for request_id, prompt in PROMPTS.items():
         outputs = sink.of(request_id)
         tokens = [o.token_id for o in outputs]
@@ -397,7 +390,7 @@ def test_a_preemption_is_reported_in_step_and_request_stats() -> None:
     for _ in range(4):  # prefill + 3 decodes: 4 tokens generated, the 4th not fed yet
         e.step()
     add(e, "high", [60, 61], priority=5)
-    drain(e)
+    run_to_end(e, max_steps=500)
     preempted = [s.preempted for s in observer.steps if s.preempted]
     assert preempted == [("low",)]
     assert {r.request_id: r.preemptions for r in observer.finished.values()} == {
