@@ -87,17 +87,27 @@ def quantized_activations(x: Tensor, qmax: int) -> Tensor:
 INTEGER_ACTIVATIONS = {4: (127, 3e-2), 8: (32767, 1e-4)}
 
 
+def random_product(
+    bits: int, group: int, with_mins: bool, rows: int, dense_from_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``quant_linear`` of a random x (``rows`` × K) and a random weight in the format (group
+    0: one group of K), both seeded by ``rows``: (the output, checked to be ``rows`` × N
+    float32; x; the weight dequantized by the reference)."""
+    group = group or K
+    qweight, scales, mins = random_weight(N, K, bits, group, with_mins, seed=rows)
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
+    w = reference_dequantize(qweight, scales, mins, bits, group)
+    got = portable.quant_linear(x, qweight, scales, mins, bits, group, dense_from_rows)
+    assert got.shape == (rows, N) and got.dtype == torch.float32
+    return got, x, w
+
+
 @pytest.mark.parametrize(("bits", "group", "with_mins"), FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 8, 33])
 def test_the_integer_path_matches_the_dense_product(
     bits: int, group: int, with_mins: bool, rows: int
 ) -> None:
-    group = group or K
-    qweight, scales, mins = random_weight(N, K, bits, group, with_mins, seed=rows)
-    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
-    w = reference_dequantize(qweight, scales, mins, bits, group)
-    got = portable.quant_linear(x, qweight, scales, mins, bits, group, DENSE_NEVER)
-    assert got.shape == (rows, N) and got.dtype == torch.float32
+    got, x, w = random_product(bits, group, with_mins, rows, DENSE_NEVER)
     qmax, tolerance = INTEGER_ACTIVATIONS[bits]
     # the same product up to float32 rounding once x is rounded per block like the kernel
     assert relative_error(got, quantized_activations(x, qmax) @ w.T) < 1e-5
@@ -167,13 +177,8 @@ def test_int8_weights_take_int16_activations() -> None:
 def test_the_dense_path_matches_the_dense_product(
     bits: int, group: int, with_mins: bool, rows: int
 ) -> None:
-    group = group or K
-    qweight, scales, mins = random_weight(N, K, bits, group, with_mins, seed=rows)
-    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
-    want = x @ reference_dequantize(qweight, scales, mins, bits, group).T
-    got = portable.quant_linear(x, qweight, scales, mins, bits, group, 1)
-    assert got.shape == (rows, N) and got.dtype == torch.float32
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got, x, w = random_product(bits, group, with_mins, rows, 1)
+    torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dense_from_rows", [1, DENSE_NEVER], ids=["dense", "integer"])
