@@ -1,6 +1,8 @@
 """The Prometheus metrics adapter: hand-built step statistics and request records in,
 the parsed exposition out, every number checked."""
 
+from typing import Any
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -60,15 +62,15 @@ def labelled(samples: Samples, name: str, label: str) -> dict[str, float]:
 def ended(
     request_id: str,
     *,
-    arrival: float,
-    scheduled: float | None,
-    first: float | None,
-    finished: float,
+    times: tuple[float, float | None, float | None, float],
     reason: str,
-    prompt: int,
-    completion: int,
+    tokens: tuple[int, int],
     tenant: str | None = None,
 ) -> RequestStats:
+    """``times``: (arrival, scheduled, first token, finished); ``tokens``: (prompt,
+    completion)."""
+    arrival, scheduled, first, finished = times
+    prompt, completion = tokens
     return RequestStats(
         request_id,
         arrival,
@@ -86,71 +88,28 @@ def one_request_life(metrics: Metrics) -> None:
     """a (tenant t1, 10 prompt tokens) is prefilled in two chunks and decodes to its length
     limit; b (tenant t2, 7 prompt tokens) waits all along and is aborted."""
     t1, t2 = RequestContext(tenant_id="t1"), RequestContext(tenant_id="t2")
-    metrics.on_step(
-        StepStats(
-            True,
-            1.0,
-            SchedulerStats(running=1, waiting=1, prefill_tokens=6, decode_tokens=0, kv_usage=0.25),
-            start_s=0.9,
-            rows=(StepRow("a", 6, 0),),
-            started=(RequestStart("a", 0.0, 10, PARAMS, t1), RequestStart("b", 0.5, 7, PARAMS, t2)),
-        )
+
+    def step(
+        start_s: float, time_s: float, load: SchedulerStats, row: StepRow, **more: Any
+    ) -> None:
+        """A step from ``start_s`` to ``time_s`` that ran ``row`` (``more``: other fields)."""
+        metrics.on_step(StepStats(True, time_s, load, start_s=start_s, rows=(row,), **more))
+
+    step(
+        0.9,
+        1.0,
+        SchedulerStats(running=1, waiting=1, prefill_tokens=6, decode_tokens=0, kv_usage=0.25),
+        StepRow("a", 6, 0),
+        started=(RequestStart("a", 0.0, 10, PARAMS, t1), RequestStart("b", 0.5, 7, PARAMS, t2)),
     )
-    metrics.on_step(
-        StepStats(
-            True,
-            2.0,
-            SchedulerStats(1, 1, 4, 0, 0.25),
-            sampled_tokens=1,
-            first_tokens=("a",),
-            start_s=1.0,
-            rows=(StepRow("a", 4, 0),),
-        )
+    prefilled, decoding = StepRow("a", 4, 0), StepRow("a", 0, 1)
+    step(
+        1.0, 2.0, SchedulerStats(1, 1, 4, 0, 0.25), prefilled, sampled_tokens=1, first_tokens=("a",)
     )
-    b = ended(
-        "b",
-        arrival=0.5,
-        scheduled=None,
-        first=None,
-        finished=2.5,
-        reason="abort",
-        prompt=7,
-        completion=0,
-        tenant="t2",
-    )
-    metrics.on_step(
-        StepStats(
-            True,
-            2.5,
-            SchedulerStats(1, 0, 0, 1, 0.25),
-            sampled_tokens=1,
-            finished=(b,),
-            start_s=2.0,
-            rows=(StepRow("a", 0, 1),),
-        )
-    )
-    a = ended(
-        "a",
-        arrival=0.0,
-        scheduled=0.9,
-        first=2.0,
-        finished=3.25,
-        reason="length",
-        prompt=10,
-        completion=3,
-        tenant="t1",
-    )
-    metrics.on_step(
-        StepStats(
-            True,
-            3.25,
-            SchedulerStats(0, 0, 0, 1, 0.0),
-            sampled_tokens=1,
-            finished=(a,),
-            start_s=2.5,
-            rows=(StepRow("a", 0, 1),),
-        )
-    )
+    b = ended("b", times=(0.5, None, None, 2.5), reason="abort", tokens=(7, 0), tenant="t2")
+    step(2.0, 2.5, SchedulerStats(1, 0, 0, 1, 0.25), decoding, sampled_tokens=1, finished=(b,))
+    a = ended("a", times=(0.0, 0.9, 2.0, 3.25), reason="length", tokens=(10, 3), tenant="t1")
+    step(2.5, 3.25, SchedulerStats(0, 0, 0, 1, 0.0), decoding, sampled_tokens=1, finished=(a,))
 
 
 def test_gauges_follow_the_latest_step() -> None:
@@ -284,16 +243,7 @@ def test_a_failed_step_observes_no_inter_token_latency() -> None:
     metrics = Metrics("m", max_batch_size=2)
     rows = (StepRow("a", 0, 1),)
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 0, 1, 0.5), 1, rows=rows))
-    failed = ended(
-        "a",
-        arrival=0.0,
-        scheduled=0.1,
-        first=0.5,
-        finished=2.0,
-        reason="error",
-        prompt=4,
-        completion=2,
-    )
+    failed = ended("a", times=(0.0, 0.1, 0.5, 2.0), reason="error", tokens=(4, 2))
     metrics.on_step(
         StepStats(True, 2.0, SchedulerStats(0, 0, 0, 1, 0.0), 0, rows=rows, finished=(failed,))
     )
@@ -309,13 +259,9 @@ def test_tenants_past_the_cap_share_the_other_label() -> None:
     finished = tuple(
         ended(
             f"r{i}",
-            arrival=0.0,
-            scheduled=0.0,
-            first=0.5,
-            finished=1.0,
+            times=(0.0, 0.0, 0.5, 1.0),
             reason="stop",
-            prompt=10 * (i + 1),
-            completion=i,
+            tokens=(10 * (i + 1), i),
             tenant=tenant,
         )
         for i, tenant in enumerate(tenants)
