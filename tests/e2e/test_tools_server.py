@@ -14,35 +14,22 @@ import openai
 import pytest
 
 from tests.e2e.server import infer_serve
+from tests.support.tools import function_tool
 
 pytestmark = pytest.mark.slow
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 40}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The time in a time zone.",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "maxLength": 40}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = function_tool(
+    "get_weather",
+    "Current weather in a city.",
+    {"city": {"type": "string", "maxLength": 40}},
+    additionalProperties=False,
+)
+TIME = function_tool(
+    "get_time",
+    "The time in a time zone.",
+    {"zone": {"type": "string", "maxLength": 40}},
+    additionalProperties=False,
+)
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 

@@ -14,21 +14,11 @@ from adapters.fake import ByteTokenizer
 from adapters.http import create_app
 from domain.request import Request
 from tests.fakes import AcceptingGrammar, fake_async_engine
+from tests.support.tools import function_tool
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = function_tool("get_weather", "Current weather in a city.", {"city": {"type": "string"}})
 TIME = {"type": "function", "function": {"name": "get_time"}}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 PARIS = '{"city": "Paris"}'
