@@ -35,7 +35,7 @@ from entrypoints.model_flags import (
 from entrypoints.observability_flags import add_observability_args
 from entrypoints.replica_flags import add_replica_args
 from entrypoints.request_flags import add_request_limit_args
-from entrypoints.server import add_connection_args, run_server
+from entrypoints.server import add_connection_args, serve_configured
 from entrypoints.tinker_flags import add_tinker_limit_args
 from entrypoints.transport_flags import add_address_args, add_transport_args
 
@@ -467,17 +467,7 @@ def _serve(args: argparse.Namespace) -> int:
     if tracing.enabled:
         endpoint = tracing.resolved_endpoint() or "the console"
         _note(f"traces: to {endpoint}")
-    run_server(
-        app,
-        http.host,
-        http.port,
-        config.connections,
-        log_level=config.observability.log_level,
-        access_log=config.observability.uvicorn_access_log,
-        draining=container.draining(),
-        drain_timeout_s=http.drain_timeout,
-        **http.uvicorn_tls(),
-    )
+    serve_configured(app, config, container.draining())
     return 0
 
 

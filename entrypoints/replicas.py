@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +33,7 @@ import ray
 import structlog
 from dependency_injector import providers
 from ray import serve
-from ray.serve.config import HTTPOptions, RequestRouterConfig
+from ray.serve.config import ProxyLocation, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from adapters.http.replica_header import ReplicaHeader
@@ -46,7 +46,7 @@ from adapters.http.tinker_forward import (
 )
 from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.logging import configure_logging
-from adapters.ray.dispatch import HandleDispatch, HandleForward
+from adapters.ray.dispatch import HandleDispatch, HandleForward, loop_handle
 from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
 from application.engine_client import AdmitCall
@@ -54,8 +54,10 @@ from application.remote_engine import RemoteEngine, serve_call
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
 from domain.routing import RouteRequest, imbalance_for
+from entrypoints.access_flags import sighup_reloader
 from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.container import create_container
+from entrypoints.server import serve_configured
 
 log = structlog.get_logger(__name__)
 
@@ -63,12 +65,6 @@ APP_NAME = "infer"
 REGISTRY_NAME = "infer-fleet-registry"
 REPORT_EVERY_S = 1.0
 ROUTING_STATS_PERIOD_S = 1.0
-# The ingress runs no blocking work: its app and its handle's router on the replica's own
-# event loop, not each on a thread of its own (two thread hops fewer per call).
-INGRESS_ENV = {
-    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
-}
 # A replica not heard from for this long is listed as unreachable, and then dropped.
 STALE_AFTER_S = 5.0
 FORGET_AFTER_S = 60.0
@@ -228,37 +224,43 @@ class EngineReplica:
         await self.engine.stop()
 
 
-@serve.ingress()
-class Ingress:
-    """The HTTP face of the fleet (see the module)."""
+class FleetIngress:
+    """The HTTP face of the fleet, in the ``infer serve`` process (see the module)."""
 
-    async def __init__(self, config_json: bytes, engine: DeploymentHandle) -> None:  # type: ignore[misc]
-        config = from_json(config_json)
-        configure_logging(config.observability.log_level, config.observability.log_format)
-        described = await engine.describe.remote()
+    def __init__(self, config: ServerConfig, engine: DeploymentHandle) -> None:
+        described = engine.describe.remote().result(timeout_s=config.fleet.replica_start_timeout)
+        # The calls' handle routes on the server's event loop (made there, at the first call).
+        handles = loop_handle("engine", APP_NAME)
+        self.handles = handles
         # Tinker runs on the replicas (calls forwarded there): the ingress loads no model.
         self.tinker = config.tinker.enabled
         self.config = replace(config, tinker=replace(config.tinker, enabled=False))
-        self.engine_handle = engine
         self.registry = ray.get_actor(REGISTRY_NAME)
-        self.container = ingress_container(self.config, described)
+        self._expositions: list[tuple[str, str]] = []
+        self.container = ingress_container(self.config, described, on_startup=[self._started])
         self.remote = RemoteEngine(
             described["engine_config"],
             self.container.backend.tokenizer(),
-            HandleDispatch(engine),
+            HandleDispatch(handles),
             replicas=config.fleet.replicas,
             vocab_size=described["vocab_size"],
             grammar=self.container.backend.grammar(),
         )
         self.container.async_engine.override(providers.Object(self.remote))
         self.container.replicas.override(providers.Object(self.replicas))
-        own = self.container.metrics()
-        if own is not None:  # /metrics: the ingress's and every replica's, labelled
-            self._expositions: list[tuple[str, str]] = []
-            self._poller = asyncio.create_task(self._poll_metrics())
+        self._own = self.container.metrics()
+        if self._own is not None:  # /metrics: the ingress's and every replica's, labelled
+            own = self._own
             self.container.metrics_exposition.override(
                 providers.Object(lambda: self._fleet_metrics(own.render()))
             )
+
+    def _started(self) -> None:
+        """On the server's event loop, at start: SIGHUP reloads the keys file; poll the
+        replicas' expositions."""
+        sighup_reloader(self.container.access(), self.config.access.api_keys_file)()
+        if self._own is not None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
 
     async def _poll_metrics(self) -> None:
         while True:
@@ -273,17 +275,21 @@ class Ingress:
     async def replicas(self) -> list[dict[str, Any]]:
         return list(await self.registry.snapshot.remote())
 
-    def __serve_build_asgi_app__(self) -> Any:
+    def app(self) -> Any:
+        """The ASGI app: the server's own, with the replica header and, with Tinker, its
+        calls forwarded to the replica their ids name."""
         app: Any = ReplicaHeader(self.container.http_app())
         if self.tinker:
-            app = TinkerForwarder(app, HandleForward(self.engine_handle))
+            app = TinkerForwarder(app, HandleForward(self.handles))
         return app
 
 
-def ingress_container(config: ServerConfig, described: dict[str, Any]) -> Any:
+def ingress_container(
+    config: ServerConfig, described: dict[str, Any], on_startup: Sequence[Callable[[], None]] = ()
+) -> Any:
     """The server's container without the model: what a replica measured (the KV pool, the
     vocabulary) stands in for what loading the model would give."""
-    container = create_container(config)
+    container = create_container(config, on_startup=on_startup)
     backend = container.backend
     for name in ("model", "dtype", "runner", "lora_serving"):
         getattr(backend, name).override(providers.Object(None))
@@ -294,7 +300,7 @@ def ingress_container(config: ServerConfig, described: dict[str, Any]) -> Any:
 
 
 def deployments(config: ServerConfig) -> Any:
-    """The application: the ingress over ``replicas`` engine replicas."""
+    """The application: ``replicas`` engine replicas (no HTTP: the ingress is ours)."""
     fleet = config.fleet
     cpus = fleet.replica_cpus or float(config.model.threads or 1)
     config_json = to_json(config)
@@ -318,24 +324,12 @@ def deployments(config: ServerConfig) -> Any:
         graceful_shutdown_timeout_s=config.http.drain_timeout,
         request_router_config=RequestRouterConfig(**router),
     )
-    ingress = serve.deployment(
-        Ingress,
-        name="ingress",
-        num_replicas=1,
-        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": INGRESS_ENV}},
-        max_ongoing_requests=config.connections.max_connections,
-        graceful_shutdown_timeout_s=config.http.drain_timeout,
-    )
-    return ingress.bind(config_json, engine.bind(config_json))  # type: ignore[attr-defined]
+    return engine.bind(config_json)  # type: ignore[attr-defined]
 
 
 def serve_replicas(config: ServerConfig) -> int:
     """Run the fleet until SIGINT/SIGTERM (see the module)."""
     fleet = config.fleet
-    if config.http.tls:
-        raise InvalidParameterError(
-            "replicas", "TLS is not served by Ray Serve's proxy: terminate it in front of it"
-        )
     if config.model.lora_modules:
         raise InvalidParameterError(
             "lora_modules", "not served with --replicas yet (the ingress holds no adapters)"
@@ -349,12 +343,16 @@ def serve_replicas(config: ServerConfig) -> int:
     _on_stop_signals()
     try:
         registry = FleetRegistry.options(name=REGISTRY_NAME).remote()  # type: ignore[attr-defined]
-        http = config.http
-        serve.start(http_options=HTTPOptions(host=http.host, port=http.port))
+        serve.start(proxy_location=ProxyLocation.Disabled)  # the HTTP port is ours
         _note(f"starting {fleet.replicas} engine replicas on Ray Serve (routing: {fleet.routing})")
-        _run_bounded(deployments(config), fleet.replica_start_timeout)
-        _note(f"serving {fleet.replicas} replicas at http://{http.host}:{http.port}")
-        _wait_for_signal()
+        handle = _run_bounded(deployments(config), fleet.replica_start_timeout)
+        if _STOPPED:
+            raise KeyboardInterrupt
+        ingress = FleetIngress(config, handle)
+        http = config.http
+        url = f"{'https' if http.tls else 'http'}://{http.host}:{http.port}"
+        _note(f"serving {fleet.replicas} replicas at {url}")
+        serve_configured(ingress.app(), config, ingress.container.draining())
         _note("stopping the replicas")
         del registry
         return 0
@@ -377,13 +375,15 @@ def _start_ray(address: str | None, timeout_s: float) -> None:
         raise InvalidParameterError("ray_address", f"no Ray cluster reached: {e}") from e
 
 
-def _run_bounded(app: Any, timeout_s: float) -> None:
+def _run_bounded(app: Any, timeout_s: float) -> DeploymentHandle:
+    handles: list[DeploymentHandle] = []
     _within(
         timeout_s,
         "replica_start_timeout",
-        lambda: serve.run(app, name=APP_NAME, route_prefix="/", blocking=False),
+        lambda: handles.append(serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)),
         what="the replicas did not start (a cluster short of CPUs for --replicas?)",
     )
+    return handles[0]
 
 
 def _within(timeout_s: float, flag: str, work: Any, what: str = "no answer") -> None:
@@ -416,12 +416,6 @@ def _on_stop_signals() -> None:
     """SIGINT/SIGTERM set the flag from now on (again after ray.init, which sets its own)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: _STOPPED.append(signum))
-
-
-def _wait_for_signal() -> None:
-    """Until SIGINT or SIGTERM, received now or during the start."""
-    while not _STOPPED:
-        time.sleep(0.2)
 
 
 def _note(text: str) -> None:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 import uvicorn
@@ -46,6 +46,9 @@ from adapters.http.errors import face_error_body, openai_error_body
 from adapters.http.ownership import Draining
 from domain.errors import InvalidParameterError
 from entrypoints.flag_fields import from_flags
+
+if TYPE_CHECKING:
+    from entrypoints.config import ServerConfig
 
 log = logging.getLogger("uvicorn.error")
 
@@ -463,6 +466,23 @@ def run_server(
         **tls,
     )
     LimitedServer(config, draining, drain_timeout_s).run()
+
+
+def serve_configured(app: Any, config: "ServerConfig", draining: Draining | None) -> None:
+    """:func:`run_server` with ``config``'s address, TLS, connection limits, logging and
+    drain (``infer serve``, one process or a fleet's ingress)."""
+    http, observability = config.http, config.observability
+    run_server(
+        app,
+        http.host,
+        http.port,
+        config.connections,
+        log_level=observability.log_level,
+        access_log=observability.uvicorn_access_log,
+        draining=draining,
+        drain_timeout_s=http.drain_timeout,
+        **http.uvicorn_tls(),
+    )
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:

@@ -3,8 +3,7 @@
 a :class:`ReplicaNote` (in :data:`CURRENT_NOTE`, which the engine's calls fill as they are
 routed) and, when the response starts, waits for the calls sent so far to be routed (a few
 milliseconds; at most ``wait_s``) and names their replicas, comma-separated. A replica id
-is Ray Serve's, never a pid or an address. The app's ``x-request-id`` is dropped: Ray
-Serve's proxy sends the same id."""
+is Ray Serve's, never a pid or an address."""
 
 import asyncio
 import contextlib
@@ -13,7 +12,6 @@ from typing import Any
 from application.remote_engine import CURRENT_NOTE, ReplicaNote
 
 HEADER = b"x-infer-replica"
-REQUEST_ID = b"x-request-id"
 
 
 class ReplicaHeader:
@@ -32,8 +30,7 @@ class ReplicaHeader:
                 if note.pending > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(note.routed.wait(), self.wait_s)
-                # Ray Serve's proxy sends the request id itself: not twice.
-                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID]
+                headers = list(message.get("headers", ()))
                 if note.replicas:
                     headers.append((HEADER, ",".join(note.replicas).encode()))
                 message = {**message, "headers": headers}

@@ -6,9 +6,10 @@ that dies (or cannot be reached) is a :class:`ReplicaLostError`; its own refusal
 error) is raised as it is, unwrapped from Ray's task error. Leaving the outputs early
 cancels the call (the replica aborts)."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
@@ -21,11 +22,35 @@ from domain.routing import RouteRequest
 LOST = (RayActorError, ActorUnavailableError)
 
 
+Handles = Callable[[], DeploymentHandle]
+
+
+def loop_handle(deployment: str, app: str) -> Handles:
+    """A deployment's handle (one for every caller), made at its first use: its router then
+    runs on the event loop that uses it (no thread hop per call), which must be that first
+    caller's."""
+    made: list[DeploymentHandle] = []
+
+    def make() -> DeploymentHandle:
+        if not made:
+            handle = serve.get_deployment_handle(deployment, app)
+            handle._init(_run_router_in_separate_loop=False)
+            made.append(handle)
+        return made[0]
+
+    return make
+
+
 class HandleDispatch:
-    def __init__(self, handle: DeploymentHandle) -> None:
-        self._handle = handle.options(stream=True, method_name="generate")
+    """``handles()``: the engine deployment's handle, asked for at the first call."""
+
+    def __init__(self, handles: Handles) -> None:
+        self._handles = handles
+        self._handle: DeploymentHandle | None = None
 
     async def __call__(self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]) -> Routed:
+        if self._handle is None:
+            self._handle = self._handles().options(stream=True, method_name="generate")
         outputs = self._handle.remote(route, call, avoid)
         assert isinstance(outputs, DeploymentResponseGenerator)  # a streaming handle's
         try:
@@ -75,10 +100,13 @@ class HandleForward:
     (``tinker_http``) on the engine deployment, placed by the request router by the replica
     its ids name (``route.replica``)."""
 
-    def __init__(self, handle: DeploymentHandle) -> None:
-        self._handle = handle.options(method_name="tinker_http")
+    def __init__(self, handles: Handles) -> None:
+        self._handles = handles
+        self._handle: DeploymentHandle | None = None
 
     async def __call__(self, route: RouteRequest, call: HttpCall) -> HttpReply:
+        if self._handle is None:
+            self._handle = self._handles().options(method_name="tinker_http")
         try:
             reply = await self._handle.remote(route, call, frozenset())
         except LOST as e:

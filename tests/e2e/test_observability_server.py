@@ -3,22 +3,15 @@
 the openai SDK: the client's trace id and parentage arrive, steps link to requests, and
 the metric counts add up."""
 
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import httpx
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.server import free_port, infer_serve
+from tests.e2e.server import infer_serve
+from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
 
 pytestmark = pytest.mark.slow
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -26,55 +19,10 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
 
 
-class Receiver(ThreadingHTTPServer):
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", free_port()), _Handler)
-        self.spans: list[Any] = []
-        self.paths: list[str] = []
-        self.lock = threading.Lock()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        with self.server.lock:
-            self.server.paths.append(self.path)
-            for resource in request.resource_spans:
-                for scope in resource.scope_spans:
-                    self.server.spans.extend(scope.spans)
-        reply = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-
-
-def _find(receiver: Receiver, name: str, count: int = 1, timeout_s: float = 20) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with receiver.lock:
-            found = [s for s in receiver.spans if s.name == name]
-        if len(found) >= count:
-            return found
-        time.sleep(0.2)
-    return found
+    with running_receiver() as server:
+        yield server
 
 
 def test_traces_reach_an_otlp_receiver_and_metrics_add_up(receiver: Receiver) -> None:
@@ -101,15 +49,15 @@ def test_traces_reach_an_otlp_receiver_and_metrics_add_up(receiver: Receiver) ->
         metrics = httpx.get(f"{url}/metrics", timeout=10)
 
         [server_span] = [
-            s for s in _find(receiver, "POST /v1/completions") if s.trace_id.hex() == TRACE_ID
+            s for s in find_spans(receiver, "POST /v1/completions") if s.trace_id.hex() == TRACE_ID
         ]
         assert server_span.parent_span_id.hex() == PARENT_ID
-        requests = _find(receiver, "engine.request", 2)
+        requests = find_spans(receiver, "engine.request", 2)
         [traced] = [s for s in requests if s.trace_id.hex() == TRACE_ID]
         assert traced.parent_span_id == server_span.span_id
         attributes = {a.key: a.value for a in traced.attributes}
         assert attributes["gen_ai.usage.output_tokens"].int_value == usage[0].completion_tokens
-        steps = _find(receiver, "engine.step", usage[0].completion_tokens)
+        steps = find_spans(receiver, "engine.step", usage[0].completion_tokens)
         linked = [s for s in steps if any(link.span_id == traced.span_id for link in s.links)]
         assert len(linked) == usage[0].completion_tokens  # one token a step
         assert all(p == "/v1/traces" for p in receiver.paths)

@@ -1,8 +1,9 @@
 """``infer serve --replicas 2`` end to end: two engine replicas on a local Ray cluster behind
 one port, driven by the official openai SDK; routing affinity seen in ``x-infer-replica``;
-a replica killed (``kill -9``) under load loses and hangs nothing; stopping the server
-leaves no Ray process behind. On a 2-core machine each replica runs one thread: this shows
-correctness and routing, not scaling (benchmarks/sim_router.py measures that)."""
+a replica killed (``kill -9``) under load loses and hangs nothing; SIGTERM drains the
+streams in flight, and stopping the server leaves no Ray process behind. On a 2-core
+machine each replica runs one thread: this shows correctness and routing, not scaling
+(benchmarks/sim_router.py measures that)."""
 
 import asyncio
 import os
@@ -19,10 +20,13 @@ import tinker
 from tinker import types
 
 from tests.e2e.server import INFER, free_port
+from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 TINKER_KEY = "tml-fleet"
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT_ID = "b7ad6b7169203331"
 
 START_TIMEOUT_S = 420
 SYSTEM = (
@@ -49,13 +53,25 @@ def running_replicas(url: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def traces() -> Iterator[Receiver]:
+    with running_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, traces: Receiver
+) -> Iterator[tuple[str, subprocess.Popen]]:
     assert not ray_processes(), "a Ray cluster is already running here"
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
     port = free_port()
+    otlp = f"http://127.0.0.1:{traces.server_address[1]}"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"],
+            [
+                *(str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"),
+                *("--otlp-traces-endpoint", otlp),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -67,9 +83,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             assert process.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(1)
-        yield url
+        yield url, process
     finally:
-        process.send_signal(signal.SIGTERM)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -86,6 +103,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert not left, f"Ray processes left after the server stopped: {left}"
 
 
+@pytest.fixture
+def fleet(server: tuple[str, subprocess.Popen]) -> str:
+    return server[0]
+
+
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
@@ -94,16 +116,32 @@ def model_of(url: str) -> str:
     return client(url).models.list().data[0].id
 
 
-def test_the_openai_sdk_is_served_through_the_replicas(fleet: str) -> None:
+def test_the_openai_sdk_is_served_through_the_replicas(fleet: str, traces: Receiver) -> None:
     sdk, model = client(fleet), model_of(fleet)
     ids = {r["id"] for r in running_replicas(fleet)}
     raw = sdk.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "Hi!"}], max_tokens=8
+        model=model,
+        messages=[{"role": "user", "content": "Hi!"}],
+        max_tokens=8,
+        extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
     )
     chat = raw.parse()
     assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
     assert raw.headers["x-infer-replica"] in ids
     assert len(raw.headers.get_list("x-request-id")) == 1
+    # The trace continues from the ingress's server span into the replica's engine spans.
+    [ingress_span] = [
+        s for s in find_spans(traces, "POST /v1/chat/completions") if s.trace_id.hex() == TRACE_ID
+    ]
+    assert ingress_span.parent_span_id.hex() == PARENT_ID
+    deadline = time.monotonic() + 20
+    while True:
+        engine = [s for s in find_spans(traces, "engine.request") if s.trace_id.hex() == TRACE_ID]
+        if engine or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    [engine_span] = engine
+    assert engine_span.parent_span_id == ingress_span.span_id
 
     text = "".join(
         chunk.choices[0].delta.content or ""
@@ -242,6 +280,37 @@ def test_a_replica_killed_under_load_loses_and_hangs_nothing(fleet: str) -> None
     while len(running_replicas(fleet)) < 2:
         assert time.monotonic() < deadline, "the killed replica was not restarted"
         time.sleep(2)
+
+
+def test_sigterm_drains_the_streams_in_flight_then_stops_every_replica(
+    server: tuple[str, subprocess.Popen],
+) -> None:
+    url, process = server
+    model = model_of(url)
+    sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    async def stream(i: int, started: asyncio.Event) -> str | None:
+        messages = [{"role": "user", "content": f"Write a long poem, number {i}."}]
+        chunks = await sdk.chat.completions.create(
+            model=model, messages=messages, max_tokens=48, stream=True
+        )
+        finish = None
+        async for chunk in chunks:
+            started.set()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        return finish
+
+    async def drain() -> list[str | None]:
+        events = [asyncio.Event() for _ in range(4)]
+        tasks = [asyncio.create_task(stream(i, e)) for i, e in enumerate(events)]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
+        process.send_signal(signal.SIGTERM)  # every stream has begun: drained, not cut
+        return list(await asyncio.wait_for(asyncio.gather(*tasks), 120))
+
+    finishes = asyncio.run(drain())
+    assert finishes and all(f in ("length", "stop") for f in finishes), finishes
+    assert process.wait(timeout=120) == 0
 
 
 def test_an_unreachable_cluster_is_an_error_naming_the_flag_in_bounded_time() -> None:

@@ -158,7 +158,7 @@ def _serve_without_listening(monkeypatch) -> list:
         return built[-1]
 
     monkeypatch.setattr(cli, "create_container", spy)
-    monkeypatch.setattr(cli, "run_server", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "serve_configured", lambda *a, **k: None)
     return built
 
 
