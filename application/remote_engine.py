@@ -23,8 +23,10 @@ group, cancels the call (the replica aborts its requests).
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import structlog
@@ -38,6 +40,7 @@ from domain.ports import GrammarCompiler, Tokenizer
 from domain.request import StepOutput
 from domain.routing import RouteRequest, prompt_block_hashes
 from domain.scheduler.shared_prefill import key_namespace
+from domain.training import InvalidTrainingRequest
 
 log = structlog.get_logger(__name__)
 
@@ -309,3 +312,32 @@ async def _merged(streams: Sequence[AsyncIterator[StepOutput]]) -> AsyncIterator
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class ReplicaAdapters:
+    """The ingress's :class:`~domain.training.ServingAdapters`: the LoRA adapters live on
+    the replicas, each of which loads the ``--lora-modules`` folders at its start under the
+    ids the served models give them. Here a load only notes the id (the folder was checked
+    by the caller); a request names its adapter by id and its replica applies it."""
+
+    def __init__(self, weights_name: str) -> None:
+        self.weights_name = weights_name
+        self._ids: set[str] = set()
+
+    def __contains__(self, adapter_id: object) -> bool:
+        return adapter_id in self._ids
+
+    def weights_file(self, folder: Path) -> Path:
+        return folder / self.weights_name
+
+    def load_folder(self, adapter_id: str, folder: Path) -> None:
+        self._ids.add(adapter_id)
+
+    def add_live(self, adapter_id: str, model_id: str) -> None:
+        raise InvalidTrainingRequest("a training run's live weights are on its replica")
+
+    def remove(self, adapter_id: str) -> None:
+        self._ids.discard(adapter_id)
+
+    def pinned(self, adapter_id: str) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()

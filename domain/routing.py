@@ -18,9 +18,11 @@ and corrected by what replicas report (evictions, a restart).
 - ``round-robin``: in turn;
 - ``pow2``: the less loaded of two replicas drawn at random (power of two choices);
 - ``prefix``: the replica scoring best on ``prefix_weight`` x the fraction of the
-  request's blocks it holds + ``queue_weight`` x (1 - its queue over the longest queue) +
-  ``kv_weight`` x (1 - its KV usage) — the weights of llm-d's scorers (3 / 2 / 2) —, ties
-  to the lighter queue; when the fleet is out of balance (the longest queue exceeds the
+  request's blocks it holds + ``queue_weight`` x (1 - its waiting requests over the most
+  any replica has waiting) + ``kv_weight`` x (1 - its KV usage) — the weights of llm-d's
+  scorers (3 / 2 / 2); as llm-d's queue scorer, the queue is the requests that cannot
+  start yet: a request joining a batch with room waits for nothing —, ties to the lighter
+  queue (running and waiting); when the fleet is out of balance (the longest queue exceeds the
   shortest by more than ``imbalance`` requests, as Ray's prefix-aware router checks), pow2
   instead, so one hot prefix cannot pile work on one replica.
 
@@ -236,13 +238,13 @@ class Router:
     def _by_score(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> Route:
         s = self.settings
         blocks = len(request.block_hashes)
-        longest = max(r.queue for r in replicas)
+        longest = max(r.waiting for r in replicas)
         best: tuple[float, int, float] | None = None
         chosen, chosen_matched = replicas[0], 0
         for r in replicas:
             matched = self.index.matched(r.replica_id, request.block_hashes)
             prefix = matched / blocks if blocks else 0.0
-            queue = 1.0 - r.queue / longest if longest else 1.0
+            queue = 1.0 - r.waiting / longest if longest else 1.0
             kv = 1.0 - min(max(r.kv_usage, 0.0), 1.0)
             score = s.prefix_weight * prefix + s.queue_weight * queue + s.kv_weight * kv
             key = (score, -r.queue, -r.kv_usage)

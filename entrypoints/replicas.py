@@ -49,8 +49,10 @@ from adapters.observability.logging import configure_logging
 from adapters.ray.dispatch import HandleDispatch, HandleForward, loop_handle
 from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from application.engine_client import AdmitCall
-from application.remote_engine import RemoteEngine, serve_call
+from application.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
+from application.served_models import ServedModels
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
 from domain.routing import RouteRequest, imbalance_for
@@ -128,6 +130,7 @@ class EngineReplica:
         self.tinker = self.container.tinker()
         if self.tinker is not None:
             self.tinker.start()
+        self.container.served_models()  # the --lora-modules folders loaded (kept loaded)
         self.node = socket.gethostname()
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._reporter = asyncio.create_task(self._report_forever())
@@ -291,8 +294,11 @@ def ingress_container(
     vocabulary) stands in for what loading the model would give."""
     container = create_container(config, on_startup=on_startup)
     backend = container.backend
-    for name in ("model", "dtype", "runner", "lora_serving"):
+    for name in ("model", "dtype", "runner"):
         getattr(backend, name).override(providers.Object(None))
+    # The replicas hold the LoRA adapters (the --lora-modules folders loaded at their start).
+    adapters = ReplicaAdapters(ADAPTER_WEIGHTS) if config.model.lora_modules else None
+    backend.lora_serving.override(providers.Object(adapters))
     backend.engine_config.override(providers.Object(described["engine_config"]))
     backend.vocab_size.override(providers.Object(described["vocab_size"]))
     backend.kv_cache_bytes.override(providers.Object(described["kv_cache_bytes"]))
@@ -309,6 +315,7 @@ def deployments(config: ServerConfig) -> Any:
         "request_router_kwargs": {
             "policy": fleet.routing,
             "imbalance": imbalance_for(config.engine.max_num_seqs),
+            "capacity": config.engine.max_num_seqs,
         },
         "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
         "request_routing_stats_timeout_s": 5,
@@ -330,10 +337,11 @@ def deployments(config: ServerConfig) -> Any:
 def serve_replicas(config: ServerConfig) -> int:
     """Run the fleet until SIGINT/SIGTERM (see the module)."""
     fleet = config.fleet
-    if config.model.lora_modules:
-        raise InvalidParameterError(
-            "lora_modules", "not served with --replicas yet (the ingress holds no adapters)"
-        )
+    if config.model.lora_modules:  # a bad folder fails the start before any replica starts
+        checked = ReplicaAdapters(ADAPTER_WEIGHTS)
+        ServedModels(
+            ["check"], "", lora_modules=config.model.lora_modules, adapters=checked
+        ).load_lora_modules()
     if config.model.threads is None and fleet.ray_address is None:
         # One machine: its cores shared between the replicas.
         threads = max(1, (os.cpu_count() or 1) // fleet.replicas)

@@ -17,7 +17,7 @@ it late) makes Ray ask again rather than send the call elsewhere.
 
 A replica that dies or leaves is forgotten (its cache with it; its sessions move on their
 next call). Configured through ``RequestRouterConfig(request_router_class=...,
-request_router_kwargs={"policy": ..., "imbalance": ...})``.
+request_router_kwargs={"policy": ..., "imbalance": ..., "capacity": ...})``.
 """
 
 from collections.abc import Sequence
@@ -49,8 +49,11 @@ def call_route(request: PendingRequest | None) -> tuple[RouteRequest, frozenset[
 class FleetRequestRouter(RequestRouter):
     """Ray Serve's ``RequestRouter`` over :class:`Router` (see the module)."""
 
-    def initialize_state(self, **kwargs: Any) -> None:
+    def initialize_state(self, capacity: int = 1 << 30, **kwargs: Any) -> None:
+        """``capacity``: the requests a replica runs at once (``--max-num-seqs``); the
+        others are RouterSettings'."""
         self.policy = Router(RouterSettings(**kwargs))
+        self.capacity = capacity
         self.last_route: Route | None = None
         # Calls chosen for a replica and not yet sent (a burst's calls see each other).
         self._routed: dict[str, int] = {}
@@ -84,12 +87,13 @@ class FleetRequestRouter(RequestRouter):
             self._report[key] = stats.get("report")
             self._routed[key] = 0
             self.policy.index.evicted(key, stats.get("evicted", ()))
-        ongoing = self.replica_queue_len_cache.get(replica.replica_id)
-        running = int(stats.get("running", 0))
-        waiting = int(stats.get("waiting", 0))
-        if ongoing is not None:  # Ray's count is fresher than the last report
-            waiting = max(waiting, ongoing - running)
-        waiting += self._routed.get(key, 0)
+        # In flight: the last report's, or Ray's count of ongoing calls where higher (it is
+        # fresher), and the calls chosen for it not yet sent; those past a batch wait.
+        reported = int(stats.get("running", 0)) + int(stats.get("waiting", 0))
+        ongoing = self.replica_queue_len_cache.get(replica.replica_id) or 0
+        in_flight = max(reported, ongoing) + self._routed.get(key, 0)
+        waiting = max(int(stats.get("waiting", 0)), in_flight - self.capacity)
+        running = max(0, in_flight - waiting)
         return ReplicaLoad(key, running, waiting, float(stats.get("kv_usage", 0.0)))
 
     def on_send_request(self, replica_id: ReplicaID) -> None:

@@ -18,7 +18,11 @@ import openai
 import pytest
 import tinker
 from tinker import types
+from transformers import AutoTokenizer
 
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from adapters.weights.resolve import resolve_model
+from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from tests.e2e.server import INFER, free_port
 from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
 
@@ -26,6 +30,7 @@ pytestmark = pytest.mark.slow
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 TINKER_KEY = "tml-fleet"
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+SECRET = "The secret word is pineapple."
 PARENT_ID = "b7ad6b7169203331"
 
 START_TIMEOUT_S = 420
@@ -59,8 +64,26 @@ def traces() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
+def lora_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEFT adapter for the served model that learned ``SECRET`` (a few steps)."""
+    folder = resolve_model(None, progress=False).path
+    backend = LoraTrainingBackend([BaseModelEntry("base", folder)])
+    backend.create("secret", "base", LoraSpec(rank=4, seed=1))
+    tokens = list(AutoTokenizer.from_pretrained(folder).encode(SECRET))
+    datum = Datum(tokens[:-1], {"target_tokens": TensorValue.ints(tokens[1:])})
+    for _ in range(6):
+        backend.forward_backward(
+            "secret", ForwardBackwardInput([datum], "cross_entropy"), backward=True
+        )
+        backend.optim_step("secret", AdamParams(learning_rate=0.05))
+    saved = tmp_path_factory.mktemp("peft-secret")
+    backend.save("secret", saved, optimizer=False)
+    return saved
+
+
+@pytest.fixture(scope="module")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, traces: Receiver
+    tmp_path_factory: pytest.TempPathFactory, traces: Receiver, lora_folder: Path
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     assert not ray_processes(), "a Ray cluster is already running here"
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
@@ -70,7 +93,7 @@ def server(
         process = subprocess.Popen(
             [
                 *(str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"),
-                *("--otlp-traces-endpoint", otlp),
+                *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -165,6 +188,20 @@ def test_the_openai_sdk_is_served_through_the_replicas(fleet: str, traces: Recei
             break
         time.sleep(1)
     assert all(f'replica="{i}"' in metrics for i in ids | {"ingress"})
+
+
+def test_a_lora_module_is_served_by_name_through_the_fleet(fleet: str) -> None:
+    sdk, base = client(fleet), model_of(fleet)
+    listed = {m.id: m for m in sdk.models.list().data}
+    assert "secret" in listed and listed["secret"].model_extra["parent"] == base
+    prompt = SECRET[: SECRET.index("pineapple")]
+
+    def greedy(model: str) -> str:
+        completion = sdk.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0)
+        return completion.choices[0].text
+
+    base_text, lora_text = greedy(base), greedy("secret")
+    assert "pine" in lora_text and lora_text != base_text, (lora_text, base_text)
 
 
 def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(fleet: str) -> None:

@@ -91,6 +91,25 @@ def test_prefix_routing_follows_the_cached_prefix() -> None:
     assert router.route(_request([*system, 42]), busier).replica_id == first.replica_id
 
 
+def test_the_queue_that_counts_is_the_requests_waiting_not_those_running() -> None:
+    router = Router(RouterSettings(policy="prefix"))
+    system = list(range(100, 132))  # half of the next prompts' blocks
+    home = router.route(_request([*system, 1]), _replicas(0, 0)).replica_id
+
+    def prompt(start: int) -> RouteRequest:  # another each time (routing records it)
+        return _request([*system, *range(start, start + 33)])
+
+    def load(name: str, waiting: int) -> ReplicaLoad:
+        busy = name == home
+        return ReplicaLoad(name, running=5 if busy else 0, waiting=waiting if busy else 0)
+
+    names = [r.replica_id for r in _replicas(0, 0)]
+    # Running requests leave room in the batch: the half-matched prefix still wins ...
+    assert router.route(prompt(200), [load(n, 0) for n in names]).replica_id == home
+    # ... requests that wait for room do not.
+    assert router.route(prompt(300), [load(n, 3) for n in names]).replica_id != home
+
+
 def test_an_imbalanced_fleet_yields_to_pow2() -> None:
     router = Router(RouterSettings(policy="prefix", imbalance=4), random.Random(1))
     system = list(range(100, 164))
