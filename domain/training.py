@@ -561,6 +561,11 @@ class CheckpointStorage(Protocol):
 
     def load_all(self) -> tuple[list[RunRecord], list[CheckpointRecord]]: ...
 
+    def load(self, run_id: str, kind: CheckpointKind, name: str) -> CheckpointRecord | None:
+        """One checkpoint's record as stored now (None: none), e.g. one another process
+        sharing the storage saved."""
+        ...
+
     def save_run(self, run: RunRecord) -> None: ...
 
     def scratch(self) -> Path:

@@ -3,7 +3,7 @@
     <root>/runs/<run_id>.json
     <root>/checkpoints/<run_id>/<segment>/<name> -> @versions/<name>/<version>   (symlink)
     <root>/checkpoints/<run_id>/<segment>/@versions/<name>/<version>/  (files + metadata.json)
-    <root>/.scratch/<random>/                      (checkpoints being written or deleted)
+    <root>/.scratch/<host>-<pid>/<random>/         (checkpoints being written or deleted)
     <root>/url-secret                              (the key download links are signed with)
 
 ``<segment>`` is ``weights``, ``sampler_weights`` or ``external_weights``; ``@`` never
@@ -19,7 +19,9 @@ removes the link.
 At start, leftovers of a crash are tidied: temporary links and dangling links (a delete
 that was cut short) are removed with their versions; a name with versions but no link
 (its first save, or the move from the old one-folder layout, was cut short) gets a link
-to its newest version; versions no link points at are removed; scratch is emptied.
+to its newest version; versions no link points at are removed. Each process writes in a
+scratch folder of its own, and empties at start those of processes gone from this host
+(the replicas of a fleet share one root: one's start never touches another's save).
 Checkpoints of the old layout (a plain folder per name) are moved into versions the
 same way. Run files are replaced atomically too.
 """
@@ -31,6 +33,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import tarfile
 import uuid
 from pathlib import Path
@@ -50,10 +53,13 @@ class FileCheckpointStorage:
         self.root = Path(root).expanduser()
         self._runs = self.root / "runs"
         self._checkpoints = self.root / "checkpoints"
-        self._scratch = self.root / ".scratch"
-        for folder in (self._runs, self._checkpoints):
+        scratch_root = self.root / ".scratch"
+        self._scratch = scratch_root / f"{socket.gethostname()}-{os.getpid()}"
+        for folder in (self._runs, self._checkpoints, scratch_root):
             folder.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        for folder in scratch_root.iterdir():
+            if folder == self._scratch or not _alive_here(folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
         self._scratch.mkdir(parents=True)
         self._secret: bytes | None = None
         for kind_dir in self._kind_dirs():
@@ -71,6 +77,19 @@ class FileCheckpointStorage:
                     record.version = Path(os.readlink(link)).name
                     checkpoints.append(record)
         return runs, checkpoints
+
+    def load(self, run_id: str, kind: CheckpointKind, name: str) -> CheckpointRecord | None:
+        """One checkpoint's record as it is on disk now (None: there is none)."""
+        if any(part in ("", ".", "..") or "/" in part for part in (run_id, name)):
+            return None  # not a name this storage writes: never a path out of it
+        link = self.folder(run_id, kind, name)
+        try:
+            record = _checkpoint(json.loads((link / METADATA).read_text()))
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+        if link.is_symlink():
+            record.version = Path(os.readlink(link)).name
+        return record
 
     def save_run(self, run: RunRecord) -> None:
         _write_json(self._runs / f"{run.run_id}.json", dataclasses.asdict(run))
@@ -151,6 +170,23 @@ class FileCheckpointStorage:
 
     def _kind_dirs(self) -> list[Path]:
         return sorted(p for p in self._checkpoints.glob("*/*") if p.is_dir())
+
+
+def _alive_here(scratch_name: str) -> bool:
+    """Whether a scratch folder (``<host>-<pid>``) belongs to a live process, or to
+    another host (not ours to judge); a name of another form is stale."""
+    host, _, pid = scratch_name.rpartition("-")
+    if not host or not pid.isdigit():
+        return False
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 # --- versions and links -----------------------------------------------------------------

@@ -61,10 +61,21 @@ class CheckpointStore:
 
     def lookup(self, ref: CheckpointRef) -> CheckpointRecord | None:
         """The checkpoint at ``ref`` whoever owns it (for links signed by the server)."""
-        return self._checkpoints.get((ref.run_id, checkpoint_id(ref.kind, ref.name)))
+        return self._stored(ref)
+
+    def _stored(self, ref: CheckpointRef) -> CheckpointRecord | None:
+        """The checkpoint at ``ref``: as this process knows it, else as the storage has it
+        now — another process sharing the storage (a fleet's replica) may have saved it."""
+        key = (ref.run_id, checkpoint_id(ref.kind, ref.name))
+        record = self._checkpoints.get(key)
+        if record is None:
+            record = self._storage.load(ref.run_id, ref.kind, ref.name)
+            if record is not None:
+                self._checkpoints[key] = record
+        return record
 
     def get(self, owner: str, ref: CheckpointRef) -> CheckpointRecord:
-        record = self._checkpoints.get((ref.run_id, checkpoint_id(ref.kind, ref.name)))
+        record = self._stored(ref)
         if record is None or (record.owner != owner and not record.public):
             raise NotFoundError(
                 f"no checkpoint tinker://{ref.run_id}/{checkpoint_id(ref.kind, ref.name)}"

@@ -2,6 +2,9 @@
 sequence guard, with a recording fake backend (no torch, no HTTP)."""
 
 import asyncio
+import os
+import socket
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -211,7 +214,35 @@ async def test_checkpoints_are_owned_listed_and_survive_a_restart(
     assert again == ckpt and (folder / "adapter.bin").is_file()
     assert [r.run_id for r in reopened.runs_of("me")] == ["s1:train:0"]
     assert reopened.runs_of("other") == []
-    assert not list((tmp_path / ".scratch").iterdir())
+    assert not [p for p in (tmp_path / ".scratch").rglob("*") if not p.is_dir()]
+
+    # Another process on the same folder (a fleet's replica) finds it, saved after its start.
+    elsewhere = CheckpointStore(FileCheckpointStorage(tmp_path))
+    later = training.save("me", "s1:train:0", 2, "sampler", "later")
+    assert isinstance((await training.futures.wait("me", later.id, 5)).result, SavedCheckpoint)
+    record_there, _ = elsewhere.resolve("me", "tinker://s1:train:0/sampler_weights/later")
+    assert record_there.name == "later"
+    with pytest.raises(NotFoundError):
+        elsewhere.resolve("other", "tinker://s1:train:0/sampler_weights/later")
+    with pytest.raises(NotFoundError):  # never a path out of the storage
+        elsewhere.resolve("me", "tinker://../sampler_weights/later")
+
+
+def test_a_storage_opened_on_a_shared_folder_leaves_live_processes_scratch(
+    tmp_path: Path,
+) -> None:
+    host = socket.gethostname()
+    dead = subprocess.Popen(["true"])  # its pid: no longer running
+    dead.wait()
+    live = tmp_path / ".scratch" / f"{host}-{os.getppid()}"
+    stale = tmp_path / ".scratch" / f"{host}-{dead.pid}"
+    remote = tmp_path / ".scratch" / "another-host-1"
+    for folder in (live, stale, remote):
+        (folder / "part").mkdir(parents=True)
+    storage = FileCheckpointStorage(tmp_path)
+    assert (live / "part").is_dir() and (remote / "part").is_dir()  # someone is writing
+    assert not stale.exists()
+    assert storage.scratch().parent.name == f"{host}-{os.getpid()}"
 
 
 async def test_checkpoint_ttl_deletes_it(tmp_path: Path) -> None:
