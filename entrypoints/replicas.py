@@ -33,6 +33,7 @@ import ray
 import structlog
 from dependency_injector import providers
 from ray import serve
+from ray._private import auto_init_hook
 from ray.serve.config import ProxyLocation, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
@@ -67,6 +68,10 @@ APP_NAME = "infer"
 REGISTRY_NAME = "infer-fleet-registry"
 REPORT_EVERY_S = 1.0
 ROUTING_STATS_PERIOD_S = 1.0
+# An engine replica runs its engine on the replica's own event loop, not on a thread of its
+# own (one thread hop fewer each way per call; Ray's health checks and routing-stats calls
+# are answered between engine steps).
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 # A replica not heard from for this long is listed as unreachable, and then dropped.
 STALE_AFTER_S = 5.0
 FORGET_AFTER_S = 60.0
@@ -232,6 +237,7 @@ class FleetIngress:
 
     def __init__(self, config: ServerConfig, engine: DeploymentHandle) -> None:
         described = engine.describe.remote().result(timeout_s=config.fleet.replica_start_timeout)
+        engine.shutdown()  # its router's thread and long poll: the calls use their own
         # The calls' handle routes on the server's event loop (made there, at the first call).
         handles = loop_handle("engine", APP_NAME)
         self.handles = handles
@@ -324,7 +330,7 @@ def deployments(config: ServerConfig) -> Any:
         EngineReplica,
         name="engine",
         num_replicas=fleet.replicas,
-        ray_actor_options={"num_cpus": cpus},
+        ray_actor_options={"num_cpus": cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
         max_ongoing_requests=config.engine.max_num_seqs + config.engine.max_waiting_requests,
         health_check_period_s=2,
         health_check_timeout_s=10,
@@ -370,6 +376,9 @@ def serve_replicas(config: ServerConfig) -> int:
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()
+        # A handle's long poll answered during the shutdown must not start Ray again: that
+        # waits on the lock ray.shutdown holds while it waits for that callback (a hang).
+        auto_init_hook.enable_auto_connect = False
         ray.shutdown()
 
 

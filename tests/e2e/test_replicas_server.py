@@ -45,7 +45,8 @@ def ray_processes() -> list[str]:
     return [
         line
         for line in out.splitlines()
-        if "ray::" in line or "raylet" in line or "gcs_server" in line
+        if ("ray::" in line or "raylet" in line or "gcs_server" in line)
+        and "<defunct>" not in line  # ended, not yet reaped by its parent
     ]
 
 
