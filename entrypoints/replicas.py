@@ -1,20 +1,22 @@
-"""``infer serve --replicas N``: the server as a Ray Serve application of two deployments.
+"""``infer serve --replicas N``: N engine replicas on Ray Serve behind this process's port.
 
-- **engine** (``EngineReplica``, N replicas): each builds the container from the one
-  :class:`ServerConfig` (carried as JSON) and runs its :class:`AsyncEngine`; a call
-  (``generate``) queues one :class:`AdmitCall` and streams its outputs back in batches
-  (:func:`application.remote_engine.serve_call`). Every second it reports its load to the
-  fleet registry and, through ``record_routing_stats``, to the request router.
-- **ingress** (``Ingress``, one replica, the HTTP port through Ray Serve's proxy): the same
-  Litestar app as one process (auth, limits, parsing, chat rendering, tokenizing), built by
-  the same container with the engine replaced by a :class:`RemoteEngine` whose calls go
-  through the engine deployment's handle, routed by :class:`FleetRequestRouter`
-  (``--routing``). It loads the tokenizer, not the model.
+- **engine** (``EngineReplica``, a Ray Serve deployment of N replicas): each builds the
+  container from the one :class:`ServerConfig` (carried as JSON) and runs its
+  :class:`AsyncEngine` (on the replica's own event loop) with the ``--lora-modules``
+  loaded; a call (``generate``) queues one :class:`AdmitCall` and streams its outputs back
+  in batches (:func:`application.remote_engine.serve_call`). Every second it reports its
+  load to the fleet registry and, through ``record_routing_stats``, to the request router.
+- **ingress** (:class:`FleetIngress`, this process, a Ray driver): the same Litestar app
+  as one process (auth, limits, parsing, chat rendering, tokenizing), served by the same
+  uvicorn with every HTTP flag (Ray Serve's proxy is off), built by the same container
+  with the engine replaced by a :class:`RemoteEngine` whose calls go through the engine
+  deployment's handle, routed by :class:`FleetRequestRouter` (``--routing``) on the
+  server's event loop. It loads the tokenizer, not the model.
 
-``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), runs the
-application, waits for SIGINT/SIGTERM, then stops what it started. A cluster that cannot be
-reached, or replicas that do not start within ``--replica-start-timeout``, is an error
-naming the flag, and nothing is left running.
+``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), the replicas, then
+serves until SIGINT/SIGTERM (drained as one process is), then stops what it started. A
+cluster that cannot be reached, or replicas that do not start within
+``--replica-start-timeout``, is an error naming the flag, and nothing is left running.
 """
 
 import asyncio
