@@ -6,6 +6,7 @@ queueing (checks, rendering, tokenizing) is its :class:`InputProcessor`'s (``inp
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from application.input_processor import InputProcessor
@@ -82,6 +83,9 @@ class AdmitCall:
     n: int = 1
     adapter_id: str | None = None
     context: RequestContext = NO_CONTEXT
+    # Where a fleet's replica loads the adapter from when it does not hold it (a Tinker
+    # checkpoint served by path); None: it holds it, or there is none.
+    adapter_folder: Path | None = None
 
 
 class AdmittingClient:

@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -40,7 +40,7 @@ from domain.ports import GrammarCompiler, Tokenizer
 from domain.request import StepOutput
 from domain.routing import RouteRequest, prompt_block_hashes
 from domain.scheduler.shared_prefill import key_namespace
-from domain.training import InvalidTrainingRequest
+from domain.training import InvalidTrainingRequest, ServingAdapters
 
 log = structlog.get_logger(__name__)
 
@@ -125,8 +125,12 @@ class RemoteEngine(AdmittingClient):
         replicas: int,
         vocab_size: int | None = None,
         grammar: GrammarCompiler | None = None,
+        adapters: "ReplicaAdapters | None" = None,
     ) -> None:
+        """``adapters``: the LoRA adapters the served models named (a call names the folder
+        of its adapter, for a replica that does not hold it yet)."""
         self.capacity = config.capacity * replicas
+        self.adapters = adapters
         self.block_size = config.kv_block_size
         checks = RequestChecks(
             config, tokenizer, room=self.room, vocab_size=vocab_size, grammar=grammar
@@ -165,6 +169,8 @@ class RemoteEngine(AdmittingClient):
         on the running loop); one stream per request id, in order."""
         if not self._running:
             raise RuntimeError("the remote engine is not started")
+        if call.adapter_id is not None and self.adapters is not None:
+            call = replace(call, adapter_folder=self.adapters.folder_of(call.adapter_id))
         state = _Call({rid: asyncio.Queue() for rid in call.request_ids}, set(call.request_ids))
         state.note = CURRENT_NOTE.get()
         if state.note is not None:
@@ -260,13 +266,23 @@ def _error(request_id: str, error: str) -> StepOutput:
     return StepOutput(request_id, None, "", finished=True, error=error)
 
 
-async def serve_call(engine: EngineClient, call: AdmitCall) -> AsyncIterator[list[StepOutput]]:
+async def serve_call(
+    engine: EngineClient, call: AdmitCall, adapters: ServingAdapters | None = None
+) -> AsyncIterator[list[StepOutput]]:
     """The replica's side of a call: queue it on ``engine`` (in a group of its own, closed
     at the end: a caller gone aborts what still runs) and give its outputs in batches, each
     what is ready when the caller asks (one step's tokens of every choice together), until
-    every stream has finished. A refusal (a full queue) raises before the first batch."""
+    every stream has finished. A refusal (a full queue) raises before the first batch.
+    ``adapters``: the replica's LoRA serving, which loads the call's adapter from its
+    folder when it does not hold it (kept loaded until the call ends)."""
     group = engine.group(call.context)
+    held = contextlib.ExitStack()
     try:
+        folder = call.adapter_folder
+        if call.adapter_id is not None and folder is not None and adapters is not None:
+            held.enter_context(adapters.pinned(call.adapter_id))
+            if call.adapter_id not in adapters:
+                adapters.load_folder(call.adapter_id, folder)
         streams = group.admit(
             list(call.request_ids),
             list(call.prompts),
@@ -278,6 +294,7 @@ async def serve_call(engine: EngineClient, call: AdmitCall) -> AsyncIterator[lis
             yield batch
     finally:
         group.close()
+        held.close()
 
 
 async def _merged(streams: Sequence[AsyncIterator[StepOutput]]) -> AsyncIterator[list[StepOutput]]:
@@ -322,22 +339,26 @@ class ReplicaAdapters:
 
     def __init__(self, weights_name: str) -> None:
         self.weights_name = weights_name
-        self._ids: set[str] = set()
+        self._folders: dict[str, Path] = {}
 
     def __contains__(self, adapter_id: object) -> bool:
-        return adapter_id in self._ids
+        return adapter_id in self._folders
+
+    def folder_of(self, adapter_id: str) -> Path | None:
+        """Where ``adapter_id`` is loaded from (a replica not holding it loads it there)."""
+        return self._folders.get(adapter_id)
 
     def weights_file(self, folder: Path) -> Path:
         return folder / self.weights_name
 
     def load_folder(self, adapter_id: str, folder: Path) -> None:
-        self._ids.add(adapter_id)
+        self._folders[adapter_id] = folder
 
     def add_live(self, adapter_id: str, model_id: str) -> None:
         raise InvalidTrainingRequest("a training run's live weights are on its replica")
 
     def remove(self, adapter_id: str) -> None:
-        self._ids.discard(adapter_id)
+        self._folders.pop(adapter_id, None)
 
     def pinned(self, adapter_id: str) -> AbstractContextManager[None]:
         return contextlib.nullcontext()

@@ -24,8 +24,8 @@ from datetime import date
 from pathlib import Path
 from typing import Protocol
 
+from application.tinker.checkpoints import CheckpointStore
 from application.tinker.engine_sampler import checkpoint_adapter_id
-from application.tinker.service import TinkerService
 from domain.errors import InvalidParameterError, ModelNotFoundError
 from domain.training import ServingAdapters, TrainingError
 
@@ -77,6 +77,22 @@ class NameSettings(Protocol):
     def deprecations(self) -> Mapping[str, date]: ...
 
 
+class TinkerCheckpoints(Protocol):
+    """Where the Tinker checkpoints served by path are found."""
+
+    @property
+    def checkpoints(self) -> CheckpointStore: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCheckpoints:
+    """Tinker's checkpoints without the Tinker service: a fleet's ingress reading the
+    ``--checkpoint-dir`` its replicas share (each checkpoint is loaded by the replica that
+    runs the request, from the folder the call names)."""
+
+    checkpoints: CheckpointStore
+
+
 class ServedModels:
     @classmethod
     def from_settings(
@@ -85,7 +101,7 @@ class ServedModels:
         root: str,
         settings: NameSettings,
         lora: ServingAdapters | None,
-        tinker: TinkerService | None,
+        tinker: TinkerCheckpoints | None,
     ) -> "ServedModels":
         """The names the OpenAI faces serve: ``names[0]`` and the aliases of ``settings``,
         the LoRA modules (loaded now: a bad folder fails the start), Tinker's checkpoints
@@ -111,7 +127,7 @@ class ServedModels:
         version: str | None = None,
         lora_modules: Sequence[LoraModule] = (),
         adapters: ServingAdapters | None = None,
-        tinker: TinkerService | None = None,
+        tinker: TinkerCheckpoints | None = None,
         tinker_base_names: Sequence[str] = (),
         deprecations: Mapping[str, date] | None = None,
         today: Callable[[], date] = date.today,
@@ -119,7 +135,8 @@ class ServedModels:
         """``names``: the base model's id, then its aliases; ``root``: its weights;
         ``version``: its pinned version (served as ``<id>-<version>``); ``adapters``: the
         engine's multi-LoRA serving (needed by ``lora_modules`` and Tinker checkpoints);
-        ``tinker``: serve its checkpoints by path, those on ``tinker_base_names`` (the
+        ``tinker``: serve its checkpoints (the Tinker service's, or a fleet ingress's
+        :class:`SharedCheckpoints`) by path, those on ``tinker_base_names`` (the
         names the Tinker API knows this base model by); ``deprecations``: name -> the day
         it stops being served. Raises ``InvalidParameterError`` naming the setting."""
         if not names:

@@ -66,6 +66,10 @@ def build_http_app(
     )
 
 
+def _same(value: object) -> object:
+    return value
+
+
 class Container(containers.DeclarativeContainer):
     """The server's providers; :func:`create_container` builds one."""
 
@@ -143,13 +147,16 @@ class Container(containers.DeclarativeContainer):
         config.provided.access.redis_url,
         config.provided.access.idempotency_max_keys,
     )
+    # Where the Tinker checkpoints served by path (as models) are found: the Tinker
+    # service (a fleet's ingress reads the replicas' shared folder instead).
+    tinker_checkpoints = providers.Callable(_same, tinker)
     served_models = providers.Singleton(
         ServedModels.from_settings,
         backend.served_names,
         backend.model_name,
         config.provided.model,
         backend.lora_serving,
-        tinker,
+        tinker_checkpoints,
     )
     tool_parser = providers.Singleton(
         choose_tool_parser,

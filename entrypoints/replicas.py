@@ -51,11 +51,13 @@ from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.logging import configure_logging
 from adapters.ray.dispatch import HandleDispatch, HandleForward, loop_handle
 from adapters.ray.router import FleetRequestRouter
+from adapters.storage.factory import checkpoint_storage
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from application.engine_client import AdmitCall
 from application.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
-from application.served_models import ServedModels
+from application.served_models import ServedModels, SharedCheckpoints
+from application.tinker.checkpoints import CheckpointStore
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
 from domain.routing import RouteRequest, imbalance_for
@@ -138,6 +140,7 @@ class EngineReplica:
         if self.tinker is not None:
             self.tinker.start()
         self.container.served_models()  # the --lora-modules folders loaded (kept loaded)
+        self.lora = self.container.backend.lora_serving()  # a call's checkpoint loads here
         self.node = socket.gethostname()
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._reporter = asyncio.create_task(self._report_forever())
@@ -161,7 +164,7 @@ class EngineReplica:
         that stopped the call: the ingress tries another replica), then the other batches.
         ``route`` and ``avoid`` are the router's (:mod:`adapters.ray.router`)."""
         del route, avoid
-        outputs = serve_call(self.engine, call)
+        outputs = serve_call(self.engine, call, self.lora)
         try:
             first: list[StepOutput] | Exception = await anext(outputs, [])
         except QueueFullError as e:
@@ -248,7 +251,9 @@ class FleetIngress:
         self.config = replace(config, tinker=replace(config.tinker, enabled=False))
         self.registry = ray.get_actor(REGISTRY_NAME)
         self._expositions: list[tuple[str, str]] = []
-        self.container = ingress_container(self.config, described, on_startup=[self._started])
+        self.container = ingress_container(
+            self.config, described, on_startup=[self._started], tinker=self.tinker
+        )
         self.remote = RemoteEngine(
             described["engine_config"],
             self.container.backend.tokenizer(),
@@ -256,6 +261,7 @@ class FleetIngress:
             replicas=config.fleet.replicas,
             vocab_size=described["vocab_size"],
             grammar=self.container.backend.grammar(),
+            adapters=self.container.backend.lora_serving(),
         )
         self.container.async_engine.override(providers.Object(self.remote))
         self.container.replicas.override(providers.Object(self.replicas))
@@ -296,17 +302,29 @@ class FleetIngress:
 
 
 def ingress_container(
-    config: ServerConfig, described: dict[str, Any], on_startup: Sequence[Callable[[], None]] = ()
+    config: ServerConfig,
+    described: dict[str, Any],
+    on_startup: Sequence[Callable[[], None]] = (),
+    *,
+    tinker: bool = False,
 ) -> Any:
     """The server's container without the model: what a replica measured (the KV pool, the
-    vocabulary) stands in for what loading the model would give."""
+    vocabulary) stands in for what loading the model would give. ``tinker``: the replicas
+    run the Tinker API (its checkpoints served by path here too)."""
     container = create_container(config, on_startup=on_startup)
     backend = container.backend
     for name in ("model", "dtype", "runner"):
         getattr(backend, name).override(providers.Object(None))
-    # The replicas hold the LoRA adapters (the --lora-modules folders loaded at their start).
-    adapters = ReplicaAdapters(ADAPTER_WEIGHTS) if config.model.lora_modules else None
+    # The replicas hold the LoRA adapters (the --lora-modules folders loaded at their start,
+    # a Tinker checkpoint served by path loaded by the replica a call goes to, from the
+    # shared --checkpoint-dir, which the ingress reads to resolve the path).
+    adapters = None
+    if config.model.lora_modules or tinker:
+        adapters = ReplicaAdapters(ADAPTER_WEIGHTS)
     backend.lora_serving.override(providers.Object(adapters))
+    if tinker:
+        store = CheckpointStore(checkpoint_storage(config.tinker.checkpoint_dir))
+        container.tinker_checkpoints.override(providers.Object(SharedCheckpoints(store)))
     backend.engine_config.override(providers.Object(described["engine_config"]))
     backend.vocab_size.override(providers.Object(described["vocab_size"]))
     backend.kv_cache_bytes.override(providers.Object(described["kv_cache_bytes"]))

@@ -116,8 +116,11 @@ def create_app(
     tinker, access = services.tinker, services.access
     draining = services.draining or Draining()
     api_keys = settings.tinker_api_keys
-    owner = tinker_guard(api_keys, access).tenant if tinker is not None else None
-    names = ModelNames(services.models or ServedModels([model_name], model_name), owner)
+    models = services.models or ServedModels([model_name], model_name)
+    # The caller's Tinker tenant, where Tinker checkpoints are served (by path, as models).
+    serves_checkpoints = tinker is not None or models.tinker is not None
+    owner = tinker_guard(api_keys, access).tenant if serves_checkpoints else None
+    names = ModelNames(models, owner)
     inputs = engine.inputs
     chats = ChatPrompts(FORMATS[settings.tool_call_parser], inputs)
     completions = CompletionService(inputs, chats)

@@ -268,6 +268,16 @@ def test_a_tinker_session_lives_on_one_replica_and_trains_there(fleet: str) -> N
     assert len(sampled.sequences[0].tokens) > 0
     sc.close("success").result()
 
+    # The checkpoint is a model of its owner on the OpenAI face too: the ingress finds it in
+    # the shared folder, the replica the call goes to loads it.
+    def as_model(key: str) -> str | None:
+        sdk = openai.OpenAI(base_url=f"{fleet}/v1", api_key=key, max_retries=0, timeout=120)
+        return sdk.completions.create(model=sampler, prompt="The secret", max_tokens=3).model
+
+    assert as_model(TINKER_KEY) == sampler
+    with pytest.raises(openai.NotFoundError):
+        as_model("tml-someone-else")
+
     # A future of a replica that is gone fails (category server): it never polls forever.
     lost = httpx.post(
         f"{fleet}/api/v1/retrieve_future",

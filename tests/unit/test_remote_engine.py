@@ -4,7 +4,10 @@ replica's side (:func:`serve_call`) as Ray Serve would, minus the processes. Rou
 retries, losses and aborts are the ingress's; Ray is only the transport."""
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ from application.remote_engine import (
     CURRENT_NOTE,
     REPLICA_LOST,
     RemoteEngine,
+    ReplicaAdapters,
     ReplicaLostError,
     ReplicaNote,
     Routed,
@@ -233,3 +237,60 @@ async def test_the_callers_context_and_trace_travel_with_the_call(fleet: LocalFl
     [(_, call)] = fleet.calls
     assert call.context == context  # the replica's engine spans continue the caller's trace
     await engine.stop()
+
+
+class RecordingAdapters:
+    """A replica's LoRA serving as far as a call needs it: what it holds, pins and loads."""
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+        self.pinned_now: set[str] = set()
+        self.loads: list[tuple[str, Path]] = []
+
+    def __contains__(self, adapter_id: object) -> bool:
+        return adapter_id in self.held
+
+    def load_folder(self, adapter_id: str, folder: Path) -> None:
+        self.loads.append((adapter_id, folder))
+        self.held.add(adapter_id)
+
+    @contextmanager
+    def pinned(self, adapter_id: str) -> Iterator[None]:
+        self.pinned_now.add(adapter_id)
+        try:
+            yield
+        finally:
+            self.pinned_now.discard(adapter_id)
+
+
+async def test_a_call_names_its_adapters_folder_for_a_replica_to_load(
+    fleet: LocalFleet, tmp_path: Path
+) -> None:
+    served = ReplicaAdapters("adapter_model.safetensors")
+    served.load_folder("path:ckpt", tmp_path)  # as ServedModels.use does for a checkpoint
+    engine = RemoteEngine(
+        EngineConfig(kv_block_size=BLOCK),
+        next(iter(fleet.replicas.values())).inputs.tokenizer,
+        fleet,
+        replicas=2,
+        adapters=served,
+    )
+    engine.start()
+    [stream] = engine.group().admit(["x"], [[1, 2, 3]], PARAMS, adapter_id="path:ckpt")
+    assert (await read_all(stream))[-1].error is None
+    [(_, call)] = fleet.calls
+    assert call.adapter_folder == tmp_path
+    await engine.stop()
+
+    # The replica's side loads it where it is not held, pinned while the call runs.
+    replica = RecordingAdapters()
+    plain = AdmitCall(("y",), ([1, 2, 3],), PARAMS)
+    batches = 0
+    async for _ in serve_call(fleet.replicas["r0"], replace(call, request_ids=("z",)), replica):
+        assert replica.pinned_now == {"path:ckpt"}
+        batches += 1
+    assert batches > 0
+    assert replica.loads == [("path:ckpt", tmp_path)] and not replica.pinned_now
+    async for _ in serve_call(fleet.replicas["r0"], plain, replica):
+        pass
+    assert replica.loads == [("path:ckpt", tmp_path)]  # no adapter: nothing loaded
