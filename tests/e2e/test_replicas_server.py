@@ -20,11 +20,10 @@ import tinker
 from tinker import types
 from transformers import AutoTokenizer
 
-from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.weights.resolve import resolve_model
-from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from tests.e2e.server import INFER, free_port
 from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
+from tests.support.peft_adapters import trained_adapter
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -68,18 +67,8 @@ def traces() -> Iterator[Receiver]:
 def lora_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A PEFT adapter for the served model that learned ``SECRET`` (a few steps)."""
     folder = resolve_model(None, progress=False).path
-    backend = LoraTrainingBackend([BaseModelEntry("base", folder)])
-    backend.create("secret", "base", LoraSpec(rank=4, seed=1))
-    tokens = list(AutoTokenizer.from_pretrained(folder).encode(SECRET))
-    datum = Datum(tokens[:-1], {"target_tokens": TensorValue.ints(tokens[1:])})
-    for _ in range(6):
-        backend.forward_backward(
-            "secret", ForwardBackwardInput([datum], "cross_entropy"), backward=True
-        )
-        backend.optim_step("secret", AdamParams(learning_rate=0.05))
-    saved = tmp_path_factory.mktemp("peft-secret")
-    backend.save("secret", saved, optimizer=False)
-    return saved
+    tokens = AutoTokenizer.from_pretrained(folder).encode(SECRET)
+    return trained_adapter(folder, tokens, tmp_path_factory.mktemp("peft"), rank=4, steps=6)
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,13 @@ from litestar.testing import TestClient
 from tinker import types
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from application.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
-from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from entrypoints.config import ServerConfig
 from entrypoints.container import Container, create_container
 from entrypoints.tinker_flags import TinkerSettings
+from tests.support.peft_adapters import trained_adapter
 from tests.support.tinker_server import serve
 from tests.support.tiny_models import save_tiny_model
 
@@ -44,18 +43,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def peft_folder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A PEFT adapter folder (the LoRA training backend's format) that learned ``TEXT``."""
-    backend = LoraTrainingBackend([BaseModelEntry(BASE, tiny_model, dtype=torch.float32)])
-    backend.create("hello", BASE, LoraSpec(rank=8, seed=1))
+    out = tmp_path_factory.mktemp("peft-hello")
     tokens = ByteTokenizer().encode(TEXT)
-    datum = Datum(tokens[:-1], {"target_tokens": TensorValue.ints(tokens[1:])})
-    for _ in range(STEPS):
-        backend.forward_backward(
-            "hello", ForwardBackwardInput([datum], "cross_entropy"), backward=True
-        )
-        backend.optim_step("hello", AdamParams(learning_rate=0.05))
-    folder = tmp_path_factory.mktemp("peft-hello")
-    backend.save("hello", folder, optimizer=False)
-    return folder
+    return trained_adapter(tiny_model, tokens, out, rank=8, steps=STEPS, dtype=torch.float32)
 
 
 def container(tiny_model: Path, tmp_path: Path, **kwargs: object) -> Container:
