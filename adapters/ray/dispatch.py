@@ -69,7 +69,7 @@ async def _next(outputs: DeploymentResponseGenerator, replica_id: str | None) ->
     except LOST as e:
         raise ReplicaLostError(replica_id, type(e).__name__) from e
     except RayTaskError as e:
-        raise _cause(e) from None
+        raise _cause(e, replica_id) from None
 
 
 async def _rest(
@@ -84,14 +84,17 @@ async def _rest(
     except LOST as e:
         raise ReplicaLostError(replica_id, type(e).__name__) from e
     except RayTaskError as e:
-        raise _cause(e) from None
+        raise _cause(e, replica_id) from None
     finally:
         outputs.cancel()
 
 
-def _cause(error: RayTaskError) -> Exception:
-    """The replica's own error (its queue full...), not Ray's wrapper of it."""
+def _cause(error: RayTaskError, replica_id: str | None) -> Exception:
+    """The replica's own error (its queue full...), not Ray's wrapper of it; the replica's
+    death reported inside a task error is the replica lost."""
     cause = error.cause
+    if isinstance(cause, LOST):
+        return ReplicaLostError(replica_id, type(cause).__name__)
     return cause if isinstance(cause, Exception) else error
 
 
@@ -112,6 +115,6 @@ class HandleForward:
         except LOST as e:
             raise ReplicaLostError(route.replica, type(e).__name__) from e
         except RayTaskError as e:
-            raise _cause(e) from None
+            raise _cause(e, route.replica) from None
         assert isinstance(reply, HttpReply)
         return reply
