@@ -15,11 +15,12 @@ supervised path) and datasets 5.2 + pyarrow 26 fail to fingerprint a dataset:
 
 It trains a LoRA adapter (rank 16, one epoch, batch 16, lr 5e-4) on the cookbook's own
 offline dataset (``example_data/conversations.jsonl``, 128 chats, 16 held out) with
-``tinker_cookbook.supervised.train.main``: the model is the server's alias
-``Qwen/Qwen3-4B-Instruct-2507``, so the cookbook picks its ``qwen3_instruct`` renderer
-(ChatML, as SmolLM2); the only thing registered from outside is the tokenizer — the served
-model's own files, so nothing is downloaded. The cookbook logs train NLL, test NLL every
-4 steps, and saves state + sampler checkpoints at the end (``tinker://`` paths).
+``tinker_cookbook.supervised.train.main``: the model is named by its own served name, its
+renderer chosen explicitly (``qwen3_instruct``: ChatML, SmolLM2's chat format; the cookbook
+knows no SmolLM2, so it would not pick one itself); the only thing registered from outside
+is the tokenizer — the served model's own files, so nothing is downloaded. The cookbook
+logs train NLL, test NLL every 4 steps, and saves state + sampler checkpoints at the end
+(``tinker://`` paths).
 """
 
 import argparse
@@ -28,7 +29,7 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
-ALIAS = "Qwen/Qwen3-4B-Instruct-2507"
+RENDERER = "qwen3_instruct"  # ChatML, as SmolLM2 writes
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import tinker_cookbook
-    from tinker_cookbook import model_info, tokenizer_utils
+    from tinker_cookbook import tokenizer_utils
     from tinker_cookbook.renderers import TrainOnWhat
     from tinker_cookbook.supervised import train
     from tinker_cookbook.supervised.data import FromConversationFileBuilder
@@ -47,13 +48,13 @@ def main() -> None:
 
     from adapters.weights.factory import resolve
 
-    folder = resolve(None, None, progress=True).path  # the default model's converted folder
-    tokenizer_utils.register_tokenizer(ALIAS, lambda: AutoTokenizer.from_pretrained(folder))
-    renderer = model_info.get_recommended_renderer_name(ALIAS)
+    served = resolve(None, None, progress=True)  # the default model's converted folder
+    model = served.name
+    tokenizer_utils.register_tokenizer(model, lambda: AutoTokenizer.from_pretrained(served.path))
     data = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
     common = ChatDatasetBuilderCommonConfig(
-        model_name_for_tokenizer=ALIAS,
-        renderer_name=renderer,
+        model_name_for_tokenizer=model,
+        renderer_name=RENDERER,
         max_length=512,
         batch_size=16,
         train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES,
@@ -61,8 +62,8 @@ def main() -> None:
     config = train.Config(
         log_path=args.log_path,
         recipe_name="infer_cookbook_sl",
-        model_name=ALIAS,
-        renderer_name=renderer,
+        model_name=model,
+        renderer_name=RENDERER,
         dataset_builder=FromConversationFileBuilder(
             common_config=common, file_path=str(data), test_size=16
         ),

@@ -205,8 +205,8 @@ def _parser() -> argparse.ArgumentParser:
         "--tinker-alias",
         action="append",
         default=None,
-        help="another name to advertise the model under (repeatable; the embedded SmolLM2 "
-        "defaults to Qwen/Qwen3-4B-Instruct-2507, whose tinker-cookbook renderer is ChatML)",
+        help="another name to advertise the model under to Tinker clients (repeatable; none "
+        "by default: clients would believe the server hosts that model)",
     )
     add_tinker_limit_args(tinker)
     serve.set_defaults(func=_serve)

@@ -17,14 +17,14 @@ class TinkerSettings:
     """``enabled``: serve the Tinker fine-tuning API (``infer serve``: unless
     ``--no-tinker``); ``checkpoint_dir``: where checkpoints and runs are kept (None:
     ``~/.cache/infer/tinker``); ``tinker_api_keys``: the keys it accepts (None: any ``tml-``
-    key); ``tinker_aliases``: more names the model is advertised under (None: the default
-    model's own); ``training_backend``: ``lora`` (LoRA on the model) or ``toy`` (numpy, no
+    key); ``tinker_aliases``: more names the model is advertised under (none by default);
+    ``training_backend``: ``lora`` (LoRA on the model) or ``toy`` (numpy, no
     model: the tests'); ``limits``: per key, the ``--tinker-max-*`` flags."""
 
     enabled: bool = False
     checkpoint_dir: str | None = None
     tinker_api_keys: frozenset[str] | None = None
-    tinker_aliases: tuple[str, ...] | None = None
+    tinker_aliases: tuple[str, ...] = ()
     training_backend: str = "lora"
     limits: TinkerLimits = field(default_factory=TinkerLimits)
 
@@ -41,12 +41,11 @@ class TinkerSettings:
         ``max_num_seqs``: ``--tinker-max-sample-requests``' default."""
         from_env = os.environ.get("INFER_TINKER_API_KEYS", "").split(",")
         keys = [k.strip() for k in [*(args.tinker_api_key or []), *from_env] if k.strip()]
-        aliases = args.tinker_alias
         return cls(
             enabled=args.tinker,
             checkpoint_dir=args.checkpoint_dir,
             tinker_api_keys=frozenset(keys) if keys else None,
-            tinker_aliases=tuple(aliases) if aliases is not None else None,
+            tinker_aliases=tuple(args.tinker_alias or ()),
             limits=tinker_limits(args, max_num_seqs),
         )
 

@@ -6,13 +6,7 @@ from pathlib import Path
 
 from adapters.weights.embedding import resolve_embedding_model
 from adapters.weights.folder import ResolvedModel
-from adapters.weights.packaged import SMOLLM2_NAME
 from adapters.weights.resolve import resolve_model
-
-# Names under which a model is also advertised to Tinker clients, so that tinker-cookbook
-# recipes (which look renderers up by exact model name) find one that writes the model's
-# chat format: SmolLM2 uses ChatML, as the Qwen3 instruct renderer does.
-DEFAULT_TINKER_ALIASES = {SMOLLM2_NAME: ("Qwen/Qwen3-4B-Instruct-2507",)}
 
 
 def resolve(spec: str | None, cache_dir: str | None, progress: bool = True) -> ResolvedModel:
@@ -25,9 +19,9 @@ def resolve_embedding(spec: str | None) -> ResolvedModel | None:
     return None if spec is None else resolve_embedding_model(spec)
 
 
-def model_names(name: str, served: str | None, aliases: Sequence[str] | None) -> list[str]:
+def model_names(name: str, served: str | None, aliases: Sequence[str]) -> list[str]:
     """The names a model called ``name`` is served under: the served name (default
-    ``name``) first, then the Tinker aliases (None: :data:`DEFAULT_TINKER_ALIASES`')."""
+    ``name``) first, then the Tinker aliases (``--tinker-alias``; none by default: an alias
+    tells clients the server hosts a model it does not)."""
     first = served or name
-    extra = DEFAULT_TINKER_ALIASES.get(name, ()) if aliases is None else aliases
-    return [first, *(a for a in extra if a != first)]
+    return [first, *(a for a in aliases if a != first)]

@@ -14,6 +14,8 @@ import pytest
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import TracingSettings
 from adapters.torch.kv_sizing import KVCacheMemory
+from adapters.weights.factory import model_names
+from adapters.weights.packaged import SMOLLM2_NAME
 from application.embeddings import EmbeddingLimits
 from application.idempotency import DEFAULT_TTL_S
 from application.keys import hash_key
@@ -301,3 +303,9 @@ def test_the_replica_flags_and_a_single_process_without_ray() -> None:
         serve("--routing", "random")
     code = "import sys, entrypoints.cli; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_no_borrowed_model_name_is_advertised_unless_asked() -> None:
+    assert TinkerSettings().tinker_aliases == ()
+    assert model_names(SMOLLM2_NAME, None, ()) == [SMOLLM2_NAME]  # the embedded model too
+    assert model_names("m", "served", ("other", "served")) == ["served", "other"]
