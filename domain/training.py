@@ -17,7 +17,14 @@ from domain.errors import InferError
 
 TensorDtype = Literal["float32", "int64"]
 LossFn = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
-LOSS_FNS: tuple[str, ...] = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+LOSS_FNS: tuple[str, ...] = (
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+)
 # Inputs each loss reads besides ``target_tokens`` (Tinker's loss_fn_inputs keys).
 LOSS_INPUTS: Mapping[str, tuple[str, ...]] = {
     "cross_entropy": ("target_tokens", "weights"),
@@ -25,17 +32,21 @@ LOSS_INPUTS: Mapping[str, tuple[str, ...]] = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
+    # GSPO-token: one ratio per datum, over the positions sequence_ratio_mask marks.
+    "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
 }
 # Each loss's ``loss_fn_config`` keys and defaults (Tinker's). As in Tinker's documentation,
 # ``clip_low_threshold`` / ``clip_high_threshold`` bound the ratio itself
 # (``clamp(r, low, high)``), not offsets from 1: PPO 0.8 / 1.2 (epsilon 0.2), CISPO
-# 0.0 / 4.0 (an upper cap only); DRO's quadratic penalty ``beta`` 0.05.
+# 0.0 / 4.0 (an upper cap only); DRO's quadratic penalty ``beta`` 0.05. GSPO's page names
+# no defaults: PPO's 0.8 / 1.2 (the cookbook's rl_loop passes none).
 LOSS_CONFIG_DEFAULTS: Mapping[str, Mapping[str, float]] = {
     "cross_entropy": {},
     "importance_sampling": {},
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
     "dro": {"beta": 0.05},
+    "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
 }
 CheckpointKind = Literal["training", "sampler", "external"]
 

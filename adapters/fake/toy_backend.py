@@ -326,6 +326,14 @@ def _loss(
     if loss_fn == "cispo":
         clipped = np.clip(ratio, low, high)
         return float(-(clipped * logp * adv).sum()), -clipped * adv
+    if loss_fn == "gspo":  # one datum: its ratio's value on every token, each own gradient
+        marked = inputs["sequence_ratio_mask"] != 0
+        log_ratio = float((logp - q)[marked].mean()) if marked.any() else 0.0
+        ratio = np.full_like(logp, np.exp(log_ratio))
+        clipped = np.clip(ratio, low, high)
+        unclipped_wins = ratio * adv <= clipped * adv
+        obj = np.where(unclipped_wins, ratio * adv, clipped * adv)
+        return float(-obj.sum()), np.where(unclipped_wins, -ratio * adv, 0.0)
     if loss_fn == "dro":
         beta = config["beta"]
         obj = logp * adv - 0.5 * beta * (logp - q) ** 2

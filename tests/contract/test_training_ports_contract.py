@@ -194,13 +194,17 @@ def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:
         "target_tokens": TensorValue.ints(SEQ[1:]),
         "logprobs": TensorValue.floats(q),
         "advantages": TensorValue.floats(adv),
+        "sequence_ratio_mask": TensorValue.floats([0.0, 0.0] + [1.0] * (n - 2)),
     }
     r = [math.exp(a - b) for a, b in zip(lp, q, strict=True)]
+    # GSPO: one ratio, the geometric mean over the masked positions, on every token
+    s = math.exp(sum(a - b for a, b in zip(lp[2:], q[2:], strict=True)) / (n - 2))
     expected = {
         "importance_sampling": -sum(x * a for x, a in zip(r, adv, strict=True)),
         "ppo": -sum(min(x * a, min(max(x, 0.8), 1.2) * a) for x, a in zip(r, adv, strict=True)),
         "cispo": -sum(min(max(x, 0.0), 4.0) * v * a for x, v, a in zip(r, lp, adv, strict=True)),
         "dro": -sum(v * a - 0.025 * (v - b) ** 2 for v, b, a in zip(lp, q, adv, strict=True)),
+        "gspo": -sum(min(s * a, min(max(s, 0.8), 1.2) * a) for a in adv),
     }
     for loss, value in expected.items():
         out = trainer.forward_backward(

@@ -54,10 +54,31 @@ def _dro(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
     return -(logp * inputs["advantages"] - 0.5 * config["beta"] * penalty).sum()
 
 
+def _gspo(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    """GSPO-token (Tinker's): each datum's ratio is the geometric mean of its token ratios
+    over the positions ``sequence_ratio_mask`` marks (none marked: 1); every token carries
+    that value with its own log-probability's gradient, clipped as PPO. ``segment``: each
+    position's datum (the batch's data are concatenated)."""
+    segment = inputs["segment"]
+    marked = (inputs["sequence_ratio_mask"] != 0).to(logp.dtype)
+    count = int(segment.max()) + 1
+    per_token = (logp.detach() - inputs["logprobs"]) * marked
+    sums = torch.zeros(count, dtype=logp.dtype, device=logp.device).index_add_(
+        0, segment, per_token
+    )
+    counts = torch.zeros(count, dtype=logp.dtype, device=logp.device).index_add_(0, segment, marked)
+    log_ratio = (sums / counts.clamp_min(1.0))[segment]
+    ratio = torch.exp(log_ratio + logp - logp.detach())
+    clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    advantages = inputs["advantages"]
+    return -torch.minimum(ratio * advantages, clipped * advantages).sum()
+
+
 _LOSSES: dict[str, Callable[[Tensor, Inputs, Mapping[str, float]], Tensor]] = {
     "cross_entropy": _cross_entropy,
     "importance_sampling": _importance_sampling,
     "ppo": _ppo,
     "cispo": _cispo,
     "dro": _dro,
+    "gspo": _gspo,
 }

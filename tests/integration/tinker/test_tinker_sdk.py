@@ -203,13 +203,14 @@ def test_rl_losses_take_the_sdk_inputs(client: tinker.ServiceClient) -> None:
         "target_tokens": types.TensorData.from_numpy(np.array(SEQ[1:], dtype=np.int64)),
         "logprobs": base,
         "advantages": types.TensorData.from_numpy(np.linspace(-1, 1, n).astype(np.float32)),
+        "sequence_ratio_mask": types.TensorData.from_numpy(np.ones(n, dtype=np.float32)),
     }
     rl = types.Datum(model_input=types.ModelInput.from_ints(SEQ[:-1]), loss_fn_inputs=inputs)
-    for loss in ("importance_sampling", "ppo", "cispo", "dro"):
+    for loss in ("importance_sampling", "ppo", "cispo", "dro", "gspo"):
         config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2} if loss == "ppo" else None
         out = tc.forward_backward([rl], loss, loss_fn_config=config).result()
         # On-policy (logprobs = the sampler's): ratios are 1 and IS/PPO losses are -sum(A) = 0.
-        if loss in ("importance_sampling", "ppo"):
+        if loss in ("importance_sampling", "ppo", "gspo"):
             assert out.metrics["loss:sum"] == pytest.approx(0.0, abs=1e-5)
         np.testing.assert_allclose(out.loss_fn_outputs[0]["logprobs"].tolist(), base.tolist())
 

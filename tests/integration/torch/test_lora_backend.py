@@ -223,8 +223,33 @@ def _rl_data(logprobs: list[np.ndarray], seed: int) -> list[Datum]:
     data = []
     for i, (n, lp) in enumerate(zip(LENGTHS, logprobs, strict=True)):
         sampler = lp + rng.normal(scale=0.5, size=n)  # ratios roughly 0.3 to 3: clips trigger
-        data.append(_datum(n, i, logprobs=sampler.tolist(), advantages=rng.normal(size=n).tolist()))
+        # GSPO's ratio over the "sampled" part: the positions after the first third
+        mask = [0.0] * (n // 3) + [1.0] * (n - n // 3)
+        data.append(
+            _datum(
+                n,
+                i,
+                logprobs=sampler.tolist(),
+                advantages=rng.normal(size=n).tolist(),
+                sequence_ratio_mask=mask,
+            )
+        )
     return data
+
+
+def _gspo_reference(lp: np.ndarray, q: np.ndarray, a: np.ndarray, mask: np.ndarray, config):
+    """Tinker's documented GSPO-token, in torch as its page writes it, on one datum: (value,
+    the gradient with respect to each target logprob)."""
+    target = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
+    ref, adv = torch.tensor(q, dtype=torch.float64), torch.tensor(a, dtype=torch.float64)
+    in_ratio = torch.tensor(mask) != 0
+    log_ratio = (target.detach() - ref)[in_ratio].mean()
+    ratio = torch.exp(log_ratio + target - target.detach())
+    clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
+    loss = -torch.min(ratio * adv, clipped * adv).sum()
+    loss.backward()
+    assert target.grad is not None
+    return float(loss), target.grad.numpy()
 
 
 def _expected(loss_fn: str, lp: np.ndarray, q: np.ndarray, a: np.ndarray, config) -> tuple:
@@ -254,6 +279,8 @@ def _expected(loss_fn: str, lp: np.ndarray, q: np.ndarray, a: np.ndarray, config
         ("cispo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, None),
         ("dro", {}, {"beta": 0.05}),
         ("dro", {"beta": 0.5}, None),
+        ("gspo", {}, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+        ("gspo", {"clip_low_threshold": 0.99, "clip_high_threshold": 1.01}, None),
     ],
 )
 def test_rl_loss_value_and_gradient_follow_the_formula(
@@ -272,9 +299,16 @@ def test_rl_loss_value_and_gradient_follow_the_formula(
     expected, weights = 0.0, []
     for d, lp in zip(data, lps, strict=True):
         inputs = {k: np.asarray(v.data) for k, v in d.loss_fn_inputs.items()}
-        value, w = _expected(
-            loss_fn, lp, inputs["logprobs"], inputs["advantages"], effective or config
-        )
+        if loss_fn == "gspo":
+            mask = inputs["sequence_ratio_mask"]
+            value, grad = _gspo_reference(
+                lp, inputs["logprobs"], inputs["advantages"], mask, effective or config
+            )
+            w = -grad
+        else:
+            value, w = _expected(
+                loss_fn, lp, inputs["logprobs"], inputs["advantages"], effective or config
+            )
         expected += value
         weights.append(w)
 
