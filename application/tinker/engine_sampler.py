@@ -23,7 +23,7 @@ from application.engine_client import EngineClient
 from application.request_ids import new_request_id
 from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
-from domain.request import StepOutput
+from domain.request import RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.training import (
     BackendFailure,
@@ -112,15 +112,19 @@ class EngineSampler:
     ) -> tuple[SampledSequence, StepOutput]:
         """The sampled sequence, and the first output (which carries prompt scores)."""
         async with self.slots.slot(tenant):
-            return await self._run(prompt, params, adapter)
+            return await self._run(prompt, params, adapter, tenant)
 
     async def _run(
-        self, prompt: list[int], params: SamplingParams, adapter: str | None
+        self, prompt: list[int], params: SamplingParams, adapter: str | None, tenant: str
     ) -> tuple[SampledSequence, StepOutput]:
         request_id = new_request_id("tinker-sample")
+        # Queued as its tenant's: the engine's fair scheduling and per-tenant counters.
+        context = RequestContext(tenant_id=tenant or None)
         while True:
             try:
-                outputs = await self.engine.stream(request_id, prompt, params, adapter_id=adapter)
+                outputs = await self.engine.stream(
+                    request_id, prompt, params, adapter_id=adapter, context=context
+                )
                 break
             except QueueFullError:  # many samples at once: wait for room, as clients would
                 await asyncio.sleep(self.queue_retry_s)

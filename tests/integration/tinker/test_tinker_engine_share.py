@@ -5,6 +5,7 @@ other requests instead of answering them 503 (QueueFullError)."""
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,6 +28,15 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
     config = EngineConfig(max_batch_size=2, max_waiting_requests=4, max_seq_len=64)
     engine = torch_async_engine(model, config, lora=lora)
     sampler = EngineSampler(engine, lora, ["tiny"], max_in_engine=2)
+    tenants: list[str | None] = []  # whose each engine request is (fair shares, counters)
+    stream = engine.stream
+
+    async def recorded(request_id: str, *args: Any, **kwargs: Any) -> Any:
+        if request_id.startswith("tinker-sample"):
+            tenants.append(kwargs["context"].tenant_id if "context" in kwargs else None)
+        return await stream(request_id, *args, **kwargs)
+
+    engine.stream = recorded  # type: ignore[method-assign]
     params = TinkerSamplingParams(max_tokens=12, temperature=1.0, seed=1, stop_token_ids=())
     engine.start()
     try:
@@ -57,6 +67,7 @@ async def test_big_tinker_samples_leave_room_for_other_requests(tmp_path: Path) 
         done = await asyncio.gather(*(openai_like(i) for i in range(4)))
         assert all(n >= 1 for n in done)
         results = await asyncio.gather(*tinker)
+        assert sorted(set(tenants)) == ["tenant-a", "tenant-b"] and len(tenants) == 48
     finally:
         await engine.stop()
     assert [len(r.sequences) for r in results] == [24, 24]
