@@ -77,6 +77,19 @@ class NameSettings(Protocol):
     def deprecations(self) -> Mapping[str, date]: ...
 
 
+def check_lora_module(module: LoraModule, adapters: ServingAdapters) -> None:
+    """``InvalidParameterError`` naming the module unless its folder holds an adapter's
+    weights file (a PEFT LoRA folder)."""
+    where = f"{module.name}={module.path}"
+    if not module.path.is_dir():
+        raise InvalidParameterError("lora_modules", f"{where}: no such folder")
+    weights = adapters.weights_file(module.path)
+    if not weights.is_file():
+        raise InvalidParameterError(
+            "lora_modules", f"{where}: no {weights.name} (not a PEFT LoRA adapter folder)"
+        )
+
+
 class TinkerCheckpoints(Protocol):
     """Where the Tinker checkpoints served by path are found."""
 
@@ -189,14 +202,7 @@ class ServedModels:
             assert self.adapters is not None  # checked in __init__
             adapter_id = _LORA_PREFIX + module.name
             where = f"{module.name}={module.path}"
-            if not module.path.is_dir():
-                raise InvalidParameterError("lora_modules", f"{where}: no such folder")
-            if not self.adapters.weights_file(module.path).is_file():
-                raise InvalidParameterError(
-                    "lora_modules",
-                    f"{where}: no {self.adapters.weights_file(module.path).name} "
-                    "(not a PEFT LoRA adapter folder)",
-                )
+            check_lora_module(module, self.adapters)
             self._held.enter_context(self.adapters.pinned(adapter_id))
             try:
                 self.adapters.load_folder(adapter_id, module.path)

@@ -56,7 +56,7 @@ from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from application.engine_client import AdmitCall
 from application.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
-from application.served_models import ServedModels, SharedCheckpoints
+from application.served_models import SharedCheckpoints, check_lora_module
 from application.tinker.checkpoints import CheckpointStore
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import StepOutput
@@ -364,10 +364,8 @@ def serve_replicas(config: ServerConfig) -> int:
     """Run the fleet until SIGINT/SIGTERM (see the module)."""
     fleet = config.fleet
     if config.model.lora_modules:  # a bad folder fails the start before any replica starts
-        checked = ReplicaAdapters(ADAPTER_WEIGHTS)
-        ServedModels(
-            ["check"], "", lora_modules=config.model.lora_modules, adapters=checked
-        ).load_lora_modules()
+        for module in config.model.lora_modules:
+            check_lora_module(module, ReplicaAdapters(ADAPTER_WEIGHTS))
     if config.model.threads is None and fleet.ray_address is None:
         # One machine: its cores shared between the replicas.
         threads = max(1, (os.cpu_count() or 1) // fleet.replicas)
