@@ -251,9 +251,10 @@ class LoraTrainingBackend(TrainingBackend):
                         key: torch.cat([prepared[i].inputs[key] for i in group]).to(device)
                         for key in LOSS_INPUTS[loss_fn]
                     }
-                    inputs["segment"] = torch.cat(  # each position's datum (GSPO's ratio)
-                        [torch.full((len(prepared[i].tokens),), j) for j, i in enumerate(group)]
-                    ).to(device)
+                    if loss_fn == "gspo":  # each position's datum: one ratio per datum
+                        inputs["segment"] = torch.cat(
+                            [torch.full((len(prepared[i].tokens),), j) for j, i in enumerate(group)]
+                        ).to(device)
                     loss = loss_sum(loss_fn, logp, inputs, config)
                     if backward:
                         loss.backward()
