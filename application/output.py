@@ -78,11 +78,16 @@ def _output(request: Request, token: int, delta: str, result: RunnerOutput) -> S
 
 
 def _prompt_scores(request: Request) -> dict[str, Any]:
-    """The prompt's logprobs (and alternatives), on a request's first output only."""
+    """The prompt's logprobs (and alternatives, target logprobs, draws), on a request's
+    first output only."""
     params = request.sampling_params
     if not params.prompt_logprobs or len(request.generated_token_ids) != 1:
         return {}
     scores: dict[str, Any] = {"prompt_logprobs": tuple(request.prompt_logprobs)}
     if params.prompt_top_logprobs:
         scores["prompt_top_logprobs"] = tuple(tuple(r) for r in request.prompt_top_logprobs)
+    if params.prompt_target_ids is not None:
+        scores["prompt_target_logprobs"] = tuple(tuple(r) for r in request.prompt_target_logprobs)
+    if params.prompt_samples:
+        scores["prompt_samples"] = tuple(tuple(r) for r in request.prompt_samples)
     return scores

@@ -113,14 +113,23 @@ class RequestChecks:
                 "prompt", f"token id {bad} is out of vocabulary (ids are 0..{self.vocab_size - 1})"
             )
         self.check_token_ids(params)
+        targets = params.prompt_target_ids
+        if targets is not None and len(targets) != len(prompt_ids) - 1:
+            raise InvalidParameterError(
+                "prompt_target_ids",
+                f"{len(targets)} rows; one per prompt position after the first "
+                f"({len(prompt_ids) - 1})",
+            )
         self.check_structured(params, structured_param)
         return prompt_ids
 
     def check_token_ids(self, params: SamplingParams) -> None:
-        """Token ids in ``logit_bias`` / ``allowed_token_ids`` are in the model's vocabulary."""
+        """Token ids in ``logit_bias`` / ``allowed_token_ids`` / ``prompt_target_ids`` are
+        in the model's vocabulary."""
         for name, ids in (
             ("logit_bias", [t for t, _ in params.logit_bias]),
             ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("prompt_target_ids", [t for row in params.prompt_target_ids or () for t in row]),
         ):
             bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
             if bad is not None:

@@ -52,10 +52,15 @@ class Request:
     # The LoRA adapter the request runs with (None: the base model); the runner knows it.
     adapter_id: str | None = None
     context: RequestContext = NO_CONTEXT
-    # With ``sampling_params.prompt_logprobs``: logprobs of prompt tokens 1.., as computed.
+    # With ``sampling_params.prompt_logprobs``: logprobs of prompt tokens 1.., as computed
+    # (NaN, and empty rows below, before ``prompt_logprobs_from``: served from the cache).
     prompt_logprobs: list[float] = field(default_factory=list)
     # With ``sampling_params.prompt_top_logprobs``: the alternatives at those positions.
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # With ``prompt_target_ids`` / ``prompt_samples``: per position, the logprobs of its
+    # target ids (in their order) / its draws (id, logprob).
+    prompt_target_logprobs: list[list[float]] = field(default_factory=list)
+    prompt_samples: list[list[tuple[int, float]]] = field(default_factory=list)
     # Times the scheduler preempted the request (put it back to the queue, runner state
     # freed); it is then recomputed: prompt and generated tokens prefilled again.
     num_preemptions: int = 0
@@ -119,6 +124,10 @@ class StepOutput:
     # and, with ``prompt_top_logprobs``, each position's alternatives.
     prompt_logprobs: tuple[float, ...] | None = None
     prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # With ``prompt_target_ids`` / ``prompt_samples``: the same positions' target logprobs
+    # and draws (as :class:`Request` holds them).
+    prompt_target_logprobs: tuple[tuple[float, ...], ...] | None = None
+    prompt_samples: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 def token_finish_reason(

@@ -6,6 +6,7 @@ from typing import Literal
 from domain.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
+MAX_PROMPT_TARGETS = 64  # ids scored at one prompt position (``prompt_target_ids``)
 MAX_CACHE_SALT = 256
 StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 LogprobsMode = Literal["processed", "raw"]
@@ -35,7 +36,15 @@ class SamplingParams:
     ``logprobs`` is ``None`` for none, ``0`` for the chosen token's logprob only, ``N`` for the
     chosen token plus the top-N alternatives. ``prompt_logprobs``: also report the logprob of
     every prompt token after the first (on the request's first output), and with
-    ``prompt_top_logprobs`` N the top-N alternatives at each of those positions.
+    ``prompt_top_logprobs`` N the top-N alternatives at each of those positions; with
+    ``prompt_target_ids`` (one row per prompt position after the first) the logprobs of
+    each row's ids at its position; with ``prompt_samples`` N, N tokens drawn independently
+    at each of those positions (at ``temperature`` alone: no top-k / top-p; greedy: the
+    argmax) and their logprobs, the same draws for the same ``seed`` and prompt however the
+    prompt is chunked. These come from the prefill's logits, the model's own.
+    ``prompt_logprobs_from`` P: only positions P.. need scoring, so the prompt's first
+    positions may come from the prefix cache (positions before P then report NaN and empty
+    rows).
 
     Per-row logits processing, between the forward and the sampler: ``logit_bias`` adds
     a bias in [-100, 100] to the listed token ids' logits (OpenAI semantics); with
@@ -71,6 +80,9 @@ class SamplingParams:
     logprobs_mode: LogprobsMode = "processed"
     prompt_logprobs: bool = False
     prompt_top_logprobs: int = 0
+    prompt_target_ids: tuple[tuple[int, ...], ...] | None = None
+    prompt_samples: int = 0
+    prompt_logprobs_from: int = 1
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
     structured: StructuredOutput | None = None
@@ -104,6 +116,25 @@ class SamplingParams:
             "prompt_top_logprobs",
             f"must be in [0, {MAX_LOGPROBS}], and needs prompt_logprobs",
         )
+        targets = self.prompt_target_ids
+        _check(
+            targets is None
+            or (
+                self.prompt_logprobs
+                and all(len(row) <= MAX_PROMPT_TARGETS for row in targets)
+                and all(t >= 0 for row in targets for t in row)
+            ),
+            "prompt_target_ids",
+            f"ids must be >= 0, at most {MAX_PROMPT_TARGETS} per position, and needs "
+            "prompt_logprobs",
+        )
+        _check(
+            0 <= self.prompt_samples <= MAX_LOGPROBS
+            and (self.prompt_logprobs or not self.prompt_samples),
+            "prompt_samples",
+            f"must be in [0, {MAX_LOGPROBS}], and needs prompt_logprobs",
+        )
+        _check(self.prompt_logprobs_from >= 1, "prompt_logprobs_from", "must be >= 1")
         _check(
             all(t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias)
             and len({t for t, _ in self.logit_bias}) == len(self.logit_bias),

@@ -205,11 +205,64 @@ class TinkerSamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTable:
+    """A ``[len(prompt) - 1, K]`` table over prompt positions (row i: position i + 1), laid
+    out as Tinker's ``TensorData``: ``values`` row-major (dense), or with ``crow_indices``
+    and ``col_indices`` (sparse CSR) the listed cells' values only. Tinker's
+    ``target_prompt_logprobs`` (token ids, -1: nothing asked) and its answer (logprobs, 0.0
+    where nothing was asked) share one layout."""
+
+    shape: tuple[int, int]
+    values: Sequence[float]  # token ids (ints) in a request
+    crow_indices: Sequence[int] | None = None
+    col_indices: Sequence[int] | None = None
+
+    def value_rows(self) -> list[int]:
+        """The row of each of ``values``."""
+        if self.crow_indices is None:
+            width = self.shape[1]
+            return [i // width for i in range(len(self.values))]
+        crow = self.crow_indices
+        return [r for r in range(self.shape[0]) for _ in range(crow[r + 1] - crow[r])]
+
+    def row_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per row, the distinct ids its cells ask for (ascending; -1 left out)."""
+        rows: list[set[int]] = [set() for _ in range(self.shape[0])]
+        for row, value in zip(self.value_rows(), self.values, strict=True):
+            if value != -1:
+                rows[row].add(int(value))
+        return tuple(tuple(sorted(ids)) for ids in rows)
+
+    def scored(self, logprobs: Sequence[Mapping[int, float]]) -> "PromptTable":
+        """This table of ids as its logprobs: each cell's id looked up in its row's
+        ``logprobs`` (0.0 for -1), in the same layout."""
+        values = [
+            0.0 if value == -1 else logprobs[row][int(value)]
+            for row, value in zip(self.value_rows(), self.values, strict=True)
+        ]
+        return PromptTable(self.shape, values, self.crow_indices, self.col_indices)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptAltTokens:
+    """Tinker's ``prompt_alt_tokens``: ``k`` tokens drawn at each prompt position after the
+    first; ``tokens[i]`` and ``logprobs[i]`` (the model's) are position i + 1's."""
+
+    k: int
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+
+
+@dataclass(frozen=True, slots=True)
 class SampleRequest:
     """One sampling call (Tinker's ``SampleRequest``): ``num_samples`` sequences after
     ``prompt``; ``prompt_logprobs``: each prompt token's logprob too; ``topk_prompt`` /
     ``topk_sample``: the top-k alternatives at each prompt position / each sampled token
-    (0: none)."""
+    (0: none); ``target_prompt``: the ids whose logprobs to report at prompt positions;
+    ``prompt_alt_k``: tokens to draw at each prompt position after the first, at the
+    request's temperature; ``prompt_logprobs_last_n``: only the last n prompt logprobs
+    and top-k rows are wanted (a backend may leave the others out: None, or NaN).
+    Prompt scores come from the first sample's prefill."""
 
     prompt: Sequence[int]
     params: TinkerSamplingParams
@@ -217,6 +270,9 @@ class SampleRequest:
     prompt_logprobs: bool = False
     topk_prompt: int = 0
     topk_sample: int = 0
+    target_prompt: PromptTable | None = None
+    prompt_alt_k: int = 0
+    prompt_logprobs_last_n: int | None = None
 
 
 TopK = list[tuple[int, float]]  # (token id, logprob) pairs, best first
@@ -237,6 +293,10 @@ class TinkerSampleResult:
     prompt_logprobs: list[float | None] | None = None
     # The same positions' top-k alternatives, when asked (the first is None).
     topk_prompt: list[TopK | None] | None = None
+    # The logprobs of ``SampleRequest.target_prompt``'s ids, in its layout, when asked.
+    target_prompt_logprobs: PromptTable | None = None
+    # The draws ``SampleRequest.prompt_alt_k`` asked for.
+    prompt_alt_tokens: PromptAltTokens | None = None
 
 
 @dataclass(frozen=True, slots=True)

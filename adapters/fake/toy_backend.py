@@ -28,6 +28,7 @@ from domain.training import (
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    PromptAltTokens,
     SampledSequence,
     SampleRequest,
     Steps,
@@ -221,14 +222,28 @@ class ToyBackend(TrainingBackend):
         ]
         scored: list[float | None] | None = None
         alternatives: list[TopK | None] | None = None
+        targets, alt = request.target_prompt, request.prompt_alt_k
+        if not (request.prompt_logprobs or topk_prompt or targets is not None or alt):
+            return TinkerSampleResult(sequences)
+        logits = self._embed[x[:-1]] @ w
+        all_lp = logits - _logsumexp(logits)
+        lp = all_lp[np.arange(len(x) - 1), x[1:]]
         if request.prompt_logprobs or topk_prompt:
-            logits = self._embed[x[:-1]] @ w
-            all_lp = logits - _logsumexp(logits)
-            lp = all_lp[np.arange(len(x) - 1), x[1:]]
             scored = [None, *(float(v) for v in lp)]
-            if topk_prompt:
-                alternatives = [None, *(_top(row, topk_prompt) for row in all_lp)]
-        return TinkerSampleResult(sequences, scored, alternatives)
+        if topk_prompt:
+            alternatives = [None, *(_top(row, topk_prompt) for row in all_lp)]
+        target_lp = None
+        if targets is not None:
+            rows = targets.row_ids()
+            if any(t >= self.vocab_size for row in rows for t in row):
+                raise InvalidTrainingRequest(
+                    f"target_prompt_logprobs: token ids must be in 0..{self.vocab_size - 1}"
+                )
+            target_lp = targets.scored(
+                [{t: float(all_lp[r, t]) for t in ids} for r, ids in enumerate(rows)]
+            )
+        draws = _draws(all_lp, params, alt) if alt else None
+        return TinkerSampleResult(sequences, scored, alternatives, target_lp, draws)
 
     def _sample_one(
         self,
@@ -349,6 +364,22 @@ def _logsumexp(x: np.ndarray) -> np.ndarray:
 def _top(logp: np.ndarray, k: int) -> TopK:
     order = np.argsort(-logp, kind="stable")[:k]
     return [(int(i), float(logp[i])) for i in order]
+
+
+def _draws(all_lp: np.ndarray, params: TinkerSamplingParams, k: int) -> PromptAltTokens:
+    """``k`` draws per prompt row at the temperature alone (greedy: the argmax), from a
+    stream of their own (the sequences' stay as they are)."""
+    rng = np.random.default_rng(None if params.seed is None else [params.seed, 1])
+    tokens, logprobs = [], []
+    for logp in all_lp:
+        if params.temperature == 0:
+            ids = np.full(k, logp.argmax())
+        else:
+            p = np.exp((logp - logp.max()) / params.temperature)
+            ids = rng.choice(len(logp), size=k, p=p / p.sum())
+        tokens.append([int(t) for t in ids])
+        logprobs.append([float(logp[t]) for t in ids])
+    return PromptAltTokens(k, tokens, logprobs)
 
 
 def _pick(logp: np.ndarray, params: TinkerSamplingParams, rng: np.random.Generator) -> int:

@@ -6,7 +6,8 @@ adapter is loaded once by folder and kept (least recently used evicted); a live 
 current weights are copied in for the one call. The adapters are the runner's, behind the
 :class:`~domain.training.ServingAdapters` port (no tensors here). ``num_samples`` are that
 many requests (seeds ``seed``, ``seed + 1``, ...); the first also scores the prompt when
-asked.
+asked: prompt logprobs, top-k alternatives, the logprobs of target ids and the draws of
+``prompt_alt_k``, all from the logits of its one prefill.
 
 At most ``max_in_engine`` Tinker requests are in the engine at once (tenants taking turns
 for the slots; the rest wait here and go in as others finish), so a large ``num_samples``
@@ -15,6 +16,7 @@ never fills the engine's waiting queue and OpenAI requests are not refused for i
 
 import asyncio
 import itertools
+import math
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,6 +31,8 @@ from domain.training import (
     BackendFailure,
     InvalidTrainingRequest,
     NotFoundError,
+    PromptAltTokens,
+    PromptTable,
     SampledSequence,
     SampleRequest,
     ServingAdapters,
@@ -66,30 +70,44 @@ class EngineSampler:
                 f"base model {source.base_model!r} is not the one the engine serves "
                 f"({', '.join(sorted(self.model_names))})"
             )
+        targets = request.target_prompt.row_ids() if request.target_prompt is not None else None
+        scored_from = _scored_from(request, targets)
+        params = [
+            _engine_params(
+                request.params,
+                i,
+                prompt_logprobs=request.prompt_logprobs and i == 0,
+                topk_prompt=request.topk_prompt if i == 0 else 0,
+                topk_sample=request.topk_sample,
+                target_ids=targets if i == 0 else None,
+                prompt_samples=request.prompt_alt_k if i == 0 else 0,
+                scored_from=scored_from if i == 0 else 1,
+            )
+            for i in range(request.num_samples)
+        ]
+        try:  # before any sample runs: an id outside the vocabulary fails the whole call
+            self.engine.inputs.checks.check_token_ids(params[0])
+        except InvalidParameterError as e:
+            raise _tinker_error(e) from e
         with ExitStack() as stack:
             adapter = self._adapter(source, stack)
-            runs = [
-                self._one(
-                    list(request.prompt),
-                    _engine_params(
-                        request.params,
-                        i,
-                        prompt_logprobs=request.prompt_logprobs and i == 0,
-                        topk_prompt=request.topk_prompt if i == 0 else 0,
-                        topk_sample=request.topk_sample,
-                    ),
-                    adapter,
-                    tenant,
-                )
-                for i in range(request.num_samples)
-            ]
+            runs = [self._one(list(request.prompt), p, adapter, tenant) for p in params]
             outputs = await asyncio.gather(*runs)
         first = outputs[0][1]
-        scored = [None, *(first.prompt_logprobs or ())] if request.prompt_logprobs else None
+        # positions served from the prefix cache (before the last n asked): NaN / no row
+        scored: list[float | None] | None = None
+        if request.prompt_logprobs:
+            scored = [None, *(None if math.isnan(v) else v for v in first.prompt_logprobs or ())]
         alternatives: list[TopK | None] | None = None
         if request.topk_prompt and first.prompt_top_logprobs is not None:
-            alternatives = [None, *(list(row) for row in first.prompt_top_logprobs)]
-        return TinkerSampleResult([seq for seq, _ in outputs], scored, alternatives)
+            alternatives = [None, *(list(row) or None for row in first.prompt_top_logprobs)]
+        return TinkerSampleResult(
+            [seq for seq, _ in outputs],
+            scored,
+            alternatives,
+            _target_logprobs(request, targets, first),
+            _alt_tokens(request, first),
+        )
 
     def _adapter(self, source: WeightsSource, stack: ExitStack) -> str | None:
         if source.path is not None:
@@ -129,7 +147,7 @@ class EngineSampler:
             except QueueFullError:  # many samples at once: wait for room, as clients would
                 await asyncio.sleep(self.queue_retry_s)
             except InvalidParameterError as e:
-                raise InvalidTrainingRequest(str(e)) from e
+                raise _tinker_error(e) from e
         tokens: list[int] = []
         logprobs: list[float] = []
         topk: list[TopK] = []
@@ -171,6 +189,9 @@ def _engine_params(
     prompt_logprobs: bool,
     topk_prompt: int,
     topk_sample: int,
+    target_ids: tuple[tuple[int, ...], ...] | None = None,
+    prompt_samples: int = 0,
+    scored_from: int = 1,
 ) -> SamplingParams:
     """Tinker's parameters as the engine's. Explicit stops replace EOS (``[]``: never stop
     early), as in Tinker; ``top_k`` -1 is off."""
@@ -187,8 +208,72 @@ def _engine_params(
             ignore_eos=explicit,
             logprobs=topk_sample,
             logprobs_mode="raw",  # the model's, as its training forward scores them
-            prompt_logprobs=prompt_logprobs or topk_prompt > 0,
+            prompt_logprobs=prompt_logprobs
+            or topk_prompt > 0
+            or target_ids is not None
+            or prompt_samples > 0,
             prompt_top_logprobs=topk_prompt,
+            prompt_target_ids=target_ids,
+            prompt_samples=prompt_samples,
+            prompt_logprobs_from=scored_from,
         )
     except InvalidParameterError as e:
         raise InvalidTrainingRequest(f"sampling_params: {e}") from e
+
+
+# The engine's names of the prompt-scoring parameters -> the Tinker request's.
+_TINKER_NAMES = {
+    "prompt_target_ids": "target_prompt_logprobs",
+    "prompt_samples": "prompt_alt_tokens_k",
+}
+
+
+def _tinker_error(e: InvalidParameterError) -> InvalidTrainingRequest:
+    """An engine parameter error as a Tinker one, named as the Tinker request names it."""
+    name = _TINKER_NAMES.get(e.param)
+    return InvalidTrainingRequest(str(e.renamed(name) if name is not None else e))
+
+
+def _scored_from(request: SampleRequest, targets: tuple[tuple[int, ...], ...] | None) -> int:
+    """The first prompt position the prefill must score: the last n of
+    ``prompt_logprobs_last_n``, the first target row naming an id, or 1 (the draws cover
+    every position). The positions before it may run from the prefix cache."""
+    wanted = []
+    if request.prompt_logprobs or request.topk_prompt:
+        last_n = request.prompt_logprobs_last_n
+        wanted.append(1 if last_n is None else max(1, len(request.prompt) - last_n))
+    if targets is not None:
+        wanted.append(next((i + 1 for i, row in enumerate(targets) if row), 1))
+    if request.prompt_alt_k:
+        wanted.append(1)
+    return min(wanted, default=1)
+
+
+def _target_logprobs(
+    request: SampleRequest, targets: tuple[tuple[int, ...], ...] | None, first: StepOutput
+) -> PromptTable | None:
+    """The logprobs of ``request.target_prompt``'s ids, in its layout."""
+    if request.target_prompt is None or targets is None:
+        return None
+    rows = first.prompt_target_logprobs
+    if rows is None or len(rows) != len(targets):
+        raise BackendFailure("the prefill did not score target_prompt_logprobs")
+    lookup = [
+        dict(zip(ids, values, strict=True)) for ids, values in zip(targets, rows, strict=True)
+    ]
+    return request.target_prompt.scored(lookup)
+
+
+def _alt_tokens(request: SampleRequest, first: StepOutput) -> PromptAltTokens | None:
+    """The draws ``request.prompt_alt_k`` asked for, one row per prompt position after the
+    first."""
+    if not request.prompt_alt_k:
+        return None
+    rows = first.prompt_samples
+    if rows is None or len(rows) != max(0, len(request.prompt) - 1):
+        raise BackendFailure("the prefill did not draw prompt_alt_tokens")
+    return PromptAltTokens(
+        request.prompt_alt_k,
+        [[token for token, _ in row] for row in rows],
+        [[logprob for _, logprob in row] for row in rows],
+    )

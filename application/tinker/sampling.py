@@ -7,15 +7,17 @@ SamplingBackend; their futures resolve to a :class:`TinkerSampleResult`.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.futures import Future, FutureStore
 from application.tinker.training import TrainingController
+from domain.sampling import MAX_PROMPT_TARGETS
 from domain.training import (
     InvalidTrainingRequest,
     NotFoundError,
+    PromptTable,
     SampleRequest,
     SamplingBackend,
     TinkerSampleResult,
@@ -26,6 +28,7 @@ from domain.training import (
 
 MAX_SAMPLES = 128
 MAX_TOPK = 20
+MAX_TARGET_IDS = MAX_PROMPT_TARGETS  # target_prompt_logprobs' K: ids scored per position
 
 
 @dataclass(eq=False)
@@ -117,20 +120,28 @@ class SamplingController:
         prompt_logprobs_last_n: int | None = None,
         topk_prompt: int = 0,
         topk_sample: int = 0,
+        target_prompt: PromptTable | None = None,
+        prompt_alt_k: int = 0,
     ) -> Future:
-        """Samples; with ``prompt_logprobs_last_n`` only the last n prompt logprobs are
-        reported (the others are None)."""
+        """Samples; with ``prompt_logprobs_last_n`` only the last n prompt logprobs (and
+        top-k rows) are reported (the others are None); ``target_prompt`` and
+        ``prompt_alt_k`` cover the whole prompt."""
         last_n = prompt_logprobs_last_n
-        if last_n is not None and not 1 <= last_n < max(2, len(prompt)):
+        if last_n is not None and not 1 <= last_n <= len(prompt) - 1:
             raise InvalidTrainingRequest("prompt_logprobs_last_n must be in 1..len(prompt)-1")
+        if last_n is not None and not prompt_logprobs:
+            raise InvalidTrainingRequest("prompt_logprobs_last_n needs prompt_logprobs")
         if not prompt:
             raise InvalidTrainingRequest("prompt: must hold at least one token")
+        if target_prompt is not None:
+            _check_targets(target_prompt, len(prompt))
         if not 1 <= num_samples <= MAX_SAMPLES:
             raise InvalidTrainingRequest(f"num_samples must be in 1..{MAX_SAMPLES}")
         _check_params(params)
         for name, k in (
             ("topk_prompt_logprobs", topk_prompt),
             ("topk_sample_logprobs", topk_sample),
+            ("prompt_alt_tokens_k", prompt_alt_k),
         ):
             if not 0 <= k <= MAX_TOPK:
                 raise InvalidTrainingRequest(f"{name} must be in 0..{MAX_TOPK}")
@@ -139,7 +150,7 @@ class SamplingController:
         tokens = list(prompt)
         tenant = owner
 
-        async def work() -> object:
+        async def work() -> TinkerSampleResult:
             request = SampleRequest(
                 tokens,
                 params,
@@ -147,6 +158,9 @@ class SamplingController:
                 prompt_logprobs=prompt_logprobs or topk_prompt > 0,
                 topk_prompt=topk_prompt,
                 topk_sample=topk_sample,
+                target_prompt=target_prompt,
+                prompt_alt_k=prompt_alt_k,
+                prompt_logprobs_last_n=prompt_logprobs_last_n,
             )
             result = await self.backend.sample(source, request, tenant=tenant)
             scored, alternatives = result.prompt_logprobs, result.topk_prompt
@@ -160,7 +174,7 @@ class SamplingController:
                 if alternatives is not None:
                     none: list[TopK | None] = [None] * cut
                     alternatives = none + alternatives[cut:]
-            return TinkerSampleResult(result.sequences, scored, alternatives)
+            return replace(result, prompt_logprobs=scored, topk_prompt=alternatives)
 
         return self.futures.run(owner, "Sample", work)
 
@@ -184,3 +198,20 @@ def _check_params(p: TinkerSamplingParams) -> None:
     for name, ok, why in checks:
         if not ok:
             raise InvalidTrainingRequest(f"sampling_params.{name} {why}, got {getattr(p, name)!r}")
+
+
+def _check_targets(table: PromptTable, prompt_length: int) -> None:
+    """``target_prompt_logprobs`` fits the prompt: ``[len(prompt) - 1, K]``, K within
+    ``MAX_TARGET_IDS``, at least one id asked."""
+    rows, width = table.shape
+    if rows != prompt_length - 1:
+        raise InvalidTrainingRequest(
+            f"target_prompt_logprobs: shape {list(table.shape)} needs {prompt_length - 1} rows "
+            "(len(prompt) - 1: row i scores prompt position i + 1)"
+        )
+    if width > MAX_TARGET_IDS:
+        raise InvalidTrainingRequest(
+            f"target_prompt_logprobs: {width} ids per position, at most {MAX_TARGET_IDS}"
+        )
+    if all(value == -1 for value in table.values):
+        raise InvalidTrainingRequest("target_prompt_logprobs: asks for no id (every cell is -1)")

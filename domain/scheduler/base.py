@@ -1,9 +1,10 @@
 """The scheduler interface and what every policy shares: a bounded waiting queue, the KV
 block manager, and applying the runner's output (token stops decided here, once)."""
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from domain.config import EngineConfig
 from domain.kv_blocks import BlockHash, BlockManager
@@ -113,14 +114,12 @@ class QueueingScheduler:
             request.num_computed_tokens = chunk.start + chunk.num_tokens
             # The chunk's prompt logprobs are those of positions start + 1 ..; a recomputed
             # chunk (after a preemption) has its first ones already.
-            known = max(0, len(request.prompt_logprobs) - chunk.start)
-            request.prompt_logprobs.extend(
-                result.prompt_logprobs.get(request.request_id, [])[known:]
-            )
-            known = max(0, len(request.prompt_top_logprobs) - chunk.start)
-            request.prompt_top_logprobs.extend(
-                result.prompt_top_logprobs.get(request.request_id, [])[known:]
-            )
+            rid, start = request.request_id, chunk.start
+            _extend(request.prompt_logprobs, result.prompt_logprobs.get(rid), start, math.nan)
+            _extend(request.prompt_top_logprobs, result.prompt_top_logprobs.get(rid), start, [])
+            targets = result.prompt_target_logprobs.get(rid)
+            _extend(request.prompt_target_logprobs, targets, start, [])
+            _extend(request.prompt_samples, result.prompt_samples.get(rid), start, [])
             token = result.sampled_token_ids.get(request.request_id)
             if chunk.samples and token is not None:
                 sampled.append(self._append(request, token))
@@ -162,3 +161,16 @@ class QueueingScheduler:
                 self.waiting.remove(request)
                 return request
         return None
+
+
+T = TypeVar("T")
+
+
+def _extend(known: list[T], computed: list[T] | None, start: int, missing: T) -> None:
+    """Append the per-position values a chunk starting at ``start`` computed (positions
+    ``start + 1`` ..) that ``known`` lacks (a recomputed chunk's first ones it has); the
+    positions before it that ran from the prefix cache hold ``missing`` (shared: never
+    mutated)."""
+    if computed:
+        known.extend([missing] * (start - len(known)))
+        known.extend(computed[max(0, len(known) - start) :])

@@ -132,11 +132,14 @@ class ContinuousScheduler(QueueingScheduler):
         return True
 
     def _cached_prefix(self, request: Request) -> CachedPrefix:
-        """The cached blocks ``request`` can start from (none when it needs prompt
-        logprobs: those positions must run)."""
-        if request.sampling_params.prompt_logprobs:
-            return CachedPrefix()
+        """The cached blocks ``request`` can start from: with prompt logprobs, only those
+        before the positions it scores (from ``prompt_logprobs_from``; those must run)."""
+        params = request.sampling_params
         tokens = request.token_ids_from(0, request.num_tokens)
+        if params.prompt_logprobs:
+            if params.prompt_logprobs_from <= 1:
+                return CachedPrefix()
+            tokens = tokens[: params.prompt_logprobs_from]  # a prefix short of P - 1's row
         return self.blocks.find_cached_prefix(tokens, cache_namespace(request))
 
     def _add_chunk(

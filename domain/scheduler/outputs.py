@@ -80,3 +80,6 @@ class RunnerOutput:
     # chunk predicts (positions start+1 .. within the prompt), in order.
     prompt_logprobs: dict[str, list[float]] = field(default_factory=dict)
     prompt_top_logprobs: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    # The same positions' target logprobs and draws (``prompt_target_ids``, ``prompt_samples``).
+    prompt_target_logprobs: dict[str, list[list[float]]] = field(default_factory=dict)
+    prompt_samples: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)

@@ -98,6 +98,8 @@ ENDPOINTS: dict[str, tuple[dict[str, Any], list[Path]]] = {
             "sampling_params": {"max_tokens": 3, "seed": 1},
             "base_model": TINKER_BASE_MODEL,
             "num_samples": 1,
+            "target_prompt_logprobs": {"data": [17, -1, 42, 7], "dtype": "int64", "shape": [2, 2]},
+            "prompt_alt_tokens_k": 2,
         },
         [
             ("prompt",),
@@ -114,6 +116,13 @@ ENDPOINTS: dict[str, tuple[dict[str, Any], list[Path]]] = {
             ("num_samples",),
             ("topk_prompt_logprobs",),
             ("prompt_logprobs",),
+            ("target_prompt_logprobs",),
+            ("target_prompt_logprobs", "data"),
+            ("target_prompt_logprobs", "data", 0),
+            ("target_prompt_logprobs", "shape"),
+            ("target_prompt_logprobs", "shape", 0),
+            ("target_prompt_logprobs", "sparse_crow_indices"),
+            ("prompt_alt_tokens_k",),
         ],
     ),
 }

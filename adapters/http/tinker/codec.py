@@ -8,6 +8,7 @@ refused with ``UnsupportedFeatureError`` naming the field.
 import math
 from array import array
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any, TypeVar
 
 import msgspec
@@ -19,6 +20,7 @@ from domain.training import (
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
+    PromptTable,
     TensorValue,
     TinkerSampleResult,
     TinkerSamplingParams,
@@ -138,6 +140,16 @@ class SamplingParamsIn(_In):
     top_p: float = 1.0
 
 
+class SampleTensorIn(_In):
+    """A sample request's ``TensorData`` (``target_prompt_logprobs``): dense, or sparse CSR."""
+
+    data: list[int | float]
+    dtype: str
+    shape: list[int] | None = None
+    sparse_crow_indices: list[int] | None = None
+    sparse_col_indices: list[int] | None = None
+
+
 class SampleIn(_In):
     prompt: ModelInputIn
     sampling_params: SamplingParamsIn
@@ -149,7 +161,7 @@ class SampleIn(_In):
     prompt_logprobs: bool | None = None
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
-    target_prompt_logprobs: dict[str, Any] | None = None
+    target_prompt_logprobs: SampleTensorIn | None = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
 
@@ -277,14 +289,61 @@ def sample_params(p: SamplingParamsIn, max_tokens: int) -> TinkerSamplingParams:
     )
 
 
-def check_sample_features(body: SampleIn) -> None:
-    unsupported = [
-        ("target_prompt_logprobs", body.target_prompt_logprobs is not None),
-        ("prompt_alt_tokens_k", body.prompt_alt_tokens_k > 0),
-    ]
-    for name, asked in unsupported:
-        if asked:
-            raise UnsupportedFeatureError(f"{name} is not supported by this server")
+def prompt_targets(t: SampleTensorIn | None) -> PromptTable | None:
+    """``target_prompt_logprobs`` as a table: int64 token ids or -1, a 2-D shape, dense
+    values filling it or a well-formed CSR. Its fit to the prompt (rows, K, at least one
+    id) is the sampling controller's to check, the vocabulary the backend's."""
+    if t is None:
+        return None
+    what = "target_prompt_logprobs"
+    if t.dtype != "int64":
+        raise InvalidTrainingRequest(f"{what}: dtype must be int64 (token ids), got {t.dtype!r}")
+    if t.shape is None or len(t.shape) != 2 or min(t.shape) < 0:
+        raise InvalidTrainingRequest(
+            f"{what}: shape must be 2-D, [len(prompt) - 1, K], got {t.shape}"
+        )
+    rows, width = t.shape
+    ids = []
+    for v in t.data:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or not -1 <= v <= _INT32_MAX:
+            raise InvalidTrainingRequest(f"{what}: {v!r} is neither a token id nor -1")
+        ids.append(v)
+    crow, cols = t.sparse_crow_indices, t.sparse_col_indices
+    if crow is None and cols is None:
+        if len(ids) != rows * width:
+            raise InvalidTrainingRequest(
+                f"{what}: shape {t.shape} holds {rows * width} values, got {len(ids)}"
+            )
+        return PromptTable((rows, width), ids)
+    if crow is None or cols is None:
+        raise InvalidTrainingRequest(
+            f"{what}: sparse_crow_indices and sparse_col_indices come together"
+        )
+    _check_csr(crow, cols, (rows, width), len(ids), what)
+    return PromptTable((rows, width), ids, tuple(crow), tuple(cols))
+
+
+def _check_csr(
+    crow: Sequence[int], cols: Sequence[int], shape: tuple[int, int], nnz: int, what: str
+) -> None:
+    """A CSR layout torch would accept: ``rows + 1`` row pointers from 0 to ``nnz``,
+    non-decreasing; ``nnz`` column indices, within the width and increasing in each row."""
+    rows, width = shape
+    if len(crow) != rows + 1 or crow[0] != 0 or crow[-1] != nnz or len(cols) != nnz:
+        raise InvalidTrainingRequest(
+            f"{what}: sparse CSR needs {rows + 1} row pointers from 0 to the {nnz} values, "
+            f"and {nnz} column indices (got {len(crow)} pointers, {len(cols)} columns)"
+        )
+    for r in range(rows):
+        if crow[r] > crow[r + 1]:
+            raise InvalidTrainingRequest(f"{what}: sparse_crow_indices must not decrease")
+        row = cols[crow[r] : crow[r + 1]]
+        if any(not 0 <= c < width for c in row) or any(a >= b for a, b in pairwise(row)):
+            raise InvalidTrainingRequest(
+                f"{what}: row {r}'s sparse_col_indices must increase within 0..{width - 1}"
+            )
 
 
 _TYPECODE = {pb.DTYPE_FLOAT32: ("f", "f"), pb.DTYPE_INT64: ("q", "q"), pb.DTYPE_INT32: ("i", "q")}
@@ -446,7 +505,35 @@ def sample_response_proto(result: TinkerSampleResult) -> bytes:
         msg.prompt_logprobs = _nan_for_none(result.prompt_logprobs).tobytes()
     if result.topk_prompt is not None:
         _topk_proto(msg.topk_prompt_logprobs, result.topk_prompt)
+    if result.target_prompt_logprobs is not None:
+        _table_proto(msg.target_prompt_logprobs, result.target_prompt_logprobs)
+    if result.prompt_alt_tokens is not None:
+        alt = result.prompt_alt_tokens
+        shape = [len(alt.tokens), alt.k]
+        tokens = array("q", [t for row in alt.tokens for t in row])
+        logprobs = array("f", [v for row in alt.logprobs for v in row])
+        _dense_proto(msg.prompt_alt_tokens.tokens, tokens, pb.DTYPE_INT64, shape)
+        _dense_proto(msg.prompt_alt_tokens.logprobs, logprobs, pb.DTYPE_FLOAT32, shape)
     return msg.SerializeToString()
+
+
+def _table_proto(msg: Any, table: PromptTable) -> None:
+    """A float32 table as a ``Tensor``: dense, or sparse CSR as the request's was."""
+    values = array("f", table.values)
+    if table.crow_indices is None or table.col_indices is None:
+        _dense_proto(msg, values, pb.DTYPE_FLOAT32, list(table.shape))
+        return
+    msg.sparse_csr.values = values.tobytes()
+    msg.sparse_csr.crow_indices = array("q", table.crow_indices).tobytes()
+    msg.sparse_csr.col_indices = array("q", table.col_indices).tobytes()
+    msg.dtype = pb.DTYPE_FLOAT32
+    msg.shape.extend(table.shape)
+
+
+def _dense_proto(msg: Any, values: array, dtype: int, shape: list[int]) -> None:
+    msg.dense = values.tobytes()
+    msg.dtype = dtype
+    msg.shape.extend(shape)
 
 
 # The SDK's filler for a position without alternatives (tinker.types.topk_logprobs).
@@ -481,7 +568,40 @@ def sample_response_json(result: TinkerSampleResult) -> dict[str, Any]:
         ],
         "prompt_logprobs": result.prompt_logprobs,
         "topk_prompt_logprobs": result.topk_prompt,
+        **_sample_extras_json(result),
     }
+
+
+def _sample_extras_json(result: TinkerSampleResult) -> dict[str, Any]:
+    """``target_prompt_logprobs`` and ``prompt_alt_tokens`` as ``TensorData`` JSON, when
+    asked."""
+    extras: dict[str, Any] = {}
+    table = result.target_prompt_logprobs
+    if table is not None:
+        extras["target_prompt_logprobs"] = {
+            "data": list(table.values),
+            "dtype": "float32",
+            "shape": list(table.shape),
+        }
+        if table.crow_indices is not None:
+            extras["target_prompt_logprobs"]["sparse_crow_indices"] = list(table.crow_indices)
+            extras["target_prompt_logprobs"]["sparse_col_indices"] = list(table.col_indices or ())
+    alt = result.prompt_alt_tokens
+    if alt is not None:
+        shape = [len(alt.tokens), alt.k]
+        extras["prompt_alt_tokens"] = {
+            "tokens": {
+                "data": [t for r in alt.tokens for t in r],
+                "dtype": "int64",
+                "shape": shape,
+            },
+            "logprobs": {
+                "data": [v for r in alt.logprobs for v in r],
+                "dtype": "float32",
+                "shape": shape,
+            },
+        }
+    return extras
 
 
 def _nan_for_none(values: Sequence[float | None]) -> array:

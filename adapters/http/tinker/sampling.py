@@ -44,7 +44,7 @@ class SamplingRoutes(Controller):
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
         body = codec.decode(await request.body(), codec.SampleIn)
-        codec.check_sample_features(body)
+        targets = codec.prompt_targets(body.target_prompt_logprobs)
         target = service.sample_target(
             tenant,
             sampler_id=body.sampling_session_id,
@@ -63,6 +63,8 @@ class SamplingRoutes(Controller):
             prompt_logprobs_last_n=body.prompt_logprobs_last_n,
             topk_prompt=body.topk_prompt_logprobs,
             topk_sample=body.topk_sample_logprobs,
+            target_prompt=targets,
+            prompt_alt_k=body.prompt_alt_tokens_k,
         )
         return ok(
             {

@@ -15,7 +15,8 @@ With a :class:`LoraServing`, each request may name a LoRA adapter: the step rout
 token (and every logits row) to its request's adapter, so requests on different adapters
 and on the base model share one forward. Requests asking for prompt logprobs get the
 logits of their prompt positions too (log-softmaxed in float32, the next prompt token's
-value gathered).
+value gathered; target ids' logprobs and draws from the same rows:
+:mod:`adapters.torch.runtime.prompt_scores`).
 """
 
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.min_tokens import suppress_stop_tokens
+from adapters.torch.runtime.prompt_scores import PromptScores, ScoredSpan, score_prompts
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from adapters.torch.runtime.structured import GrammarMasks, GrammarMatchers, GrammarStep, joined
 from domain.config import EngineConfig
@@ -104,12 +106,14 @@ class TorchModelRunner:
         scored = [c for c in batch.chunks if _scores_prompt(c)]
         masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None
         with torch.inference_mode(), joined(masks):
-            logits, (prompt_logprobs, prompt_top) = self._forward(singles, prompts, sampled, scored)
+            logits, scores = self._forward(singles, prompts, sampled, scored)
             output = self._sample(sampled, logits, batch.eos_token_ids, masks)
         if self.grammar is not None:
             self.grammar.advance(output.sampled_token_ids)
-        output.prompt_logprobs.update(prompt_logprobs)
-        output.prompt_top_logprobs.update(prompt_top)
+        output.prompt_logprobs.update(scores.logprobs)
+        output.prompt_top_logprobs.update(scores.top)
+        output.prompt_target_logprobs.update(scores.targets)
+        output.prompt_samples.update(scores.samples)
         return output
 
     def release(self, request_ids: Sequence[str]) -> None:
@@ -139,7 +143,7 @@ class TorchModelRunner:
         prompts: list[ScheduledChunk],
         sampled: list[ScheduledChunk],
         scored: list[ScheduledChunk],
-    ) -> tuple[Tensor, "PromptScores"]:
+    ) -> tuple[Tensor, PromptScores]:
         """Logits ``[len(sampled), vocab]`` of one step, and the prompt logprobs of
         ``scored``: the decode rows (if any) and every prompt chunk's tokens run as one flat
         forward (see :class:`PagedBatch`), each reading its KV through its block table."""
@@ -155,19 +159,21 @@ class TorchModelRunner:
             token_adapters.extend([chunk.request.adapter_id] * chunk.num_tokens)
         rows = [first_row[id(c)] + c.num_tokens - 1 for c in sampled]
         targets: list[int] = []
-        spans: list[tuple[str, int, int]] = []  # (request id, rows scored, top-k), after sampled
+        spans: list[ScoredSpan] = []  # the rows scored, after the sampled ones
         for chunk in scored:
-            prompt = chunk.request.prompt_token_ids
+            request = chunk.request
+            prompt = request.prompt_token_ids
             count = min(chunk.num_tokens, len(prompt) - 1 - chunk.start)
             rows.extend(first_row[id(chunk)] + i for i in range(count))
             targets.extend(prompt[chunk.start + 1 : chunk.start + 1 + count])
-            k = chunk.request.sampling_params.prompt_top_logprobs
-            spans.append((chunk.request.request_id, count, k))
+            spans.append(
+                ScoredSpan(request.request_id, chunk.start, count, request.sampling_params)
+            )
         if self.graphs is not None and self._replays(
             rows_in, prompts, sampled, scored, token_adapters
         ):
             tables, positions = [t for t, _ in rows_in], [p for _, p in rows_in]
-            return self.graphs.forward(tokens, tables, positions), ({}, {})
+            return self.graphs.forward(tokens, tables, positions), PromptScores()
         batch = PagedBatch(
             self.cache,
             rows_in,
@@ -183,8 +189,8 @@ class TorchModelRunner:
                 torch.tensor(rows, dtype=torch.long, device=self.device),
             )
         if not spans:
-            return logits, ({}, {})
-        scores = _prompt_logprobs(logits[len(sampled) :], targets, spans)
+            return logits, PromptScores()
+        scores = score_prompts(logits[len(sampled) :], targets, spans)
         return logits[: len(sampled)], scores
 
     def _replays(
@@ -252,36 +258,6 @@ def _scores_prompt(chunk: ScheduledChunk) -> bool:
     that asked for prompt logprobs."""
     request = chunk.request
     return request.sampling_params.prompt_logprobs and chunk.start < request.num_prompt_tokens - 1
-
-
-PromptScores = tuple[dict[str, list[float]], dict[str, list[list[tuple[int, float]]]]]
-
-
-def _prompt_logprobs(
-    logits: Tensor, targets: list[int], spans: list[tuple[str, int, int]]
-) -> PromptScores:
-    """Logprobs of ``targets`` under ``logits`` rows (float32), split per request, and the
-    top-k alternatives of the requests that ask for them."""
-    index = torch.tensor(targets, dtype=torch.long, device=logits.device)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    flat = logprobs.gather(1, index[:, None])[:, 0].tolist()
-    k_max = max(k for _, _, k in spans)
-    top_ids: list[list[int]] = []
-    top_values: list[list[float]] = []
-    if k_max:
-        top = logprobs.topk(k_max, dim=-1)
-        top_ids, top_values = top.indices.tolist(), top.values.tolist()
-    scores, alternatives = {}, {}
-    at = 0
-    for request_id, count, k in spans:
-        scores[request_id] = flat[at : at + count]
-        if k:
-            alternatives[request_id] = [
-                list(zip(top_ids[r][:k], top_values[r][:k], strict=True))
-                for r in range(at, at + count)
-            ]
-        at += count
-    return scores, alternatives
 
 
 def _decode_row(chunk: ScheduledChunk) -> bool:

@@ -234,10 +234,16 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     per row, not V exponentials for an exponential race (~1 ms per 49152-wide row on a CPU),
     and a row's generator advances the same whatever the batch.
     """
+    return draw_from_probs(probs, uniforms[:, None]).squeeze(1)
+
+
+def draw_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """``[B, N]`` int64 ids: N inverse-CDF draws per row of ``[B, V]`` probabilities (as
+    :func:`sample_from_probs`), one per float64 uniform of ``uniforms`` ``[B, N]``."""
     cdf = (probs * _FIXED_POINT).long().cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = torch.minimum((uniforms[:, None] * total).long(), total - 1)
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    target = torch.minimum((uniforms * total).long(), total - 1)
+    return torch.searchsorted(cdf, target, right=True)
 
 
 def _penalize_rows(

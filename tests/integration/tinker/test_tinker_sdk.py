@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tinker
+import torch
 from litestar import Litestar
 from tinker import types
 
@@ -287,7 +288,7 @@ def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceC
     with pytest.raises(tinker.BadRequestError, match="not served"):
         client.create_lora_training_client(base_model="no/such-model", rank=4).result()
     sampler = client.create_sampling_client(base_model=BASE_MODEL).result()
-    for option, value in [("prompt_alt_tokens_k", 3), ("topk_sample_logprobs", 21)]:
+    for option, value in [("prompt_alt_tokens_k", 21), ("topk_sample_logprobs", 21)]:
         with pytest.raises(tinker.BadRequestError, match=option):
             sampler.sample(
                 types.ModelInput.from_ints(SEQ),
@@ -366,3 +367,89 @@ def test_top_k_logprobs_of_samples_and_prompt(client: tinker.ServiceClient) -> N
         ids = [i for i, _ in top]
         if token in ids:
             assert top[ids.index(token)][1] == pytest.approx(lp, abs=1e-4)
+
+
+def test_target_prompt_logprobs_prompt_alt_tokens_and_last_n(
+    client: tinker.ServiceClient,
+) -> None:
+    """Issue 31: the logprobs of chosen ids at prompt positions (dense and sparse, as the
+    cookbook's decisions recipe sends them), k draws at every position, and the last n
+    prompt logprobs with their top-k rows — all from one prefill per call."""
+    tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=10).result()
+    train_steps(tc, [datum(SEQ)], 1)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt, n = types.ModelInput.from_ints(SEQ), len(SEQ) - 1
+    params = types.SamplingParams(max_tokens=1, temperature=1.0, seed=3)
+    ids = torch.full((n, 2), -1, dtype=torch.int64)
+    ids[:, 0] = torch.tensor(SEQ[1:])
+    ids[4, 1] = 11
+    out = sampler.sample(
+        prompt,
+        num_samples=2,
+        sampling_params=params,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
+        target_prompt_logprobs=types.TensorData.from_torch(ids),
+        prompt_alt_tokens_k=4,
+    ).result()
+    scored = out.prompt_logprobs
+    assert scored is not None and out.target_prompt_logprobs is not None
+    target = out.target_prompt_logprobs.to_torch()
+    assert target.shape == (n, 2) and target.dtype == torch.float32
+    assert target[:, 0].tolist() == pytest.approx(scored[1:], abs=1e-5)
+    assert target[4, 1] < 0 and target[[0, 1, 2, 3, 5, 6], 1].tolist() == [0.0] * 6
+
+    # sparse, one position scored (the decisions recipe): the same numbers, the same layout
+    choices = torch.full((n, 3), -1, dtype=torch.int64)
+    choices[4] = torch.tensor([SEQ[5], 11, 300])
+    sparse = types.TensorData.from_torch_sparse(choices, pad_value=-1)
+    assert sparse.sparse_crow_indices is not None
+    decided = sampler.sample(
+        prompt, num_samples=1, sampling_params=params, target_prompt_logprobs=sparse
+    ).result()
+    answer = decided.target_prompt_logprobs
+    assert answer is not None and answer.sparse_crow_indices == sparse.sparse_crow_indices
+    row = answer.to_torch()[4].tolist()
+    assert row[:2] == pytest.approx([scored[5], target[4, 1].item()], abs=1e-5)
+    assert answer.to_torch()[[0, 1, 2, 3, 5, 6]].abs().sum() == 0
+
+    # draws: [n, k] ids and their logprobs, which scoring those ids as targets confirms
+    alt = out.prompt_alt_tokens
+    assert alt is not None
+    tokens, logprobs = alt.tokens.to_torch(), alt.logprobs.to_torch()
+    assert tokens.shape == logprobs.shape == (n, 4) and tokens.dtype == torch.int64
+    top = out.topk_prompt_logprobs
+    assert top is not None
+    for i in range(n):
+        best = top[i + 1]
+        assert best is not None and float(logprobs[i].max()) <= best[0][1] + 1e-5
+    rescored = sampler.sample(
+        prompt,
+        num_samples=1,
+        sampling_params=params,
+        target_prompt_logprobs=types.TensorData.from_torch(tokens),
+        prompt_alt_tokens_k=4,
+    ).result()
+    assert rescored.target_prompt_logprobs is not None and rescored.prompt_alt_tokens is not None
+    assert rescored.target_prompt_logprobs.to_torch().flatten().tolist() == pytest.approx(
+        logprobs.flatten().tolist(), abs=1e-5
+    )
+    # seeded: the same draws again
+    assert rescored.prompt_alt_tokens.tokens.to_torch().tolist() == tokens.tolist()
+
+    last = sampler.sample(
+        prompt,
+        num_samples=1,
+        sampling_params=params,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
+        prompt_logprobs_last_n=3,
+    ).result()
+    assert last.prompt_logprobs is not None and last.topk_prompt_logprobs is not None
+    assert last.prompt_logprobs[:-3] == [None] * (len(SEQ) - 3)
+    assert last.prompt_logprobs[-3:] == pytest.approx(scored[-3:], abs=1e-5)
+    assert last.topk_prompt_logprobs[:-3] == [None] * (len(SEQ) - 3)
+    for got, want in zip(last.topk_prompt_logprobs[-3:], top[-3:], strict=True):
+        assert got is not None and want is not None
+        assert [t for t, _ in got] == [t for t, _ in want]
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-5)
