@@ -173,6 +173,26 @@ class AdamParams:
 
 
 @dataclass(frozen=True, slots=True)
+class DimuonParams:
+    """One Dimuon step (Tinker's ``DimuonParams``, optimizer version 1): momentum EMA
+    ``beta1``, then each LoRA matrix's momentum row/column-preconditioned and orthogonalized;
+    ``grad_clip_norm`` <= 0 turns clipping off."""
+
+    learning_rate: float
+    grad_clip_norm: float = 0.0
+    beta1: float = 0.9
+
+
+# The optimizer a run is created with (Tinker's ``optimizer_config.type``), for its lifetime.
+OptimizerFamily = Literal["adamw", "dimuon"]
+OPTIMIZERS: tuple[OptimizerFamily, ...] = ("adamw", "dimuon")
+
+
+def optimizer_of(params: AdamParams | DimuonParams) -> OptimizerFamily:
+    return "dimuon" if isinstance(params, DimuonParams) else "adamw"
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardBackwardInput:
     """One forward/backward call's batch (Tinker's ``ForwardBackwardInput``): the data and
     the loss over it, ``loss_fn_config`` as given (:func:`loss_config` fills defaults)."""
@@ -333,6 +353,7 @@ class RunRecord:
     last_request_at: float
     user_metadata: dict[str, str] = field(default_factory=dict)
     corrupted: bool = False
+    optimizer: OptimizerFamily = "adamw"
 
 
 @dataclass(slots=True)
@@ -354,6 +375,7 @@ class CheckpointRecord:
     # Which save this is: a new value each time a checkpoint is written (an overwrite or
     # a delete and save again under the name), so links signed for one never serve another.
     version: str = ""
+    optimizer: OptimizerFamily = "adamw"  # the run's: what a training checkpoint's state is of
 
     @property
     def checkpoint_id(self) -> str:
@@ -486,6 +508,24 @@ def check_adam(p: AdamParams) -> None:
             )
 
 
+def check_dimuon(p: DimuonParams) -> None:
+    """Every Dimuon parameter finite and in range (``InvalidTrainingRequest`` names it)."""
+    checks = [
+        (
+            "learning_rate",
+            0 <= p.learning_rate <= MAX_LEARNING_RATE,
+            f"in [0, {MAX_LEARNING_RATE}]",
+        ),
+        ("beta1", 0 <= p.beta1 < 1, "in [0, 1)"),
+        ("grad_clip_norm", math.isfinite(p.grad_clip_norm), "finite (<= 0: off)"),
+    ]
+    for name, ok, why in checks:  # NaN fails every comparison
+        if not ok:
+            raise InvalidTrainingRequest(
+                f"optimizer_params.{name} must be {why}, got {getattr(p, name)}"
+            )
+
+
 def data_tokens(data: Sequence[Datum]) -> int:
     return sum(len(d.tokens) for d in data)
 
@@ -562,9 +602,11 @@ class TrainingBackend(Protocol):
         may run other models' calls (never this model's), from any one thread at a time."""
         ...
 
-    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        """One AdamW step on the accumulated gradients, which it then clears. ``params``
-        are checked (:func:`check_adam`) by the caller."""
+    def optim_step(self, model_id: str, params: AdamParams | DimuonParams) -> dict[str, float]:
+        """One AdamW or Dimuon step (by ``params``' type) on the accumulated gradients,
+        which it then clears. ``params`` are checked (:func:`check_adam`,
+        :func:`check_dimuon`) by the caller, who keeps one family per run; a model whose
+        optimizer state is of the other family raises ``InvalidTrainingRequest``."""
         ...
 
     def save(self, model_id: str, folder: Path, *, optimizer: bool) -> None:

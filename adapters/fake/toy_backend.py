@@ -3,7 +3,8 @@
 The base model is frozen random embeddings ``E`` (vocab x dim) and an unembedding ``W``
 (dim x vocab), seeded: ``logits(next | x) = E[x] @ (W + A @ B)``. An "adapter" is ``A`` (dim x
 rank, seeded) and ``B`` (rank x vocab, zero), so a fresh adapter is the base model — the
-same shape of thing as LoRA. Gradients are computed by hand; AdamW keeps running moments.
+same shape of thing as LoRA. Gradients are computed by hand; AdamW keeps running moments,
+Dimuon a momentum (the LoRA backend's algorithm, in numpy).
 Implements both ports, TrainingBackend and SamplingBackend, instantly, so the whole SDK
 flow is testable in milliseconds. Checkpoints are safetensors files.
 """
@@ -23,11 +24,13 @@ from domain.training import (
     AdamParams,
     BaseModelInfo,
     Datum,
+    DimuonParams,
     ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    OptimizerFamily,
     PromptAltTokens,
     SampledSequence,
     SampleRequest,
@@ -41,6 +44,7 @@ from domain.training import (
     WeightsSource,
     check_data,
     loss_config,
+    optimizer_of,
 )
 
 ADAPTER = "adapter_model.safetensors"
@@ -56,9 +60,10 @@ class _ToyAdapter:
     b: np.ndarray
     grad_a: np.ndarray
     grad_b: np.ndarray
-    m: dict[str, np.ndarray] = field(default_factory=dict)
+    m: dict[str, np.ndarray] = field(default_factory=dict)  # AdamW's or Dimuon's momentum
     v: dict[str, np.ndarray] = field(default_factory=dict)
     step: int = 0
+    family: OptimizerFamily = "adamw"
 
 
 class ToyBackend(TrainingBackend):
@@ -137,9 +142,16 @@ class ToyBackend(TrainingBackend):
                 ad.grad_b += ad.a.T @ grad_w
         return ForwardBackwardResult(outputs, {"loss:sum": float(total)})
 
-    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+    def optim_step(self, model_id: str, params: AdamParams | DimuonParams) -> dict[str, float]:
         with self._lock:
             ad = self._get(model_id)
+            family = optimizer_of(params)
+            if family != ad.family:
+                if ad.step:
+                    raise InvalidTrainingRequest(
+                        f"this model steps with {ad.family}; {family} parameters were given"
+                    )
+                ad.family, ad.m, ad.v = family, {}, {}
             norm = float(np.sqrt((ad.grad_a**2).sum() + (ad.grad_b**2).sum()))
             scale = 1.0
             if params.grad_clip_norm > 0 and norm > params.grad_clip_norm:
@@ -147,6 +159,11 @@ class ToyBackend(TrainingBackend):
             ad.step += 1
             for key, p, g in (("a", ad.a, ad.grad_a), ("b", ad.b, ad.grad_b)):
                 g = g * scale
+                if isinstance(params, DimuonParams):
+                    mu = ad.m.setdefault(key, np.zeros_like(p))
+                    mu[...] = params.beta1 * mu + (1 - params.beta1) * g
+                    p -= params.learning_rate * _dimuon_direction(mu)
+                    continue
                 m = ad.m.setdefault(key, np.zeros_like(p))
                 v = ad.v.setdefault(key, np.zeros_like(p))
                 m[...] = params.beta1 * m + (1 - params.beta1) * g
@@ -168,8 +185,11 @@ class ToyBackend(TrainingBackend):
                 json.dumps({"peft_type": "TOY", "base_model": ad.base, "r": ad.lora.rank})
             )
             if optimizer:
-                state = {f"m.{k}": v for k, v in ad.m.items()}
-                state |= {f"v.{k}": v for k, v in ad.v.items()}
+                if ad.family == "dimuon":
+                    state = {f"mu.{k}": v for k, v in ad.m.items()}
+                else:
+                    state = {f"m.{k}": v for k, v in ad.m.items()}
+                    state |= {f"v.{k}": v for k, v in ad.v.items()}
                 state["step"] = np.array([ad.step], np.int64)
                 save_file(state, str(folder / OPTIMIZER))
 
@@ -184,11 +204,14 @@ class ToyBackend(TrainingBackend):
             ad.grad_a.fill(0)
             ad.grad_b.fill(0)
             if opt is not None:
-                ad.m = {k[2:]: v.copy() for k, v in opt.items() if k.startswith("m.")}
+                dimuon = any(k.startswith("mu.") for k in opt)
+                ad.family = "dimuon" if dimuon else "adamw"
+                prefix = "mu." if dimuon else "m."
+                ad.m = {k[len(prefix) :]: v.copy() for k, v in opt.items() if k.startswith(prefix)}
                 ad.v = {k[2:]: v.copy() for k, v in opt.items() if k.startswith("v.")}
                 ad.step = int(opt["step"][0])
             else:
-                ad.m, ad.v, ad.step = {}, {}, 0
+                ad.m, ad.v, ad.step, ad.family = {}, {}, 0, "adamw"
 
     def release(self, model_id: str) -> None:
         with self._lock:
@@ -354,6 +377,35 @@ def _loss(
         obj = logp * adv - 0.5 * beta * (logp - q) ** 2
         return float(-obj.sum()), -(adv - beta * (logp - q))
     raise InvalidTrainingRequest(f"loss_fn {loss_fn!r} is not supported")
+
+
+# Dimuon's constants, as the LoRA backend's (adapters/torch/lora/dimuon.py documents them).
+_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+_NS_STEPS = 5
+_DAMPING = 0.1
+_EPS = 1e-7
+
+
+def _dimuon_direction(momentum: np.ndarray) -> np.ndarray:
+    """Dimuon's update direction of a momentum matrix, float32: row/column-preconditioned,
+    orthogonalized by Newton–Schulz, Frobenius norm sqrt(min(shape))."""
+    x = momentum.astype(np.float32)
+    x = x / (np.abs(x).max() + np.float32(1e-30))
+    x = x / np.sqrt(np.mean(x * x) + np.float32(1e-30))
+    sq = x * x
+    rows = (sq.mean(axis=1, keepdims=True) + np.float32(_DAMPING)) ** np.float32(-0.25)
+    cols = (sq.mean(axis=0, keepdims=True) + np.float32(_DAMPING)) ** np.float32(-0.25)
+    y = x * rows * cols
+    tall = y.shape[0] > y.shape[1]
+    y = y.T if tall else y
+    y = y / (np.linalg.norm(y) + np.float32(_EPS))
+    a, b, c = (np.float32(v) for v in _NS_COEFFICIENTS)
+    for _ in range(_NS_STEPS):
+        gram = y @ y.T
+        y = a * y + (b * gram + c * gram @ gram) @ y
+    o = y.T if tall else y
+    scale = np.float32(np.sqrt(min(o.shape))) / (np.linalg.norm(o) + np.float32(_EPS))
+    return (o * scale).astype(np.float32)
 
 
 def _logsumexp(x: np.ndarray) -> np.ndarray:

@@ -149,6 +149,7 @@ class CheckpointStore:
                 user_metadata=dict(user_metadata or {}),
                 expires_at=now + ttl_seconds if ttl_seconds else None,
                 version=uuid.uuid4().hex,
+                optimizer=run.optimizer,
             )
             self._storage.commit(scratch, record, overwrite=overwrite)
         except BaseException:

@@ -28,6 +28,7 @@ from domain.training import (
     CheckpointRecord,
     InvalidTrainingRequest,
     LoraSpec,
+    OptimizerFamily,
     RunRecord,
     SamplingBackend,
     TinkerLimits,
@@ -188,11 +189,12 @@ class TinkerService:
         base_model: str,
         lora: LoraSpec,
         user_metadata: Mapping[str, Any] | None,
+        optimizer: OptimizerFamily = "adamw",
     ) -> tuple[Future, str]:
         """A new run in a live session: its future and its model id."""
         self.live_session(owner, session_id)
         future = self.training.create(
-            owner, session_id, model_seq_id, base_model, lora, user_metadata
+            owner, session_id, model_seq_id, base_model, lora, user_metadata, optimizer
         )
         return future, run_id_of(session_id, model_seq_id)
 
@@ -218,11 +220,20 @@ class TinkerService:
         session_id: str | None = None,
         model_seq_id: int | None = None,
         user_metadata: Mapping[str, Any] | None = None,
+        optimizer_config: OptimizerFamily | None = None,
     ) -> tuple[Future, str]:
         """A checkpoint into the live run ``model_id``, or into a new run of a live session
-        (``session_id`` + ``model_seq_id``): the future and the model id."""
+        (``session_id`` + ``model_seq_id``; ``optimizer_config``: its optimizer when the
+        checkpoint's state is not loaded): the future and the model id."""
         if model_id is not None:
-            future = self.training.load(owner, model_id, seq_id, path, optimizer=optimizer)
+            future = self.training.load(
+                owner,
+                model_id,
+                seq_id,
+                path,
+                optimizer=optimizer,
+                optimizer_config=optimizer_config,
+            )
             return future, model_id
         if session_id is None or model_seq_id is None:
             raise InvalidTrainingRequest(
@@ -236,6 +247,7 @@ class TinkerService:
             path,
             optimizer=optimizer,
             user_metadata=user_metadata,
+            optimizer_config=optimizer_config,
         )
         return future, run_id_of(session_id, model_seq_id)
 

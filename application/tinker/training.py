@@ -31,11 +31,13 @@ from domain.training import (
     CheckpointKind,
     CheckpointRecord,
     Datum,
+    DimuonParams,
     ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    OptimizerFamily,
     RetryLaterError,
     RunRecord,
     SequenceConflictError,
@@ -46,10 +48,12 @@ from domain.training import (
     check_adam,
     check_checkpoint_name,
     check_data,
+    check_dimuon,
     data_bytes,
     data_tokens,
     loss_config,
     one_step,
+    optimizer_of,
 )
 
 log = structlog.get_logger(__name__)
@@ -91,6 +95,10 @@ class OptimStepped:
 @dataclass(frozen=True, slots=True)
 class SavedCheckpoint:
     record: CheckpointRecord
+
+
+# The SDK's hyperparameter type of each optimizer family.
+_PARAMS: dict[OptimizerFamily, str] = {"adamw": "AdamParams", "dimuon": "DimuonParams"}
 
 
 def run_id_of(session_id: str, model_seq_id: int) -> str:
@@ -144,12 +152,15 @@ class TrainingController:
         base_model: str,
         lora: LoraSpec,
         user_metadata: Mapping[str, Any] | None,
+        optimizer: OptimizerFamily = "adamw",
     ) -> Future:
-        """A new run (``{session}:train:{n}``) with a fresh adapter; the future's result is
-        the model id."""
+        """A new run (``{session}:train:{n}``) with a fresh adapter, stepping with
+        ``optimizer`` for its lifetime; the future's result is the model id."""
         info = self.base_model(base_model)
         self._check_lora(lora)
-        live = self._new_run(owner, session_id, model_seq_id, info.name, lora, user_metadata)
+        live = self._new_run(
+            owner, session_id, model_seq_id, info.name, lora, user_metadata, optimizer
+        )
         run_id = live.record.run_id
 
         async def work() -> object:
@@ -168,18 +179,26 @@ class TrainingController:
         *,
         optimizer: bool,
         user_metadata: Mapping[str, Any] | None,
+        optimizer_config: OptimizerFamily | None = None,
     ) -> Future:
         """A new run starting from a saved checkpoint (weights, and optimizer state when
-        ``optimizer``); the next request of its client is seq 1."""
+        ``optimizer``: then it steps with the checkpoint's optimizer, else with
+        ``optimizer_config``, AdamW by default); the next request of its client is seq 1."""
         ckpt, folder = self.checkpoints.resolve(owner, path)
         if optimizer and ckpt.kind != "training":
             raise InvalidTrainingRequest(
                 f"{path} is a sampler checkpoint (weights only): optimizer state is only "
                 "saved by save_state"
             )
+        if optimizer and optimizer_config not in (None, ckpt.optimizer):
+            raise InvalidTrainingRequest(
+                f"optimizer_config {optimizer_config!r} cannot override the optimizer state "
+                f"of {path} ({ckpt.optimizer}): leave it out, or load the weights only"
+            )
+        family = ckpt.optimizer if optimizer else optimizer_config or "adamw"
         self._check_lora(ckpt.lora)
         live = self._new_run(
-            owner, session_id, model_seq_id, ckpt.base_model, ckpt.lora, user_metadata
+            owner, session_id, model_seq_id, ckpt.base_model, ckpt.lora, user_metadata, family
         )
         run_id = live.record.run_id
 
@@ -202,6 +221,7 @@ class TrainingController:
         base_model: str,
         lora: LoraSpec,
         user_metadata: Mapping[str, Any] | None,
+        optimizer: OptimizerFamily,
     ) -> _Live:
         run_id = run_id_of(session_id, model_seq_id)
         if run_id in self._live or run_id in self.checkpoints.runs:
@@ -222,6 +242,7 @@ class TrainingController:
             created_at=now,
             last_request_at=now,
             user_metadata={str(k): str(v) for k, v in (user_metadata or {}).items()},
+            optimizer=optimizer,
         )
         self.checkpoints.save_run(record)
         live = _Live(record, _Sequencer(last=-1))
@@ -305,10 +326,22 @@ class TrainingController:
         return future
 
     def optim_step(
-        self, owner: str, model_id: str, seq_id: int | None, params: AdamParams
+        self, owner: str, model_id: str, seq_id: int | None, params: AdamParams | DimuonParams
     ) -> Future:
+        """One step of the run's optimizer: ``params`` must be of its family (AdamParams
+        for AdamW, DimuonParams for Dimuon)."""
         live = self._get(owner, model_id)
-        check_adam(params)
+        family = live.record.optimizer
+        if optimizer_of(params) != family:
+            raise InvalidTrainingRequest(
+                f"training run {model_id!r} was created with the {family} optimizer "
+                f"(optimizer_config type {family!r}): optim_step takes "
+                f"{_PARAMS[family]}, got {_PARAMS[optimizer_of(params)]}"
+            )
+        if isinstance(params, DimuonParams):
+            check_dimuon(params)
+        else:
+            check_adam(params)
 
         async def work() -> OptimStepped:
             steps = one_step(lambda: self.backend.optim_step(model_id, params))
@@ -385,10 +418,24 @@ class TrainingController:
         return self._submit(live, seq_id, "SaveWeightsForSampler", work)
 
     def load(
-        self, owner: str, model_id: str, seq_id: int | None, path: str, *, optimizer: bool
+        self,
+        owner: str,
+        model_id: str,
+        seq_id: int | None,
+        path: str,
+        *,
+        optimizer: bool,
+        optimizer_config: OptimizerFamily | None = None,
     ) -> Future:
-        """``load_state`` into an existing run: its base model and LoRA shape must match."""
+        """``load_state`` into an existing run: its base model and LoRA shape must match, and
+        its optimizer the checkpoint's state's (``optimizer_config``, if given, the run's)."""
         live = self._get(owner, model_id)
+        family = live.record.optimizer
+        if optimizer_config not in (None, family):
+            raise InvalidTrainingRequest(
+                f"optimizer_config {optimizer_config!r}: training run {model_id!r} steps with "
+                f"{family} for its lifetime"
+            )
         ckpt, folder = self.checkpoints.resolve(owner, path)
         if ckpt.base_model != live.record.base_model or ckpt.lora.rank != live.record.lora.rank:
             raise InvalidTrainingRequest(
@@ -397,6 +444,11 @@ class TrainingController:
             )
         if optimizer and ckpt.kind != "training":
             raise InvalidTrainingRequest(f"{path} holds no optimizer state (a sampler checkpoint)")
+        if optimizer and ckpt.optimizer != family:
+            raise InvalidTrainingRequest(
+                f"{path} holds {ckpt.optimizer} optimizer state; training run {model_id!r} "
+                f"steps with {family} (load the weights only, or resume in a new run)"
+            )
 
         async def work() -> object:
             await self._run(

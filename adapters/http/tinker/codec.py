@@ -15,11 +15,14 @@ import msgspec
 
 from adapters.http.tinker import pb
 from domain.training import (
+    OPTIMIZERS,
     AdamParams,
     Datum,
+    DimuonParams,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
+    OptimizerFamily,
     PromptTable,
     TensorValue,
     TinkerSampleResult,
@@ -63,6 +66,7 @@ class LoraConfigIn(_In):
 
 class OptimizerConfigIn(_In):
     type: str = "adamw"
+    version: int | None = None  # Dimuon's (1)
 
 
 class CreateModelIn(_In):
@@ -83,7 +87,8 @@ class OptimStepIn(_In):
     seq_id: int | None = None
     # Decoded as the domain value itself: its fields and defaults are Tinker's AdamParams.
     adam_params: AdamParams | None = None
-    optim_params: AdamParams | None = None
+    # Either family, by ``type`` (the SDK sends DimuonParams as optimizer_params).
+    optim_params: dict[str, Any] | None = None
     optimizer_params: dict[str, Any] | None = None
 
 
@@ -229,18 +234,68 @@ def lora_spec(config: LoraConfigIn | None) -> LoraSpec:
     )
 
 
-def check_optimizer(config: OptimizerConfigIn | None) -> None:
-    if config is not None and config.type != "adamw":
+def check_optimizer(config: OptimizerConfigIn | None) -> OptimizerFamily | None:
+    """The optimizer ``optimizer_config`` names (None: not given): AdamW, or Dimuon
+    version 1."""
+    if config is None:
+        return None
+    if config.type == "adamw":
+        return "adamw"
+    if config.type == "dimuon":
+        if config.version not in (None, 1):
+            raise UnsupportedFeatureError(
+                f"optimizer_config.version {config.version!r} of 'dimuon' is not supported "
+                "(only version 1)"
+            )
+        return "dimuon"
+    supported = ", ".join(repr(name) for name in OPTIMIZERS)
+    raise UnsupportedFeatureError(
+        f"optimizer_config.type {config.type!r} is not supported (supported: {supported})"
+    )
+
+
+def optimizer_config_json(family: OptimizerFamily) -> dict[str, Any]:
+    """The SDK's ``OptimizerConfig`` of a run or checkpoint (get_info, weights_info)."""
+    return {"type": "dimuon", "version": 1} if family == "dimuon" else {"type": "adamw"}
+
+
+_DIMUON_FIELDS = ("learning_rate", "grad_clip_norm", "beta1")
+
+
+def optim_params(body: OptimStepIn) -> AdamParams | DimuonParams:
+    """The step's hyperparameters: ``adam_params``, or ``optim_params`` /
+    ``optimizer_params`` of either family by ``type`` (none: AdamW's defaults)."""
+    if body.adam_params is not None:
+        return body.adam_params
+    given = body.optim_params if body.optim_params is not None else body.optimizer_params
+    if given is None:
+        return AdamParams()
+    what = "optim_params" if body.optim_params is not None else "optimizer_params"
+    kind = given.get("type", "adamw")
+    fields = {k: v for k, v in given.items() if k != "type"}
+    if kind == "adamw":
+        return _convert(fields, AdamParams, what)
+    if kind != "dimuon":
+        supported = ", ".join(repr(name) for name in OPTIMIZERS)
         raise UnsupportedFeatureError(
-            f"optimizer_config.type {config.type!r} is not supported (only 'adamw')"
+            f"{what}.type {kind!r} is not supported (supported: {supported})"
         )
+    unknown = sorted(set(fields) - set(_DIMUON_FIELDS))
+    if unknown:
+        raise UnsupportedFeatureError(
+            f"{what}.{unknown[0]} is not supported (Dimuon version 1 takes "
+            f"{', '.join(_DIMUON_FIELDS)})"
+        )
+    if "learning_rate" not in fields:
+        raise InvalidTrainingRequest(f"{what}.learning_rate is required for Dimuon")
+    return _convert(fields, DimuonParams, what)
 
 
-def adam_params(body: OptimStepIn) -> AdamParams:
-    if body.optimizer_params is not None:
-        kind = body.optimizer_params.get("type")
-        raise UnsupportedFeatureError(f"optimizer {kind!r} is not supported (only AdamW)")
-    return body.adam_params or body.optim_params or AdamParams()
+def _convert(fields: dict[str, Any], schema: type[T], what: str) -> T:
+    try:
+        return msgspec.convert(fields, schema)
+    except msgspec.ValidationError as e:
+        raise InvalidTrainingRequest(f"{what}: {e}") from e
 
 
 def prompt_tokens(model_input: ModelInputIn, what: str = "prompt") -> list[int]:

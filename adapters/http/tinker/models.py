@@ -16,7 +16,7 @@ class ModelRoutes(Controller):
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
         body = codec.decode(await request.body(), codec.CreateModelIn)
-        codec.check_optimizer(body.optimizer_config)
+        optimizer = codec.check_optimizer(body.optimizer_config) or "adamw"
         future, model_id = service.create_model(
             tenant,
             body.session_id,
@@ -24,6 +24,7 @@ class ModelRoutes(Controller):
             body.base_model,
             codec.lora_spec(body.lora_config),
             body.user_metadata,
+            optimizer,
         )
         return accepted(future.id, model_id)
 
@@ -45,6 +46,7 @@ class ModelRoutes(Controller):
                 "is_lora": True,
                 "lora_rank": run.lora.rank,
                 "model_name": run.base_model,
+                "optimizer_config": codec.optimizer_config_json(run.optimizer),
             }
         )
 

@@ -58,6 +58,6 @@ class TrainingRoutes(Controller):
     ) -> Response[bytes]:
         body = codec.decode(await request.body(), codec.OptimStepIn)
         future = service.training.optim_step(
-            tenant, body.model_id, body.seq_id, codec.adam_params(body)
+            tenant, body.model_id, body.seq_id, codec.optim_params(body)
         )
         return accepted(future.id, body.model_id)

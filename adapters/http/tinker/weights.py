@@ -63,7 +63,7 @@ class WeightRoutes(Controller):
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
         body = codec.decode(await request.body(), codec.LoadWeightsIn)
-        codec.check_optimizer(body.optimizer_config)
+        optimizer_config = codec.check_optimizer(body.optimizer_config)
         future, model_id = service.load_weights(
             tenant,
             body.path,
@@ -73,6 +73,7 @@ class WeightRoutes(Controller):
             session_id=body.session_id,
             model_seq_id=body.model_seq_id,
             user_metadata=body.user_metadata,
+            optimizer_config=optimizer_config,
         )
         return accepted(future.id, model_id)
 
@@ -96,5 +97,6 @@ class WeightRoutes(Controller):
                 "train_unembed": record.lora.train_unembed,
                 "train_mlp": record.lora.train_mlp,
                 "train_attn": record.lora.train_attn,
+                "optimizer_config": codec.optimizer_config_json(record.optimizer),
             }
         )

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from adapters.torch.loader import load_model
 from adapters.torch.lora import peft
+from adapters.torch.lora.dimuon import Dimuon
 from adapters.torch.lora.losses import loss_sum
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS, LORA_ALPHA, read_lora_spec
 from adapters.torch.models.config import ModelConfig
@@ -43,15 +44,18 @@ from domain.training import (
     AdamParams,
     BaseModelInfo,
     Datum,
+    DimuonParams,
     ForwardBackwardInput,
     ForwardBackwardResult,
     InvalidTrainingRequest,
     LoraSpec,
     NotFoundError,
+    OptimizerFamily,
     Steps,
     TensorValue,
     TrainingBackend,
     loss_config,
+    optimizer_of,
 )
 
 OPTIMIZER_STATE = "optimizer.safetensors"
@@ -139,7 +143,8 @@ class _Base:
 
 
 class _TrainedAdapter:
-    """One model id's trainable weights (PEFT name -> (A, B)) and its AdamW state."""
+    """One model id's trainable weights (PEFT name -> (A, B)) and its optimizer (AdamW or
+    Dimuon) state."""
 
     def __init__(self, base: _Base, spec: LoraSpec) -> None:
         self.base, self.spec = base, spec
@@ -168,8 +173,35 @@ class _TrainedAdapter:
     def params(self) -> list[Tensor]:
         return [t for pair in self.weights.values() for t in pair]
 
-    def new_optimizer(self) -> torch.optim.AdamW:
-        return torch.optim.AdamW(self.params)
+    def new_optimizer(self, family: OptimizerFamily = "adamw") -> torch.optim.Optimizer:
+        return Dimuon(self.params) if family == "dimuon" else torch.optim.AdamW(self.params)
+
+    @property
+    def family(self) -> OptimizerFamily:
+        return "dimuon" if isinstance(self.optimizer, Dimuon) else "adamw"
+
+    def optimizer_for(self, params: AdamParams | DimuonParams) -> torch.optim.Optimizer:
+        """The optimizer of ``params``' family with their hyperparameters: a new one where
+        the current one is of the other family and has no state yet."""
+        family = optimizer_of(params)
+        if family != self.family:
+            if self.optimizer.state:
+                raise InvalidTrainingRequest(
+                    f"this model steps with {self.family} (its optimizer state is of it); "
+                    f"{family} parameters were given"
+                )
+            self.optimizer = self.new_optimizer(family)
+        for group in self.optimizer.param_groups:
+            if isinstance(params, DimuonParams):
+                group.update(lr=params.learning_rate, beta1=params.beta1)
+            else:
+                group.update(
+                    lr=params.learning_rate,
+                    betas=(params.beta1, params.beta2),
+                    eps=params.eps,
+                    weight_decay=params.weight_decay,
+                )
+        return self.optimizer
 
     def state_dict(self) -> dict[str, Tensor]:
         """PEFT's ``adapter_model.safetensors`` content."""
@@ -266,9 +298,10 @@ class LoraTrainingBackend(TrainingBackend):
         outputs = [{"logprobs": _tensor_value(lp)} for lp in logprobs]
         return ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": total})
 
-    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+    def optim_step(self, model_id: str, params: AdamParams | DimuonParams) -> dict[str, float]:
         with self._lock:
             adapter = self._adapter(model_id)
+            optimizer = adapter.optimizer_for(params)
             for p in adapter.params:
                 if p.grad is None:  # no forward_backward since the last step: a zero gradient
                     p.grad = torch.zeros_like(p)
@@ -276,15 +309,8 @@ class LoraTrainingBackend(TrainingBackend):
             norm = torch.nn.utils.get_total_norm(grads)
             if params.grad_clip_norm > 0:
                 torch.nn.utils.clip_grads_with_norm_(adapter.params, params.grad_clip_norm, norm)
-            for group in adapter.optimizer.param_groups:
-                group.update(
-                    lr=params.learning_rate,
-                    betas=(params.beta1, params.beta2),
-                    eps=params.eps,
-                    weight_decay=params.weight_decay,
-                )
-            adapter.optimizer.step()
-            adapter.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return {"grad_norm:mean": float(norm), "learning_rate:mean": params.learning_rate}
 
     def save(self, model_id: str, folder: Path, *, optimizer: bool) -> None:
@@ -517,11 +543,24 @@ def _tensor_value(values: Tensor) -> TensorValue:
 # --- optimizer --------------------------------------------------------------------------
 
 
+# The optimizer state file's tensors per LoRA tensor, by family (and the torch state keys).
+_STATE_KEYS: dict[OptimizerFamily, tuple[str, ...]] = {
+    "adamw": ("exp_avg", "exp_avg_sq"),
+    "dimuon": ("momentum_buffer",),
+}
+
+
 def _optimizer_state(adapter: _TrainedAdapter) -> dict[str, Tensor]:
-    """AdamW moments and step per LoRA tensor, keyed like the adapter's PEFT weights."""
+    """The optimizer's state per LoRA tensor, keyed like the adapter's PEFT weights: AdamW's
+    moments or Dimuon's momentum, and the step count."""
     state: dict[str, Tensor] = {}
     for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
         s = adapter.optimizer.state.get(p, {})
+        if adapter.family == "dimuon":
+            for name in _STATE_KEYS["dimuon"]:
+                state[f"{key}.{name}"] = s.get(name, torch.zeros_like(p)).detach().cpu().clone()
+            state[f"{key}.step"] = torch.tensor([float(s.get("step", 0.0))], dtype=torch.float32)
+            continue
         state[f"{key}.exp_avg"] = s.get("exp_avg", torch.zeros_like(p)).detach().cpu().clone()
         state[f"{key}.exp_avg_sq"] = s.get("exp_avg_sq", torch.zeros_like(p)).detach().cpu().clone()
         state[f"{key}.step"] = torch.tensor([float(s.get("step", 0.0))], dtype=torch.float32)
@@ -529,17 +568,19 @@ def _optimizer_state(adapter: _TrainedAdapter) -> dict[str, Tensor]:
 
 
 def _load_optimizer(adapter: _TrainedAdapter, tensors: dict[str, Tensor], folder: Path) -> None:
+    """The saved state into a new optimizer of its family (Dimuon's file has momenta)."""
+    dimuon = any(k.endswith(".momentum_buffer") for k in tensors)
+    family: OptimizerFamily = "dimuon" if dimuon else "adamw"
+    names = _STATE_KEYS[family]
     expected: dict[str, Tensor] = {}
     for key, p in zip(adapter.state_dict(), adapter.params, strict=True):
-        expected |= {f"{key}.exp_avg": p, f"{key}.exp_avg_sq": p, f"{key}.step": torch.zeros(1)}
+        expected |= {f"{key}.{name}": p for name in names} | {f"{key}.step": torch.zeros(1)}
     state = _checked_state(tensors, expected, folder / OPTIMIZER_STATE)
+    adapter.optimizer = adapter.new_optimizer(family)
     saved = adapter.optimizer.state_dict()
     saved["state"] = {
-        i: {
-            "step": state[f"{key}.step"][0].clone(),
-            "exp_avg": state[f"{key}.exp_avg"],
-            "exp_avg_sq": state[f"{key}.exp_avg_sq"],
-        }
+        i: {"step": state[f"{key}.step"][0].clone()}
+        | {name: state[f"{key}.{name}"] for name in names}
         for i, key in enumerate(adapter.state_dict())
     }
     adapter.optimizer.load_state_dict(saved)
