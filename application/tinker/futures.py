@@ -35,6 +35,12 @@ class Future:
     tokens: int = 0
     run_id: str | None = None
     session_id: str | None = None
+    # Called with the result when it comes, before anyone waiting is told.
+    on_result: list[Callable[[object], None]] = field(default_factory=list)
+    # Called with the future once it has finished, resolved or failed.
+    on_done: list[Callable[["Future"], None]] = field(default_factory=list)
+    task: "asyncio.Task[None] | None" = None  # the work of a future started by ``run``
+    cancelled: bool = False  # cancelled by its client (``FutureStore.cancel``)
 
     @property
     def finished(self) -> bool:
@@ -77,6 +83,7 @@ class FutureStore:
         """A future resolved by ``work()``, started now as a task."""
         future = self.create(owner, kind)
         task = asyncio.get_running_loop().create_task(self.settle(future, work))
+        future.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return future
@@ -91,7 +98,8 @@ class FutureStore:
             # a released run's adapter) for as long as the future is kept.
             self.fail(future, _bare(e))
         except asyncio.CancelledError:
-            self.fail(future, BackendFailure("the server shut down before this finished"))
+            if not future.cancelled:
+                self.fail(future, BackendFailure("the server shut down before this finished"))
             raise
         except Exception:
             # The details (exception text, file paths) go to the log, not to the client.
@@ -126,12 +134,52 @@ class FutureStore:
     def resolve(self, future: Future, result: object) -> None:
         if not future.finished:
             future.result, future.done_at = result, self._clock()
+            for callback in future.on_result:
+                try:
+                    callback(result)
+                except Exception:  # a hook's failure is logged, the result still served
+                    log.exception("tinker_result_hook_failed", request_id=future.id)
+            future.on_result.clear()
             future.done.set()
+            self._done(future)
 
     def fail(self, future: Future, error: TrainingError) -> None:
         if not future.finished:
             future.error, future.done_at = error, self._clock()
             future.done.set()
+            self._done(future)
+
+    def _done(self, future: Future) -> None:
+        callbacks, future.on_done = future.on_done, []
+        future.task = None  # done with the work: the task is not kept alive by the future
+        for callback in callbacks:
+            try:
+                callback(future)
+            except Exception:  # a hook's failure is logged, the outcome still served
+                log.exception("tinker_done_hook_failed", request_id=future.id)
+
+    def cancel(self, future: Future) -> bool:
+        """Stop ``future``'s work (its task is cancelled: engine requests aborted, slots
+        and adapters released as the work unwinds) and fail it as cancelled; False when it
+        had already finished."""
+        if future.finished:
+            return False
+        future.cancelled = True
+        task = future.task
+        # Failed first: a task cancelled before it started never runs ``settle``.
+        self.fail(future, CancelledByClient(f"request {future.id} was cancelled by its client"))
+        if task is not None:
+            task.cancel()
+        return True
+
+    def forget(self, owner: str, request_id: str) -> bool:
+        """Drop a finished future of ``owner`` now (its client has its result), instead
+        of ``ttl_s`` after it finished; False when unknown, another's, or not finished."""
+        future = self._futures.get(request_id)
+        if future is None or future.owner != owner or not future.finished:
+            return False
+        del self._futures[request_id]
+        return True
 
     def get(self, owner: str, request_id: str) -> Future:
         future = self._futures.get(request_id)
@@ -160,6 +208,10 @@ class FutureStore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class CancelledByClient(TrainingError):
+    """The client cancelled the request (``cancel_future``) before it finished."""
 
 
 def _bare(error: TrainingError) -> TrainingError:

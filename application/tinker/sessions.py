@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from domain.training import NotFoundError, SessionClosedError
+from domain.training import InvalidTrainingRequest, NotFoundError, SessionClosedError
 
 log = structlog.get_logger(__name__)
 
@@ -29,6 +29,9 @@ class Session:
     sdk_version: str | None = None
     ended: str | None = None  # "finished" | "expired" | "stopped"
     ended_at: float | None = None  # monotonic
+    project_id: str | None = None  # None: the default project
+    finish_reason: str | None = None  # the client's, when it finished the session
+    finish_detail: str | None = None
 
 
 class SessionManager:
@@ -56,7 +59,10 @@ class SessionManager:
         user_metadata: dict[str, str] | None = None,
         display_name: str | None = None,
         sdk_version: str | None = None,
+        project_id: str | None = None,
     ) -> Session:
+        if project_id is not None:
+            check_project_id(project_id)
         now = self._clock()
         session = Session(
             id=f"{self._prefix}{uuid.uuid4().hex[:12]}",
@@ -67,6 +73,7 @@ class SessionManager:
             user_metadata=dict(user_metadata or {}),
             display_name=display_name,
             sdk_version=sdk_version,
+            project_id=project_id,
         )
         self._sessions[session.id] = session
         log.info("tinker_session_created", session_id=session.id, sdk_version=sdk_version)
@@ -91,11 +98,28 @@ class SessionManager:
         session.last_heartbeat = self._clock()
         return session
 
-    def finish(self, owner: str, session_id: str) -> Session:
+    def finish(
+        self,
+        owner: str,
+        session_id: str,
+        *,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> Session:
+        """End the session as its client asked (``reason``: success, errored, interrupted);
+        the first finish wins."""
         session = self.get(owner, session_id)
         if session.ended is None:
+            session.finish_reason, session.finish_detail = reason, detail
             self.end(session, "finished")
             log.info("tinker_session_finished", session_id=session_id)
+        return session
+
+    def set_project(self, owner: str, session_id: str, project_id: str) -> Session:
+        """Move the caller's session (ended or not) into ``project_id``."""
+        check_project_id(project_id)
+        session = self.get(owner, session_id)
+        session.project_id = project_id
         return session
 
     def end(self, session: Session, why: str) -> None:
@@ -128,8 +152,25 @@ class SessionManager:
             )
         return stale
 
+    def known(self, session_id: str) -> bool:
+        """Whether ``session_id`` is still kept (live, or ended and not yet forgotten)."""
+        return session_id in self._sessions
+
     def all(self) -> list[Session]:
         return list(self._sessions.values())
 
     def owned_by(self, owner: str) -> list[Session]:
         return [s for s in self._sessions.values() if s.owner == owner]
+
+
+MAX_PROJECT_ID = 128
+
+
+def check_project_id(project_id: str) -> None:
+    """A project id: 1 to ``MAX_PROJECT_ID`` printable characters, no surrounding space."""
+    if not project_id or len(project_id) > MAX_PROJECT_ID:
+        raise InvalidTrainingRequest(f"project_id must be 1 to {MAX_PROJECT_ID} characters")
+    if not project_id.isprintable() or project_id.strip() != project_id:
+        raise InvalidTrainingRequest(
+            "project_id must be printable, without leading or trailing spaces"
+        )
