@@ -11,9 +11,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from domain.errors import InferError
+
+if TYPE_CHECKING:
+    from domain.custom_loss import CustomLoss
 
 TensorDtype = Literal["float32", "int64"]
 LossFn = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
@@ -24,6 +27,7 @@ LOSS_FNS: tuple[str, ...] = (
     "cispo",
     "dro",
     "gspo",
+    "custom",  # a loss the client stored with create_custom_loss (domain/custom_loss.py)
 )
 # Inputs each loss reads besides ``target_tokens`` (Tinker's loss_fn_inputs keys).
 LOSS_INPUTS: Mapping[str, tuple[str, ...]] = {
@@ -34,6 +38,8 @@ LOSS_INPUTS: Mapping[str, tuple[str, ...]] = {
     "dro": ("target_tokens", "logprobs", "advantages"),
     # GSPO-token: one ratio per datum, over the positions sequence_ratio_mask marks.
     "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
+    # custom: the stored loss names the rest (domain.custom_loss.check_custom_data)
+    "custom": ("target_tokens",),
 }
 # Each loss's ``loss_fn_config`` keys and defaults (Tinker's). As in Tinker's documentation,
 # ``clip_low_threshold`` / ``clip_high_threshold`` bound the ratio itself
@@ -47,6 +53,7 @@ LOSS_CONFIG_DEFAULTS: Mapping[str, Mapping[str, float]] = {
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
     "dro": {"beta": 0.05},
     "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "custom": {},  # its loss_id is resolved before the backend sees the batch
 }
 CheckpointKind = Literal["training", "sampler", "external"]
 
@@ -195,11 +202,13 @@ def optimizer_of(params: AdamParams | DimuonParams) -> OptimizerFamily:
 @dataclass(frozen=True, slots=True)
 class ForwardBackwardInput:
     """One forward/backward call's batch (Tinker's ``ForwardBackwardInput``): the data and
-    the loss over it, ``loss_fn_config`` as given (:func:`loss_config` fills defaults)."""
+    the loss over it, ``loss_fn_config`` as given (:func:`loss_config` fills defaults);
+    ``custom_loss``: for loss_fn ``custom``, the stored loss its ``loss_id`` names."""
 
     data: Sequence[Datum]
     loss_fn: str
     loss_fn_config: Mapping[str, float] = field(default_factory=dict)
+    custom_loss: "CustomLoss | None" = None
 
 
 @dataclass(frozen=True, slots=True)

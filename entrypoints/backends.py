@@ -41,6 +41,7 @@ from adapters.fake.tokenizer import ByteTokenizer
 from adapters.grammar import LLGuidanceCompiler, RequestMatchers
 from adapters.grammar.factory import byte_grammar, tokenizer_json_grammar
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
+from adapters.torch.custom_loss import custom_loss_gradient
 from adapters.torch.factory import (
     build_embeddings,
     build_engine_config,
@@ -203,7 +204,10 @@ class ToyTraining(containers.DeclarativeContainer):
     model = providers.DependenciesContainer()
     engine = providers.Dependency(instance_of=AsyncEngine)
     backend = providers.Singleton(
-        build_toy_backend, model.served_names, model.engine_config.provided.max_seq_len
+        build_toy_backend,
+        model.served_names,
+        model.engine_config.provided.max_seq_len,
+        providers.Object(custom_loss_gradient),
     )
     sampler = backend
 

@@ -6,11 +6,17 @@ from collections.abc import Sequence
 from adapters.fake.embedder import FakeEmbedder
 from adapters.fake.toy_backend import ToyBackend
 from application.embeddings import EmbeddingLimits, EmbeddingService
+from domain.custom_loss import CustomLossGradient
 
 
-def build_toy_backend(names: Sequence[str], max_context: int) -> ToyBackend:
-    """The numpy bigram backend under the served names (no model loaded)."""
-    return ToyBackend(names[0], aliases=tuple(names[1:]), max_context=max_context)
+def build_toy_backend(
+    names: Sequence[str], max_context: int, custom_loss: CustomLossGradient | None = None
+) -> ToyBackend:
+    """The numpy bigram backend under the served names (no model loaded); ``custom_loss``
+    runs stored custom losses."""
+    return ToyBackend(
+        names[0], aliases=tuple(names[1:]), max_context=max_context, custom_loss=custom_loss
+    )
 
 
 def build_fake_embeddings(spec: str | None, limits: EmbeddingLimits) -> EmbeddingService | None:

@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from domain.custom_loss import CustomLossGradient, reduce_metrics
 from domain.training import (
     LOSS_INPUTS,
     AdamParams,
@@ -79,13 +80,16 @@ class ToyBackend(TrainingBackend):
         aliases: Sequence[str] = (),
         tokenizer_id: str = "",
         decode: Callable[[Sequence[int]], str] | None = None,
+        custom_loss: CustomLossGradient | None = None,
     ) -> None:
+        """``custom_loss``: runs stored custom losses (loss_fn ``custom``; None: refused)."""
         rng = np.random.default_rng(seed)
         self._info = BaseModelInfo(name, max_context, "toy", tokenizer_id, tuple(aliases))
         self.vocab_size, self.dim, self.eos = vocab_size, dim, eos_token_id
         self._embed = rng.standard_normal((vocab_size, dim)).astype(np.float32)
         self._unembed = (rng.standard_normal((dim, vocab_size)) / np.sqrt(dim)).astype(np.float32)
         self._decode = decode
+        self._custom_loss = custom_loss
         self._adapters: dict[str, _ToyAdapter] = {}
         self._lock = threading.Lock()
 
@@ -111,6 +115,10 @@ class ToyBackend(TrainingBackend):
         """One datum per piece (the gradient is added to the adapter's at the end)."""
         data, loss_fn, loss_fn_config = batch.data, batch.loss_fn, batch.loss_fn_config
         check_data(data, loss_fn)  # inputs present, one value per input position
+        custom, run_custom = batch.custom_loss, self._custom_loss
+        if custom is not None and run_custom is None:
+            raise UnsupportedFeatureError("custom losses: this backend has no custom-loss runner")
+        metric_sums: dict[str, float] = {}  # a custom loss's metrics, summed over data
         outputs: list[dict[str, TensorValue]] = []
         total = 0.0
         grad_w: np.ndarray | None = None
@@ -127,7 +135,13 @@ class ToyBackend(TrainingBackend):
                 logits = h @ w
                 logp_all = logits - _logsumexp(logits)
                 logp = logp_all[np.arange(len(y)), y]
-                loss, g = _loss(loss_fn, logp, inputs, loss_fn_config)
+                if custom is not None and run_custom is not None:
+                    loss, grad, metrics = run_custom(custom, logp.tolist(), datum, i)
+                    g = np.asarray(grad, np.float32)
+                    for key, value in metrics.items():
+                        metric_sums[key] = metric_sums.get(key, 0.0) + value
+                else:
+                    loss, g = _loss(loss_fn, logp, inputs, loss_fn_config)
                 total += loss
                 outputs.append({"logprobs": TensorValue.floats(logp.astype(np.float32).tolist())})
                 if backward:
@@ -140,7 +154,8 @@ class ToyBackend(TrainingBackend):
                 ad = self._get(model_id)
                 ad.grad_a += grad_w @ ad.b.T
                 ad.grad_b += ad.a.T @ grad_w
-        return ForwardBackwardResult(outputs, {"loss:sum": float(total)})
+        metrics = {"loss:sum": float(total), **reduce_metrics(metric_sums, len(data))}
+        return ForwardBackwardResult(outputs, metrics)
 
     def optim_step(self, model_id: str, params: AdamParams | DimuonParams) -> dict[str, float]:
         with self._lock:

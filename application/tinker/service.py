@@ -9,19 +9,21 @@ another tenant's session, run, sampler, checkpoint or future is a ``NotFoundErro
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.custom_losses import CustomLossCreated, CustomLossStore
 from application.tinker.downloads import CheckpointDownloads, DownloadableStorage
 from application.tinker.fair import FairScheduler
 from application.tinker.futures import Future, FutureStore
 from application.tinker.sampling import SamplerReady, SamplerRecord, SamplingController
 from application.tinker.sessions import Session, SessionManager
 from application.tinker.training import ModelReady, TrainingController, run_id_of
+from domain.custom_loss import RawNode, parse_custom_loss
 from domain.observer import TrainingObserver
 from domain.training import (
     BaseModelInfo,
@@ -99,8 +101,14 @@ class TinkerService:
         self.checkpoints = CheckpointStore(storage)
         self.downloads = CheckpointDownloads(self.checkpoints, storage)
         self.scheduler = FairScheduler()
+        self.custom_losses = CustomLossStore()
         self.training = TrainingController(
-            backend, self.checkpoints, self.futures, limits=self.limits, scheduler=self.scheduler
+            backend,
+            self.checkpoints,
+            self.futures,
+            limits=self.limits,
+            scheduler=self.scheduler,
+            custom_losses=self.custom_losses,
         )
         self.sampling = SamplingController(
             sampler, self.training, self.checkpoints, self.futures, discard_folder=storage.discard
@@ -178,6 +186,29 @@ class TinkerService:
         self.sessions.end(session, why)
         self.training.end_session(session.id, why)
         self.sampling.end_session(session.id)
+        self.custom_losses.end_session(session.id)
+
+    # --- custom losses ----------------------------------------------------------------
+
+    def create_custom_loss(
+        self,
+        owner: str,
+        session_id: str,
+        seq_id: int,
+        name: str,
+        inputs: Sequence[tuple[str, int]],
+        nodes: Sequence[RawNode],
+        graph_format: int = 1,
+    ) -> Future:
+        """Check and store a traced loss for a live session (``parse_custom_loss``); a
+        resolved future of its :class:`CustomLossCreated`."""
+        self.live_session(owner, session_id)
+        loss = parse_custom_loss(name, inputs, nodes, graph_format)
+        loss_id = self.custom_losses.create(owner, session_id, seq_id, loss)
+        future = self.futures.create(owner, "CreateCustomLoss")
+        future.session_id = session_id
+        self.futures.resolve(future, CustomLossCreated(loss_id))
+        return future
 
     # --- training runs ----------------------------------------------------------------
 

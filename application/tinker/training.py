@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 import structlog
 
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.custom_losses import CustomLossStore
 from application.tinker.fair import FairScheduler
 from application.tinker.futures import Future, FutureStore
+from domain.custom_loss import check_custom_data, split_loss_config
 from domain.training import (
     AdamParams,
     BaseModelInfo,
@@ -117,8 +119,11 @@ class TrainingController:
         scheduler: FairScheduler | None = None,
         max_seen: int = 4096,
         wall_clock: Callable[[], float] = time.time,
+        custom_losses: CustomLossStore | None = None,
     ) -> None:
+        """``custom_losses``: the stored losses loss_fn ``custom`` runs."""
         self.backend = backend
+        self.custom_losses = custom_losses if custom_losses is not None else CustomLossStore()
         self.checkpoints = checkpoints
         self.futures = futures
         self.limits = limits or TinkerLimits()
@@ -301,13 +306,19 @@ class TrainingController:
         seq_id: int | None,
         data: Sequence[Datum],
         loss_fn: str,
-        loss_fn_config: Mapping[str, float],
+        loss_fn_config: Mapping[str, float | str],
         *,
         forward_only: bool,
     ) -> Future:
         live = self._get(owner, model_id)
+        numbers, loss_id = split_loss_config(loss_fn, loss_fn_config)
+        custom = None
+        if loss_id is not None:  # loss_fn custom: a loss this run's session stored
+            custom = self.custom_losses.get(owner, live.record.session_id, loss_id)
         check_data(data, loss_fn)
-        config = loss_config(loss_fn, loss_fn_config)
+        if custom is not None:
+            check_custom_data(data, custom)
+        config = loss_config(loss_fn, numbers)
         tokens = data_tokens(data)
         if tokens > self.limits.max_tokens_per_request:
             raise InvalidTrainingRequest(
@@ -316,7 +327,7 @@ class TrainingController:
             )
 
         async def work() -> ForwardBackwardResult:
-            batch = ForwardBackwardInput(data, loss_fn, config)
+            batch = ForwardBackwardInput(data, loss_fn, config, custom_loss=custom)
             steps = self.backend.forward_backward_steps(model_id, batch, backward=not forward_only)
             return await self._run(live, steps)
 

@@ -48,7 +48,6 @@ NOT_SERVED: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/retrieve_futures"): "flag-gated (sample_use_retrieve_futures), off here",
     ("POST", "/api/v1/join_sampling_session"): "flag-gated in client/config, off here",
     ("POST", "/api/v1/cancel_future"): "flag-gated in client/config, off here",
-    ("POST", "/api/v1/create_custom_loss"): "flag-gated (server-side custom losses), off here",
     ("POST", "/api/v1/auth/token"): "flag-gated (pjwt_auth_enabled), off here",
     ("POST", "/api/v1/client/dynamic_config"): "contract: may 404, the client uses defaults",
     ("GET", "/api/v1/audit"): "AdminClient: no audit log on this server",

@@ -11,6 +11,7 @@ from litestar import Litestar
 from adapters.fake.toy_backend import ToyBackend
 from adapters.http.tinker import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
+from adapters.torch.custom_loss import custom_loss_gradient
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
@@ -38,7 +39,7 @@ def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEn
 
 
 def toy_service(root: Path, **kwargs: object) -> TinkerService:
-    backend = ToyBackend(BASE_MODEL, aliases=("Qwen/Qwen3-toy",))
+    backend = ToyBackend(BASE_MODEL, aliases=("Qwen/Qwen3-toy",), custom_loss=custom_loss_gradient)
     return TinkerService(backend, backend, FileCheckpointStorage(root), **kwargs)  # type: ignore[arg-type]
 
 

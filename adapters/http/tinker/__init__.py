@@ -1,8 +1,8 @@
 """The Tinker API (``/api/v1/...``) for the stock ``tinker`` SDK, over a TinkerService.
 
 One controller per resource (``server``, ``sessions``, ``models``, ``training``,
-``weights``, ``sampling``, ``futures``, ``runs``); handlers only translate between the
-wire (``codec``, ``replies``) and the service. Keys arrive in ``X-API-Key`` (or
+``weights``, ``sampling``, ``futures``, ``runs``, ``custom_losses``); handlers only translate
+between the wire (``codec``, ``replies``) and the service. Keys arrive in ``X-API-Key`` (or
 ``Authorization: Bearer``); the :class:`~adapters.http.auth.ApiKeyGuard` gives handlers the
 caller's ``tenant``, and every session, run, sampler and checkpoint belongs to the tenant
 that made it (another gets 404). Errors: ``errors.TINKER_ERRORS``.
@@ -17,6 +17,7 @@ from litestar.exceptions import HTTPException
 from adapters.http.auth import TENANT, ApiKeyGuard
 from adapters.http.errors import HTTPError
 from adapters.http.request_state import constants
+from adapters.http.tinker.custom_losses import CustomLossRoutes
 from adapters.http.tinker.errors import forbidden_key, refused_key, tinker_error_response
 from adapters.http.tinker.futures import FutureRoutes
 from adapters.http.tinker.models import ModelRoutes
@@ -62,6 +63,8 @@ def tinker_router(
     # this many estimated bytes never hold more tokens than one request may.
     sdk_config: dict[str, Any] = {
         "fwdbwd_max_chunk_bytes_count": 4 * service.limits.max_tokens_per_request,
+        # create_custom_loss uploads traced losses, which forward_backward runs here
+        "custom_loss_server_side": True,
         **(client_config or {}),
     }
     guard = tinker_guard(api_keys, access)
@@ -76,6 +79,7 @@ def tinker_router(
             SamplingRoutes,
             FutureRoutes,
             RunRoutes,
+            CustomLossRoutes,
         ],
         dependencies={
             **constants({"service": service, "sdk_config": sdk_config, "api_keys": guard}),

@@ -198,7 +198,7 @@ class DatumIn(_In):
 class ForwardBackwardInputIn(_In):
     data: list[DatumIn]
     loss_fn: str
-    loss_fn_config: dict[str, float] | None = None
+    loss_fn_config: dict[str, float | str] | None = None  # text: a custom loss's loss_id
 
 
 class ForwardBackwardIn(_In):
@@ -419,17 +419,16 @@ def _frombytes(typecode: str, raw: bytes, what: str) -> array:
 
 def forward_backward_proto(
     body: bytes,
-) -> tuple[str, int | None, list[Datum], str, dict[str, float], bool]:
+) -> tuple[str, int | None, list[Datum], str, dict[str, float | str], bool]:
     """(model_id, seq_id, data, loss_fn, loss_fn_config, forward_only) of a protobuf body."""
     try:
         msg = pb.ForwardBackwardRequest.FromString(body)
     except Exception as e:
         raise InvalidTrainingRequest(f"forward_backward body is not a valid protobuf: {e}") from e
-    config: dict[str, float] = {k: float(v) for k, v in msg.loss_fn_config.items()}
-    for key, value in msg.loss_fn_config_v2.items():
-        if value.WhichOneof("value") == "text":
-            raise UnsupportedFeatureError(f"loss_fn_config[{key!r}]: text values are not supported")
-        config[key] = float(value.number)
+    config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
+    for key, value in msg.loss_fn_config_v2.items():  # v2 wins; text: a custom loss's loss_id
+        is_text = value.WhichOneof("value") == "text"
+        config[key] = value.text if is_text else float(value.number)
     data = []
     for i, d in enumerate(msg.data):
         tokens = array("i")

@@ -8,6 +8,7 @@ import msgspec
 from litestar import Request, Response
 
 from adapters.http.tinker import codec
+from application.tinker.custom_losses import CustomLossCreated
 from application.tinker.sampling import SamplerReady
 from application.tinker.service import RunSummary
 from application.tinker.training import ModelReady, OptimStepped, SavedCheckpoint
@@ -89,6 +90,8 @@ def result_json(kind: str, result: object) -> dict[str, Any]:
         }
     if isinstance(result, SamplerReady):
         return {"type": "save_weights_for_sampler", "sampling_session_id": result.sampler_id}
+    if isinstance(result, CustomLossCreated):
+        return {"type": "create_custom_loss", "loss_id": result.loss_id}
     raise TypeError(f"no JSON form for {type(result).__name__}")
 
 

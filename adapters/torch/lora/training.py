@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from adapters.torch.custom_loss import custom_loss_sum
 from adapters.torch.loader import load_model
 from adapters.torch.lora import peft
 from adapters.torch.lora.dimuon import Dimuon
@@ -39,6 +40,7 @@ from adapters.torch.lora.losses import loss_sum
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS, LORA_ALPHA, read_lora_spec
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
+from domain.custom_loss import reduce_metrics
 from domain.training import (
     LOSS_INPUTS,
     AdamParams,
@@ -271,6 +273,7 @@ class LoraTrainingBackend(TrainingBackend):
             prepared = [_prepare(adapter.base.config, i, d, loss_fn) for i, d in enumerate(data)]
         logprobs: list[Tensor] = [torch.empty(0)] * len(data)
         total = 0.0
+        metric_sums: dict[str, float] = {}  # a custom loss's metrics, summed over data
         for n, group in enumerate(_micro_batches(prepared)):
             if n:
                 yield  # another model's turn may come here
@@ -287,8 +290,13 @@ class LoraTrainingBackend(TrainingBackend):
                         inputs["segment"] = torch.cat(
                             [torch.full((len(prepared[i].tokens),), j) for j, i in enumerate(group)]
                         ).to(device)
-                    loss = loss_sum(loss_fn, logp, inputs, config)
-                    if backward:
+                    if batch.custom_loss is not None:  # a stored loss, datum by datum
+                        loss, sums = custom_loss_sum(batch.custom_loss, logp, data, group)
+                        for key, value in sums.items():
+                            metric_sums[key] = metric_sums.get(key, 0.0) + value
+                    else:
+                        loss = loss_sum(loss_fn, logp, inputs, config)
+                    if backward and loss.requires_grad:  # a custom loss may ignore logp
                         loss.backward()
                     total += loss.item()
                     pieces = logp.detach().cpu().split([len(prepared[i].tokens) for i in group])
@@ -296,7 +304,8 @@ class LoraTrainingBackend(TrainingBackend):
                         logprobs[i] = piece
                 del logp, inputs, loss
         outputs = [{"logprobs": _tensor_value(lp)} for lp in logprobs]
-        return ForwardBackwardResult(outputs=outputs, metrics={"loss:sum": total})
+        metrics = {"loss:sum": total, **reduce_metrics(metric_sums, len(data))}
+        return ForwardBackwardResult(outputs=outputs, metrics=metrics)
 
     def optim_step(self, model_id: str, params: AdamParams | DimuonParams) -> dict[str, float]:
         with self._lock:

@@ -10,6 +10,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
+from adapters.torch.custom_loss import custom_loss_gradient
 from application.keys import hash_key
 from entrypoints.backends import FakeBackend, LoraTraining, TorchBackend, ToyTraining
 from entrypoints.config import ServerConfig
@@ -99,6 +100,7 @@ def test_the_toy_training_backend_serves_tinker_without_a_model(tmp_path) -> Non
     backend = container.training.backend()
     assert isinstance(backend, ToyBackend)
     assert [m.name for m in backend.base_models] == ["test/base"]
+    assert backend._custom_loss is custom_loss_gradient  # it runs uploaded custom losses
     assert container.tinker() is not None
     with TestClient(app=container.http_app()) as client:
         response = client.get("/api/v1/get_server_capabilities", headers={"X-API-Key": "tml-key"})
