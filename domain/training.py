@@ -27,6 +27,7 @@ LOSS_FNS: tuple[str, ...] = (
     "cispo",
     "dro",
     "gspo",
+    "stable_reinforce",
     "custom",  # a loss the client stored with create_custom_loss (domain/custom_loss.py)
 )
 # Inputs each loss reads besides ``target_tokens`` (Tinker's loss_fn_inputs keys).
@@ -38,6 +39,10 @@ LOSS_INPUTS: Mapping[str, tuple[str, ...]] = {
     "dro": ("target_tokens", "logprobs", "advantages"),
     # GSPO-token: one ratio per datum, over the positions sequence_ratio_mask marks.
     "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
+    # The client sends target_tokens, advantages and provenance spans; the server fills
+    # logprobs (the sampler's, as recorded) and sampled_mask from the recorded sequences
+    # (:func:`resolve_provenance`), whatever the client put there.
+    "stable_reinforce": ("target_tokens", "logprobs", "advantages", "sampled_mask"),
     # custom: the stored loss names the rest (domain.custom_loss.check_custom_data)
     "custom": ("target_tokens",),
 }
@@ -53,8 +58,13 @@ LOSS_CONFIG_DEFAULTS: Mapping[str, Mapping[str, float]] = {
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
     "dro": {"beta": 0.05},
     "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    # The weight of the KL(sampler || learner) penalty on sampled tokens (Tinker's name).
+    "stable_reinforce": {"kl_coeff": 0.0},
     "custom": {},  # its loss_id is resolved before the backend sees the batch
 }
+# StableReinforce's trust band: a sampled token whose ratio learner/sampler (against the
+# logprob recorded when it was sampled) falls outside it carries no policy gradient.
+STABLE_REINFORCE_TRUST = (0.5, 2.0)
 CheckpointKind = Literal["training", "sampler", "external"]
 
 
@@ -110,7 +120,9 @@ class TinkerLimits:
     plus tensor bytes, as the SDK estimates it); ``max_seq_ahead`` how far beyond the next
     expected ``seq_id`` a request may be numbered; ``max_sample_requests`` how many Tinker
     sampling requests are in the serving engine at once (the rest wait their turn, tenants
-    taking turns), so OpenAI traffic keeps the engine's waiting queue.
+    taking turns), so OpenAI traffic keeps the engine's waiting queue;
+    ``max_recorded_tokens``: tokens of sampled sequences kept for ``stable_reinforce``
+    (``record_stability_info``), in all; beyond it the least recently used go.
     """
 
     max_runs_per_key: int = 8
@@ -120,6 +132,7 @@ class TinkerLimits:
     max_pending_bytes: int = 256 << 20
     max_seq_ahead: int = 1024
     max_sample_requests: int = 8
+    max_recorded_tokens: int = 16 << 20
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
@@ -151,11 +164,40 @@ class TensorValue:
 
 
 @dataclass(frozen=True, slots=True)
+class ProvenanceSpan:
+    """Where a run of a datum's positions comes from (Tinker's ``PromptProvenanceSpan`` /
+    ``SampledProvenanceSpan``): positions ``[offset, offset + length)`` of a recorded
+    sequence's request prompt, or of its sampled tokens when ``sampled``."""
+
+    sequence_id: str
+    offset: int
+    length: int
+    sampled: bool
+
+
+Spans = tuple[ProvenanceSpan, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Datum:
-    """One training example: the model's input tokens and the loss's inputs, per position."""
+    """One training example: the model's input tokens and the loss's inputs, per position;
+    optionally where each position came from (spans tiling ``tokens`` and
+    ``loss_fn_inputs['target_tokens']``, for ``stable_reinforce``)."""
 
     tokens: Sequence[int]
     loss_fn_inputs: Mapping[str, TensorValue]
+    model_input_spans: Spans | None = None
+    loss_fn_input_spans: Spans | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedSequence:
+    """A sampled sequence the server recorded (``record_stability_info``): its request's
+    prompt, its tokens and the sampler's logprob of each."""
+
+    prompt: Sequence[int]
+    tokens: Sequence[int]
+    logprobs: Sequence[float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,6 +530,101 @@ def check_data(data: Sequence[Datum], loss_fn: str) -> None:
                     raise InvalidTrainingRequest(f"{where}: token ids must be int64")
             elif not all(map(math.isfinite, value.data)):
                 raise InvalidTrainingRequest(f"{where}: values must be finite float32 numbers")
+
+
+def resolve_provenance(
+    data: Sequence[Datum], recorded: Callable[[str], RecordedSequence]
+) -> list[Datum]:
+    """``stable_reinforce``'s data with the server's inputs filled in from the recorded
+    sequences their spans name (``recorded(sequence_id)``, raising for an unknown one):
+    ``logprobs`` (the sampler's recorded logprob at sampled positions, 0 elsewhere) and
+    ``sampled_mask`` (1 at sampled positions). Every span must name recorded tokens equal
+    to the datum's, the spans must tile the datum, and advantages must be 0 off sampled
+    tokens (``InvalidTrainingRequest`` names the datum and the span)."""
+    out = []
+    for i, datum in enumerate(data):
+        where = f"data[{i}]"
+        if datum.model_input_spans is None or datum.loss_fn_input_spans is None:
+            raise InvalidTrainingRequest(
+                f"{where}: stable_reinforce needs provenance on every datum "
+                "(Datum.with_provenance naming the sampled sequences, sampled with "
+                "record_stability_info=True)"
+            )
+        targets = datum.loss_fn_inputs.get("target_tokens")
+        advantages = datum.loss_fn_inputs.get("advantages")
+        for key, value in (("target_tokens", targets), ("advantages", advantages)):
+            if value is None or len(value.data) != len(datum.tokens):
+                raise InvalidTrainingRequest(
+                    f"{where}.loss_fn_inputs[{key!r}]: stable_reinforce needs one value per "
+                    f"input position ({len(datum.tokens)})"
+                )
+        assert targets is not None and advantages is not None
+        _match_spans(datum.model_input_spans, datum.tokens, recorded, f"{where}.model_input")
+        sampler = array("f", bytes(4 * len(datum.tokens)))
+        mask = array("f", bytes(4 * len(datum.tokens)))
+        # Targets at prompt positions carry no loss (their advantages are 0): the cookbook
+        # pads them with 0, so only the sampled ones must be the recorded tokens.
+        for pos, seq, k in _match_spans(
+            datum.loss_fn_input_spans,
+            targets.data,
+            recorded,
+            f"{where}.loss_fn_inputs",
+            prompt_tokens=False,
+        ):
+            sampler[pos], mask[pos] = seq.logprobs[k], 1.0
+        for pos, (a, m) in enumerate(zip(advantages.data, mask, strict=True)):
+            if a != 0 and m == 0:
+                raise InvalidTrainingRequest(
+                    f"{where}.loss_fn_inputs['advantages'][{pos}] is {a}: stable_reinforce "
+                    "takes nonzero advantages on sampled tokens only"
+                )
+        inputs = {
+            **datum.loss_fn_inputs,
+            "logprobs": TensorValue(sampler, (len(sampler),)),
+            "sampled_mask": TensorValue(mask, (len(mask),)),
+        }
+        out.append(Datum(datum.tokens, inputs, datum.model_input_spans, datum.loss_fn_input_spans))
+    return out
+
+
+def _match_spans(
+    spans: Spans,
+    tokens: Sequence[int],
+    recorded: Callable[[str], RecordedSequence],
+    where: str,
+    *,
+    prompt_tokens: bool = True,
+) -> list[tuple[int, RecordedSequence, int]]:
+    """Check that ``spans`` tile ``tokens`` and name recorded tokens equal to them (at
+    prompt spans too when ``prompt_tokens``); the (position, sequence, index in its
+    sampled tokens) of each sampled position."""
+    total = sum(span.length for span in spans)
+    if total != len(tokens):
+        raise InvalidTrainingRequest(
+            f"{where}: provenance spans cover {total} positions, the field has {len(tokens)}"
+        )
+    pos, sampled = 0, []
+    for j, span in enumerate(spans):
+        if span.offset < 0 or span.length < 0:
+            raise InvalidTrainingRequest(f"{where} span {j}: offset and length must be >= 0")
+        seq = recorded(span.sequence_id)
+        source = seq.tokens if span.sampled else seq.prompt
+        kind = "sampled tokens" if span.sampled else "prompt"
+        if span.offset + span.length > len(source):
+            raise InvalidTrainingRequest(
+                f"{where} span {j}: positions {span.offset}..{span.offset + span.length} are "
+                f"beyond sequence {span.sequence_id!r}'s {kind} ({len(source)} tokens)"
+            )
+        for k in range(span.offset, span.offset + span.length):
+            if (span.sampled or prompt_tokens) and tokens[pos] != source[k]:
+                raise InvalidTrainingRequest(
+                    f"{where}[{pos}]: token {tokens[pos]} is not token {k} of sequence "
+                    f"{span.sequence_id!r}'s {kind} ({source[k]})"
+                )
+            if span.sampled:
+                sampled.append((pos, seq, k))
+            pos += 1
+    return sampled
 
 
 # AdamW on a LoRA adapter: the step of each weight is about ``learning_rate``; beyond these

@@ -97,6 +97,14 @@ def add_tinker_limit_args(group: argparse._ArgumentGroup) -> None:
         help="Tinker sampling requests in the engine at once, tenants taking turns "
         "(default: --max-batch-size)",
     )
+    group.add_argument(
+        "--tinker-max-recorded-tokens",
+        type=int,
+        default=_DEFAULTS.max_recorded_tokens,
+        help="tokens of sampled sequences kept for stable_reinforce training "
+        "(record_stability_info), in all; beyond it the least recently used are dropped "
+        "(default %(default)s)",
+    )
 
 
 def tinker_limits(args: argparse.Namespace, max_num_seqs: int) -> TinkerLimits:
@@ -110,6 +118,7 @@ def tinker_limits(args: argparse.Namespace, max_num_seqs: int) -> TinkerLimits:
         "max_pending_bytes": args.tinker_max_pending_mib << 20,
         "max_seq_ahead": args.tinker_max_seq_ahead,
         "max_sample_requests": max_num_seqs if sample is None else sample,
+        "max_recorded_tokens": args.tinker_max_recorded_tokens,
     }
     for name, value in values.items():
         if value < 1:

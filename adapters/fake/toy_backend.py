@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 from domain.custom_loss import CustomLossGradient, reduce_metrics
 from domain.training import (
     LOSS_INPUTS,
+    STABLE_REINFORCE_TRUST,
     AdamParams,
     BaseModelInfo,
     Datum,
@@ -387,6 +388,15 @@ def _loss(
         unclipped_wins = ratio * adv <= clipped * adv
         obj = np.where(unclipped_wins, ratio * adv, clipped * adv)
         return float(-obj.sum()), np.where(unclipped_wins, -ratio * adv, 0.0)
+    if loss_fn == "stable_reinforce":  # q: the recorded sampler logprobs
+        mask = inputs["sampled_mask"]
+        log_ratio = (logp - q) * mask
+        ratio = np.exp(log_ratio)
+        lo, hi = STABLE_REINFORCE_TRUST
+        trusted = ((ratio >= lo) & (ratio <= hi)) * mask
+        kl = config["kl_coeff"]
+        value = -(trusted * ratio * adv).sum() + kl * (mask * (ratio - 1 - log_ratio)).sum()
+        return float(value), -trusted * ratio * adv + kl * mask * (ratio - 1)
     if loss_fn == "dro":
         beta = config["beta"]
         obj = logp * adv - 0.5 * beta * (logp - q) ** 2

@@ -44,10 +44,19 @@ class FairScheduler:
         # tenant -> its jobs; a dict keeps insertion order: the next tenant is the first key.
         self._tenants: dict[str, deque[_Job]] = {}
         self._worker: asyncio.Task[None] | None = None
+        self._running: str | None = None  # whose piece runs now
 
     def __len__(self) -> int:
         """Jobs waiting or running."""
         return sum(len(jobs) for jobs in self._tenants.values())
+
+    def others(self, tenant: str) -> int:
+        """Other tenants with work waiting or running (that ``tenant``'s work takes turns
+        with)."""
+        busy = {t for t, jobs in self._tenants.items() if jobs}
+        if self._running is not None:
+            busy.add(self._running)
+        return len(busy - {tenant})
 
     async def run(self, tenant: str, steps: Steps[T]) -> T:
         """Run ``steps`` to the end, taking turns with every other tenant's work; its value.
@@ -71,6 +80,7 @@ class FairScheduler:
             if job.done.done():  # cancelled while waiting
                 job.steps.close()
             else:
+                self._running = tenant
                 try:
                     finished, value = await self._to_thread(_advance, job.steps)
                 except asyncio.CancelledError:
@@ -87,6 +97,8 @@ class FairScheduler:
                         job.done.set_result(value)
                     else:
                         jobs.append(job)  # its next piece after the other jobs' turns
+                finally:
+                    self._running = None
             if jobs:  # the tenant goes to the back of the line
                 self._tenants[tenant] = jobs
 
@@ -120,6 +132,10 @@ class FairSlots:
     @property
     def held(self) -> int:
         return self._held
+
+    def waiting(self, tenant: str) -> int:
+        """``tenant``'s requests waiting for a slot (all slots are held)."""
+        return len(self._waiting.get(tenant, ()))
 
     @contextlib.asynccontextmanager
     async def slot(self, tenant: str) -> AsyncIterator[None]:

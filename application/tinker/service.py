@@ -15,14 +15,21 @@ from typing import Any
 
 import structlog
 
+from application.observers import TrainingObserverGroup
+from application.tinker.admin import TinkerAdmin
+from application.tinker.audit import AuditedCheckpoints, AuditedSessions, AuditLog
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.completions import Completions, Retrieved
 from application.tinker.custom_losses import CustomLossCreated, CustomLossStore
 from application.tinker.downloads import CheckpointDownloads, DownloadableStorage
-from application.tinker.fair import FairScheduler
+from application.tinker.fair import FairScheduler, FairSlots
 from application.tinker.futures import Future, FutureStore
 from application.tinker.sampling import SamplerReady, SamplerRecord, SamplingController
 from application.tinker.sessions import Session, SessionManager
+from application.tinker.stability import SequenceRecords
+from application.tinker.traces import SessionTraces
 from application.tinker.training import ModelReady, TrainingController, run_id_of
+from application.tinker.usage import UsageMeter
 from domain.custom_loss import RawNode, parse_custom_loss
 from domain.observer import TrainingObserver
 from domain.training import (
@@ -34,6 +41,7 @@ from domain.training import (
     RunRecord,
     SamplingBackend,
     TinkerLimits,
+    TinkerSampleResult,
     TrainingBackend,
     WeightsSource,
 )
@@ -96,11 +104,27 @@ class TinkerService:
         replica id, by which the ingress routes each call to the replica holding it."""
         self.storage = storage
         self.limits = limits or TinkerLimits()
-        self.futures = FutureStore(ttl_s=future_ttl_s, observer=observer, id_tag=id_tag)
-        self.sessions = SessionManager(timeout_s=session_timeout_s, id_tag=id_tag)
-        self.checkpoints = CheckpointStore(storage)
+        # What a tenant may ask about its own work: audit log, usage, session traces.
+        self.audit = AuditLog()
+        self.usage = UsageMeter(lambda run_id: self.checkpoints.runs.get(run_id))
+        self.traces = SessionTraces(storage.secret)
+        observers: list[TrainingObserver] = [self.usage, self.traces]
+        if observer is not None:
+            observers.append(observer)
+        self.futures = FutureStore(
+            ttl_s=future_ttl_s, observer=TrainingObserverGroup(observers), id_tag=id_tag
+        )
+        self.sessions: SessionManager = AuditedSessions(
+            self.audit, timeout_s=session_timeout_s, id_tag=id_tag
+        )
+        self.checkpoints: CheckpointStore = AuditedCheckpoints(
+            storage, self.audit, on_saved=self._checkpoint_saved
+        )
+        self.admin = TinkerAdmin(self.sessions, self.checkpoints, self.usage)
+        self.completions = Completions(self.futures)
         self.downloads = CheckpointDownloads(self.checkpoints, storage)
         self.scheduler = FairScheduler()
+        self.records = SequenceRecords(max_tokens=self.limits.max_recorded_tokens)
         self.custom_losses = CustomLossStore()
         self.training = TrainingController(
             backend,
@@ -108,6 +132,7 @@ class TinkerService:
             self.futures,
             limits=self.limits,
             scheduler=self.scheduler,
+            records=self.records,
             custom_losses=self.custom_losses,
         )
         self.sampling = SamplingController(
@@ -133,6 +158,7 @@ class TinkerService:
         for session in self.sessions.all():
             if session.ended is None:
                 self._end(session, "stopped")
+        self.completions.close()
         await self.scheduler.close()
         await self.futures.close()
 
@@ -145,18 +171,40 @@ class TinkerService:
                 log.exception("tinker_maintenance_failed")
 
     def maintain(self) -> None:
-        """Expire silent sessions and checkpoints past their ttl; drop old futures."""
+        """Expire silent sessions and checkpoints past their ttl; drop old futures and
+        recorded sequences."""
         for session in self.sessions.expire_stale():
             self._end(session, "expired")
         self.sessions.forget_ended(self.ended_session_retention_s)
+        self.traces.forget(lambda session_id: self.sessions.known(session_id))
         self.checkpoints.delete_expired()
         self.futures.evict_expired()
+        self.records.evict_expired()
 
     # --- the server ---------------------------------------------------------------------
 
     def pending_futures(self) -> int:
         """Futures created and not yet resolved (the metrics' gauge)."""
         return self.futures.pending()
+
+    def queue_state(self, owner: str, future: Future) -> tuple[str, str | None]:
+        """What an unfinished future waits for, as Tinker's ``queue_state`` (and its
+        reason): ``paused_capacity`` while it waits for the shared trainer or the engine's
+        sampling slots behind other work, ``active`` otherwise (running, or only behind
+        its own run's earlier requests)."""
+        if future.kind == "Sample":
+            slots = getattr(self.sampling.backend, "slots", None)
+            waiting = slots.waiting(owner) if isinstance(slots, FairSlots) else 0
+            if waiting:
+                return "paused_capacity", (
+                    f"{waiting} sampling request(s) of this key wait for one of the "
+                    f"{slots.size} sampling slots of the engine"  # type: ignore[union-attr]
+                )
+            return "active", None
+        others = self.scheduler.others(owner)
+        if others:
+            return "paused_capacity", f"the trainer takes turns with {others} other key(s)"
+        return "active", None
 
     def served_models(self) -> list[ServedModel]:
         """Every name a base model is served under (its own and its aliases)."""
@@ -176,16 +224,21 @@ class TinkerService:
         runs = [r.run_id for r in self.checkpoints.runs.values() if r.session_id == session_id]
         return SessionInfo(session, runs, self.sampling.of_session(session_id))
 
-    def finish_session(self, owner: str, session_id: str) -> None:
+    def finish_session(
+        self, owner: str, session_id: str, *, reason: str | None = None, detail: str | None = None
+    ) -> None:
+        """End the session as its client asked (``reason``: its finish reason)."""
         session = self.sessions.get(owner, session_id)
         if session.ended is None:
-            self.sessions.finish(owner, session_id)
+            self.sessions.finish(owner, session_id, reason=reason, detail=detail)
             self._end(session, "finished")
 
     def _end(self, session: Session, why: str) -> None:
         self.sessions.end(session, why)
         self.training.end_session(session.id, why)
         self.sampling.end_session(session.id)
+        self.completions.end_session(session.id)
+        self.records.end_session(session.id)
         self.custom_losses.end_session(session.id)
 
     # --- custom losses ----------------------------------------------------------------
@@ -365,6 +418,29 @@ class TinkerService:
         source = self.sampling.source_for(owner, base_model=base_model, model_path=model_path)
         return self.sampling.create(owner, session_id, seq, source, model_path=model_path)
 
+    def sequence_ids(
+        self,
+        owner: str,
+        future: Future,
+        prompt: Sequence[int],
+        num_samples: int,
+        *,
+        record_in: str | None,
+    ) -> list[str]:
+        """The ids of ``future``'s samples; with ``record_in`` (a sampling session id),
+        their sequences are recorded for ``stable_reinforce`` as they finish."""
+        ids = self.records.new_ids(num_samples)
+        if record_in is not None:
+            session_id = self.sampling.get(owner, record_in).session_id
+            tokens = tuple(prompt)
+
+            def record(result: object) -> None:
+                if isinstance(result, TinkerSampleResult):
+                    self.records.record(owner, session_id, ids, tokens, result)
+
+            future.on_result.append(record)
+        return ids
+
     def sample_target(
         self,
         owner: str,
@@ -381,6 +457,79 @@ class TinkerService:
             source = self.sampling.source_for(owner, base_model=base_model, model_path=model_path)
         context = self.training.base_model(source.base_model).max_context_length
         return SampleTarget(source, context)
+
+    # --- sampling sessions' clients and completions -------------------------------------
+
+    def track_sample(
+        self,
+        owner: str,
+        future: Future,
+        *,
+        sampler_id: str | None,
+        seq_id: int | None,
+        base_model: str,
+        prompt_tokens: int,
+    ) -> None:
+        """Follow an accepted sample: its completion goes to its sampling session's
+        clone (``retrieve_futures``), its tokens to the usage and its future's count."""
+        session_id: str | None = None
+        if sampler_id is not None:
+            sampler = self.sampling.get(owner, sampler_id)
+            session_id = future.session_id = sampler.session_id
+            self.completions.track(sampler, seq_id, future)
+
+        def count(done: Future) -> None:
+            if isinstance(done.result, TinkerSampleResult):
+                sampled = sum(len(s.tokens) for s in done.result.sequences)
+                done.tokens = prompt_tokens + sampled
+                self.usage.sampled(
+                    owner,
+                    base_model=base_model,
+                    session_id=session_id,
+                    prompt_tokens=prompt_tokens,
+                    sampled_tokens=sampled,
+                )
+
+        future.on_done.append(count)
+
+    def join_sampling_session(self, owner: str, sampler_id: str) -> int:
+        """A new client of a live sampling session: its clone id."""
+        sampler = self.sampling.get(owner, sampler_id)
+        self.live_session(owner, sampler.session_id)
+        return self.completions.join(sampler)
+
+    async def retrieve_futures(
+        self,
+        owner: str,
+        sampler_id: str,
+        clone: int,
+        prev_cursor: int,
+        timeout_s: float | None,
+        acks: list[str],
+    ) -> Retrieved:
+        """A sampling session clone's completions after ``prev_cursor`` (a long poll of
+        at most ``long_poll_s``; ``timeout_s`` None: that long)."""
+        sampler = self.sampling.get(owner, sampler_id)
+        if timeout_s is not None and timeout_s < 0:
+            raise InvalidTrainingRequest("timeout must be >= 0 (0: answer at once)")
+        wait = self.long_poll_s if timeout_s is None else min(timeout_s, self.long_poll_s)
+        return await self.completions.retrieve(sampler, clone, prev_cursor, wait, acks)
+
+    def cancel_future(self, owner: str, request_id: str) -> None:
+        """Stop a sample's work (a finished one is left as it is)."""
+        future = self.futures.get(owner, request_id)
+        if future.kind != "Sample":
+            raise InvalidTrainingRequest(
+                f"only sampling requests can be cancelled; {request_id} is a {future.kind}"
+            )
+        self.futures.cancel(future)
+
+    def _checkpoint_saved(self, record: CheckpointRecord) -> None:
+        run = self.checkpoints.runs.get(record.run_id)
+        session_id = run.session_id if run is not None else None
+        self.usage.checkpoint_saved(
+            record.owner, base_model=record.base_model, session_id=session_id
+        )
 
 
 def tinker_service(

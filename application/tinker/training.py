@@ -26,6 +26,7 @@ from application.tinker.checkpoints import CheckpointStore
 from application.tinker.custom_losses import CustomLossStore
 from application.tinker.fair import FairScheduler
 from application.tinker.futures import Future, FutureStore
+from application.tinker.stability import SequenceRecords
 from domain.custom_loss import check_custom_data, split_loss_config
 from domain.training import (
     AdamParams,
@@ -56,6 +57,7 @@ from domain.training import (
     loss_config,
     one_step,
     optimizer_of,
+    resolve_provenance,
 )
 
 log = structlog.get_logger(__name__)
@@ -119,11 +121,14 @@ class TrainingController:
         scheduler: FairScheduler | None = None,
         max_seen: int = 4096,
         wall_clock: Callable[[], float] = time.time,
+        records: SequenceRecords | None = None,
         custom_losses: CustomLossStore | None = None,
     ) -> None:
-        """``custom_losses``: the stored losses loss_fn ``custom`` runs."""
+        """``records``: the sampled sequences ``stable_reinforce`` data name;
+        ``custom_losses``: the stored losses loss_fn ``custom`` runs."""
         self.backend = backend
         self.custom_losses = custom_losses if custom_losses is not None else CustomLossStore()
+        self.records = records if records is not None else SequenceRecords()
         self.checkpoints = checkpoints
         self.futures = futures
         self.limits = limits or TinkerLimits()
@@ -315,6 +320,9 @@ class TrainingController:
         custom = None
         if loss_id is not None:  # loss_fn custom: a loss this run's session stored
             custom = self.custom_losses.get(owner, live.record.session_id, loss_id)
+        if loss_fn == "stable_reinforce":  # the recorded sampler logprobs, not the client's
+            recorded = self.records.lookup(owner, live.record.session_id)
+            data = resolve_provenance(data, recorded)
         check_data(data, loss_fn)
         if custom is not None:
             check_custom_data(data, custom)

@@ -1,6 +1,7 @@
 """The Tinker API against the stock ``tinker`` SDK's own source and types.
 
-1. Every ``/api/v1/...`` endpoint the installed SDK can call (found by scanning its source)
+1. Every ``/api/v1/...`` endpoint the installed SDK (and its CLI) can call (found by scanning
+   its source)
    has a live handler here, unless it is in an explicit allow-list with the reason.
 2. Our responses validate against the SDK's own pydantic types (as its client parses them)
    and our protobuf results decode with the SDK's own decoder.
@@ -10,6 +11,7 @@ import ast
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +47,8 @@ SAMPLE_VALUES = {
 # SDK endpoints this server has no handler for, on purpose. Entries must stay accurate: a
 # listed endpoint that gains a handler (or leaves the SDK) fails the test below.
 NOT_SERVED: dict[tuple[str, str], str] = {
-    ("POST", "/api/v1/retrieve_futures"): "flag-gated (sample_use_retrieve_futures), off here",
-    ("POST", "/api/v1/join_sampling_session"): "flag-gated in client/config, off here",
-    ("POST", "/api/v1/cancel_future"): "flag-gated in client/config, off here",
     ("POST", "/api/v1/auth/token"): "flag-gated (pjwt_auth_enabled), off here",
-    ("POST", "/api/v1/client/dynamic_config"): "contract: may 404, the client uses defaults",
-    ("GET", "/api/v1/audit"): "AdminClient: no audit log on this server",
-    ("GET", "/api/v1/billing/usage/events"): "AdminClient: no billing on this server",
-    ("GET", "/api/v1/billing/usage/checkpoints/current"): "AdminClient: no billing here",
-    ("PUT", "/api/v1/sessions/session-0/project"): "not in the contract: one project here",
-    ("GET", "/api/v1/sessions/session-0/trace_export"): "not in the contract: no traces",
-    ("POST", "/api/v1/sessions/search"): "not in the contract: no session search",
+    ("DELETE", "/api/v1/auth/apikey/me"): "revokes the key: keys are the operator's, not the API's",
 }
 
 
@@ -71,6 +64,7 @@ def _sdk_files() -> list[Path]:
         *sorted((SDK_ROOT / "resources").glob("*.py")),
         *sorted((SDK_ROOT / "lib" / "public_interfaces").glob("*.py")),
         *sorted((SDK_ROOT / "lib").glob("*.py")),
+        *sorted((SDK_ROOT / "cli").glob("*.py")),
     ]
     return [f for f in files if not f.name.endswith("_test.py")]
 
@@ -120,14 +114,20 @@ def scan_sdk() -> tuple[set[SdkCall], list[str]]:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             method = _HTTP_METHODS.get(node.func.attr.lstrip("_"))
-            if method is None or not node.args:
+            args = node.args
+            if method is None and node.func.attr.lstrip("_") == "request" and len(args) >= 2:
+                # the CLI's style: request("GET", "/api/v1/...")
+                verb = args[0]
+                if isinstance(verb, ast.Constant) and str(verb.value).lower() in _HTTP_METHODS:
+                    method, args = _HTTP_METHODS[str(verb.value).lower()], args[1:]
+            if method is None or not args:
                 continue
-            path = _path_of(node.args[0])
+            path = _path_of(args[0])
             if path is not None:
                 calls.setdefault(
                     (method, path), SdkCall(method, path, f"{file.name}:{node.lineno}")
                 )
-                in_calls.add(id(node.args[0]))
+                in_calls.add(id(args[0]))
         stray += [where for key, where in literals if key not in in_calls]
     return set(calls.values()), stray
 
@@ -167,6 +167,7 @@ def test_the_sdk_scan_finds_the_sdk_endpoints() -> None:
         ("POST", "/api/v1/retrieve_future"),
         ("POST", "/api/v1/client/config"),
         ("GET", "/api/v1/get_server_capabilities"),
+        ("GET", "/api/v1/auth/apikey/me"),  # the CLI's: request("GET", path)
         ("POST", "/api/v1/sessions/session-0/finish"),
         ("DELETE", "/api/v1/training_runs/session-0:train:0/checkpoints/weights/step-1/publish"),
         ("PUT", "/api/v1/training_runs/session-0:train:0/checkpoints/weights/step-1/ttl"),
@@ -454,3 +455,142 @@ def test_responses_validate_against_the_sdk_types(tmp_path: Path) -> None:
         )
         assert unloaded.model_id == model_id
         assert post_json(client, f"/api/v1/sessions/{sid}/finish", {}) == {}
+
+
+def test_sampling_sessions_admin_and_usage_validate_against_the_sdk_types(
+    tmp_path: Path,
+) -> None:
+    """The routes of a sampling session's clients (join, retrieve_futures, cancel) and the
+    REST / admin ones (whoami, search, project, trace export, audit, billing)."""
+    from tinker.cli.auth_api import SelfApiKeyResponse
+
+    service: TinkerService = toy_service(tmp_path)
+    with TestClient(tinker_app(service)) as client:
+        config = types.ClientConfigResponse.model_validate(
+            post_json(client, "/api/v1/client/config", {})
+        )
+        assert config.sample_use_retrieve_futures and config.sample_join_sampling_session
+        dynamic = types.ClientDynamicConfigResponse.model_validate(
+            post_json(client, "/api/v1/client/dynamic_config", {})
+        )
+        assert dynamic.sample_cancel_enabled
+        me = get_json(client, "/api/v1/auth/apikey/me")
+        whoami = types.WhoamiResponse.model_validate(me)
+        assert whoami.user_urn.startswith("tml:user:") and HEADERS["X-API-Key"] not in str(me)
+        assert SelfApiKeyResponse.model_validate(me).key_id > 0
+
+        sid = types.CreateSessionResponse.model_validate(
+            post_json(
+                client,
+                "/api/v1/create_session",
+                dump(
+                    types.CreateSessionRequest(
+                        tags=[],
+                        user_metadata={"k": "v"},
+                        sdk_version=tinker.__version__,
+                        project_id="proj-a",
+                        display_name="Night Run",
+                    )
+                ),
+            )
+        ).session_id
+        create = types.CreateModelRequest(
+            session_id=sid,
+            model_seq_id=0,
+            base_model=BASE_MODEL,
+            lora_config=types.LoraConfig(rank=4),
+        )
+        model_id = types.CreateModelResponse.model_validate(
+            outcome(client, submit(client, "/api/v1/create_model", dump(create)))
+        ).model_id
+        outcome(client, post_forward_backward(client, model_id, 1), proto=True)
+        save = types.SaveWeightsRequest(model_id=model_id, path="c1", seq_id=2)
+        saved = types.SaveWeightsResponse.model_validate(
+            outcome(client, submit(client, "/api/v1/save_weights", dump(save)))
+        )
+
+        # A sampling session: the original client (clone 0) and a joined one (clone 1).
+        sampling = types.CreateSamplingSessionRequest(
+            session_id=sid, sampling_session_seq_id=0, base_model=BASE_MODEL
+        )
+        sampler = types.CreateSamplingSessionResponse.model_validate(
+            post_json(client, "/api/v1/create_sampling_session", dump(sampling))
+        ).sampling_session_id
+        join = types.JoinSamplingSessionRequest(sampling_session_id=sampler)
+        joined = types.JoinSamplingSessionResponse.model_validate(
+            post_json(client, "/api/v1/join_sampling_session", dump(join))
+        )
+        assert joined.client_counter == 1
+        request_ids = {}
+        for clone in (0, 1):
+            sample = types.SampleRequest(
+                prompt=types.ModelInput.from_ints(SEQ[:3]),
+                sampling_params=types.SamplingParams(max_tokens=4, seed=1),
+                sampling_session_id=sampler,
+                seq_id=clone * 1_000_000_000,
+            )
+            request_ids[clone] = submit(client, "/api/v1/asample", dump(sample))
+        for clone in (0, 1):
+            poll = types.FuturesRetrieveRequest(
+                target=types.SamplingSessionFuturesTarget(
+                    sampling_session_id=sampler, cloned_sampler_id=clone
+                ),
+                timeout=5,
+            )
+            found = types.FuturesRetrieveResponse.model_validate(
+                post_json(client, "/api/v1/retrieve_futures", dump(poll))
+            )
+            assert [c.request_id for c in found.completions] == [request_ids[clone]]
+            assert found.completions[0].state == "finished" and found.cursor > 0
+        cancel = post_json(client, "/api/v1/cancel_future", {"request_id": request_ids[0]})
+        assert cancel == {}  # a finished sample: nothing to stop
+
+        # REST: the session's project, search, trace export.
+        first = types.SessionSearchRequest(session_id=sid)
+        [created] = types.SessionSearchResponse.model_validate(
+            post_json(client, "/api/v1/sessions/search", dump(first))
+        ).sessions
+        assert created.project_id == "proj-a"
+        moved = client.put(
+            f"/api/v1/sessions/{sid}/project", json={"project_id": "proj-b"}, headers=HEADERS
+        )
+        assert moved.status_code == 200, moved.text
+        search = types.SessionSearchRequest(display_name="night", project_ids=["proj-b"])
+        page = types.SessionSearchResponse.model_validate(
+            post_json(client, "/api/v1/sessions/search", dump(search))
+        )
+        [summary] = page.sessions
+        assert (summary.session_id, summary.project_id) == (sid, "proj-b")
+        assert summary.checkpoints_count == 1 and summary.checkpoint_storage_bytes
+        assert isinstance(summary.status, types.SessionActive)
+        export = get_json(client, f"/api/v1/sessions/{sid}/trace_export")
+        assert export["status"] == "ready"
+        trace = client.get(export["url"])  # no API key: the link is signed
+        assert trace.status_code == 200, trace.text
+        names = {e["name"] for e in trace.json()["traceEvents"] if e["ph"] == "X"}
+        assert {"CreateModel", "ForwardBackward", "SaveWeights", "Sample"} <= names
+
+        # Admin: the audit log and the usage.
+        audit = types.AuditLogResponse.model_validate(get_json(client, "/api/v1/audit"))
+        events = [e.event for e in audit.entries]
+        assert events[:3] == ["session_create", "training_run_create", "checkpoint_create"]
+        assert events[-1] == "project_session_set"
+        [made] = [e for e in audit.entries if e.event == "checkpoint_create"]
+        assert made.tinker_path == saved.path
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        start, end = hour - timedelta(hours=1), hour + timedelta(hours=1)  # an hour may turn
+        window = f"starting_on={start.isoformat()}&ending_before={end.isoformat()}"
+        usage = types.BillingUsageResponse.model_validate(
+            get_json(client, "/api/v1/billing/usage/events?" + window.replace("+", "%2B"))
+        )
+        kinds = {e.event_info.type: e for e in usage.data}
+        assert set(kinds) == {"training", "sampling_prefill", "sampling_sample", "checkpoint"}
+        assert kinds["training"].event_info.token_count == len(SEQ) - 1  # type: ignore[union-attr]
+        assert kinds["sampling_sample"].event_info.token_count == 8  # type: ignore[union-attr]
+        assert all(e.estimated_cost_usd is None and e.session_id == sid for e in usage.data)
+        assert usage.sessions[sid].user_metadata == {"k": "v"}
+        storage = types.CurrentCheckpointStorageUsageResponse.model_validate(
+            get_json(client, "/api/v1/billing/usage/checkpoints/current")
+        )
+        [row] = storage.data
+        assert (row.project_id, row.checkpoint_count) == ("proj-b", 1) and row.size_bytes > 0

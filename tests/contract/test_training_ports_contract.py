@@ -196,6 +196,8 @@ def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:
         "logprobs": TensorValue.floats(q),
         "advantages": TensorValue.floats(adv),
         "sequence_ratio_mask": TensorValue.floats([0.0, 0.0] + [1.0] * (n - 2)),
+        # stable_reinforce: the recorded sampler logprobs count on the sampled positions only
+        "sampled_mask": TensorValue.floats([0.0, 0.0] + [1.0] * (n - 2)),
     }
     r = [math.exp(a - b) for a, b in zip(lp, q, strict=True)]
     # GSPO: one ratio, the geometric mean over the masked positions, on every token
@@ -206,6 +208,8 @@ def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:
         "cispo": -sum(min(max(x, 0.0), 4.0) * v * a for x, v, a in zip(r, lp, adv, strict=True)),
         "dro": -sum(v * a - 0.025 * (v - b) ** 2 for v, b, a in zip(lp, q, adv, strict=True)),
         "gspo": -sum(min(s * a, min(max(s, 0.8), 1.2) * a) for a in adv),
+        # every ratio here is within the trust band [0.5, 2]; kl_coeff defaults to 0
+        "stable_reinforce": -sum(x * a for x, a in zip(r[2:], adv[2:], strict=True)),
     }
     for loss, value in expected.items():
         out = trainer.forward_backward(

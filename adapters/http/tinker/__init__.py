@@ -1,11 +1,12 @@
 """The Tinker API (``/api/v1/...``) for the stock ``tinker`` SDK, over a TinkerService.
 
 One controller per resource (``server``, ``sessions``, ``models``, ``training``,
-``weights``, ``sampling``, ``futures``, ``runs``, ``custom_losses``); handlers only translate
-between the wire (``codec``, ``replies``) and the service. Keys arrive in ``X-API-Key`` (or
-``Authorization: Bearer``); the :class:`~adapters.http.auth.ApiKeyGuard` gives handlers the
-caller's ``tenant``, and every session, run, sampler and checkpoint belongs to the tenant
-that made it (another gets 404). Errors: ``errors.TINKER_ERRORS``.
+``weights``, ``sampling``, ``futures``, ``runs``, ``custom_losses``, ``session_futures``,
+``admin``); handlers only translate between the wire (``codec``, ``replies``) and the
+service. Keys arrive in ``X-API-Key`` (or ``Authorization: Bearer``); the
+:class:`~adapters.http.auth.ApiKeyGuard` gives handlers the caller's ``tenant``, and every
+session, run, sampler and checkpoint belongs to the tenant that made it (another gets
+404). Errors: ``errors.TINKER_ERRORS``.
 """
 
 from collections.abc import Mapping
@@ -17,13 +18,16 @@ from litestar.exceptions import HTTPException
 from adapters.http.auth import TENANT, ApiKeyGuard
 from adapters.http.errors import HTTPError
 from adapters.http.request_state import constants
+from adapters.http.tinker.admin import AdminRoutes
 from adapters.http.tinker.custom_losses import CustomLossRoutes
 from adapters.http.tinker.errors import forbidden_key, refused_key, tinker_error_response
 from adapters.http.tinker.futures import FutureRoutes
+from adapters.http.tinker.limits import request_limits
 from adapters.http.tinker.models import ModelRoutes
 from adapters.http.tinker.runs import RunRoutes
 from adapters.http.tinker.sampling import SamplingRoutes
 from adapters.http.tinker.server import ServerRoutes
+from adapters.http.tinker.session_futures import SessionFutureRoutes
 from adapters.http.tinker.sessions import SessionRoutes
 from adapters.http.tinker.training import TrainingRoutes
 from adapters.http.tinker.weights import WeightRoutes
@@ -65,6 +69,9 @@ def tinker_router(
         "fwdbwd_max_chunk_bytes_count": 4 * service.limits.max_tokens_per_request,
         # create_custom_loss uploads traced losses, which forward_backward runs here
         "custom_loss_server_side": True,
+        # a sampling session's clients poll retrieve_futures, clones join for their ids
+        "sample_use_retrieve_futures": True,
+        "sample_join_sampling_session": True,
         **(client_config or {}),
     }
     guard = tinker_guard(api_keys, access)
@@ -80,7 +87,10 @@ def tinker_router(
             FutureRoutes,
             RunRoutes,
             CustomLossRoutes,
+            SessionFutureRoutes,
+            AdminRoutes,
         ],
+        guards=request_limits(guard, access),
         dependencies={
             **constants({"service": service, "sdk_config": sdk_config, "api_keys": guard}),
             TENANT: guard.dependency(),

@@ -24,6 +24,8 @@ from domain.training import (
     LoraSpec,
     OptimizerFamily,
     PromptTable,
+    ProvenanceSpan,
+    Spans,
     TensorValue,
     TinkerSampleResult,
     TinkerSamplingParams,
@@ -169,6 +171,7 @@ class SampleIn(_In):
     target_prompt_logprobs: SampleTensorIn | None = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool | None = None
 
 
 class RetrieveFutureIn(_In):
@@ -193,6 +196,8 @@ class TensorIn(_In):
 class DatumIn(_In):
     model_input: ModelInputIn
     loss_fn_inputs: dict[str, TensorIn] = {}
+    model_input_spans: list[dict[str, Any]] | None = None
+    loss_fn_input_spans: list[dict[str, Any]] | None = None
 
 
 class ForwardBackwardInputIn(_In):
@@ -444,9 +449,82 @@ def forward_backward_proto(
             name: _tensor(t, f"data[{i}].loss_fn_inputs[{name!r}]")
             for name, t in d.loss_fn_inputs.items()
         }
-        data.append(Datum(tokens, inputs))
+        spans = (
+            _spans_proto(d.model_input_spans, f"data[{i}].model_input_spans"),
+            _spans_proto(d.loss_fn_input_spans, f"data[{i}].loss_fn_input_spans"),
+        )
+        data.append(Datum(tokens, inputs, *_span_pair(spans, f"data[{i}]")))
     seq_id = msg.seq_id or None
     return msg.model_id, seq_id, data, msg.loss_fn, config, msg.forward_only
+
+
+MAX_SPANS = 1 << 16  # provenance spans per field of one datum
+
+
+def _spans_proto(spans: Sequence[Any], what: str) -> Spans | None:
+    """A datum field's provenance (``ProvenanceSpan`` messages); none given: None."""
+    if not spans:
+        return None
+    pairs = []
+    for span in spans:
+        kind = span.WhichOneof("span")
+        pairs.append((kind, getattr(span, kind)) if kind else ("unset", None))
+    return _checked_spans(pairs, what)
+
+
+def _spans_json(spans: list[dict[str, Any]] | None, what: str) -> Spans | None:
+    """The same from JSON: ``{"prompt_tokens"|"sampled_tokens": {sequence_id, offset,
+    length}}`` (protobuf's JSON form) or ``{"type": "prompt"|"sampled", sequence_id, ...}``."""
+    if spans is None:
+        return None
+    pairs = []
+    for j, span in enumerate(spans):
+        if not isinstance(span, dict):
+            raise InvalidTrainingRequest(f"{what}[{j}] must be an object")
+        kind = span.get("type")
+        if kind in ("prompt", "sampled"):
+            pairs.append((f"{kind}_tokens", span))
+        elif len(span) == 1 and next(iter(span)) in ("prompt_tokens", "sampled_tokens"):
+            pairs.append(next(iter(span.items())))
+        else:
+            pairs.append(("unset", span))
+    return _checked_spans(pairs, what)
+
+
+def _checked_spans(pairs: Sequence[tuple[str, Any]], what: str) -> Spans:
+    if len(pairs) > MAX_SPANS:
+        raise InvalidTrainingRequest(f"{what}: {len(pairs)} spans, at most {MAX_SPANS}")
+    out = []
+    for j, (kind, span) in enumerate(pairs):
+        if kind not in ("prompt_tokens", "sampled_tokens"):
+            raise InvalidTrainingRequest(
+                f"{what}[{j}]: a span is prompt_tokens or sampled_tokens (Tinker's "
+                "PromptProvenanceSpan / SampledProvenanceSpan)"
+            )
+        fields = (
+            span
+            if isinstance(span, dict)
+            else {"sequence_id": span.sequence_id, "offset": span.offset, "length": span.length}
+        )
+        sequence_id = fields.get("sequence_id")
+        offset, length = fields.get("offset", 0), fields.get("length")
+        if not isinstance(sequence_id, str) or not sequence_id:
+            raise InvalidTrainingRequest(f"{what}[{j}].sequence_id must be a non-empty string")
+        for name, value in (("offset", offset), ("length", length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidTrainingRequest(f"{what}[{j}].{name} must be an integer >= 0")
+        out.append(
+            ProvenanceSpan(sequence_id, int(offset), int(length or 0), kind == "sampled_tokens")
+        )
+    return tuple(out)
+
+
+def _span_pair(spans: tuple[Spans | None, Spans | None], what: str) -> tuple[Spans | None, ...]:
+    if (spans[0] is None) != (spans[1] is None):
+        raise InvalidTrainingRequest(
+            f"{what}: provenance comes as a pair (model_input_spans and loss_fn_input_spans)"
+        )
+    return spans
 
 
 def _tensor(t: Any, what: str) -> TensorValue:
@@ -477,7 +555,11 @@ def forward_backward_json(body: ForwardBackwardIn) -> list[Datum]:
                     f"{len(values)} values"
                 )
             inputs[name] = TensorValue(values, shape)
-        data.append(Datum(tokens, inputs))
+        spans = (
+            _spans_json(d.model_input_spans, f"data[{i}].model_input_spans"),
+            _spans_json(d.loss_fn_input_spans, f"data[{i}].loss_fn_input_spans"),
+        )
+        data.append(Datum(tokens, inputs, *_span_pair(spans, f"data[{i}]")))
     return data
 
 

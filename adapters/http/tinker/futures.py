@@ -20,7 +20,9 @@ class FutureRoutes(Controller):
         body = codec.decode(await request.body(), codec.RetrieveFutureIn)
         future = await service.futures.wait(tenant, body.request_id, service.long_poll_s)
         if not future.finished:
-            return ok({"type": "try_again", "request_id": future.id, "queue_state": "active"})
+            state, reason = service.queue_state(tenant, future)
+            reply = {"type": "try_again", "request_id": future.id, "queue_state": state}
+            return ok(reply if reason is None else {**reply, "queue_state_reason": reason})
         if future.error is not None:
             return ok({"error": str(future.error), "category": future.error.category})
         proto = PROTOBUF in request.headers.get("accept", "")

@@ -9,6 +9,7 @@ from adapters.http.auth import Tenant
 from adapters.http.tinker import codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import ok
+from domain.training import InvalidTrainingRequest
 
 
 class SamplingRoutes(Controller):
@@ -52,6 +53,12 @@ class SamplingRoutes(Controller):
             model_path=body.model_path,
         )
         prompt = codec.prompt_tokens(body.prompt)
+        record = bool(body.record_stability_info)
+        if record and body.sampling_session_id is None:
+            raise InvalidTrainingRequest(
+                "record_stability_info needs a sampling session (sampling_session_id): "
+                "recorded sequences belong to its session"
+            )
         room = max(1, target.max_context_length - len(prompt))  # max_tokens left out: all
         future = service.sampling.sample(
             tenant,
@@ -66,9 +73,19 @@ class SamplingRoutes(Controller):
             target_prompt=targets,
             prompt_alt_k=body.prompt_alt_tokens_k,
         )
-        return ok(
-            {
-                "request_id": future.id,
-                "sample_sequence_ids": [f"{future.id}:{i}" for i in range(body.num_samples)],
-            }
+        ids = service.sequence_ids(
+            tenant,
+            future,
+            prompt,
+            body.num_samples,
+            record_in=body.sampling_session_id if record else None,
         )
+        service.track_sample(  # retrieve_futures, usage
+            tenant,
+            future,
+            sampler_id=body.sampling_session_id,
+            seq_id=body.seq_id,
+            base_model=target.source.base_model,
+            prompt_tokens=len(prompt),
+        )
+        return ok({"request_id": future.id, "sample_sequence_ids": ids})

@@ -9,6 +9,11 @@ sampler's ``logprobs``, ``A`` the ``advantages`` and ``r = exp(logp - q)``:
 - ``ppo``:                 ``-sum(min(r * A, clamp(r, low, high) * A))``
 - ``cispo``:               ``-sum(stopgrad(clamp(r, low, high)) * logp * A)``
 - ``dro``:                 ``-sum(logp * A - 0.5 * beta * (logp - q) ** 2)``
+- ``stable_reinforce``:    ``-sum(m * trust(r) * r * A) + kl_coeff * sum(m * (r - 1 - log r))``
+  with ``q`` the sampler's logprobs as the server recorded them, ``m`` the sampled
+  positions, ``trust(r)`` 1 inside ``STABLE_REINFORCE_TRUST`` and 0 outside (no gradient
+  through it): the importance-weighted REINFORCE gradient on tokens the learner still
+  agrees with, and a KL(sampler || learner) penalty (the k3 estimator) on all of them.
 
 ``low``/``high`` are ``clip_low_threshold`` / ``clip_high_threshold``, bounds on the ratio
 itself; configs are resolved (defaults, checks) by ``domain.training.loss_config``.
@@ -18,6 +23,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
+
+from domain.training import STABLE_REINFORCE_TRUST
 
 Inputs = Mapping[str, Tensor]
 
@@ -74,6 +81,16 @@ def _gspo(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
     return -torch.minimum(ratio * advantages, clipped * advantages).sum()
 
 
+def _stable_reinforce(logp: Tensor, inputs: Inputs, config: Mapping[str, float]) -> Tensor:
+    mask = inputs["sampled_mask"]
+    log_ratio = (logp - inputs["logprobs"]) * mask
+    ratio = torch.exp(log_ratio)
+    low, high = STABLE_REINFORCE_TRUST
+    trusted = ((ratio >= low) & (ratio <= high)).to(logp.dtype).detach() * mask
+    policy = -(trusted * ratio * inputs["advantages"]).sum()
+    return policy + config["kl_coeff"] * (mask * (ratio - 1.0 - log_ratio)).sum()
+
+
 _LOSSES: dict[str, Callable[[Tensor, Inputs, Mapping[str, float]], Tensor]] = {
     "cross_entropy": _cross_entropy,
     "importance_sampling": _importance_sampling,
@@ -81,4 +98,5 @@ _LOSSES: dict[str, Callable[[Tensor, Inputs, Mapping[str, float]], Tensor]] = {
     "cispo": _cispo,
     "dro": _dro,
     "gspo": _gspo,
+    "stable_reinforce": _stable_reinforce,
 }

@@ -330,6 +330,65 @@ def test_rl_loss_value_and_gradient_follow_the_formula(
     assert grad_norm == pytest.approx(backend.optim_step(twin, params)["grad_norm:mean"], rel=1e-4)
 
 
+def _stable_reinforce_reference(lp, q, a, mask, kl_coeff: float) -> tuple[float, np.ndarray]:
+    """StableReinforce as README states it, in float64 torch on one datum: (value, the
+    gradient with respect to each target logprob)."""
+    target = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
+    ref, adv, m = (torch.tensor(x, dtype=torch.float64) for x in (q, a, mask))
+    ratio = torch.exp(target - ref)
+    inside = ((ratio >= 0.5) & (ratio <= 2.0)).double()
+    policy = -(m * inside * ratio * adv).sum()
+    kl = (m * (ratio - 1 - torch.log(ratio))).sum()
+    loss = policy + kl_coeff * kl
+    loss.backward()
+    assert target.grad is not None
+    return loss.item(), target.grad.numpy()
+
+
+@pytest.mark.parametrize("kl_coeff", [None, 0.3])
+def test_stable_reinforce_value_and_gradient_follow_the_formula(
+    backend, tmp_path, kl_coeff
+) -> None:
+    """Ratios spread over about 0.1 to 10, so the trust band drops some tokens' policy
+    gradient; the gradient is checked as cross_entropy's with the reference's weights."""
+    model_id, twin = _create(backend), _create(backend)
+    _train(backend, model_id, steps=1)
+    backend.save(model_id, tmp_path / "start", optimizer=False)
+    backend.load(twin, tmp_path / "start", optimizer=False)
+    lps = _logprobs(backend, model_id, _data())
+    data, expected, weights, outside = [], 0.0, [], 0
+    for d, lp in zip(_rl_data(lps, seed=7), lps, strict=True):
+        inputs = {k: np.asarray(v.data, dtype=np.float64) for k, v in d.loss_fn_inputs.items()}
+        inputs["logprobs"] = lp + np.random.default_rng(len(lp)).normal(size=len(lp))
+        mask = inputs["sequence_ratio_mask"]  # the "sampled" part
+        adv = inputs["advantages"] * mask
+        value, grad = _stable_reinforce_reference(lp, inputs["logprobs"], adv, mask, kl_coeff or 0)
+        expected += value
+        weights.append(-grad)
+        ratio = np.exp(lp - inputs["logprobs"])
+        outside += int((((ratio < 0.5) | (ratio > 2.0)) & (mask > 0)).sum())
+        fields = dict(d.loss_fn_inputs)
+        fields["logprobs"] = TensorValue.floats(inputs["logprobs"].tolist())
+        fields["advantages"] = TensorValue.floats(adv.tolist())
+        fields["sampled_mask"] = TensorValue.floats(mask.tolist())
+        data.append(Datum(d.tokens, fields))
+    assert outside > 0  # the band matters in this data
+    config = {} if kl_coeff is None else {"kl_coeff": kl_coeff}
+    result = backend.forward_backward(
+        model_id, ForwardBackwardInput(data, "stable_reinforce", config), backward=True
+    )
+    ce_data = [
+        _datum(n, i, weights=w.tolist())
+        for i, (n, w) in enumerate(zip(LENGTHS, weights, strict=True))
+    ]
+    backend.forward_backward(twin, ForwardBackwardInput(ce_data, "cross_entropy"), backward=True)
+    assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    params = AdamParams(learning_rate=0.01, eps=1.0)
+    grad_norm = backend.optim_step(model_id, params)["grad_norm:mean"]
+    assert grad_norm > 0
+    assert grad_norm == pytest.approx(backend.optim_step(twin, params)["grad_norm:mean"], rel=1e-4)
+
+
 def test_cross_entropy_value_is_the_weighted_sum_of_target_logprobs(backend) -> None:
     model_id = _create(backend)
     lps = _logprobs(backend, model_id, _data())
