@@ -594,3 +594,45 @@ def test_sampling_sessions_admin_and_usage_validate_against_the_sdk_types(
         )
         [row] = storage.data
         assert (row.project_id, row.checkpoint_count) == ("proj-b", 1) and row.size_bytes > 0
+
+
+# --- the SDK's client-config flags ---------------------------------------------------------
+
+# Flags of the SDK's client configs this server leaves at the SDK's default, with why.
+# Every other field must be sent explicitly (so a flag the SDK adds shows up here).
+FLAGS_AT_DEFAULT: dict[str, str] = {
+    "pjwt_auth_enabled": "no JWT exchange (auth/token): keys are checked on every call",
+    "credential_default_source": "API keys, the SDK's default",
+    "sample_dispatch_bytes_semaphore_size": "a client-side bound; the SDK's default fits",
+    "inflight_response_bytes_semaphore_size": "a client-side bound; the SDK's default fits",
+    "parallel_fwdbwd_chunks": "chunks in parallel (default on): served in seq_id order",
+    "proto_compress_fwdbwd": "zstd bodies are not accepted (a 400 names them)",
+    "fwdbwd_max_chunk_len": "datums per chunk: the token bound is the one that matters here",
+    "fwdbwd_dispatch_bytes_semaphore_size": "a client-side bound; the SDK's default fits",
+    "billing_exception_max_pause_duration_sec": "no billing pauses (no 402s) here",
+    "sample_no_retries": "samples are retried (default), as the server expects",
+    "sample_enable_stuck_detection": "default on: long polls answer within 30 s",
+    "sample_max_concurrent_requests": "the engine's own slots bound the work, not the client",
+    "use_pyqwest_transport": "either transport works: the SDK's default",
+    "refresh_interval_sec": "dynamic config rarely changes: the SDK's default period",
+    "sample_cancel_max_batch_size": "the SDK's default batch of cancels is fine",
+}
+
+
+def test_every_client_config_flag_is_sent_or_listed_with_a_reason(tmp_path: Path) -> None:
+    with TestClient(tinker_app(toy_service(tmp_path))) as client:
+        sent = {
+            **post_json(client, "/api/v1/client/config", {}),
+            **post_json(client, "/api/v1/client/dynamic_config", {}),
+        }
+    fields = {
+        *types.ClientConfigResponse.model_fields,
+        *types.ClientDynamicConfigResponse.model_fields,
+    }
+    unaccounted = sorted(f for f in fields if f not in sent and f not in FLAGS_AT_DEFAULT)
+    assert not unaccounted, f"SDK client-config flags neither sent nor listed: {unaccounted}"
+    stale = sorted(f for f in FLAGS_AT_DEFAULT if f in sent or f not in fields)
+    assert not stale, f"listed as left at default but sent, or gone from the SDK: {stale}"
+    # What is sent turns the served features on.
+    assert sent["custom_loss_server_side"] and sent["sample_use_retrieve_futures"]
+    assert sent["sample_join_sampling_session"] and sent["sample_cancel_enabled"]
