@@ -6,10 +6,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
 TORCH_VERSION := 2.13.0
+# tinker-cookbook, whose recipes the slow tests run against `infer serve`
+# (tests/e2e/test_cookbook_recipes.py): beside the project in .cookbook/, not a dependency.
+# Every package pinned and installed without resolution: the cookbook wants
+# tml-renderers>=0.4.1, which not every index has (0.2.1 serves these recipes), and
+# datasets 5.x with pyarrow 26 fail to fingerprint a dataset. torch, transformers, tinker,
+# sympy, ... come from .venv.
+COOKBOOK := .cookbook
+COOKBOOK_PACKAGES := tinker-cookbook==0.6.1 tml-renderers==0.2.1 chz==0.4.0 blobfile==3.3.0 \
+	pyrage==1.4.0 termcolor==3.3.0 tiktoken==0.14.0 cloudpickle==3.1.3 pillow==13.0.0 \
+	lxml==6.1.3 pylatexenc==2.11 datasets==4.4.2 pyarrow==21.0.0 dill==0.3.8 \
+	multiprocess==0.70.16 xxhash==4.1.0 pandas==3.1.1 fsspec==2026.9.0 \
+	python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 six==1.17.0
 
 .PHONY: setup generate serve test bench bench-serving bench-llamacpp clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(COOKBOOK)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +44,11 @@ $(VENV)/.installed: pyproject.toml
 	@# converted and --dtype auto's measurement made for it: the first `make serve` starts
 	@# in seconds.
 	-$(BIN)/infer build-kernels
+	touch $@
+
+$(COOKBOOK)/.installed: Makefile | $(VENV)/.installed
+	rm -rf $(COOKBOOK)
+	$(BIN)/pip install --target $(COOKBOOK) --no-deps $(COOKBOOK_PACKAGES)
 	touch $@
 
 generate: setup
@@ -59,4 +76,4 @@ bench-llamacpp: setup
 	$(BIN)/python benchmarks/bench_vs_llamacpp.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(COOKBOOK)

@@ -1,16 +1,11 @@
 """tinker-cookbook's supervised training loop, unmodified, against a running `infer serve`.
 
-Not part of the project's dependencies (the cookbook pulls datasets, pyarrow, pandas, ...).
-How it was run here — into a separate folder, without dependency resolution, because this
-machine's package index lacks the cookbook's ``tml-renderers>=0.4.1`` (0.2.1 serves the
-supervised path) and datasets 5.2 + pyarrow 26 fail to fingerprint a dataset:
+Not part of the project's dependencies (the cookbook pulls datasets, pyarrow, pandas, ...):
+`make setup` installs it, pinned, into ``.cookbook/`` beside the project (the Makefile's
+``COOKBOOK_PACKAGES`` say why without dependency resolution). Run:
 
-    .venv/bin/pip install --target /tmp/cb --no-deps tinker-cookbook==0.6.1 tml-renderers \\
-        chz blobfile pyrage termcolor tiktoken cloudpickle pillow lxml datasets==4.4.2 \\
-        pyarrow==21.0.0 dill==0.3.8 multiprocess==0.70.16 xxhash pandas fsspec \\
-        python-dateutil pytz tzdata six
     .venv/bin/infer serve --port 8000 &
-    TINKER_API_KEY=tml-cookbook PYTHONPATH=/tmp/cb .venv/bin/python benchmarks/cookbook_sl.py \\
+    TINKER_API_KEY=tml-cookbook PYTHONPATH=.cookbook .venv/bin/python benchmarks/cookbook_sl.py \\
         [--base-url http://127.0.0.1:8000] [--log-path /tmp/cookbook_sl]
 
 It trains a LoRA adapter (rank 16, one epoch, batch 16, lr 5e-4) on the cookbook's own
