@@ -15,6 +15,7 @@ It wraps the whole HTTP app (routing included, so a 404 is counted and logged to
   stream. Never the prompt or the output.
 """
 
+import asyncio
 import contextlib
 import re
 import time
@@ -28,6 +29,9 @@ from adapters.observability.tracing import Tracing
 from application.request_record import RECORD_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+# The status logged for a request whose handler was cancelled before it answered: the
+# client went away (nginx's 499), not a server error.
+CLIENT_CLOSED = 499
 access_log = structlog.get_logger("infer.request")
 
 ASGIApp = Callable[..., Any]
@@ -80,6 +84,10 @@ class ObservedApp:
         with bound, self._span(record, headers):
             try:
                 await self.app(scope, receive, send_observed)
+            except asyncio.CancelledError:  # the client went away (or the server stopped)
+                if record.status is None:
+                    record.status = CLIENT_CLOSED
+                raise
             except BaseException:
                 if record.status is None:
                     record.status = 500

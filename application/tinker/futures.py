@@ -73,6 +73,12 @@ class FutureStore:
         """Futures not finished yet (queued or running)."""
         return sum(not f.finished for f in self._futures.values())
 
+    def busy_sessions(self) -> set[str]:
+        """The sessions with futures not finished yet."""
+        return {
+            f.session_id for f in self._futures.values() if not f.finished and f.session_id
+        }
+
     def create(self, owner: str, kind: str) -> Future:
         self.evict_expired()
         future = Future(f"{self._prefix}{next(self._ids)}", owner, kind, self._clock())

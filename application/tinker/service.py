@@ -173,7 +173,7 @@ class TinkerService:
     def maintain(self) -> None:
         """Expire silent sessions and checkpoints past their ttl; drop old futures and
         recorded sequences."""
-        for session in self.sessions.expire_stale():
+        for session in self.sessions.expire_stale(busy=self.futures.busy_sessions()):
             self._end(session, "expired")
         self.sessions.forget_ended(self.ended_session_retention_s)
         self.traces.forget(lambda session_id: self.sessions.known(session_id))

@@ -2,12 +2,13 @@
 
 A session is what one SDK ``ServiceClient`` opens; its training runs and samplers hang off
 it. It ends when the client finishes it (``ServiceClient.close()``) or stops sending
-heartbeats for ``timeout_s`` (the SDK sends one every 10 s).
+heartbeats for ``timeout_s`` (the SDK sends one every 10 s) while none of its work is in
+flight.
 """
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import structlog
@@ -137,9 +138,17 @@ class SessionManager:
             del self._sessions[session_id]
         return len(old)
 
-    def expire_stale(self) -> list[Session]:
-        """End sessions whose last heartbeat is older than ``timeout_s``; return them."""
-        cutoff = self._clock() - self.timeout_s
+    def expire_stale(self, busy: Collection[str] = ()) -> list[Session]:
+        """End sessions whose last heartbeat is older than ``timeout_s``; return them.
+        ``busy``: sessions with work in flight, alive whatever their heartbeats (a server
+        loaded enough to delay heartbeats must not end the sessions loading it); their
+        silence counts from now."""
+        now = self._clock()
+        for session_id in busy:
+            session = self._sessions.get(session_id)
+            if session is not None and session.ended is None:
+                session.last_heartbeat = max(session.last_heartbeat, now)
+        cutoff = now - self.timeout_s
         stale = [
             s for s in self._sessions.values() if s.ended is None and s.last_heartbeat < cutoff
         ]

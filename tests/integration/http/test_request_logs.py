@@ -124,3 +124,37 @@ def test_a_key_reload_writes_an_audit_line(log_stream) -> None:
         2,
         "k",
     )
+
+
+class _Records:
+    """RequestMetrics that keeps the finished records."""
+
+    def __init__(self) -> None:
+        self.finished: list[Any] = []
+
+    def request_started(self, record: Any) -> None: ...
+
+    def stream_started(self, record: Any) -> None: ...
+
+    def request_finished(self, record: Any) -> None:
+        self.finished.append(record)
+
+
+async def test_a_handler_cancelled_before_answering_is_a_499_not_a_500() -> None:
+    """A client that goes away mid long poll: its request is counted as closed by the
+    client, not as a server error; a handler that fails is still a 500."""
+    import asyncio
+
+    async def cancelled(scope: Any, receive: Any, send: Any) -> None:
+        raise asyncio.CancelledError
+
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("bug")
+
+    scope = {"type": "http", "method": "POST", "path": "/api/v1/retrieve_future", "headers": []}
+    cases = [(cancelled, asyncio.CancelledError, 499), (failing, RuntimeError, 500)]
+    for app, error, status in cases:
+        records = _Records()
+        with pytest.raises(error):
+            await ObservedApp(app, metrics=records, log_requests=False)(dict(scope), None, None)
+        assert [r.status for r in records.finished] == [status]
