@@ -75,9 +75,7 @@ class FutureStore:
 
     def busy_sessions(self) -> set[str]:
         """The sessions with futures not finished yet."""
-        return {
-            f.session_id for f in self._futures.values() if not f.finished and f.session_id
-        }
+        return {f.session_id for f in self._futures.values() if not f.finished and f.session_id}
 
     def create(self, owner: str, kind: str) -> Future:
         self.evict_expired()
