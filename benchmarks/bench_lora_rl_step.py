@@ -31,14 +31,14 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from bench_tinker_rl import Sample, peft_model, peft_stable_reinforce_backward  # noqa: E402
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 SHAPES = {  # prompts, prompt tokens, samples per prompt, sampled tokens
     "arithmetic": (8, 60, 8, 8),
     "long": (4, 400, 8, 64),
 }
-# One RL datum: (prompt ids, sampled ids, sampler logprobs, advantage).
-Sample = tuple[list[int], list[int], list[float], float]
 
 
 def cpu_name() -> str:
@@ -122,43 +122,10 @@ def make_peft(folder: Path, rank: int, lr: float, max_tokens: int) -> Any:
     """bench_tinker_rl.py's transformers + PEFT StableReinforce step, in right-padded
     forwards of at most ``max_tokens`` padded tokens (gradients accumulated); returns its
     wall and process CPU seconds."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    config = LoraConfig(r=rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
-    model = get_peft_model(base, config)
-    for p in model.parameters():  # LoRA weights in float32, as ours
-        if p.requires_grad:
-            p.data = p.data.float()
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=lr,
-        betas=(0.9, 0.95),
-        eps=1e-12,
-        weight_decay=0.0,
-    )
+    model, optimizer = peft_model(folder, rank, lr)
 
     def forward_backward(batch: list[Sample]) -> None:
-        seqs = [p + t for p, t, _, _ in batch]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        q = torch.zeros(len(batch), width - 1)
-        adv = torch.zeros(len(batch), width - 1)
-        sampled = torch.zeros(len(batch), width - 1)
-        for row, ((prompt, _, logprobs, a), s) in enumerate(zip(batch, seqs, strict=True)):
-            ids[row, : len(s)] = torch.tensor(s)
-            mask[row, : len(s)] = 1
-            span = slice(len(prompt) - 1, len(s) - 1)  # the positions predicting sampled tokens
-            q[row, span], adv[row, span], sampled[row, span] = torch.tensor(logprobs), a, 1.0
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
-        ratio = torch.exp((logp - q) * sampled)
-        trusted = ((ratio >= 0.5) & (ratio <= 2.0)).float().detach() * sampled
-        (-(trusted * ratio * adv).sum()).backward()
+        peft_stable_reinforce_backward(model, batch)
 
     def step(batch: list[Sample]) -> tuple[float, float]:
         start, cpu = time.perf_counter(), time.process_time()

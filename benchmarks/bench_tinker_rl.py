@@ -154,47 +154,64 @@ def run_sdk(args: argparse.Namespace, url: str, peft_step: Any = None) -> dict[s
     }
 
 
-def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
-    """One StableReinforce step of transformers + PEFT on a batch of (prompt, sampled
-    tokens, sampler logprobs, advantage); returns its seconds."""
+def peft_model(folder: Path, rank: int, lr: float) -> tuple[Any, Any]:
+    """transformers + PEFT as ours trains: rank ``rank``, alpha 32, the same targets, bf16
+    base weights, float32 LoRA weights, AdamW with our defaults; (model, optimizer)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    config = LoraConfig(r=args.rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
+    config = LoraConfig(r=rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
     model = get_peft_model(model, config)
     for p in model.parameters():  # LoRA weights in float32, as ours
         if p.requires_grad:
             p.data = p.data.float()
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
-        lr=args.lr,
+        lr=lr,
         betas=(0.9, 0.95),
         eps=1e-12,
         weight_decay=0.0,
     )
+    return model, optimizer
 
-    def step(batch: list[tuple[list[int], list[int], list[float], float]]) -> float:
+
+Sample = tuple[list[int], list[int], list[float], float]  # prompt, sampled, logprobs, adv
+
+
+def peft_stable_reinforce_backward(model: Any, batch: list[Sample]) -> None:
+    """StableReinforce (README's formula) over ``batch`` in one right-padded forward, on the
+    sampler logprobs the server recorded; gradients added to the model's."""
+    import torch
+
+    seqs = [p + t for p, t, _, _ in batch]
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    q = torch.zeros(len(batch), width - 1)
+    adv = torch.zeros(len(batch), width - 1)
+    sampled = torch.zeros(len(batch), width - 1)
+    for row, ((prompt, _, logprobs, a), s) in enumerate(zip(batch, seqs, strict=True)):
+        ids[row, : len(s)] = torch.tensor(s)
+        mask[row, : len(s)] = 1
+        span = slice(len(prompt) - 1, len(s) - 1)  # the positions predicting sampled tokens
+        q[row, span], adv[row, span], sampled[row, span] = torch.tensor(logprobs), a, 1.0
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
+    ratio = torch.exp((logp - q) * sampled)
+    trusted = ((ratio >= 0.5) & (ratio <= 2.0)).float().detach() * sampled
+    (-(trusted * ratio * adv).sum()).backward()
+
+
+def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
+    """One StableReinforce step of transformers + PEFT on a batch; returns its seconds."""
+    model, optimizer = peft_model(folder, args.rank, args.lr)
+
+    def step(batch: list[Sample]) -> float:
         start = time.perf_counter()
-        seqs = [p + t for p, t, _, _ in batch]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        q = torch.zeros(len(batch), width - 1)
-        adv = torch.zeros(len(batch), width - 1)
-        sampled = torch.zeros(len(batch), width - 1)
-        for row, ((prompt, _, logprobs, a), s) in enumerate(zip(batch, seqs, strict=True)):
-            ids[row, : len(s)] = torch.tensor(s)
-            mask[row, : len(s)] = 1
-            span = slice(len(prompt) - 1, len(s) - 1)  # the positions predicting sampled tokens
-            q[row, span], adv[row, span], sampled[row, span] = torch.tensor(logprobs), a, 1.0
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
-        ratio = torch.exp((logp - q) * sampled)
-        trusted = ((ratio >= 0.5) & (ratio <= 2.0)).float().detach() * sampled
-        (-(trusted * ratio * adv).sum()).backward()
+        peft_stable_reinforce_backward(model, batch)
         optimizer.step()
         optimizer.zero_grad()
         return time.perf_counter() - start
