@@ -62,11 +62,11 @@ class Quotas:
         except Exception as e:
             raise LimitsUnavailableError(f"rate limits cannot be checked now: {e}") from e
 
-    async def reserve(self, admission: Admission, tokens: int) -> None:
-        """Reserve ``tokens`` for the request and take a stream slot; raises
-        :class:`RateLimitedError` (nothing held then)."""
+    async def reserve(self, admission: Admission, tokens: int, *, stream: bool = True) -> None:
+        """Reserve ``tokens`` for the request and take a stream slot (``stream`` False:
+        work that holds none); raises :class:`RateLimitedError` (nothing held then)."""
         try:
-            await self._reserve(admission, tokens)
+            await self._reserve(admission, tokens, stream)
         except (RateLimitedError, LimitsUnavailableError):
             raise
         except Exception as e:
@@ -95,7 +95,7 @@ class Quotas:
                 admission.requests = state
         return admission
 
-    async def _reserve(self, admission: Admission, tokens: int) -> None:
+    async def _reserve(self, admission: Admission, tokens: int, stream: bool) -> None:
         tenant, limits = admission.tenant, admission.tenant.limits
         if limits.tokens_per_minute is not None:
             if tokens > limits.tokens_per_minute:
@@ -122,7 +122,7 @@ class Quotas:
             admission.tokens = state
             admission.reserved_tokens = tokens
             admission.reserved_until = self.clock() + state.reset_s
-        if limits.max_concurrent_streams is not None:
+        if stream and limits.max_concurrent_streams is not None:
             if not await self.counters.enter(f"streams:{tenant.id}", limits.max_concurrent_streams):
                 await self._give_back(admission, admission.reserved_tokens)
                 admission.reserved_tokens = 0

@@ -1,5 +1,7 @@
 """A Tinker API server on 127.0.0.1 in a background thread, for the real tinker SDK."""
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -15,10 +17,12 @@ from adapters.torch.custom_loss import custom_loss_gradient
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from application.access import Access
 from application.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
+from domain.training import SampleRequest, TinkerSampleResult, WeightsSource
 from tests.fakes import torch_async_engine
 from tests.support.uvicorn_thread import running
 
@@ -43,11 +47,34 @@ def toy_service(root: Path, **kwargs: object) -> TinkerService:
     return TinkerService(backend, backend, FileCheckpointStorage(root), **kwargs)  # type: ignore[arg-type]
 
 
+class GatedSampler:
+    """A SamplingBackend whose samples wait for ``open`` (or their cancellation)."""
+
+    def __init__(self, inner: ToyBackend) -> None:
+        self.inner = inner
+        self.open = threading.Event()
+        self.started = threading.Event()
+        self.cancelled = threading.Event()
+
+    async def sample(
+        self, source: WeightsSource, request: SampleRequest, *, tenant: str = ""
+    ) -> TinkerSampleResult:
+        self.started.set()
+        try:
+            while not self.open.is_set():
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return await self.inner.sample(source, request, tenant=tenant)
+
+
 def tinker_app(
     service: TinkerService,
     api_keys: frozenset[str] | None = None,
     client_config: dict[str, object] | None = None,
     engine: AsyncEngine | None = None,
+    access: Access | None = None,
 ) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -61,7 +88,7 @@ def tinker_app(
             if engine is not None:
                 await engine.stop()
 
-    router = tinker_router(service, api_keys=api_keys, client_config=client_config)
+    router = tinker_router(service, api_keys=api_keys, client_config=client_config, access=access)
     return Litestar(route_handlers=[router], lifespan=[lifespan])
 
 

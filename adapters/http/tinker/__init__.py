@@ -22,7 +22,7 @@ from adapters.http.tinker.admin import AdminRoutes
 from adapters.http.tinker.custom_losses import CustomLossRoutes
 from adapters.http.tinker.errors import forbidden_key, refused_key, tinker_error_response
 from adapters.http.tinker.futures import FutureRoutes
-from adapters.http.tinker.limits import request_limits
+from adapters.http.tinker.limits import LIMITS, LIMITS_DEPENDENCY, request_limits
 from adapters.http.tinker.models import ModelRoutes
 from adapters.http.tinker.runs import RunRoutes
 from adapters.http.tinker.sampling import SamplingRoutes
@@ -94,6 +94,7 @@ def tinker_router(
         dependencies={
             **constants({"service": service, "sdk_config": sdk_config, "api_keys": guard}),
             TENANT: guard.dependency(),
+            LIMITS: LIMITS_DEPENDENCY,
         },
         # Every error under /api/v1 in this API's form (the app's OpenAI-form handlers
         # would otherwise win for HTTPException, a more specific type than Exception).

@@ -1,4 +1,4 @@
-"""The keys file's per-tenant request limits on the Tinker API.
+"""The keys file's per-tenant limits on the Tinker API.
 
 Every call that submits work (``POST``: sessions, runs, forward/backward, optimizer steps,
 saves, samples, ...) counts against the caller's ``requests_per_second`` /
@@ -7,16 +7,30 @@ polls each future and heartbeats each session, which a limit meant for work must
 starve), nor do reads sent as POST (``sessions/search``, ``join_sampling_session``). A
 refused call is HTTP 429 with the ``x-ratelimit-*`` headers, which the SDK
 retries with backoff. An open server (no keys file) counts nothing.
+
+Tokens count against ``tokens_per_minute`` as on the OpenAI face: a sample reserves its
+prompt + ``max_tokens`` for every sequence when it is submitted and settles when its
+future finishes (what it did not use is given back); a forward/backward (or forward) is
+charged its data's tokens when it is submitted. An unfinished sample holds one of the
+key's ``max_concurrent_streams``. Work larger than the key's whole minute of tokens is a
+400 (retrying could never help), not a 429.
 """
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
 
+from litestar import Request
 from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency, Provide
 from litestar.handlers import BaseRouteHandler
 
 from adapters.http.access import Guard
 from adapters.http.auth import ApiKeyGuard
+from adapters.http.request_state import HeldLimits
 from application.access import Access
+from application.tinker.futures import Future
+from domain.training import InvalidTrainingRequest
 
 # Calls that poll, keep a session alive, read or describe: not counted.
 UNCOUNTED = frozenset(
@@ -33,6 +47,57 @@ UNCOUNTED = frozenset(
         "sessions/search",
     }
 )
+LIMITS_KEY = "tinker_limits"  # where the guard leaves what it admitted, in the ASGI state
+LIMITS = "limits"  # the name handlers declare to receive their WorkLimits
+
+
+@dataclass(frozen=True, slots=True)
+class WorkLimits:
+    """What one work-submitting call was admitted with (``held`` None: no limits)."""
+
+    held: HeldLimits | None = None
+
+    async def reserve(self, what: str, tokens: int, *, stream: bool) -> None:
+        """Count ``tokens`` for ``what`` (and a stream slot when ``stream``): a 400 when
+        more than the key's whole minute, a 429 when the window (or the streams) is full."""
+        if self.held is None:
+            return
+        per_minute = self.held.admission.tenant.limits.tokens_per_minute
+        if per_minute is not None and tokens > per_minute:
+            raise InvalidTrainingRequest(
+                f"{what} needs {tokens} tokens, more than the {per_minute} tokens per minute "
+                "this API key may use: send less at once"
+            )
+        await self.held.quotas.reserve(self.held.admission, tokens, stream=stream)
+
+    async def give_back(self) -> None:
+        """The work was refused after its reservation: nothing of it is counted."""
+        if self.held is not None:
+            await self.held.settle(0)
+
+    def settle_when_done(self, future: Future) -> None:
+        """Settle the reservation with the tokens ``future`` used once it finishes
+        (resolved, failed or cancelled)."""
+        held = self.held
+        if held is None:
+            return
+
+        async def settle() -> None:  # after every other hook: the tokens are counted then
+            await held.settle(future.tokens)
+
+        def done(_: Future) -> None:
+            task = asyncio.get_running_loop().create_task(settle())
+            _SETTLING.add(task)
+            task.add_done_callback(_SETTLING.discard)
+
+        if future.finished:
+            done(future)
+        else:
+            future.on_done.append(done)
+
+
+_SETTLING: set["asyncio.Task[None]"] = set()  # kept alive until they end
+_OPEN = WorkLimits()
 
 
 def request_limits(keys: ApiKeyGuard, access: Access | None) -> list[Guard]:
@@ -47,6 +112,19 @@ def request_limits(keys: ApiKeyGuard, access: Access | None) -> list[Guard]:
         name = connection.url.path.partition("/api/v1/")[2].strip("/")
         if name in UNCOUNTED:
             return
-        await quotas.admit(keys.resolve(connection))
+        admission = await quotas.admit(keys.resolve(connection))
+        state = connection.scope.setdefault("state", {})
+        state[LIMITS_KEY] = WorkLimits(HeldLimits(quotas, admission))
 
     return [guard]
+
+
+def work_limits(request: Request[Any, Any, Any]) -> WorkLimits:
+    """A handler's ``limits``: what its call was admitted with."""
+    limits = request.scope.get("state", {}).get(LIMITS_KEY)
+    return limits if isinstance(limits, WorkLimits) else _OPEN
+
+
+# A handler's ``limits: Limits``.
+Limits = NamedDependency[WorkLimits]
+LIMITS_DEPENDENCY = Provide(work_limits, sync_to_thread=False)

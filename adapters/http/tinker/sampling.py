@@ -8,6 +8,7 @@ from litestar.params import FromPath
 from adapters.http.auth import Tenant
 from adapters.http.tinker import codec
 from adapters.http.tinker.deps import Service
+from adapters.http.tinker.limits import Limits
 from adapters.http.tinker.replies import ok
 from domain.training import InvalidTrainingRequest
 
@@ -42,7 +43,7 @@ class SamplingRoutes(Controller):
 
     @post("/asample", status_code=200)
     async def asample(
-        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
+        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service, limits: Limits
     ) -> Response[bytes]:
         body = codec.decode(await request.body(), codec.SampleIn)
         targets = codec.prompt_targets(body.target_prompt_logprobs)
@@ -60,19 +61,29 @@ class SamplingRoutes(Controller):
                 "recorded sequences belong to its session"
             )
         room = max(1, target.max_context_length - len(prompt))  # max_tokens left out: all
-        future = service.sampling.sample(
-            tenant,
-            target.source,
-            prompt,
-            codec.sample_params(body.sampling_params, room),
-            body.num_samples,
-            prompt_logprobs=bool(body.prompt_logprobs),
-            prompt_logprobs_last_n=body.prompt_logprobs_last_n,
-            topk_prompt=body.topk_prompt_logprobs,
-            topk_sample=body.topk_sample_logprobs,
-            target_prompt=targets,
-            prompt_alt_k=body.prompt_alt_tokens_k,
-        )
+        params = codec.sample_params(body.sampling_params, room)
+        # The key's tokens (prompt + max_tokens per sequence) and a stream, until it ends.
+        reserved = len(prompt) + params.max_tokens * max(1, body.num_samples)
+        what = "this sample (prompt + max_tokens × num_samples)"
+        await limits.reserve(what, reserved, stream=True)
+        try:
+            future = service.sampling.sample(
+                tenant,
+                target.source,
+                prompt,
+                params,
+                body.num_samples,
+                prompt_logprobs=bool(body.prompt_logprobs),
+                prompt_logprobs_last_n=body.prompt_logprobs_last_n,
+                topk_prompt=body.topk_prompt_logprobs,
+                topk_sample=body.topk_sample_logprobs,
+                target_prompt=targets,
+                prompt_alt_k=body.prompt_alt_tokens_k,
+            )
+        except BaseException:
+            await limits.give_back()
+            raise
+        limits.settle_when_done(future)
         ids = service.sequence_ids(
             tenant,
             future,
@@ -80,7 +91,7 @@ class SamplingRoutes(Controller):
             body.num_samples,
             record_in=body.sampling_session_id if record else None,
         )
-        service.track_sample(  # retrieve_futures, usage
+        service.track_sample(  # retrieve_futures, usage, the tokens it used
             tenant,
             future,
             sampler_id=body.sampling_session_id,

@@ -1,5 +1,6 @@
 """Training steps: forward/backward (JSON or protobuf), forward, optimizer step."""
 
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Controller, Request, Response, post
@@ -7,14 +8,16 @@ from litestar import Controller, Request, Response, post
 from adapters.http.auth import Tenant
 from adapters.http.tinker import codec
 from adapters.http.tinker.deps import Service
+from adapters.http.tinker.limits import Limits, WorkLimits
 from adapters.http.tinker.replies import PROTOBUF, accepted
-from domain.training import UnsupportedFeatureError
+from application.tinker.futures import Future
+from domain.training import Datum, UnsupportedFeatureError, data_tokens
 
 
 class TrainingRoutes(Controller):
     @post("/forward_backward", status_code=200)
     async def forward_backward(
-        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
+        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service, limits: Limits
     ) -> Response[bytes]:
         raw = await request.body()
         if request.headers.get("content-encoding", "").lower() == "zstd":
@@ -30,25 +33,34 @@ class TrainingRoutes(Controller):
             loss_fn = body.forward_backward_input.loss_fn
             config = dict(body.forward_backward_input.loss_fn_config or {})
             forward_only = False
-        future = service.training.forward_backward(
-            tenant, model_id, seq_id, data, loss_fn, config, forward_only=forward_only
+        future = await _submit(
+            limits,
+            data,
+            lambda: service.training.forward_backward(
+                tenant, model_id, seq_id, data, loss_fn, config, forward_only=forward_only
+            ),
         )
         return accepted(future.id, model_id)
 
     @post("/forward", status_code=200)
     async def forward(
-        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
+        self, request: Request[Any, Any, Any], tenant: Tenant, service: Service, limits: Limits
     ) -> Response[bytes]:
         body = codec.decode(await request.body(), codec.ForwardBackwardIn)
         fbi = body.forward_backward_input
-        future = service.training.forward_backward(
-            tenant,
-            body.model_id,
-            body.seq_id,
-            codec.forward_backward_json(body),
-            fbi.loss_fn,
-            dict(fbi.loss_fn_config or {}),
-            forward_only=True,
+        data = codec.forward_backward_json(body)
+        future = await _submit(
+            limits,
+            data,
+            lambda: service.training.forward_backward(
+                tenant,
+                body.model_id,
+                body.seq_id,
+                data,
+                fbi.loss_fn,
+                dict(fbi.loss_fn_config or {}),
+                forward_only=True,
+            ),
         )
         return accepted(future.id, body.model_id)
 
@@ -61,3 +73,14 @@ class TrainingRoutes(Controller):
             tenant, body.model_id, body.seq_id, codec.optim_params(body)
         )
         return accepted(future.id, body.model_id)
+
+
+async def _submit(limits: WorkLimits, data: list[Datum], submit: Callable[[], Future]) -> Future:
+    """A forward(/backward) submitted once its data's tokens are counted against the key's
+    tokens per minute (given back when it is refused)."""
+    await limits.reserve("this forward_backward", data_tokens(data), stream=False)
+    try:
+        return submit()
+    except BaseException:
+        await limits.give_back()
+        raise

@@ -4,7 +4,6 @@ acknowledged so the server drops them), an unpickled client joins for its own cl
 and an abandoned sample is cancelled on the server (``cancel_future``: its work stops, in
 the serving engine too, with no slot, stream or pinned adapter left behind)."""
 
-import asyncio
 import os
 import pickle
 import threading
@@ -26,11 +25,11 @@ from application.tinker.engine_sampler import EngineSampler
 from application.tinker.futures import CancelledByClient
 from application.tinker.sampling import SamplerRecord
 from application.tinker.service import TinkerService
-from domain.training import SampleRequest, TinkerSampleResult, WeightsSource
 from tests.support.tinker_client import KEY, Api
 from tests.support.tinker_server import (
     API_KEY,
     BASE_MODEL,
+    GatedSampler,
     lora_service,
     serve,
     tinker_app,
@@ -68,28 +67,6 @@ def spy_polls(service: TinkerService, polling: threading.Event | None = None) ->
 
     service.completions.retrieve = spy  # type: ignore[method-assign, assignment]
     return polls
-
-
-class GatedSampler:
-    """A SamplingBackend whose samples wait for ``open`` (or their cancellation)."""
-
-    def __init__(self, inner: ToyBackend) -> None:
-        self.inner = inner
-        self.open = threading.Event()
-        self.started = threading.Event()
-        self.cancelled = threading.Event()
-
-    async def sample(
-        self, source: WeightsSource, request: SampleRequest, *, tenant: str = ""
-    ) -> TinkerSampleResult:
-        self.started.set()
-        try:
-            while not self.open.is_set():
-                await asyncio.sleep(0.01)
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-        return await self.inner.sample(source, request, tenant=tenant)
 
 
 def test_samples_complete_through_retrieve_futures_and_are_dropped_once_read(
