@@ -134,7 +134,10 @@ class ChatRenderer(Protocol):
     """What renders a conversation into prompt token ids (the input processor)."""
 
     async def render_chat(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]: ...
 
 
@@ -189,11 +192,15 @@ class ChatPrompts:
         self._support: TemplateSupport | None = None
 
     async def render(
-        self, messages: list[dict[str, Any]], request: ToolRequest | None
+        self,
+        messages: list[dict[str, Any]],
+        request: ToolRequest | None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The prompt's token ids (the history checked first)."""
+        """The prompt's token ids (the history checked first; ``template_kwargs``: more
+        variables for the template)."""
         messages, tools = await self.prepare(messages, request)
-        return await self.renderer.render_chat(messages, tools)
+        return await self.renderer.render_chat(messages, tools, template_kwargs)
 
     async def prepare(
         self, messages: list[dict[str, Any]], request: ToolRequest | None

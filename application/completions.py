@@ -26,12 +26,13 @@ from typing import Any, Protocol
 from application.chat_prompts import ChatPrompts, ToolRequest, constrain, tool_texts
 from application.engine_client import OwnedRequests
 from application.input_processor import InputProcessor
+from application.reasoning import CLOSE, Reasoning, reasoning_for
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
 from domain.errors import InvalidParameterError
 from domain.ports import STRUCTURED_PARAM
 from domain.request import StepOutput
-from domain.sampling import SamplingParams
+from domain.sampling import SamplingParams, StructuredOutput
 
 Prompt = str | list[int]
 # A chat without max_tokens may run to the end of the context; under a tokens-per-minute
@@ -93,6 +94,8 @@ class ChatJob(Job):
     tools: ToolRequest | None = None
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"
+    # More variables for the chat template (chat_template_kwargs; enable_thinking).
+    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +106,23 @@ class Started:
     streams: list[AsyncIterator[StepOutput]]
     prompts: list[list[int]]
     params: SamplingParams
+    # How a chat's output splits into thinking and answer (None: no reasoning parser).
+    reasoning: Reasoning | None = None
+
+
+# The rendered prompt's last tokens read to see whether it opened or closed the thinking.
+PROMPT_TAIL_TOKENS = 32
 
 
 class CompletionService:
-    def __init__(self, inputs: InputProcessor, chats: ChatPrompts) -> None:
+    def __init__(
+        self, inputs: InputProcessor, chats: ChatPrompts, reasoning_parser: str = "none"
+    ) -> None:
+        """``reasoning_parser``: how chats' thinking is told from their answer (``think``:
+        ``<think> … </think>``; ``none``: not told apart)."""
         self.inputs, self.chats = inputs, chats
+        self.reasoning_parser = reasoning_parser
+        self._close_ids: tuple[int, ...] | None = None
 
     async def complete(self, job: PromptJob, caller: Caller) -> Started:
         texts = [[p] for p in job.prompts if isinstance(p, str)]
@@ -121,15 +136,39 @@ class CompletionService:
         texts = [*(m["content"] for m in job.messages), *tool_texts(job.tools)]
         self._precheck(job, [texts], 1, "messages")
         with caller.record.timing("render_chat"):
-            prompt = await self.chats.render(job.messages, job.tools)
-        params = constrain(self._sized(job, len(prompt)), job.tools)
+            prompt = await self.chats.render(job.messages, job.tools, job.template_kwargs)
+        reasoning = self._reasoning(prompt)
+        params = self._after_thinking(constrain(self._sized(job, len(prompt)), job.tools), prompt)
         with caller.record.timing("tokenize"):
             prepared = await self._prepare(prompt, params, job)
         out = params.max_tokens
         if job.max_tokens is None:
             out = min(out, UNSET_MAX_TOKENS_RESERVE)
         await self._reserve(caller, [prepared], params, job.n, out)
-        return self._admit(caller, job, "chatcmpl", [prepared], params)
+        started = self._admit(caller, job, "chatcmpl", [prepared], params)
+        return dataclasses.replace(started, reasoning=reasoning)
+
+    def _tail(self, prompt: Sequence[int]) -> str:
+        return self.inputs.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+
+    def _reasoning(self, prompt: Sequence[int]) -> Reasoning | None:
+        if self.reasoning_parser == "none":
+            return None
+        return reasoning_for(self._tail(prompt), self.reasoning_parser)
+
+    def _after_thinking(self, params: SamplingParams, prompt: Sequence[int]) -> SamplingParams:
+        """A constrained chat of a thinking model: the constraint holds from ``</think>``
+        (the answer), unless the prompt already closed the thinking (thinking off)."""
+        structured = params.structured
+        if structured is None or self.reasoning_parser == "none":
+            return params
+        tail = self._tail(prompt)
+        if tail.rfind(CLOSE) > tail.rfind("<think>"):  # e.g. enable_thinking: false
+            return params
+        if self._close_ids is None:
+            self._close_ids = tuple(self.inputs.tokenizer.encode(CLOSE, add_special_tokens=False))
+        after = StructuredOutput(structured.kind, structured.spec, self._close_ids)
+        return dataclasses.replace(params, structured=after)
 
     def _precheck(self, job: Job, prompts: Sequence[Sequence[str]], count: int, param: str) -> None:
         """The stop-string limits, each prompt's size (a prompt is a list of texts: a

@@ -49,13 +49,19 @@ class InputProcessor:
         return [decode([t], skip_special_tokens=False) for t in token_ids]
 
     async def render_chat(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Chat messages -> prompt token ids through the model's chat template. Special-token
-        text in the messages is plain text unless the engine's config trusts it."""
+        """Chat messages -> prompt token ids through the model's chat template
+        (``template_kwargs``: more variables for it). Special-token text in the messages
+        is plain text unless the engine's config trusts it."""
         trust, tokenizer = self.config.trust_chat_special_tokens, self.tokenizer
         return await self._off_loop(
-            lambda: tokenizer.render_chat(messages, tools=tools, trust_special_tokens=trust)
+            lambda: tokenizer.render_chat(
+                messages, tools=tools, trust_special_tokens=trust, template_kwargs=template_kwargs
+            )
         )
 
     async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

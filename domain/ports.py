@@ -49,6 +49,7 @@ class Tokenizer(Protocol):
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         trust_special_tokens: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Prompt ids of a conversation; ``InvalidParameterError`` if the model has no template.
 
@@ -57,6 +58,9 @@ class Tokenizer(Protocol):
         Special tokens come from the template only: special-token text inside the messages
         is plain text (tokenized as ``encode(..., parse_special_tokens=False)`` would), so a
         message cannot forge a turn; ``trust_special_tokens`` parses it as control tokens.
+        ``template_kwargs``: more variables for the template (vLLM's
+        ``chat_template_kwargs``, e.g. ``enable_thinking``); they never replace the
+        messages, tools, generation prompt or special tokens.
         """
         ...
 

@@ -20,10 +20,14 @@ class StructuredOutput:
     ``json_object`` (any JSON object; ``spec`` unused), ``regex`` (``spec``: the pattern),
     ``choice`` (``spec``: a JSON array of the allowed strings), ``grammar`` (``spec``: a
     grammar in the grammar backend's syntax: Lark for llguidance, as in vLLM).
+    ``start_after``: the constraint holds from the first time the output has these tokens
+    (a thinking model's ``</think>``: the answer is constrained, the thinking is free);
+    empty: from the first token.
     """
 
     kind: StructuredKind
     spec: str = ""
+    start_after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from entrypoints.engine_flags import add_engine_args
 from entrypoints.model_flags import (
     DTYPE_NAMES,
     QUANTIZATIONS,
+    REASONING_PARSERS,
     TOOL_CALL_PARSERS,
     add_model_name_args,
 )
@@ -177,6 +178,15 @@ def _parser() -> argparse.ArgumentParser:
         choices=TOOL_CALL_PARSERS,
         help="the format the model writes tool calls in (default auto: by the chat template; "
         "Qwen/Hermes and ChatML: hermes, Llama 3: llama3_json, Gemma: pythonic)",
+    )
+    serve.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=REASONING_PARSERS,
+        help="how a thinking model's thinking is told from its answer (reasoning_content, "
+        "reasoning items, thinking blocks); default auto: the <think> parser when the chat "
+        "template writes <think> (Qwen3, DeepSeek-R1), none otherwise; none: keep the "
+        "thinking in the content",
     )
     add_request_limit_args(serve)
     add_embedding_args(serve)

@@ -41,6 +41,7 @@ from adapters.storage.factory import build_idempotency, checkpoint_storage
 from adapters.storage.rate_limits import LimitsCounters
 from application.access import Access
 from application.async_engine import AsyncEngine
+from application.reasoning import parser_for
 from application.served_models import ServedModels
 from application.tinker.service import tinker_service
 from domain.scheduler import TenantShares, make_scheduler
@@ -163,6 +164,11 @@ class Container(containers.DeclarativeContainer):
         config.provided.model.tool_call_parser,
         backend.tokenizer.provided.chat_template,
     )
+    reasoning_parser = providers.Singleton(
+        parser_for,
+        backend.tokenizer.provided.chat_template,
+        config.provided.model.reasoning_parser,
+    )
     # What /metrics answers (a fleet's ingress gives every replica's too).
     metrics_exposition = providers.Callable(metrics_render, metrics)
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
@@ -193,6 +199,7 @@ class Container(containers.DeclarativeContainer):
         request_timeout=config.provided.http.request_timeout,
         idempotency_ttl=config.provided.access.idempotency_ttl,
         tool_call_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
         tinker_api_keys=config.provided.tinker.tinker_api_keys,
     )
     http_app = providers.Singleton(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from adapters.torch.kv_sizing import KVCacheMemory
 from adapters.torch.quant import METHODS
+from application.reasoning import PARSERS
 from application.served_models import LoraModule
 from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
@@ -21,6 +22,7 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 RUNNERS = ("torch", "fake")
 QUANTIZATIONS = (None, "none", "auto", *METHODS)
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
+REASONING_PARSERS = PARSERS
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -34,6 +36,8 @@ class ModelSettings:
     ``threads``: intra-op CPU threads (None: torch's; the process entry sets them);
     ``runner``: ``torch``, or ``fake`` (no model loaded: the tests'); ``progress``:
     download bars; ``tool_call_parser``: a format or ``auto`` (the chat template's);
+    ``reasoning_parser``: how chats' thinking is told from their answer (``auto``: the
+    ``<think>`` parser for a template that writes ``<think>``; ``none``: not at all);
     ``kv_cache_memory``: the torch runner's KV blocks fill this budget (a
     :class:`KVCacheMemory`, ``auto``, or None: the engine's ``num_kv_blocks``)."""
 
@@ -52,6 +56,7 @@ class ModelSettings:
     deprecations: Mapping[str, date] = field(default_factory=dict)
     max_loras: int = DEFAULT_MAX_LORAS
     tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
     kv_cache_memory: KVCacheMemory | str | None = None
 
     def __post_init__(self) -> None:
@@ -68,6 +73,11 @@ class ModelSettings:
             raise ValueError(
                 f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                 f"got {self.tool_call_parser!r}"
+            )
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                f"got {self.reasoning_parser!r}"
             )
         if self.model_version is not None and not _VERSION.fullmatch(self.model_version):
             raise InvalidParameterError(
@@ -116,6 +126,7 @@ class ModelSettings:
             deprecations=deprecations,
             max_loras=args.max_loras,
             tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
             kv_cache_memory=args.kv_cache_memory,
         )
 

@@ -77,6 +77,7 @@ class ByteTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         trust_special_tokens: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         def turn(role: str, content: str) -> list[int]:
             text = self.encode(
@@ -94,6 +95,8 @@ class ByteTokenizer:
             ids += turn(message["role"], message.get("content") or "")
         if add_generation_prompt:
             ids += _bytes("<|assistant|>\n")
+            if (template_kwargs or {}).get("enable_thinking") is False:  # as Qwen3's does
+                ids += _bytes("<think>\n\n</think>\n\n")
         return ids
 
 

@@ -111,6 +111,7 @@ class HFTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         trust_special_tokens: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         if self._template is None:
             raise InvalidParameterError(
@@ -125,10 +126,13 @@ class HFTokenizer:
             template, special_tokens = twin.template, twin.special_tokens
         try:
             text = template.render(
-                messages=[dict(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                **special_tokens,
+                {
+                    **(template_kwargs or {}),  # what follows wins: never replaced
+                    "messages": [dict(m) for m in messages],
+                    "tools": [dict(t) for t in tools] if tools else None,
+                    "add_generation_prompt": add_generation_prompt,
+                    **special_tokens,
+                }
             )
         except TemplateError as exc:  # the template rejects the conversation (raise_exception)
             raise InvalidParameterError("messages", str(exc)) from exc

@@ -65,14 +65,16 @@ class HttpSettings:
     of the OpenAI and ``/v1/generate`` requests (0: none); ``idempotency_ttl``: how long
     replies to ``Idempotency-Key`` requests are kept; ``tool_call_parser``: the format the
     model writes tool calls in (``hermes``, ``llama3_json``, ``pythonic``: resolved, not
-    ``auto``); ``tinker_api_keys``: the keys the Tinker API accepts (None: any ``tml-``
-    key)."""
+    ``auto``); ``reasoning_parser``: how chats' thinking is told from their answer
+    (``think`` or ``none``: resolved, not ``auto``); ``tinker_api_keys``: the keys the
+    Tinker API accepts (None: any ``tml-`` key)."""
 
     allowed_origins: tuple[str, ...] = ()
     sse_heartbeat_interval: float = DEFAULT_HEARTBEAT_S
     request_timeout: float = 0.0
     idempotency_ttl: float = DEFAULT_TTL_S
     tool_call_parser: str = "hermes"
+    reasoning_parser: str = "none"
     tinker_api_keys: frozenset[str] | None = None
 
 
@@ -123,7 +125,7 @@ def create_app(
     names = ModelNames(models, owner)
     inputs = engine.inputs
     chats = ChatPrompts(FORMATS[settings.tool_call_parser], inputs)
-    completions = CompletionService(inputs, chats)
+    completions = CompletionService(inputs, chats, settings.reasoning_parser)
     idempotent = []
     if services.idempotency is not None:
         idempotent.append(

@@ -60,17 +60,20 @@ class GrammarStep:
     def begin(self, requests: Sequence[Request]) -> GrammarMasks | None:
         """Start the masks of ``requests`` (the step's sampled rows, in order) that have a
         structured-output constraint; None when none has."""
-        rows = [i for i, r in enumerate(requests) if r.sampling_params.structured is not None]
+        rows, grammar_rows = [], []
+        for i, request in enumerate(requests):
+            structured = request.sampling_params.structured
+            if structured is None:
+                continue
+            generated = constrained_part(request.generated_token_ids, structured.start_after)
+            if generated is None:  # still before the constraint starts (thinking)
+                continue
+            rows.append(i)
+            grammar_rows.append((request.request_id, structured, generated))
         if not rows:
             return None
         words = (self.matchers.vocab_size + 31) // 32
         bitmask = torch.empty((len(rows), words), dtype=torch.int32)
-        grammar_rows = []
-        for i in rows:
-            request = requests[i]
-            structured = request.sampling_params.structured
-            assert structured is not None
-            grammar_rows.append((request.request_id, structured, request.generated_token_ids))
         done = self._worker.submit(self.matchers.fill, grammar_rows, bitmask)
         return GrammarMasks(rows, bitmask, done)
 
@@ -81,6 +84,19 @@ class GrammarStep:
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self.matchers.release(request_id)
+
+
+def constrained_part(generated: Sequence[int], start_after: Sequence[int]) -> Sequence[int] | None:
+    """The tokens after the first ``start_after`` in ``generated`` (all of them when it is
+    empty; None when it has not come yet)."""
+    n = len(start_after)
+    if n == 0:
+        return generated
+    first = start_after[0]
+    for i, token in enumerate(generated):
+        if token == first and list(generated[i : i + n]) == list(start_after):
+            return generated[i + n :]
+    return None
 
 
 @contextmanager

@@ -100,8 +100,9 @@ class Renderer:
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        return self.tokenizer.render_chat(messages, tools=tools)
+        return self.tokenizer.render_chat(messages, tools=tools, template_kwargs=template_kwargs)
 
 
 def rendered(template: str, messages: list[dict[str, Any]], choice: str = "auto") -> str:
