@@ -77,6 +77,7 @@ class CompletionRoutes(Controller):
             job.params.logprobs,
             tool_calls,
             job.tools,
+            started.reasoning,
         )
         return await _answer(request, body, started.streams, reply)
 

@@ -91,7 +91,31 @@ def chat_job(body: ChatCompletionRequest, adapter_id: str | None) -> ChatJob:
         tools=tools,
         max_tokens=max_tokens,
         max_tokens_param=field,
+        template_kwargs=template_kwargs(body),
     )
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat template's extra variables: ``reasoning_effort`` (``none`` also turns the
+    thinking off: ``enable_thinking`` false, Qwen3's switch), then
+    ``chat_template_kwargs``, which win."""
+    kwargs: dict[str, Any] = {}
+    effort = body.reasoning_effort
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise HTTPError(
+                400,
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
+                "invalid_request_error",
+                "reasoning_effort",
+            )
+        kwargs["reasoning_effort"] = effort
+        if effort == "none":
+            kwargs["enable_thinking"] = False
+    return {**kwargs, **(body.chat_template_kwargs or {})}
 
 
 def priority(value: int | None, metadata: dict[str, str] | None) -> int | None:

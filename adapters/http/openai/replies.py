@@ -37,12 +37,25 @@ from adapters.http.openai.schemas import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    FunctionCallOut,
+    ToolCallOut,
     TopLogprob,
     Usage,
 )
-from adapters.http.openai.tools import ToolReplies
+from adapters.http.openai.tools import CallIds, ToolReplies, new_call_id
 from adapters.http.streaming import merge_streams, unless_disconnected
+from application.chat_output import (
+    ChoiceEnd,
+    ChoiceEvents,
+    ChoiceResult,
+    Text,
+    Thinking,
+    ToolCallDelta,
+    split_choice,
+)
 from application.chat_prompts import ToolRequest
+from application.reasoning import Reasoning
+from application.tool_parsers import StreamingToolParser
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()
@@ -60,6 +73,7 @@ class Collected:
 
     text: str = ""
     finish_reason: str | None = None
+    end_reason: str = "abort"  # the engine's (eos, stop, length, abort)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     outputs: list[StepOutput] = field(default_factory=list)
@@ -83,6 +97,7 @@ async def collect(stream: AsyncIterator[StepOutput]) -> Collected:
             collected.outputs.append(out)
         if out.finished:
             collected.finish_reason = finish_reason(out)
+            collected.end_reason = out.finish_reason or "stop"
             collected.prompt_tokens = out.prompt_tokens
             collected.completion_tokens = out.completion_tokens
     collected.text = "".join(parts)
@@ -263,7 +278,8 @@ def _completion_delta(
 @dataclass(frozen=True)
 class ChatReply:
     """A chat completion's answer: ``top_logprobs`` alternatives per token (None: no
-    logprobs); ``tools`` read tool calls for ``request`` from the text (None: all content)."""
+    logprobs); ``tools`` read tool calls for ``request`` from the answer (None: all
+    content); ``reasoning``: how the thinking splits from the answer (None: no split)."""
 
     reply_id: str
     model: str
@@ -271,20 +287,22 @@ class ChatReply:
     top_logprobs: int | None = None
     tools: ToolReplies | None = None
     request: ToolRequest | None = None
+    reasoning: Reasoning | None = None
+
+    def _parser(self) -> StreamingToolParser | None:
+        return None if self.tools is None else self.tools.parser(self.request)
+
+    @property
+    def _parallel(self) -> bool:
+        return self.request is None or self.request.parallel
 
     def body(self, outputs: Sequence[Collected]) -> Response[bytes]:
         """The whole chat completion: each choice's message, and the usage."""
-        tools, request = self.tools, self.request
-        choices = [
-            chat_choice(
-                j,
-                out,
-                self.texts,
-                self.top_logprobs,
-                None if tools is None else tools.reply(request, out.text, out.finish_reason),
-            )
-            for j, out in enumerate(outputs)
-        ]
+        choices = []
+        for j, out in enumerate(outputs):
+            end = ChoiceEnd(out.end_reason, out.prompt_tokens, out.completion_tokens)
+            split = split_choice(out.text, end, self.reasoning, self._parser(), self._parallel)
+            choices.append(chat_choice(j, out, self.texts, self.top_logprobs, split))
         created, usage = int(time.time()), total_usage(outputs)
         return json_response(ChatCompletion(self.reply_id, created, self.model, choices, usage))
 
@@ -292,9 +310,10 @@ class ChatReply:
         self, streams: list[AsyncIterator[StepOutput]], include_usage: bool
     ) -> AsyncIterator[bytes]:
         """Each choice (its index in ``streams``) opens with its role, then carries its
-        text (content and tool-call deltas) and each token's logprobs, then its finish."""
+        thinking, content and tool-call deltas and each token's logprobs, then its finish."""
         reply_id, model, created = self.reply_id, self.model, int(time.time())
-        tools = [None if self.tools is None else self.tools.stream(self.request) for _ in streams]
+        choices = [ChoiceEvents(self.reasoning, self._parser(), self._parallel) for _ in streams]
+        ids = [CallIds() for _ in streams]
 
         def chunk(
             index: int,
@@ -315,26 +334,32 @@ class ChatReply:
             scores = None
             if self.top_logprobs is not None and out.token_id is not None:
                 scores = ChatLogprobs(chat_logprobs([out], self.texts))
-            tool_stream = tools[index]
-            if tool_stream is not None:
-                deltas = tool_stream.deltas(out.text_delta, out.finished)
-                if scores is not None and not deltas:
-                    deltas = [ChatDelta(content="")]
-                for i, delta in enumerate(deltas):  # the token's logprobs on its first delta
-                    yield chunk(index, delta, None, scores if i == 0 else None)
-            elif out.text_delta or scores is not None:
-                yield chunk(index, ChatDelta(content=out.text_delta), None, scores)
-            if out.finished:
-                reason = finish_reason(out)
-                if tool_stream is not None:
-                    reason = tool_stream.finish_reason(reason)
-                yield chunk(index, ChatDelta(), reason)
-                prompt = out.prompt_tokens  # one prompt, counted once
-                completion += out.completion_tokens
+            deltas, end = [], None
+            for event in choices[index].feed(out):
+                if isinstance(event, Thinking):
+                    deltas.append(ChatDelta(reasoning_content=event.text, reasoning=event.text))
+                elif isinstance(event, Text):
+                    deltas.append(ChatDelta(content=event.text))
+                elif isinstance(event, ToolCallDelta):
+                    deltas.append(ChatDelta(tool_calls=[ids[index].delta(event)]))
+                else:
+                    end = event
+            if scores is not None and not deltas:
+                deltas = [ChatDelta(content="")]
+            for i, delta in enumerate(deltas):  # the token's logprobs on its first delta
+                yield chunk(index, delta, None, scores if i == 0 else None)
+            if end is not None:
+                yield chunk(index, ChatDelta(), chat_finish_reason(end))
+                prompt = end.prompt_tokens  # one prompt, counted once
+                completion += end.completion_tokens
         if include_usage:
             usage = Usage(prompt, completion, prompt + completion)
             yield _encoder.encode(ChatCompletionChunk(reply_id, created, model, [], usage))
         yield b"[DONE]"
+
+
+def chat_finish_reason(end: ChoiceEnd) -> str:
+    return "tool_calls" if end.tool_calls else FINISH_REASONS.get(end.reason, end.reason)
 
 
 def chat_choice(
@@ -342,15 +367,21 @@ def chat_choice(
     collected: Collected,
     texts: TokenTexts,
     top_logprobs: int | None,
-    reply: tuple[ChatMessageOut, str | None] | None = None,
+    split: ChoiceResult,
 ) -> ChatChoice:
-    """``top_logprobs``: alternatives per token (None: no logprobs); ``reply``: the
-    message and finish reason when tools read the text (None: the text as content)."""
+    """``top_logprobs``: alternatives per token (None: no logprobs); ``split``: the
+    thinking, answer and calls read from the text."""
     scores = None
     if top_logprobs is not None:
         scores = ChatLogprobs(chat_logprobs(collected.outputs, texts))
-    message, reason = reply or (ChatMessageOut(collected.text), collected.finish_reason)
-    return ChatChoice(index, message, reason, scores)
+    message = ChatMessageOut(split.content)
+    if split.calls:
+        message.tool_calls = [
+            ToolCallOut(new_call_id(), FunctionCallOut(c.name, c.arguments)) for c in split.calls
+        ]
+    if split.reasoning is not None:
+        message.reasoning_content = message.reasoning = split.reasoning
+    return ChatChoice(index, message, chat_finish_reason(split.end), scores)
 
 
 def chat_logprobs(outputs: Sequence[StepOutput], texts: TokenTexts) -> list[ChatTokenLogprob]:

@@ -72,8 +72,10 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     audio: dict[str, Any] | None = None
     modalities: list[str] | None = None
     prediction: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: str | None = None  # "none": the template's thinking switched off
     verbosity: str | None = None
+    # vLLM's: more variables for the chat template (e.g. {"enable_thinking": false})
+    chat_template_kwargs: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     service_tier: str | None = None
     store: bool | None = None
@@ -131,6 +133,9 @@ class ChatMessageOut(msgspec.Struct):
     role: str = "assistant"
     refusal: None = None
     tool_calls: list[ToolCallOut] | msgspec.UnsetType = msgspec.UNSET  # left out when none
+    # A thinking model's thinking (vLLM's two names); left out when it did not think.
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
+    reasoning: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class TopLogprob(msgspec.Struct):
@@ -187,6 +192,8 @@ class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDeltaOut] | None = None
+    reasoning_content: str | None = None  # thinking (vLLM's two names)
+    reasoning: str | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

@@ -15,23 +15,12 @@ from typing import Any
 from adapters.http.errors import HTTPError
 from adapters.http.openai.schemas import (
     ChatCompletionRequest,
-    ChatDelta,
-    ChatMessageOut,
-    FunctionCallOut,
     FunctionDeltaOut,
     ToolCallDeltaOut,
-    ToolCallOut,
 )
+from application.chat_output import tool_parser
 from application.chat_prompts import ToolRequest
-from application.tool_parsers import (
-    Event,
-    NamedCallParser,
-    StreamingToolParser,
-    ToolCallDelta,
-    ToolFormat,
-    parse_all,
-    required_parser,
-)
+from application.tool_parsers import StreamingToolParser, ToolCallDelta, ToolFormat
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")
@@ -132,67 +121,22 @@ class ToolReplies:
         self.format = fmt
 
     def parser(self, request: ToolRequest | None) -> StreamingToolParser | None:
-        if request is None or request.choice == "none":
-            return None
-        if request.choice == "auto":
-            return self.format.parser(request.names)
-        if request.choice == "required":
-            return required_parser(request.names)
-        return NamedCallParser(request.choice)
-
-    def stream(self, request: ToolRequest | None) -> "ToolStream | None":
-        parser = self.parser(request)
-        return None if parser is None or request is None else ToolStream(parser, request.parallel)
-
-    def reply(
-        self, request: ToolRequest | None, text: str, reason: str | None
-    ) -> tuple[ChatMessageOut, str | None]:
-        """A whole output as the message: content (None when only calls) and calls."""
-        parser = self.parser(request)
-        if parser is None or request is None:
-            return ChatMessageOut(text), reason
-        cut = reason == "length"
-        content, calls = parse_all(parser, text, truncated=cut)
-        if not calls:
-            return ChatMessageOut(text), reason
-        calls = calls if request.parallel else calls[:1]
-        out = [ToolCallOut(new_call_id(), FunctionCallOut(c.name, c.arguments)) for c in calls]
-        # Cut by max_tokens: the complete calls, and the finish reason stays "length".
-        return ChatMessageOut(content, tool_calls=out), reason if cut else "tool_calls"
+        return tool_parser(self.format, request)
 
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-class ToolStream:
-    """One choice's text deltas -> chat deltas: content, and ``tool_calls`` deltas as
-    OpenAI sends them (a call's first delta: ``index``, ``id``, ``type``, ``function.name``
-    and empty ``arguments``; then argument fragments). Without parallel calls, only the
-    first call is sent."""
+class CallIds:
+    """A streamed choice's call ids: OpenAI's first delta of a call carries ``index``,
+    ``id``, ``type``, ``function.name`` and empty ``arguments``; later ones argument
+    fragments only."""
 
-    def __init__(self, parser: StreamingToolParser, parallel: bool) -> None:
-        self._parser = parser
-        self._parallel = parallel
+    def __init__(self) -> None:
         self._ids: dict[int, str] = {}
 
-    def deltas(self, text: str, finished: bool) -> list[ChatDelta]:
-        events = self._parser.feed(text) if text else []
-        if finished:
-            events += self._parser.finish()
-        return [d for e in events if (d := self._delta(e)) is not None]
-
-    def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if self._ids else reason
-
-    def _delta(self, event: Event) -> ChatDelta | None:
-        if isinstance(event, str):
-            return ChatDelta(content=event)
-        if event.index > 0 and not self._parallel:
-            return None
-        return ChatDelta(tool_calls=[self._call_delta(event)])
-
-    def _call_delta(self, event: ToolCallDelta) -> ToolCallDeltaOut:
+    def delta(self, event: ToolCallDelta) -> ToolCallDeltaOut:
         if event.name is None:
             return ToolCallDeltaOut(
                 event.index, function=FunctionDeltaOut(arguments=event.arguments)

@@ -3,7 +3,7 @@ tool_calls in bodies and streamed deltas, tool_choice, parallel_tool_calls, the
 constraints given to the engine, the history rendered, and bad requests refused."""
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -12,8 +12,8 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.http import create_app
-from domain.request import Request
 from tests.fakes import AcceptingGrammar, fake_async_engine
+from tests.support.scripted import Replies
 from tests.support.tools import function_tool
 
 MODEL = "test/fake-model"
@@ -23,26 +23,6 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 PARIS = '{"city": "Paris"}'
 HERMES_CALL = f'<tool_call>\n{{"name": "get_weather", "arguments": {PARIS}}}\n</tool_call>'
-
-
-class Replies:
-    """A fake model that answers ``text`` to every request and keeps what it was asked."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.requests: list[Request] = []
-
-    def script(self) -> Callable[[Request], int]:
-        def next_token(request: Request) -> int:
-            if not request.generated_token_ids:
-                self.requests.append(request)
-            tokens = [*TOKENIZER.encode(self.text, add_special_tokens=False), 2]
-            return tokens[min(len(request.generated_token_ids), len(tokens) - 1)]
-
-        return next_token
-
-    def prompt(self) -> str:
-        return TOKENIZER.decode(self.requests[-1].prompt_token_ids)
 
 
 @pytest.fixture
