@@ -2,10 +2,14 @@
 where the thinking starts read from the prompt; and the grammar of a constrained answer
 held back until the thinking ends."""
 
+from typing import Any
+
 import pytest
 
-from adapters.torch.runtime.structured import constrained_part
+from adapters.torch.runtime.structured import GrammarStep, constrained_part
 from application.reasoning import Reasoning, parser_for, reasoning_for
+from domain.request import Request
+from domain.sampling import SamplingParams, StructuredOutput
 
 QWEN3 = "<think>\nThe user wants 2 + 2.\nThat is 4.\n</think>\n\nThe answer is 4."
 
@@ -79,3 +83,38 @@ def test_a_grammar_held_back_until_the_thinking_ends() -> None:
     assert constrained_part([1, 151668, 7, 8], close) == [7, 8]
     assert constrained_part([1, 9, 5, 9, 5, 6], (9, 5, 6)) == []
     assert constrained_part([9, 5], (9, 5, 6)) is None
+
+
+class Matchers:
+    """GrammarMatchers that note the rows they are asked to fill."""
+
+    vocab_size = 64
+
+    def __init__(self) -> None:
+        self.filled: list[list[tuple[str, list[int]]]] = []
+
+    def fill(self, rows: Any, bitmask: Any) -> None:
+        self.filled.append([(request_id, list(tokens)) for request_id, _, tokens in rows])
+
+    def advance(self, request_id: str, token_id: int) -> None:
+        pass
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+def test_the_grammar_step_masks_a_thinking_row_only_after_its_close_tag() -> None:
+    close = (9,)
+    thinking = StructuredOutput("json_object", start_after=close)
+    params = SamplingParams(max_tokens=8, structured=thinking)
+    request = Request("r1", [1, 2], params, 0.0)
+    free = Request("r0", [1], SamplingParams(max_tokens=8), 0.0)
+    matchers = Matchers()
+    step = GrammarStep(matchers)
+    request.generated_token_ids += [5, 6]  # thinking: no mask, no matcher
+    assert step.begin([free, request]) is None
+    request.generated_token_ids += [9, 7]  # </think>, then the answer's first token
+    masks = step.begin([free, request])
+    assert masks is not None and masks.rows == [1]
+    masks.result()
+    assert matchers.filled == [[("r1", [7])]]  # the matcher starts at the answer
