@@ -49,26 +49,42 @@ class OutputProcessor:
         for token in sampled:
             request = token.request
             request_id = request.request_id
-            delta, hit = self._streams[request_id].push(
+            stream = self._streams[request_id]
+            delta, hit = stream.push(
                 token.token_id, stop_token=token.stop_token, last=token.finish_reason is not None
             )
+            stop_reason: str | int | None = None
             if hit:
-                finish([request_id], "stop")
+                stop_reason = stream.matched
+                if request.is_done and request.finish_reason == "length":
+                    request.finish("stop")  # the last token's text hit a stop string
+                else:
+                    finish([request_id], "stop")
+            elif token.stop_token and token.finish_reason == "stop":
+                stop_reason = token.token_id  # one of ``stop_token_ids``
             if request.is_done:
                 del self._streams[request_id]
-            outputs.append(_output(request, token.token_id, delta, result))
+            outputs.append(_output(request, token.token_id, delta, result, stop_reason))
         return outputs
 
 
-def _output(request: Request, token: int, delta: str, result: RunnerOutput) -> StepOutput:
+def _output(
+    request: Request,
+    token: int,
+    delta: str,
+    result: RunnerOutput,
+    stop_reason: str | int | None = None,
+) -> StepOutput:
     request_id = request.request_id
     top = result.top_logprobs.get(request_id)
+    finished = request.is_done
     return StepOutput(
         request_id,
         token,
         delta,
-        finished=request.is_done,
+        finished=finished,
         finish_reason=request.finish_reason,
+        stop_reason=stop_reason if finished and request.finish_reason == "stop" else None,
         prompt_tokens=request.num_prompt_tokens,
         completion_tokens=len(request.generated_token_ids),
         logprob=result.logprobs.get(request_id),

@@ -114,6 +114,9 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None
     error: str | None = None
+    # Why a ``stop`` finish stopped (vLLM's ``stop_reason``): the stop string the text hit,
+    # or the ``stop_token_ids`` id generated; None otherwise (EOS, length, not finished).
+    stop_reason: str | int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     # The token's logprob (when ``sampling_params.logprobs`` is set), and the top

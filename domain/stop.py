@@ -14,14 +14,18 @@ class StopStringMatcher:
     def __init__(self, stop: Sequence[str]) -> None:
         self._stop = tuple(stop)
         self._held = ""
+        # The stop string that was hit (None: none yet).
+        self.matched: str | None = None
 
     def feed(self, delta: str) -> tuple[str, bool]:
-        """Returns the text safe to emit now, and whether a stop string was hit."""
+        """Returns the text safe to emit now, and whether a stop string was hit
+        (:attr:`matched` then says which)."""
         text = self._held + delta
         hit = self._first_hit(text)
         if hit is not None:
             self._held = ""
-            return text[:hit], True
+            start, self.matched = hit
+            return text[:start], True
         safe = len(text) - self._partial_stop_length(text)
         self._held = text[safe:]
         return text[:safe], False
@@ -31,15 +35,19 @@ class StopStringMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _first_hit(self, text: str) -> int | None:
-        """Start of the stop string that completes first in ``text`` (the longest on a tie).
+    def _first_hit(self, text: str) -> tuple[int, str] | None:
+        """Start of the stop string that completes first in ``text`` (the longest on a tie),
+        and that string.
 
         Ordering by end rather than start keeps the result independent of how the text was cut
         into deltas: "abcd" with stops ("abcd", "c") stops at "ab" whether it arrives at once or
         character by character.
         """
-        found = [(i + len(s), i) for s in self._stop if (i := text.find(s)) >= 0]
-        return min(found)[1] if found else None
+        found = [(i + len(s), i, s) for s in self._stop if (i := text.find(s)) >= 0]
+        if not found:
+            return None
+        _, start, stop = min(found)
+        return start, stop
 
     def _partial_stop_length(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string.

@@ -34,6 +34,11 @@ class TextStream:
             delta += self._tail()
         return delta, False
 
+    @property
+    def matched(self) -> str | None:
+        """The stop string the text hit (None: none)."""
+        return self._stops.matched
+
     def _tail(self) -> str:
         """Held-back text at the end: an unfinished character, a possible stop-string start."""
         text, _ = self._stops.feed(self._detokenizer.flush())

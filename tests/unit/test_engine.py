@@ -68,6 +68,35 @@ def test_a_stop_string_across_tokens_ends_the_request_without_its_text() -> None
     assert outputs[-1].finish_reason == "stop"
 
 
+@pytest.mark.parametrize(
+    ("reply", "sampling", "text", "finish", "stop_reason"),
+    [
+        ("The answer is 42. END", params(stop=("42", "END")), "The answer is ", "stop", "42"),
+        (
+            "ab. cd",
+            params(stop_token_ids=(TOKENIZER.encode(".", add_special_tokens=False)[0],)),
+            "ab",
+            "stop",
+            TOKENIZER.encode(".", add_special_tokens=False)[0],
+        ),
+        ("Hello", params(), "Hello", "eos", None),
+        ("Hello", params(max_tokens=3), "Hel", "length", None),
+        # The last token allowed completes a stop string: a stop, as in vLLM.
+        ("Hello", params(max_tokens=3, stop=("el",)), "H", "stop", "el"),
+    ],
+)
+def test_the_last_output_says_which_stop_string_or_id_stopped_it(
+    reply, sampling, text, finish, stop_reason
+) -> None:
+    engine, _, sink = make_engine(reply)
+    engine.add_request("a", "q", sampling)
+    run_to_end(engine)
+    outputs = sink.of("a")
+    assert "".join(o.text_delta for o in outputs) == text
+    assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == (finish, stop_reason)
+    assert all(o.stop_reason is None for o in outputs[:-1])
+
+
 def test_max_tokens_ends_with_length() -> None:
     engine, _, sink = make_engine("Hello world")
     engine.add_request("a", "q", params(max_tokens=4))

@@ -43,6 +43,13 @@ def test_excludes_the_stop_string_and_what_follows_it() -> None:
     assert StopStringMatcher(["\n\n"]).feed("one\n\ntwo") == ("one", True)
 
 
+def test_says_which_stop_string_was_hit() -> None:
+    matcher = StopStringMatcher(["world", "lo"])
+    assert matcher.matched is None
+    assert matcher.feed("hel") == ("he", False) and matcher.matched is None
+    assert matcher.feed("lo") == ("l", True) and matcher.matched == "lo"
+
+
 def test_the_earliest_of_two_stop_strings_wins() -> None:
     assert StopStringMatcher(["world", "lo"]).feed("hello world") == ("hel", True)
 
