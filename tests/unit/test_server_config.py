@@ -86,6 +86,7 @@ def test_representative_flags_land_in_fields_of_their_names(tmp_path: Path) -> N
         "--lora-modules", "sql=/a/sql",
         "--model-deprecation", "gpt-4o-mini=2030-01-01",
         "--tool-call-parser", "llama3_json",
+        "--reasoning-parser", "deepseek_r1",
         "--host", "0.0.0.0",
         "--port", "9000",
         "--allowed-origins", "https://a.example,https://b.example",
@@ -114,6 +115,7 @@ def test_representative_flags_land_in_fields_of_their_names(tmp_path: Path) -> N
     assert model.lora_modules == (LoraModule("sql", Path("/a/sql")),)
     assert model.deprecations == {"gpt-4o-mini": date(2030, 1, 1)}
     assert (model.tool_call_parser, model.kv_cache_memory) == ("llama3_json", None)
+    assert model.reasoning_parser == "deepseek_r1"
     engine = config.engine
     assert (engine.max_num_seqs, engine.max_model_len, engine.max_num_batched_tokens) == (
         5,

@@ -133,6 +133,7 @@ def test_the_container_is_built_from_the_config_alone(tmp_path) -> None:
         api_keys_file=str(keys),
         idempotency_ttl=60.0,
         tool_call_parser="pythonic",
+        reasoning_parser="qwen3",
     )
     container = create_container(config)
     engine = container.backend.engine_config()
@@ -141,6 +142,7 @@ def test_the_container_is_built_from_the_config_alone(tmp_path) -> None:
     assert settings.request_timeout == 7.0
     assert settings.allowed_origins == ("https://app.example.com",)
     assert (settings.idempotency_ttl, settings.tool_call_parser) == (60.0, "pythonic")
+    assert settings.reasoning_parser == "think"  # vLLM's qwen3: our <think> parser
     keyring = container.keyring()
     assert keyring is not None and [t.id for t in keyring.tenants] == ["a"]
     container.http_app()
