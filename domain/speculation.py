@@ -1,0 +1,194 @@
+"""Speculative decoding's drafts: what a request will probably write next, guessed from
+text it has already seen, for the target model to verify in one forward.
+
+Two proposers that need no draft model (pure Python, per request; the engine asks each
+running request for at most ``num_speculative_tokens`` drafts after every step):
+
+- ``ngram`` (prompt lookup, vLLM's and llama.cpp's): the longest n-gram ending the
+  request's tokens (``prompt_lookup_max`` down to ``prompt_lookup_min``) that occurred
+  before in its prompt or output; the tokens that followed its latest earlier occurrence
+  are the drafts. Output that copies its prompt (code edits, quotes, JSON keys) gets long
+  drafts; open text gets none.
+- ``suffix`` (suffix decoding, as Arctic Inference's and vLLM's ``suffix``): the same
+  lookup over the request's tokens and over the outputs of recent requests (a bounded
+  shared index, so a template an agent repeats is drafted from its last use), each draft
+  extended token by token while the continuation seen most often after the current
+  context was seen at least ``suffix_min_count`` times in the shared index or once in the
+  request's own text.
+
+Both index incrementally: each new token costs O(prompt_lookup_max) dict updates, a
+proposal O(prompt_lookup_max + drafts).
+"""
+
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+METHODS = ("ngram", "suffix")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """``--speculative-config`` (vLLM's fields): ``method``, drafts per step, the n-gram
+    sizes looked up; ``suffix``: the shared index's size (requests kept) and the count a
+    shared continuation needs. ``min_acceptance``: a request whose drafts are accepted
+    less often than this (after ``probe_tokens`` drafted) stops drafting."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    suffix_recent_requests: int = 64
+    suffix_min_count: int = 2
+    min_acceptance: float = 0.2
+    probe_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"speculative_config.method must be one of {', '.join(METHODS)}, "
+                f"got {self.method!r}"
+            )
+        if not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError("speculative_config.num_speculative_tokens must be in [1, 32]")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= 64:
+            raise ValueError(
+                "speculative_config.prompt_lookup_min/max: 1 <= min <= max <= 64, got "
+                f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
+            )
+        if self.suffix_recent_requests < 0 or self.suffix_min_count < 1:
+            raise ValueError(
+                "speculative_config.suffix_recent_requests >= 0, suffix_min_count >= 1"
+            )
+        if not 0.0 <= self.min_acceptance <= 1.0 or self.probe_tokens < 1:
+            raise ValueError("speculative_config.min_acceptance in [0, 1], probe_tokens >= 1")
+
+
+class NgramIndex:
+    """Where each n-gram (n in ``[low, high]``) of a growing token list last ended."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+        self.tokens: list[int] = []
+        # n-gram -> the index just after its latest occurrence that is not the list's end
+        self._next: dict[tuple[int, ...], int] = {}
+        # n-gram -> the index just after its latest occurrence (the end included)
+        self._last: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens)
+            for n in range(self.low, min(self.high, end) + 1):
+                gram = tuple(self.tokens[end - n : end])
+                previous = self._last.get(gram)
+                if previous is not None:
+                    self._next[gram] = previous  # an occurrence with a continuation now
+                self._last[gram] = end
+
+    def continuation(self) -> int | None:
+        """Where the tokens that followed the longest n-gram ending the list (at its
+        latest earlier occurrence) start; None when no ending n-gram occurred before."""
+        tokens, end = self.tokens, len(self.tokens)
+        for n in range(min(self.high, end), self.low - 1, -1):
+            start = self._next.get(tuple(tokens[end - n : end]))
+            if start is not None:
+                return start
+        return None
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the ending n-gram's latest earlier occurrence."""
+        start = self.continuation()
+        if start is None:
+            return []
+        return self.tokens[start : min(start + k, len(self.tokens))]
+
+
+class SharedSuffixes:
+    """Continuation counts over the outputs of recent requests: context n-gram -> counts of
+    the token that followed. Bounded: the oldest request's counts leave with it."""
+
+    def __init__(self, low: int, high: int, requests: int) -> None:
+        self.low, self.high, self.capacity = low, high, requests
+        self._counts: dict[tuple[int, ...], Counter[int]] = {}
+        self._kept: OrderedDict[str, list[tuple[tuple[int, ...], int]]] = OrderedDict()
+
+    def add(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Index a finished request's output (its context n-grams and what followed)."""
+        if self.capacity == 0 or request_id in self._kept:
+            return
+        pairs = []
+        for i in range(1, len(tokens)):
+            for n in range(self.low, min(self.high, i) + 1):
+                pairs.append((tuple(tokens[i - n : i]), tokens[i]))
+        for gram, token in pairs:
+            self._counts.setdefault(gram, Counter())[token] += 1
+        self._kept[request_id] = pairs
+        while len(self._kept) > self.capacity:
+            _, old = self._kept.popitem(last=False)
+            for gram, token in old:
+                counts = self._counts[gram]
+                counts[token] -= 1
+                if counts[token] <= 0:
+                    del counts[token]
+                if not counts:
+                    del self._counts[gram]
+
+    def next_token(self, context: Sequence[int], min_count: int) -> int | None:
+        """The token seen most often after the longest known n-gram ending ``context``,
+        when seen at least ``min_count`` times."""
+        for n in range(min(self.high, len(context)), self.low - 1, -1):
+            counts = self._counts.get(tuple(context[len(context) - n :]))
+            if counts:
+                token, count = counts.most_common(1)[0]
+                return token if count >= min_count else None
+        return None
+
+
+class Proposer:
+    """One request's drafts (``config.method``), its acceptance, and whether it still
+    drafts. ``shared``: the suffix method's index of recent requests (None: ngram)."""
+
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        prompt: Sequence[int],
+        shared: SharedSuffixes | None = None,
+    ) -> None:
+        self.config, self.shared = config, shared
+        self.index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.index.extend(prompt)
+        self.drafted = self.accepted = 0
+
+    @property
+    def active(self) -> bool:
+        """Drafting pays: too few accepted after the probe stops it for this request."""
+        config = self.config
+        if self.drafted < config.probe_tokens:
+            return True
+        return self.accepted >= config.min_acceptance * self.drafted
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The request's new tokens (accepted drafts and the step's own)."""
+        self.index.extend(tokens)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` drafts (none when inactive)."""
+        if k <= 0 or not self.active:
+            return []
+        drafts = self.index.propose(k)
+        if self.shared is None or len(drafts) >= k:
+            return drafts
+        # suffix: extend (or start) with continuations seen across recent requests
+        context = [*self.index.tokens[-self.config.prompt_lookup_max :], *drafts]
+        while len(drafts) < k:
+            token = self.shared.next_token(context, self.config.suffix_min_count)
+            if token is None:
+                break
+            drafts.append(token)
+            context.append(token)
+        return drafts
