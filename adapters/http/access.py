@@ -25,14 +25,18 @@ from domain.tenancy import AuthenticationError, PermissionDeniedError
 Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]
 
 
-def inference_guard(access: Access) -> Guard:
-    """The guard of the inference faces: ``Authorization: Bearer`` (or ``X-API-Key``)."""
+BEARER_HINT = "missing API key: send it as Authorization: Bearer <key>"
+
+
+def inference_guard(access: Access, missing_message: str = BEARER_HINT) -> Guard:
+    """The guard of the inference faces: ``Authorization: Bearer`` (or ``X-API-Key``);
+    ``missing_message``: the 401's words when no key came."""
     keys = ApiKeyGuard(
         AuthenticationError,
         access=access,
         face="openai",
         forbid=PermissionDeniedError,
-        missing_message="missing API key: send it as Authorization: Bearer <key>",
+        missing_message=missing_message,
     )
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -49,9 +53,9 @@ def inference_guard(access: Access) -> Guard:
     return guard
 
 
-def guards(access: Access | None) -> list[Guard]:
+def guards(access: Access | None, missing_message: str = BEARER_HINT) -> list[Guard]:
     """An inference face's guards (none without ``access``)."""
-    return [] if access is None else [inference_guard(access)]
+    return [] if access is None else [inference_guard(access, missing_message)]
 
 
 def check_model(connection: ASGIConnection[Any, Any, Any, Any], model: str) -> None:

@@ -18,6 +18,7 @@ from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
 from adapters.http.admin import admin_router
+from adapters.http.anthropic import anthropic_router
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_router
 from adapters.http.idempotency import IdempotencyMiddleware
@@ -38,12 +39,19 @@ from application.tinker.service import TinkerService
 from application.tool_parsers import FORMATS
 
 # The endpoints that generate: a retried POST with an Idempotency-Key runs once.
-IDEMPOTENT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/generate")
+IDEMPOTENT_PATHS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/generate",
+    "/v1/messages",  # anthropic
+)
 # What a browser page on an allowed origin may send, and read, cross-origin.
 CORS_ALLOW_HEADERS = [
     "Authorization",
     "Content-Type",
     "X-API-Key",
+    "anthropic-version",
+    "anthropic-beta",
     "X-Request-Id",
     "Idempotency-Key",
 ]
@@ -146,6 +154,7 @@ def create_app(
             generate_router(completions, names, access),
             probe_router(engine, draining, services.metrics),
             openai_router(completions, names, access=access, embeddings=services.embeddings),
+            anthropic_router(completions, names, access=access),
             *routers,
         ],
         lifespan=[_lifespan(engine, services)],

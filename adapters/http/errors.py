@@ -193,6 +193,36 @@ GENERATE_ERRORS = ErrorTable(
 
 # The Tinker face's paths; every other API path answers in OpenAI's error schema.
 TINKER_PREFIX = "/api/"
+# The Messages face's path (and its count_tokens below it): Anthropic's error format.
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(f"{ANTHROPIC_PATH}/")
+
+
+def anthropic_error_body(message: str, kind: str) -> bytes:
+    """An error body in Anthropic's format (``kind``: its error type)."""
+    return _encoder.encode({"type": "error", "error": {"type": kind, "message": message}})
+
+
+# Anthropic's error types follow the status.
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    return ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
 def openai_error_body(message: str, kind: str) -> bytes:
@@ -208,9 +238,11 @@ def tinker_error_body(message: str, category: str) -> bytes:
 def face_error_body(path: str, message: str, kind: str, category: str = "user") -> bytes:
     """An error body in the format of the face serving ``path``, for answers written
     outside the app (the server's body deadline): Tinker's under ``/api/`` (``category``),
-    OpenAI's schema elsewhere (``kind``)."""
+    Anthropic's under ``/v1/messages``, OpenAI's schema elsewhere (``kind``)."""
     if path.startswith(TINKER_PREFIX):
         return tinker_error_body(message, category)
+    if is_anthropic(path):
+        return anthropic_error_body(message, kind)
     return openai_error_body(message, kind)
 
 
@@ -289,4 +321,7 @@ def framework_error_response(request: Request, exc: Exception) -> Response[bytes
     else:
         message = exc.detail
     kind = "server_error" if status >= 500 else "invalid_request_error"
+    if is_anthropic(request.url.path):  # routing's errors (405) under the Messages face
+        body = anthropic_error_body(message, anthropic_type(status))
+        return Response(body, status_code=status, media_type="application/json")
     return error_response(request, HTTPError(status, message, kind))

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from adapters.http.errors import anthropic_error_body, is_anthropic
 from adapters.http.schemas import ErrorDetail, ErrorResponse
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore, StoredReply
 
@@ -48,7 +49,9 @@ class IdempotencyMiddleware:
         except UnicodeDecodeError:
             key = ""
         if not 1 <= len(key) <= 255 or not key.isprintable():
-            await _error(send, 400, "Idempotency-Key must be 1 to 255 printable ASCII characters")
+            await _error(
+                send, 400, "Idempotency-Key must be 1 to 255 printable ASCII characters", scope
+            )
             return
         body, receive = await _buffer(receive)
         if _not_stored(body):
@@ -61,10 +64,15 @@ class IdempotencyMiddleware:
         if isinstance(found, StoredReply):
             await _replay(send, found)
         elif found == "conflict":
-            await _error(send, 409, "this Idempotency-Key was used with another request body")
+            await _error(
+                send, 409, "this Idempotency-Key was used with another request body", scope
+            )
         elif found == "running":
             await _error(
-                send, 409, "a request with this Idempotency-Key is in progress; retry when it ends"
+                send,
+                409,
+                "a request with this Idempotency-Key is in progress; retry when it ends",
+                scope,
             )
         else:
             await self._run(scope, receive, send, scoped, fingerprint)
@@ -148,11 +156,13 @@ async def _replay(send: Any, reply: StoredReply) -> None:
     await send({"type": "http.response.body", "body": reply.body})
 
 
-async def _error(send: Any, status: int, message: str) -> None:
+async def _error(send: Any, status: int, message: str, scope: dict[str, Any]) -> None:
     code = "idempotency_key_conflict" if status == 409 else "invalid_idempotency_key"
     body = _encoder.encode(
         ErrorResponse(ErrorDetail(message, "invalid_request_error", "Idempotency-Key", code))
     )
+    if is_anthropic(scope["path"]):  # the Messages face's format
+        body = anthropic_error_body(message, "invalid_request_error")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

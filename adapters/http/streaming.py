@@ -99,6 +99,9 @@ def sse_event(kind: str, payload: msgspec.Struct) -> ServerSentEventMessage:
 # balancers see traffic on a stream that waits.
 PING = b": ping\n\n"
 DEFAULT_HEARTBEAT_S = 15.0
+# A route's ``opt`` key: the bytes its streams' heartbeat sends instead of :data:`PING`
+# (the Messages face's ``event: ping``).
+SSE_PING = "sse_ping"
 
 
 def heartbeat_middleware(interval_s: float) -> DefineMiddleware:
@@ -114,7 +117,9 @@ class HeartbeatMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        heartbeat = Heartbeat(send, self.interval_s)
+        handler = scope.get("route_handler")
+        ping = PING if handler is None else handler.opt.get(SSE_PING, PING)
+        heartbeat = Heartbeat(send, self.interval_s, ping)
         try:
             await self.app(scope, receive, heartbeat.send)
         finally:
@@ -126,8 +131,8 @@ class Heartbeat:
     silent. Per event it notes the time; one timer per stream checks once per interval
     (events are whole SSE frames, so a ping never splits one)."""
 
-    def __init__(self, send: Send, interval_s: float) -> None:
-        self._send, self.interval_s = send, interval_s
+    def __init__(self, send: Send, interval_s: float, ping: bytes = PING) -> None:
+        self._send, self.interval_s, self.ping = send, interval_s, ping
         self._loop = asyncio.get_running_loop()
         self._last = 0.0
         self._sending = False
@@ -167,7 +172,7 @@ class Heartbeat:
     async def _ping(self) -> None:
         # The stream may end (or its client leave) while the ping waits for the socket.
         with contextlib.suppress(Exception):
-            await self._send({"type": "http.response.body", "body": PING, "more_body": True})
+            await self._send({"type": "http.response.body", "body": self.ping, "more_body": True})
 
 
 def _is_event_stream(message: Message) -> bool:
