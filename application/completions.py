@@ -14,10 +14,15 @@ The steps, in this order:
 5. prioritize: the caller's group queues at the request's priority;
 6. admit: every choice of every prompt queued at once, or none.
 
+``best_of`` (a prompt job's, vLLM's and the legacy OpenAI API's): each prompt runs
+``best_of`` choices through the same admit, each scored by its tokens' logprobs, and its
+streams are the ``n`` of the highest cumulative logprob, best first, once all finished.
+
 Errors are domain errors naming the request field (``InvalidParameterError`` and its
 kind, ``QueueFullError``, the limits' errors); a face maps them to its wire format.
 """
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -73,6 +78,10 @@ class Job:
     adapter_id: str | None = None
     priority: int | None = None
     structured_param: str = STRUCTURED_PARAM
+    # vLLM's: words the output never contains (tokenized into ``params.bad_words``), and
+    # the prompt's last N tokens kept (-1: as many as the context holds; None: all).
+    bad_words: tuple[str, ...] = ()
+    truncate_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +91,8 @@ class PromptJob(Job):
 
     prompts: Sequence[Prompt]
     id_prefix: str = "cmpl"
+    # Candidates per prompt, of which the ``n`` most likely come back (None: ``n``).
+    best_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,20 +137,45 @@ class CompletionService:
 
     async def complete(self, job: PromptJob, caller: Caller) -> Started:
         texts = [[p] for p in job.prompts if isinstance(p, str)]
-        self._precheck(job, texts, len(job.prompts), "prompt")
+        width = self._width(job)
+        self._precheck(job, texts, len(job.prompts), "prompt", width)
         with caller.record.timing("tokenize"):
-            prepared = [await self._prepare(p, job.params, job) for p in job.prompts]
-        await self._reserve(caller, prepared, job.params, job.n)
-        return self._admit(caller, job, job.id_prefix, prepared, job.params)
+            params = await self._with_bad_words(job)
+            prepared = [
+                await self._prepare(p, params, job, job.truncate_prompt_tokens) for p in job.prompts
+            ]
+        await self._reserve(caller, prepared, params, width)
+        if width == job.n:
+            return self._admit(caller, job, job.id_prefix, prepared, params)
+        if params.logprobs is None:  # candidates are ranked by their tokens' logprobs
+            params = dataclasses.replace(params, logprobs=0)
+        started = self._admit(caller, job, job.id_prefix, prepared, params, width)
+        streams = started.streams
+        chosen = [
+            BestOf(streams[i * width : (i + 1) * width], job.n).streams()
+            for i in range(len(prepared))
+        ]
+        return dataclasses.replace(started, streams=[s for group in chosen for s in group])
+
+    @staticmethod
+    def _width(job: PromptJob) -> int:
+        """Choices run per prompt: ``best_of`` (at least ``n``), else ``n``."""
+        if job.best_of is None:
+            return job.n
+        if job.best_of < job.n:
+            raise InvalidParameterError("best_of", f"must be >= n ({job.n})")
+        return job.best_of
 
     async def chat(self, job: ChatJob, caller: Caller) -> Started:
         texts = [*(m["content"] for m in job.messages), *tool_texts(job.tools)]
         self._precheck(job, [texts], 1, "messages")
         with caller.record.timing("render_chat"):
             prompt = await self.chats.render(job.messages, job.tools, job.template_kwargs)
+        prompt = self.inputs.truncate(prompt, job.truncate_prompt_tokens)
         reasoning = self._reasoning(prompt)
         params = self._after_thinking(constrain(self._sized(job, len(prompt)), job.tools), prompt)
         with caller.record.timing("tokenize"):
+            params = await self._with_bad_words(job, params)
             prepared = await self._prepare(prompt, params, job)
         out = params.max_tokens
         if job.max_tokens is None:
@@ -170,14 +206,36 @@ class CompletionService:
         after = StructuredOutput(structured.kind, structured.spec, self._close_ids)
         return dataclasses.replace(params, structured=after)
 
-    def _precheck(self, job: Job, prompts: Sequence[Sequence[str]], count: int, param: str) -> None:
+    def _precheck(
+        self,
+        job: Job,
+        prompts: Sequence[Sequence[str]],
+        count: int,
+        param: str,
+        width: int | None = None,
+    ) -> None:
         """The stop-string limits, each prompt's size (a prompt is a list of texts: a
         chat's messages, named ``param``), and room for ``count`` prompts of ``n``
-        choices."""
+        choices (``width``: of ``best_of`` candidates)."""
         self.inputs.check_params(job.params)
         for texts in prompts:
             self.inputs.check_prompt_size(texts, param)
-        self.inputs.check_room(count, job.n)
+        try:
+            self.inputs.check_room(count, job.n if width is None else width)
+        except InvalidParameterError as e:
+            if width is None or width == job.n or e.param != "n":
+                raise
+            raise e.renamed("best_of") from e
+
+    async def _with_bad_words(
+        self, job: Job, params: SamplingParams | None = None
+    ) -> SamplingParams:
+        """``params`` (default: the job's) with the job's bad words as token ids."""
+        params = job.params if params is None else params
+        if not job.bad_words:
+            return params
+        words = await self.inputs.bad_words(job.bad_words)
+        return dataclasses.replace(params, bad_words=words)
 
     def _sized(self, job: ChatJob, prompt_tokens: int) -> SamplingParams:
         """The chat's parameters with its ``max_tokens`` (at least one token: a full
@@ -192,8 +250,15 @@ class CompletionService:
                 raise
             raise e.renamed(job.max_tokens_param) from e
 
-    async def _prepare(self, prompt: Prompt, params: SamplingParams, job: Job) -> list[int]:
-        return await self.inputs.prepare(prompt, params, structured_param=job.structured_param)
+    async def _prepare(
+        self, prompt: Prompt, params: SamplingParams, job: Job, truncate: int | None = None
+    ) -> list[int]:
+        return await self.inputs.prepare(
+            prompt,
+            params,
+            structured_param=job.structured_param,
+            truncate_prompt_tokens=truncate,
+        )
 
     @staticmethod
     async def _reserve(
@@ -209,12 +274,57 @@ class CompletionService:
 
     @staticmethod
     def _admit(
-        caller: Caller, job: Job, prefix: str, prepared: list[list[int]], params: SamplingParams
+        caller: Caller,
+        job: Job,
+        prefix: str,
+        prepared: list[list[int]],
+        params: SamplingParams,
+        n: int | None = None,
     ) -> Started:
-        """Prioritize the caller's group, then queue ``n`` choices of every prompt."""
+        """Prioritize the caller's group, then queue ``n`` (default: the job's) choices of
+        every prompt."""
         group = caller.group
+        n = job.n if n is None else n
         if job.priority is not None:  # the scheduler runs a higher context priority first
             group.context = dataclasses.replace(group.context, priority=-job.priority)
-        request_ids = [new_request_id(prefix) for _ in range(len(prepared) * job.n)]
-        streams = group.admit(request_ids, prepared, params, job.n, adapter_id=job.adapter_id)
+        request_ids = [new_request_id(prefix) for _ in range(len(prepared) * n)]
+        streams = group.admit(request_ids, prepared, params, n, adapter_id=job.adapter_id)
         return Started(streams, prepared, params)
+
+
+class BestOf:
+    """One prompt's ``best_of`` candidates: each collected whole, then the ``n`` of the
+    highest cumulative logprob (the sum of its tokens' logprobs; ties: the earlier
+    candidate) replayed as ``n`` streams, best first. A candidate the engine failed is
+    chosen first, so that its error reaches the caller."""
+
+    def __init__(self, candidates: Sequence[AsyncIterator[StepOutput]], n: int) -> None:
+        self._candidates, self._n = list(candidates), n
+        self._lock = asyncio.Lock()
+        self._chosen: list[list[StepOutput]] | None = None
+
+    def streams(self) -> list[AsyncIterator[StepOutput]]:
+        return [self._replay(j) for j in range(self._n)]
+
+    async def _replay(self, j: int) -> AsyncIterator[StepOutput]:
+        for out in (await self._choose())[j]:
+            yield out
+
+    async def _choose(self) -> list[list[StepOutput]]:
+        async with self._lock:
+            if self._chosen is None:
+                outputs = await asyncio.gather(*(_drain(s) for s in self._candidates))
+                ranked = sorted(range(len(outputs)), key=lambda i: -_score(outputs[i]))
+                self._chosen = [outputs[i] for i in ranked[: self._n]]
+            return self._chosen
+
+
+async def _drain(stream: AsyncIterator[StepOutput]) -> list[StepOutput]:
+    return [out async for out in stream]
+
+
+def _score(outputs: Sequence[StepOutput]) -> float:
+    """A candidate's cumulative logprob (+inf for a failed one)."""
+    if any(out.error is not None for out in outputs):
+        return float("inf")
+    return sum(out.logprob or 0.0 for out in outputs if out.token_id is not None)

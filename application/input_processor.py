@@ -42,6 +42,10 @@ class InputProcessor:
     def check_room(self, count: int, n: int = 1) -> None:
         self.checks.check_room(count, n)
 
+    def truncate(self, prompt_ids: list[int], keep: int | None) -> list[int]:
+        """:meth:`RequestChecks.truncate`: the prompt's last ``keep`` tokens."""
+        return self.checks.truncate(prompt_ids, keep)
+
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each token decoded alone, special tokens included (logprobs' token strings;
         cheap: runs on the caller's thread)."""
@@ -89,12 +93,49 @@ class InputProcessor:
         params: SamplingParams,
         *,
         structured_param: str = STRUCTURED_PARAM,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[int]:
-        """:meth:`RequestChecks.prepare`: the prompt's token ids, tokenized and validated."""
+        """:meth:`RequestChecks.prepare`: the prompt's token ids, tokenized and validated
+        (``truncate_prompt_tokens``: the last N kept)."""
         checks = self.checks
         return await self._off_loop(
-            lambda: checks.prepare(prompt, params, structured_param=structured_param)
+            lambda: checks.prepare(
+                prompt,
+                params,
+                structured_param=structured_param,
+                truncate_prompt_tokens=truncate_prompt_tokens,
+            )
         )
+
+    async def bad_words(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """vLLM's ``bad_words`` as token-id sequences: each word (leading spaces stripped)
+        tokenized alone, and with one leading space when that gives as many tokens and
+        another first token (the word inside a text, for tokenizers that mark spaces)."""
+        limit, size = (
+            self.config.max_stop_strings,
+            sum(len(w.encode("utf-8", "surrogatepass")) for w in words),
+        )
+        if len(words) > limit:
+            raise InvalidParameterError("bad_words", f"{len(words)} entries, more than {limit}")
+        if size > self.config.max_stop_bytes:
+            raise InvalidParameterError(
+                "bad_words", f"{size} bytes in all, more than {self.config.max_stop_bytes}"
+            )
+        tokenizer = self.tokenizer
+
+        def encode() -> tuple[tuple[int, ...], ...]:
+            out: list[tuple[int, ...]] = []
+            for word in words:
+                bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+                if not bare:
+                    raise InvalidParameterError("bad_words", "a bad word has no tokens")
+                out.append(bare)
+                spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+                if len(spaced) == len(bare) and spaced[0] != bare[0]:
+                    out.append(spaced)
+            return tuple(out)
+
+        return await self._off_loop(encode)
 
     def close(self) -> None:
         """Stop the thread pool (a later call starts another)."""

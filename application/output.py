@@ -25,9 +25,12 @@ class OutputProcessor:
 
     def add(self, request: Request) -> None:
         """Start tracking a queued request's text."""
-        stop = request.sampling_params.stop
+        params = request.sampling_params
         self._streams[request.request_id] = TextStream(
-            self.tokenizer, request.prompt_token_ids, stop
+            self.tokenizer,
+            request.prompt_token_ids,
+            params.stop,
+            include_stop=params.include_stop_str_in_output,
         )
 
     def discard(self, request_id: str) -> None:
@@ -102,6 +105,8 @@ def _prompt_scores(request: Request) -> dict[str, Any]:
     scores: dict[str, Any] = {"prompt_logprobs": tuple(request.prompt_logprobs)}
     if params.prompt_top_logprobs:
         scores["prompt_top_logprobs"] = tuple(tuple(r) for r in request.prompt_top_logprobs)
+    if params.prompt_ranks:
+        scores["prompt_ranks"] = tuple(request.prompt_ranks)
     if params.prompt_target_ids is not None:
         scores["prompt_target_logprobs"] = tuple(tuple(r) for r in request.prompt_target_logprobs)
     if params.prompt_samples:

@@ -91,12 +91,14 @@ class RequestChecks:
         params: SamplingParams,
         *,
         structured_param: str = STRUCTURED_PARAM,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[int]:
         """The prompt's token ids, validated (empty, too large, out-of-vocabulary ids, too
         long for ``max_seq_len`` with ``params``, the server's limits on ``params``): what
         ``Engine.add_request`` checks, queueing nothing. Touches no engine state, so it may
         run on another thread than the step loop. ``structured_param``: the request field
-        the output constraint came from (its errors name it)."""
+        the output constraint came from (its errors name it). ``truncate_prompt_tokens``:
+        keep only the prompt's last N tokens (:meth:`truncate`) before the length check."""
         if not prompt:  # checked before tokenizing: a BOS token would hide an empty string
             raise EmptyPromptError()
         self.check_params(params)
@@ -105,6 +107,7 @@ class RequestChecks:
             prompt_ids = self.tokenizer.encode(prompt)
         else:
             prompt_ids = list(prompt)
+        prompt_ids = self.truncate(prompt_ids, truncate_prompt_tokens)
         if len(prompt_ids) + params.max_tokens > self.config.max_seq_len:
             raise PromptTooLongError(len(prompt_ids), params.max_tokens, self.config.max_seq_len)
         bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
@@ -123,10 +126,24 @@ class RequestChecks:
         self.check_structured(params, structured_param)
         return prompt_ids
 
+    def truncate(self, prompt_ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: as many
+        as the context holds, ``max_seq_len``; None: all)."""
+        if keep is None:
+            return prompt_ids
+        if keep == -1:
+            keep = self.config.max_seq_len
+        if keep < 1:
+            raise InvalidParameterError(
+                "truncate_prompt_tokens", "must be -1 (the context) or an integer >= 1"
+            )
+        return prompt_ids[-keep:]
+
     def check_token_ids(self, params: SamplingParams) -> None:
-        """Token ids in ``logit_bias`` / ``allowed_token_ids`` / ``prompt_target_ids`` are
-        in the model's vocabulary."""
+        """Token ids in ``logit_bias`` / ``allowed_token_ids`` / ``prompt_target_ids`` /
+        ``bad_words`` are in the model's vocabulary."""
         for name, ids in (
+            ("bad_words", [t for word in params.bad_words for t in word]),
             ("logit_bias", [t for t, _ in params.logit_bias]),
             ("allowed_token_ids", params.allowed_token_ids or ()),
             ("prompt_target_ids", [t for row in params.prompt_target_ids or () for t in row]),

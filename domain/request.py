@@ -57,6 +57,9 @@ class Request:
     prompt_logprobs: list[float] = field(default_factory=list)
     # With ``sampling_params.prompt_top_logprobs``: the alternatives at those positions.
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # With ``sampling_params.prompt_ranks``: those tokens' ranks (0 before
+    # ``prompt_logprobs_from``).
+    prompt_ranks: list[int] = field(default_factory=list)
     # With ``prompt_target_ids`` / ``prompt_samples``: per position, the logprobs of its
     # target ids (in their order) / its draws (id, logprob).
     prompt_target_logprobs: list[list[float]] = field(default_factory=list)
@@ -127,6 +130,7 @@ class StepOutput:
     # and, with ``prompt_top_logprobs``, each position's alternatives.
     prompt_logprobs: tuple[float, ...] | None = None
     prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    prompt_ranks: tuple[int, ...] | None = None  # with ``prompt_ranks``: each token's rank
     # With ``prompt_target_ids`` / ``prompt_samples``: the same positions' target logprobs
     # and draws (as :class:`Request` holds them).
     prompt_target_logprobs: tuple[tuple[float, ...], ...] | None = None

@@ -46,14 +46,21 @@ class SamplingParams:
     at each of those positions (at ``temperature`` alone: no top-k / top-p; greedy: the
     argmax) and their logprobs, the same draws for the same ``seed`` and prompt however the
     prompt is chunked. These come from the prefill's logits, the model's own.
-    ``prompt_logprobs_from`` P: only positions P.. need scoring, so the prompt's first
-    positions may come from the prefix cache (positions before P then report NaN and empty
-    rows).
+    ``prompt_ranks``: also each prompt token's rank at its position (1: the most likely;
+    vLLM's ``rank``). ``prompt_logprobs_from`` P: only positions P.. need scoring, so the
+    prompt's first positions may come from the prefix cache (positions before P then report
+    NaN and empty rows).
 
     Per-row logits processing, between the forward and the sampler: ``logit_bias`` adds
     a bias in [-100, 100] to the listed token ids' logits (OpenAI semantics); with
     ``allowed_token_ids`` every other id is masked out (vLLM's name); until ``min_tokens``
     tokens are generated, EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked out.
+    ``bad_words`` (vLLM's): token-id sequences the output never contains — a sequence's
+    last id is masked out wherever the output's last tokens are the rest of it (one id: it
+    is always masked out); the faces tokenize the words (with and without a leading space).
+
+    ``include_stop_str_in_output`` (vLLM's): the stop string that ended the text stays at
+    its end (by default the text ends before it).
 
     ``cache_salt`` (vLLM's): the request reuses and leaves cached KV blocks only among
     requests with the same salt, so a tenant's prompts cannot be probed through another
@@ -78,6 +85,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
@@ -87,8 +95,10 @@ class SamplingParams:
     prompt_target_ids: tuple[tuple[int, ...], ...] | None = None
     prompt_samples: int = 0
     prompt_logprobs_from: int = 1
+    prompt_ranks: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[tuple[int, ...], ...] = ()
     structured: StructuredOutput | None = None
     cache_salt: str | None = None
 
@@ -140,6 +150,9 @@ class SamplingParams:
         )
         _check(self.prompt_logprobs_from >= 1, "prompt_logprobs_from", "must be >= 1")
         _check(
+            self.prompt_logprobs or not self.prompt_ranks, "prompt_ranks", "needs prompt_logprobs"
+        )
+        _check(
             all(t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias)
             and len({t for t, _ in self.logit_bias}) == len(self.logit_bias),
             "logit_bias",
@@ -150,6 +163,11 @@ class SamplingParams:
             or (bool(self.allowed_token_ids) and all(t >= 0 for t in self.allowed_token_ids)),
             "allowed_token_ids",
             "must be a non-empty list of token ids >= 0",
+        )
+        _check(
+            all(word and all(t >= 0 for t in word) for word in self.bad_words),
+            "bad_words",
+            "must be non-empty sequences of token ids >= 0",
         )
         _check(
             self.cache_salt is None or 0 < len(self.cache_salt) <= MAX_CACHE_SALT,
@@ -173,11 +191,12 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """The row's logits are changed before sampling (bias, an allowed-token mask, or a
-        structured-output grammar)."""
+        """The row's logits are changed before sampling (bias, an allowed-token mask, bad
+        words, or a structured-output grammar)."""
         return (
             bool(self.logit_bias)
             or self.allowed_token_ids is not None
+            or bool(self.bad_words)
             or self.structured is not None
         )
 

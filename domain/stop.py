@@ -6,13 +6,15 @@ from collections.abc import Sequence
 class StopStringMatcher:
     """Finds the first stop string to complete in a stream of text deltas (OpenAI semantics).
 
-    The stop string itself is never emitted, nor anything after it. Text that could be the
+    The stop string itself is not emitted (unless ``include``: then the text ends with it),
+    nor anything after it. Text that could be the
     beginning of a stop string is held back until the next deltas decide; stop strings spanning
     several deltas are found. Stop strings must be non-empty (``SamplingParams`` checks).
     """
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], *, include: bool = False) -> None:
         self._stop = tuple(stop)
+        self._include = include
         self._held = ""
         # The stop string that was hit (None: none yet).
         self.matched: str | None = None
@@ -25,7 +27,8 @@ class StopStringMatcher:
         if hit is not None:
             self._held = ""
             start, self.matched = hit
-            return text[:start], True
+            end = start + len(self.matched) if self._include else start
+            return text[:end], True
         safe = len(text) - self._partial_stop_length(text)
         self._held = text[safe:]
         return text[:safe], False

@@ -13,14 +13,21 @@ from domain.stop import StopStringMatcher
 
 class TextStream:
     def __init__(
-        self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str]
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: Sequence[int],
+        stop: Sequence[str],
+        *,
+        include_stop: bool = False,
     ) -> None:
+        """``include_stop``: the stop string hit stays at the end of the text."""
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
-        self._stops = StopStringMatcher(stop)
+        self._stops = StopStringMatcher(stop, include=include_stop)
 
     def push(self, token: int, *, stop_token: bool = False, last: bool = False) -> tuple[str, bool]:
         """The text delta ``token`` completes, and whether a stop string was hit (the text
-        then ends before it, and the request ends with ``stop``).
+        then ends before it, or with it with ``include_stop``, and the request ends with
+        ``stop``).
 
         ``stop_token``: the token ended the request as an EOS / stop id — it has no text;
         what was held back is emitted. ``last``: the request ends with this token (length),

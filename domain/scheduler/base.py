@@ -117,6 +117,7 @@ class QueueingScheduler:
             rid, start = request.request_id, chunk.start
             _extend(request.prompt_logprobs, result.prompt_logprobs.get(rid), start, math.nan)
             _extend(request.prompt_top_logprobs, result.prompt_top_logprobs.get(rid), start, [])
+            _extend(request.prompt_ranks, result.prompt_ranks.get(rid), start, 0)
             targets = result.prompt_target_logprobs.get(rid)
             _extend(request.prompt_target_logprobs, targets, start, [])
             _extend(request.prompt_samples, result.prompt_samples.get(rid), start, [])

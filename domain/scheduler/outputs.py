@@ -80,6 +80,8 @@ class RunnerOutput:
     # chunk predicts (positions start+1 .. within the prompt), in order.
     prompt_logprobs: dict[str, list[float]] = field(default_factory=dict)
     prompt_top_logprobs: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    # With ``prompt_ranks``: each of those prompt tokens' rank (1: the most likely).
+    prompt_ranks: dict[str, list[int]] = field(default_factory=dict)
     # The same positions' target logprobs and draws (``prompt_target_ids``, ``prompt_samples``).
     prompt_target_logprobs: dict[str, list[list[float]]] = field(default_factory=dict)
     prompt_samples: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)

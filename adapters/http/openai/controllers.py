@@ -42,10 +42,11 @@ class CompletionRoutes(Controller):
         job = completion_job(body, model.adapter_id)
         started = await completions.complete(job, caller)
         echoes = []
-        if body.echo:  # the prompt before each choice's text (token ids: decoded)
+        if body.echo:  # the prompt before each choice's text (token ids, truncated: decoded)
             for prompt, ids in zip(job.prompts, started.prompts, strict=True):
-                text = prompt if isinstance(prompt, str) else await inputs.detokenize(prompt)
-                echoes.append(Echo(text, ids))
+                if not isinstance(prompt, str) or job.truncate_prompt_tokens is not None:
+                    prompt = await inputs.detokenize(ids)
+                echoes.append(Echo(prompt, ids))
         reply = CompletionReply(
             new_request_id("cmpl"),
             model.id,
@@ -53,6 +54,10 @@ class CompletionRoutes(Controller):
             job.n,
             job.params.logprobs,
             echoes,
+            prompts=started.prompts,
+            token_ids=bool(body.return_token_ids),
+            prompt_logprobs=None if body.stream else body.prompt_logprobs,
+            continuous_usage=_continuous_usage(body),
         )
         return await _answer(request, body, started.streams, reply)
 
@@ -78,8 +83,18 @@ class CompletionRoutes(Controller):
             tool_calls,
             job.tools,
             started.reasoning,
+            prompt=started.prompts[0],
+            token_ids=bool(body.return_token_ids),
+            prompt_logprobs=None if body.stream else body.prompt_logprobs,
+            continuous_usage=_continuous_usage(body),
         )
         return await _answer(request, body, started.streams, reply)
+
+
+def _continuous_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    """vLLM's ``continuous_usage_stats``: with ``include_usage`` only, as in vLLM."""
+    options = body.stream_options
+    return bool(options and options.include_usage and options.continuous_usage_stats)
 
 
 def _model(

@@ -39,19 +39,18 @@ def completion_job(body: CompletionRequest, adapter_id: str | None) -> PromptJob
     """``/v1/completions``' body as the completion service's job."""
     check_stream_options(body)
     n = choices(body)
-    refuse(
-        ("best_of", body.best_of not in (None, 1, n)),  # best_of == n: n choices, all shown
-        ("suffix", body.suffix is not None),
-    )
+    refuse(("suffix", body.suffix is not None))
     logprobs = completion_logprobs(body)
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     found = structured_output(body)
+    echoed = logprobs if body.echo else None  # the echoed prompt's logprobs
+    asked = asked_prompt_logprobs(body)
     params = sampling(
         body,
         max_tokens,
         found,
         logprobs=logprobs,
-        prompt_logprobs=logprobs if body.echo else None,
+        prompt_logprobs=echoed if asked is None else max(asked, echoed or 0),
     )
     prompts = parse_prompts(body.prompt)
     return PromptJob(
@@ -61,7 +60,64 @@ def completion_job(body: CompletionRequest, adapter_id: str | None) -> PromptJob
         priority=priority(body.priority, None),
         structured_param=found[1] if found else STRUCTURED_PARAM,
         prompts=prompts,
+        best_of=best_of(body, n),
+        **extras(body),
     )
+
+
+def best_of(body: CompletionRequest, n: int) -> int | None:
+    """``best_of`` candidates per prompt of which the ``n`` most likely come back (None:
+    ``n``, all shown): at least ``n``, and not streamed (as in vLLM and OpenAI)."""
+    if body.best_of is None or body.best_of == n:
+        return None
+    if body.best_of < n:
+        raise HTTPError(400, f"best_of must be >= n ({n})", "invalid_request_error", "best_of")
+    if body.stream:
+        raise HTTPError(
+            400,
+            "best_of > n cannot be streamed (the best are known once all are done)",
+            "invalid_request_error",
+            "best_of",
+        )
+    return body.best_of
+
+
+def extras(body: Body) -> dict[str, Any]:
+    """vLLM's job-level extras: ``bad_words`` and ``truncate_prompt_tokens``."""
+    keep = body.truncate_prompt_tokens
+    if keep is not None and keep != -1 and keep < 1:
+        raise HTTPError(
+            400,
+            "truncate_prompt_tokens must be -1 (the context) or an integer >= 1",
+            "invalid_request_error",
+            "truncate_prompt_tokens",
+        )
+    return {"bad_words": tuple(body.bad_words or ()), "truncate_prompt_tokens": keep}
+
+
+def asked_prompt_logprobs(body: Body) -> int | None:
+    """vLLM's ``prompt_logprobs``: alternatives per prompt token, 0..20 (None: none; not
+    computed for a stream, where vLLM refuses more than 0)."""
+    asked = body.prompt_logprobs
+    if asked is None:
+        return None
+    if not 0 <= asked <= MAX_LOGPROBS:
+        raise HTTPError(
+            400,
+            f"prompt_logprobs must be in [0, {MAX_LOGPROBS}]",
+            "invalid_request_error",
+            "prompt_logprobs",
+        )
+    if body.stream:
+        if asked:
+            raise HTTPError(
+                400,
+                "prompt_logprobs are not available when stream is true",
+                "invalid_request_error",
+                "prompt_logprobs",
+            )
+        return None
+    return asked
 
 
 def chat_job(body: ChatCompletionRequest, adapter_id: str | None) -> ChatJob:
@@ -73,7 +129,13 @@ def chat_job(body: ChatCompletionRequest, adapter_id: str | None) -> ChatJob:
     n, top_logprobs = choices(body), chat_top_logprobs(body)
     messages = parse_messages(body.messages)
     found = structured_output(body)
-    params = sampling(body, max(1, body.min_tokens or 0), found, logprobs=top_logprobs)
+    params = sampling(
+        body,
+        max(1, body.min_tokens or 0),
+        found,
+        logprobs=top_logprobs,
+        prompt_logprobs=asked_prompt_logprobs(body),
+    )
     max_tokens, field = body.max_completion_tokens, "max_completion_tokens"
     if max_tokens is None:  # None too: as much as the context leaves
         max_tokens, field = body.max_tokens, "max_tokens"
@@ -92,6 +154,7 @@ def chat_job(body: ChatCompletionRequest, adapter_id: str | None) -> ChatJob:
         max_tokens=max_tokens,
         max_tokens_param=field,
         template_kwargs=template_kwargs(body),
+        **extras(body),
     )
 
 
@@ -213,7 +276,7 @@ def sampling(
 ) -> SamplingParams:
     """``structured``: the body's output constraint (and its field). ``logprobs``:
     alternatives per generated token (None: no logprobs); ``prompt_logprobs``: per prompt
-    token (``echo`` with logprobs)."""
+    token (``echo`` with logprobs, ``prompt_logprobs``; with their ranks)."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if body.temperature is not None and not 0.0 <= body.temperature <= 2.0:
         raise HTTPError(
@@ -231,12 +294,14 @@ def sampling(
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         stop=stop,
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
         seed=body.seed,
         logit_bias=logit_bias(body.logit_bias),
         min_tokens=body.min_tokens or 0,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs is not None,
         prompt_top_logprobs=prompt_logprobs or 0,
+        prompt_ranks=body.prompt_logprobs is not None and prompt_logprobs is not None,
         structured=structured[0] if structured else None,
         cache_salt=body.cache_salt,
     )
@@ -289,15 +354,17 @@ NEEDS_CONTENT = ("system", "developer", "user", "tool", "function")  # assistant
 
 
 def parse_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages, checked, with text content (parts joined)."""
+    """The messages, checked, with text content (parts joined). A role outside ``ROLES``
+    goes to the chat template as it is (vLLM's custom roles): the template decides, and
+    one that refuses it answers a 400 naming ``messages``."""
     if not messages:
         raise HTTPError(400, "messages must not be empty", "invalid_request_error", "messages")
     for i, message in enumerate(messages):
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or not role:
             raise HTTPError(
                 400,
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                f"messages[{i}].role must be a non-empty string, got {role!r}",
                 "invalid_request_error",
                 f"messages[{i}].role",
             )

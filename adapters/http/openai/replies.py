@@ -13,6 +13,13 @@ A completion's ``top_logprobs`` follow the legacy OpenAI API's and vLLM's "k + 1
 token's dict holds the ``logprobs`` = k most likely tokens and the token itself when it is
 not among them (``logprobs: 0``: the token alone). A chat's ``top_logprobs`` list holds the
 k most likely only (``top_logprobs: 0``: an empty list), as OpenAI's chat does.
+
+vLLM's extras, when asked: ``return_token_ids`` (each choice's generated ids, and the
+prompt's: per choice on completions, on the response on chats; streamed: each chunk its
+own tokens, the prompt's on the first chunk), ``prompt_logprobs`` (vLLM's shape: None for
+the first prompt token, then per token a dict id -> logprob, rank, decoded token: the
+token itself first, then the alternatives), ``continuous_usage_stats`` (every streamed
+chunk carries its choice's usage so far). Every choice says its ``stop_reason``.
 """
 
 import asyncio
@@ -38,6 +45,8 @@ from adapters.http.openai.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     FunctionCallOut,
+    PromptLogprob,
+    PromptLogprobs,
     ToolCallOut,
     TopLogprob,
     Usage,
@@ -77,6 +86,11 @@ class Collected:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     outputs: list[StepOutput] = field(default_factory=list)
+    stop_reason: str | int | None = None  # the stop string or id that ended it
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [o.token_id for o in self.outputs if o.token_id is not None]
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ async def collect(stream: AsyncIterator[StepOutput]) -> Collected:
             collected.end_reason = out.finish_reason or "stop"
             collected.prompt_tokens = out.prompt_tokens
             collected.completion_tokens = out.completion_tokens
+            collected.stop_reason = out.stop_reason
     collected.text = "".join(parts)
     return collected
 
@@ -115,6 +130,42 @@ def finish_reason(out: StepOutput) -> str | None:
     if not out.finished:
         return None
     return FINISH_REASONS.get(out.finish_reason or "", out.finish_reason)
+
+
+def usage_so_far(out: StepOutput) -> Usage:
+    """One output's choice's usage so far (``continuous_usage_stats``)."""
+    prompt, completion = out.prompt_tokens, out.completion_tokens
+    return Usage(prompt, completion, prompt + completion)
+
+
+def prompt_logprobs_of(
+    prompt: Sequence[int], first: StepOutput | None, texts: TokenTexts, k: int
+) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs`` from a choice's first output: None for the first
+    token, then per token {id: {logprob, rank, decoded_token}}, the token first, then its
+    ``k`` best alternatives (ranks 1..)."""
+    logprobs = list(first.prompt_logprobs or ()) if first is not None else []
+    ranks = list(first.prompt_ranks or ()) if first is not None else []
+    alternatives = list(first.prompt_top_logprobs or ()) if first is not None else []
+    rows: PromptLogprobs = [None]
+    for i in range(1, len(prompt)):
+        if i > len(logprobs):
+            rows.append(None)
+            continue
+        token, value = prompt[i], logprobs[i - 1]
+        rank = ranks[i - 1] if i - 1 < len(ranks) else 0
+        top = alternatives[i - 1][:k] if i - 1 < len(alternatives) else ()
+        entries = [(token, value, rank), *((t, v, r) for r, (t, v) in enumerate(top, 1))]
+        strings = texts([t for t, _, _ in entries])
+        row: dict[str, PromptLogprob] = {}
+        for string, (t, v, r) in zip(strings, entries, strict=True):
+            key = str(t)
+            if key in row:  # the token is among the alternatives: one entry, its rank
+                row[key] = PromptLogprob(row[key].logprob, min(row[key].rank, r), string)
+            else:
+                row[key] = PromptLogprob(_floored(v), r, string)
+        rows.append(row)
+    return rows
 
 
 def total_usage(choices: Sequence[Collected], n: int = 1) -> Usage:
@@ -139,14 +190,29 @@ class CompletionReply:
     n: int = 1
     logprobs: int | None = None
     echoes: Sequence[Echo] = ()
+    # vLLM's extras: each prompt's token ids, and whether the reply carries them and the
+    # choices' (``return_token_ids``); the prompt logprobs asked (None: none); every
+    # streamed chunk with its usage.
+    prompts: Sequence[Sequence[int]] = ()
+    token_ids: bool = False
+    prompt_logprobs: int | None = None
+    continuous_usage: bool = False
 
     def body(self, outputs: Sequence[Collected]) -> Response[bytes]:
         """The whole completion: its choices and usage."""
         echoes, n = self.echoes, self.n
-        choices = [
-            completion_choice(i, out, self.texts, self.logprobs, echoes[i // n] if echoes else None)
-            for i, out in enumerate(outputs)
-        ]
+        choices = []
+        for i, out in enumerate(outputs):
+            echo = echoes[i // n] if echoes else None
+            choice = completion_choice(i, out, self.texts, self.logprobs, echo)
+            if self.token_ids:
+                choice.prompt_token_ids = list(self.prompts[i // n])
+                choice.token_ids = out.token_ids
+            if self.prompt_logprobs is not None:
+                first = out.outputs[0] if out.outputs else None
+                prompt, k = self.prompts[i // n], self.prompt_logprobs
+                choice.prompt_logprobs = prompt_logprobs_of(prompt, first, self.texts, k)
+            choices.append(choice)
         created, usage = int(time.time()), total_usage(outputs, n)
         return json_response(Completion(self.reply_id, created, self.model, choices, usage))
 
@@ -156,6 +222,7 @@ class CompletionReply:
         reply_id, model, n, echoes = self.reply_id, self.model, self.n, self.echoes
         created, totals = int(time.time()), [0, 0]
         states = [_StreamedChoice(echoes[i // n] if echoes else None) for i in range(len(streams))]
+        first = [True] * len(streams)
         async for index, out in merge_streams(streams):
             if out.error is not None:
                 yield error_chunk(out.error)
@@ -164,7 +231,13 @@ class CompletionReply:
                 totals[0] += out.prompt_tokens if index % n == 0 else 0
                 totals[1] += out.completion_tokens
             choice = _completion_delta(index, out, states[index], self.texts, self.logprobs)
-            yield _encoder.encode(Completion(reply_id, created, model, [choice]))
+            if self.token_ids:
+                if first[index]:
+                    choice.prompt_token_ids = list(self.prompts[index // n])
+                choice.token_ids = [] if out.token_id is None else [out.token_id]
+            first[index] = False
+            usage = usage_so_far(out) if self.continuous_usage else None
+            yield _encoder.encode(Completion(reply_id, created, model, [choice], usage))
         if include_usage:
             yield _encoder.encode(
                 Completion(reply_id, created, model, [], Usage(totals[0], totals[1], sum(totals)))
@@ -188,7 +261,9 @@ def completion_choice(
             first = collected.outputs[0] if collected.outputs else None
             _add_prompt_logprobs(scores, echo.token_ids, first, texts)
         _add_completion_logprobs(scores, collected.outputs, texts, 0)
-    return CompletionChoice(index, text, collected.finish_reason, scores)
+    return CompletionChoice(
+        index, text, collected.finish_reason, scores, stop_reason=collected.stop_reason
+    )
 
 
 def _add_prompt_logprobs(
@@ -269,7 +344,7 @@ def _completion_delta(
             _add_prompt_logprobs(scores, echo.token_ids, out, texts)
         outputs = [out] if out.token_id is not None else []
         state.offset = _add_completion_logprobs(scores, outputs, texts, state.offset)
-    return CompletionChoice(index, text, finish_reason(out), scores)
+    return CompletionChoice(index, text, finish_reason(out), scores, stop_reason=out.stop_reason)
 
 
 # --- chat -------------------------------------------------------------------------------
@@ -288,6 +363,13 @@ class ChatReply:
     tools: ToolReplies | None = None
     request: ToolRequest | None = None
     reasoning: Reasoning | None = None
+    # vLLM's extras: the prompt's token ids, and whether the reply carries them and the
+    # choices' (``return_token_ids``); the prompt logprobs asked (None: none); every
+    # streamed chunk with its choice's usage so far.
+    prompt: Sequence[int] = ()
+    token_ids: bool = False
+    prompt_logprobs: int | None = None
+    continuous_usage: bool = False
 
     def _parser(self) -> StreamingToolParser | None:
         return None if self.tools is None else self.tools.parser(self.request)
@@ -302,9 +384,20 @@ class ChatReply:
         for j, out in enumerate(outputs):
             end = ChoiceEnd(out.end_reason, out.prompt_tokens, out.completion_tokens)
             split = split_choice(out.text, end, self.reasoning, self._parser(), self._parallel)
-            choices.append(chat_choice(j, out, self.texts, self.top_logprobs, split))
+            choice = chat_choice(j, out, self.texts, self.top_logprobs, split)
+            choice.stop_reason = out.stop_reason
+            if self.token_ids:
+                choice.token_ids = out.token_ids
+            choices.append(choice)
         created, usage = int(time.time()), total_usage(outputs)
-        return json_response(ChatCompletion(self.reply_id, created, self.model, choices, usage))
+        reply = ChatCompletion(self.reply_id, created, self.model, choices, usage)
+        if self.token_ids:
+            reply.prompt_token_ids = list(self.prompt)
+        if self.prompt_logprobs is not None:
+            first = outputs[0].outputs[0] if outputs and outputs[0].outputs else None
+            k = self.prompt_logprobs
+            reply.prompt_logprobs = prompt_logprobs_of(self.prompt, first, self.texts, k)
+        return json_response(reply)
 
     async def chunks(
         self, streams: list[AsyncIterator[StepOutput]], include_usage: bool
@@ -314,23 +407,46 @@ class ChatReply:
         reply_id, model, created = self.reply_id, self.model, int(time.time())
         choices = [ChoiceEvents(self.reasoning, self._parser(), self._parallel) for _ in streams]
         ids = [CallIds() for _ in streams]
+        # Each choice's token ids not sent yet: they go on its next chunk (text held back,
+        # an EOS: its finish chunk).
+        pending: list[list[int]] = [[] for _ in streams]
+        so_far: Usage | None = None  # with continuous usage: the chunk's choice's
 
         def chunk(
             index: int,
             delta: ChatDelta,
             reason: str | None = None,
             scores: ChatLogprobs | None = None,
+            stop_reason: str | int | None = None,
         ) -> bytes:
-            choice = ChatChunkChoice(index, delta, reason, scores)
-            return _encoder.encode(ChatCompletionChunk(reply_id, created, model, [choice]))
+            choice = ChatChunkChoice(index, delta, reason, scores, stop_reason)
+            reply = ChatCompletionChunk(reply_id, created, model, [choice], so_far)
+            if self.token_ids:
+                choice.token_ids, pending[index] = pending[index], []
+            return _encoder.encode(reply)
 
+        if self.continuous_usage:
+            so_far = Usage(len(self.prompt), 0, len(self.prompt))
         for index in range(len(streams)):
-            yield chunk(index, ChatDelta(role="assistant", content=""))
+            reply = ChatCompletionChunk(
+                reply_id,
+                created,
+                model,
+                [ChatChunkChoice(index, ChatDelta(role="assistant", content=""))],
+                so_far,
+            )
+            if index == 0 and self.token_ids:  # the prompt's ids on the first chunk
+                reply.prompt_token_ids = list(self.prompt)
+            yield _encoder.encode(reply)
         prompt = completion = 0
         async for index, out in merge_streams(streams):
             if out.error is not None:
                 yield error_chunk(out.error)
                 return
+            if out.token_id is not None:
+                pending[index].append(out.token_id)
+            if self.continuous_usage:
+                so_far = usage_so_far(out)
             scores = None
             if self.top_logprobs is not None and out.token_id is not None:
                 scores = ChatLogprobs(chat_logprobs([out], self.texts))
@@ -349,7 +465,7 @@ class ChatReply:
             for i, delta in enumerate(deltas):  # the token's logprobs on its first delta
                 yield chunk(index, delta, None, scores if i == 0 else None)
             if end is not None:
-                yield chunk(index, ChatDelta(), chat_finish_reason(end))
+                yield chunk(index, ChatDelta(), chat_finish_reason(end), None, out.stop_reason)
                 prompt = end.prompt_tokens  # one prompt, counted once
                 completion += end.completion_tokens
         if include_usage:

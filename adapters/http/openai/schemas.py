@@ -13,6 +13,8 @@ import msgspec
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # we never add obfuscation padding
+    # vLLM's: with include_usage, every chunk carries the usage so far
+    continuous_usage_stats: bool | None = None
 
 
 class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -47,6 +49,14 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
+    # vLLM's request extras: the token ids in the reply, words never generated, the
+    # prompt's last N tokens kept (-1: the context), the stop string kept, and the prompt
+    # tokens' logprobs (N alternatives each).
+    return_token_ids: bool | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    include_stop_str_in_output: bool | None = None
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
@@ -100,11 +110,30 @@ class CompletionLogprobs(msgspec.Struct):
     text_offset: list[int]
 
 
+class PromptLogprob(msgspec.Struct):
+    """vLLM's prompt logprob entry: the token's logprob, its rank (1: the most likely) and
+    its string."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+# vLLM's ``prompt_logprobs``: None for the first prompt token, then per token its id (as a
+# string) and the alternatives' -> PromptLogprob.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id hit
+    # vLLM's, when asked (``return_token_ids``, ``prompt_logprobs``); left out otherwise.
+    prompt_token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
+    token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
+    prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET
 
 
 class Completion(msgspec.Struct):
@@ -161,6 +190,8 @@ class ChatChoice(msgspec.Struct):
     message: ChatMessageOut
     finish_reason: str | None
     logprobs: ChatLogprobs | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id hit
+    token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET  # with ``return_token_ids``
 
 
 class ChatCompletion(msgspec.Struct):
@@ -171,6 +202,9 @@ class ChatCompletion(msgspec.Struct):
     usage: Usage
     object: str = "chat.completion"
     system_fingerprint: None = None
+    # vLLM's, when asked (``return_token_ids``, ``prompt_logprobs``); left out otherwise.
+    prompt_token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
+    prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET
 
 
 class FunctionDeltaOut(msgspec.Struct, omit_defaults=True):
@@ -201,6 +235,8 @@ class ChatChunkChoice(msgspec.Struct):
     delta: ChatDelta
     finish_reason: str | None = None
     logprobs: ChatLogprobs | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET  # with ``return_token_ids``
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -211,6 +247,7 @@ class ChatCompletionChunk(msgspec.Struct):
     usage: Usage | None = None
     object: str = "chat.completion.chunk"
     system_fingerprint: None = None
+    prompt_token_ids: list[int] | msgspec.UnsetType = msgspec.UNSET  # the first chunk's
 
 
 class ModelCard(msgspec.Struct):

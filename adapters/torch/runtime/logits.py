@@ -1,9 +1,10 @@
 """Per-row logits processing between the forward and the sampler.
 
-Each request's ``SamplingParams`` may bias token ids (``logit_bias``) or allow only some
-(``allowed_token_ids``), and a structured-output row gets its grammar's bitmask (computed
-by :mod:`adapters.torch.runtime.structured`). Only rows that ask are touched, and a batch
-where none asks returns its logits untouched (no copy).
+Each request's ``SamplingParams`` may bias token ids (``logit_bias``), allow only some
+(``allowed_token_ids``) or ban the last token of a bad word whose other tokens the output
+ends with (``bad_words``, vLLM's rule), and a structured-output row gets its grammar's
+bitmask (computed by :mod:`adapters.torch.runtime.structured`). Only rows that ask are
+touched, and a batch where none asks returns its logits untouched (no copy).
 """
 
 from collections.abc import Sequence
@@ -18,10 +19,12 @@ def process_logits(
     logits: Tensor,
     params: Sequence[SamplingParams],
     grammar: tuple[Sequence[int], Tensor] | None = None,
+    output_ids: Sequence[Sequence[int]] | None = None,
 ) -> Tensor:
     """``logits`` ``[B, V]`` with each row's processing applied (a new tensor when any row
     asks, else ``logits`` itself). ``grammar``: the structured-output rows and their
-    bitmasks (int32 ``[rows, ceil(V / 32)]``, bit ``t`` set: token ``t`` allowed)."""
+    bitmasks (int32 ``[rows, ceil(V / 32)]``, bit ``t`` set: token ``t`` allowed).
+    ``output_ids``: each row's generated tokens so far (``bad_words``; None: none yet)."""
     rows = [i for i, p in enumerate(params) if p.processes_logits]
     if not rows:
         return logits
@@ -29,6 +32,11 @@ def process_logits(
     vocab_size = out.shape[-1]
     for i in rows:
         p = params[i]
+        if p.bad_words:
+            banned = banned_ids(p.bad_words, output_ids[i] if output_ids is not None else ())
+            if banned:
+                ids = torch.tensor([t for t in banned if t < vocab_size], dtype=torch.long)
+                out[i, ids.to(out.device)] = float("-inf")
         if p.allowed_token_ids is not None:
             allowed = torch.tensor(
                 [t for t in p.allowed_token_ids if t < vocab_size],
@@ -45,6 +53,20 @@ def process_logits(
     if grammar is not None:
         apply_bitmask(out, *grammar)
     return out
+
+
+def banned_ids(bad_words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
+    """The ids a row may not sample next: each bad word's last id when the output ends
+    with the word's other ids (vLLM's rule: only generated tokens count, not the
+    prompt's)."""
+    banned = []
+    for word in bad_words:
+        prefix = len(word) - 1
+        if prefix > len(output):
+            continue
+        if prefix == 0 or list(output[-prefix:]) == list(word[:prefix]):
+            banned.append(word[-1])
+    return banned
 
 
 _BITS = torch.arange(32, dtype=torch.int32)

@@ -1,9 +1,10 @@
 """Prompt scores: what a prefill's logits at prompt positions tell the requests that ask.
 
 Per request and prompt position (the row whose logits predict the next prompt token): the
-next token's logprob (``prompt_logprobs``), the top-N alternatives
-(``prompt_top_logprobs``), the logprobs of chosen ids (``prompt_target_ids``), and N
-tokens drawn at the request's temperature (``prompt_samples``). All are the model's own
+next token's logprob (``prompt_logprobs``) and rank (``prompt_ranks``: 1 + the ids more
+likely), the top-N alternatives (``prompt_top_logprobs``), the logprobs of chosen ids
+(``prompt_target_ids``), and N tokens drawn at the request's temperature
+(``prompt_samples``). All are the model's own
 logprobs (log-softmax of the logits in float32), from the same logits the step computed.
 
 A draw is an inverse-CDF pick (:func:`draw_from_probs`) with a uniform that is a function
@@ -44,6 +45,7 @@ class PromptScores:
 
     logprobs: dict[str, list[float]] = field(default_factory=dict)
     top: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    ranks: dict[str, list[int]] = field(default_factory=dict)
     targets: dict[str, list[list[float]]] = field(default_factory=dict)
     samples: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
 
@@ -65,6 +67,10 @@ def score_prompts(logits: Tensor, targets: list[int], spans: Sequence[ScoredSpan
     for span in spans:
         rid, count, k = span.request_id, span.count, span.params.prompt_top_logprobs
         scores.logprobs[rid] = flat[at : at + count]
+        if span.params.prompt_ranks:
+            rows = logprobs[at : at + count]
+            chosen = rows.gather(1, index[at : at + count, None])
+            scores.ranks[rid] = ((rows > chosen).sum(dim=-1) + 1).tolist()
         if k:
             scores.top[rid] = [
                 list(zip(top_ids[r][:k], top_values[r][:k], strict=True))

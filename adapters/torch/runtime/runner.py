@@ -112,6 +112,7 @@ class TorchModelRunner:
             self.grammar.advance(output.sampled_token_ids)
         output.prompt_logprobs.update(scores.logprobs)
         output.prompt_top_logprobs.update(scores.top)
+        output.prompt_ranks.update(scores.ranks)
         output.prompt_target_logprobs.update(scores.targets)
         output.prompt_samples.update(scores.samples)
         return output
@@ -234,7 +235,9 @@ class TorchModelRunner:
         params = [r.sampling_params for r in requests]
         grammar = (masks.rows, masks.result().to(logits.device)) if masks else None
         processed = suppress_stop_tokens(
-            process_logits(logits, params, grammar), requests, eos_token_ids
+            process_logits(logits, params, grammar, [r.generated_token_ids for r in requests]),
+            requests,
+            eos_token_ids,
         )
         result = self.sampler.sample(
             processed,  # forward -> per-row processing -> sampling
