@@ -16,6 +16,7 @@ from adapters.storage.rate_limits import storage_uri
 from application.access import Access
 from application.idempotency import DEFAULT_TTL_S
 from application.keys import Keyring, hash_key
+from application.responses import DEFAULT_MAX_STORED_RESPONSES, DEFAULT_RESPONSES_TTL_S
 from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
 from entrypoints.flag_fields import from_flags
@@ -29,7 +30,10 @@ class AccessSettings:
     ``INFER_API_KEY`` kept hashed as ``api_key_hashes``: the config never holds a key;
     neither: an open server), where limits and idempotent replies are counted
     (``redis_url``; None: in memory), and how long (``idempotency_ttl`` seconds, 0: the
-    header is ignored) and how many (``idempotency_max_keys``, in memory) replies are kept.
+    header is ignored) and how many (``idempotency_max_keys``, in memory) replies are kept;
+    how long ``/v1/responses`` keeps finished responses (``responses_ttl`` seconds, 0: none
+    are kept) and how many (``responses_max_stored``, in memory; in Redis with
+    ``redis_url``).
     Checked at construction; :meth:`keyring` reads the keys file."""
 
     api_keys_file: str | None = None
@@ -37,12 +41,18 @@ class AccessSettings:
     redis_url: str | None = None
     idempotency_ttl: float = DEFAULT_TTL_S
     idempotency_max_keys: int = 10_000
+    responses_ttl: float = DEFAULT_RESPONSES_TTL_S
+    responses_max_stored: int = DEFAULT_MAX_STORED_RESPONSES
 
     def __post_init__(self) -> None:
         if self.idempotency_ttl < 0:
             raise InvalidParameterError("idempotency_ttl", "must be 0 (off) or more")
         if self.idempotency_max_keys < 1:
             raise InvalidParameterError("idempotency_max_keys", "must be at least 1")
+        if self.responses_ttl < 0:
+            raise InvalidParameterError("responses_ttl", "must be 0 (off) or more")
+        if self.responses_max_stored < 1:
+            raise InvalidParameterError("responses_max_stored", "must be at least 1")
         try:
             storage_uri(self.redis_url)
         except ValueError as e:
@@ -115,6 +125,26 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=10_000,
         help="replies kept in memory at most, the oldest dropped first (default %(default)s)",
+    )
+    add_responses_args(parser)
+
+
+def add_responses_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("stored responses (/v1/responses)")
+    group.add_argument(
+        "--responses-ttl",
+        type=float,
+        default=DEFAULT_RESPONSES_TTL_S,
+        help="seconds a finished /v1/responses response is kept for previous_response_id "
+        "and GET (default %(default)s: 24 h; 0: none are kept, store reads false); in "
+        "Redis with --redis-url, else in memory",
+    )
+    group.add_argument(
+        "--responses-max-stored",
+        type=int,
+        default=DEFAULT_MAX_STORED_RESPONSES,
+        help="responses kept in memory at most, the oldest dropped first (default "
+        "%(default)s; with --redis-url, Redis's memory policy bounds them)",
     )
 
 

@@ -37,7 +37,11 @@ from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import Tracing
-from adapters.storage.factory import build_idempotency, checkpoint_storage
+from adapters.storage.factory import (
+    build_idempotency,
+    build_response_store,
+    checkpoint_storage,
+)
 from adapters.storage.rate_limits import LimitsCounters
 from application.access import Access
 from application.async_engine import AsyncEngine
@@ -148,6 +152,13 @@ class Container(containers.DeclarativeContainer):
         config.provided.access.redis_url,
         config.provided.access.idempotency_max_keys,
     )
+    # Finished /v1/responses responses (None: --responses-ttl 0), in Redis or memory.
+    response_store = providers.Singleton(
+        build_response_store,
+        config.provided.access.responses_ttl,
+        config.provided.access.redis_url,
+        config.provided.access.responses_max_stored,
+    )
     # Where the Tinker checkpoints served by path (as models) are found: the Tinker
     # service (a fleet's ingress reads the replicas' shared folder instead).
     tinker_checkpoints = providers.Callable(_same, tinker)
@@ -185,6 +196,7 @@ class Container(containers.DeclarativeContainer):
         tinker=tinker,
         access=access,
         idempotency=idempotency,
+        responses=response_store,
         embeddings=backend.embeddings,
         metrics=metrics_exposition,
         draining=draining,

@@ -9,7 +9,7 @@ endpoints (``openai/``), the Tinker API (``tinker/``), and the probes (``probes`
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Litestar
@@ -25,6 +25,7 @@ from adapters.http.idempotency import IdempotencyMiddleware
 from adapters.http.openai import openai_router
 from adapters.http.ownership import Draining, owning_middleware
 from adapters.http.probes import probe_router
+from adapters.http.responses import responses_router
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_guard, tinker_router
@@ -34,6 +35,7 @@ from application.completions import CompletionService
 from application.embeddings import EmbeddingService
 from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
+from application.responses import MemoryResponseStore, ResponseStore
 from application.served_models import ServedModels
 from application.tinker.service import TinkerService
 from application.tool_parsers import FORMATS
@@ -44,6 +46,7 @@ IDEMPOTENT_PATHS = (
     "/v1/chat/completions",
     "/v1/generate",
     "/v1/messages",  # anthropic
+    "/v1/responses",
 )
 # What a browser page on an allowed origin may send, and read, cross-origin.
 CORS_ALLOW_HEADERS = [
@@ -97,7 +100,9 @@ class HttpServices:
     ``metrics``: serve ``GET /metrics`` with what it returns (the exposition and its
     content type); ``draining``: the server's drain state (``entrypoints.server`` begins it
     on SIGTERM); ``replicas``: a fleet's replicas, listed at ``/admin/replicas`` (None:
-    one process); ``on_startup``: called on the event loop before the engine starts
+    one process); ``responses``: where ``/v1/responses`` keeps finished responses
+    (default: in this process's memory; None: none are kept); ``on_startup``: called on
+    the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
     traces)."""
 
@@ -109,6 +114,8 @@ class HttpServices:
     metrics: Callable[[], tuple[bytes, str]] | None = None
     draining: Draining | None = None
     replicas: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+    # Where /v1/responses keeps finished responses (None: none are kept).
+    responses: ResponseStore | None = field(default_factory=MemoryResponseStore)
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -152,6 +159,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             generate_router(completions, names, access),
+            responses_router(completions, names, store=services.responses, access=access),
             probe_router(engine, draining, services.metrics),
             openai_router(completions, names, access=access, embeddings=services.embeddings),
             anthropic_router(completions, names, access=access),

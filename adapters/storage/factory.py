@@ -1,11 +1,13 @@
 """What the composition root builds on the storage adapters: the idempotent replies' store
-(in Redis or in memory) and Tinker's checkpoint folders."""
+and the stored responses (in Redis or in memory), and Tinker's checkpoint folders."""
 
 from pathlib import Path
 
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
+from adapters.storage.responses import RedisResponseStore
 from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
+from application.responses import MemoryResponseStore, ResponseStore
 
 DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
 
@@ -18,6 +20,18 @@ def build_idempotency(ttl: float, redis_url: str | None, max_keys: int) -> Idemp
     if redis_url is not None:
         return RedisIdempotencyStore(redis_url)
     return MemoryIdempotencyStore(max_keys)
+
+
+def build_response_store(
+    ttl: float, redis_url: str | None, max_stored: int
+) -> ResponseStore | None:
+    """Where ``/v1/responses`` keeps finished responses, each ``ttl`` seconds: in Redis
+    with ``redis_url``, else in memory (``max_stored`` at most); ``ttl`` 0: none are kept."""
+    if ttl == 0:
+        return None
+    if redis_url is not None:
+        return RedisResponseStore(redis_url, ttl)
+    return MemoryResponseStore(max_stored, ttl)
 
 
 def checkpoint_storage(checkpoint_dir: str | None) -> FileCheckpointStorage:
