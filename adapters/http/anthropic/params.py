@@ -15,10 +15,17 @@ What is translated:
   ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` /
   the named function / ``none``; ``disable_parallel_tool_use`` -> one call at most;
 - ``thinking`` ``enabled`` / ``disabled`` -> the template's ``enable_thinking`` true /
-  false (``adaptive``: the template's default); ``budget_tokens`` is not enforced;
+  false (``adaptive``: the template's default);
 - ``output_config.format`` (a JSON schema) -> the output constrained to it;
 - ``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k``, ``max_tokens``;
-  ``metadata.user_id`` -> the request's logged user.
+  ``metadata.user_id`` -> the request's logged user;
+- ignored: ``cache_control`` (the prefix cache is automatic), ``context_management``
+  (nothing is cleared server-side), ``service_tier``, ``speed``, ``inference_geo``,
+  ``diagnostics``, ``user_profile_id``, ``workspace_id``, ``output_config.effort``,
+  ``thinking.budget_tokens``, and the tools' ``strict``, ``cache_control``,
+  ``input_examples`` and other options; refused: server tools, ``mcp_servers``,
+  ``container``, and a final assistant message (a prefill: the template would open a
+  new turn after it, not continue it).
 
 Errors are :class:`HTTPError` 400s (the router writes them in Anthropic's format).
 """
@@ -131,12 +138,8 @@ def user(body: MessagesRequest) -> str | None:
 
 
 def _refuse(body: PromptBody) -> None:
-    for field, value in (
-        ("mcp_servers", body.mcp_servers),
-        ("context_management", body.context_management),
-    ):
-        if value is not None:
-            raise bad(f"{field}: not supported by this server")
+    if body.mcp_servers is not None:
+        raise bad("mcp_servers: MCP servers are not supported by this server")
 
 
 def _job(chat: ChatCompletionRequest, adapter_id: str | None) -> ChatJob:

@@ -29,15 +29,15 @@ class PromptBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None  # format: a JSON schema; effort: ignored
-    # Accepted and ignored: prompt caching is automatic here (the prefix cache), and the
-    # rest picks Anthropic's capacity, region or accounts.
+    # Accepted and ignored: prompt caching is automatic here (the prefix cache), nothing is
+    # cleared from the context server-side, and the rest picks Anthropic's capacity,
+    # region or accounts.
     cache_control: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
     speed: str | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
-    # Refused: server-side tools and context editing.
-    mcp_servers: list[Any] | None = None
-    context_management: dict[str, Any] | None = None
+    mcp_servers: list[Any] | None = None  # refused: no server-side MCP calls
 
 
 class MessagesRequest(PromptBody, kw_only=True):

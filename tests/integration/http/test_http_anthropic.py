@@ -16,10 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.fake.runner import FakeModelRunner
 from adapters.http import HttpServices, HttpSettings, create_app
+from adapters.http.anthropic.errors import ANTHROPIC_ERRORS, error_type
 from adapters.http.anthropic.replies import MessageReply
+from adapters.http.errors import HTTPError
 from application.idempotency import MemoryIdempotencyStore
 from application.keys import hash_key
 from application.tool_parsers import FORMATS
+from domain.errors import QueueFullError
 from domain.request import StepOutput
 from tests.fakes import AcceptingGrammar, fake_async_engine, fake_container
 from tests.support.anthropic_sdk import anthropic_client
@@ -237,6 +240,44 @@ def test_an_engine_failure_mid_stream_is_an_error_event() -> None:
     assert [type(e).__name__ for e in events][-1] == "ErrorBody"
     assert events[-1].error.type == "api_error"
     assert events[-1].error.message == "the engine failed"
+
+
+def test_a_claude_code_style_request_is_served(http: TestClient) -> None:
+    """What Claude Code sends: system blocks and tools with cache_control, metadata,
+    context_management, beta and version headers, a stream."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 512,
+        "stream": True,
+        "temperature": 1,
+        "system": [
+            {
+                "type": "text",
+                "text": "You are a coding agent.",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                    {"type": "text", "text": "Fix it.", "cache_control": {"type": "ephemeral"}},
+                ],
+            }
+        ],
+        "tools": [{**WEATHER, "cache_control": {"type": "ephemeral"}, "strict": False}],
+        "metadata": {"user_id": "user_abc_session_1"},
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+    }
+    headers = {
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+        "x-api-key": "anything",
+    }
+    response = http.post("/v1/messages?beta=true", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert _events(response.text)[-1][0] == "message_stop"
 
 
 # --- thinking ---------------------------------------------------------------------------
@@ -545,6 +586,30 @@ def test_framework_errors_under_the_route_are_in_anthropics_format(http: TestCli
         "/v1/messages", content=b"{", headers={"content-type": "application/json"}
     )
     assert "malformed JSON" in _error(malformed, 400, "invalid_request_error")
+
+
+def test_the_request_deadline_is_a_504_timeout_error(replies: Replies) -> None:
+    replies.text = "A long answer. " * 20
+    engine = _engine(replies, step_latency_s=0.02)
+    settings = HttpSettings(request_timeout=0.2)
+    with TestClient(app=create_app(engine, MODEL, settings=settings)) as http:
+        body = {"model": MODEL, "max_tokens": 200, "messages": USER}
+        late = http.post("/v1/messages", json=body)
+        streamed = http.post("/v1/messages", json={**body, "stream": True})
+    assert "timed out" in _error(late, 504, "timeout_error")
+    name, data = _events(streamed.text)[-1]
+    assert (name, data["error"]["type"]) == ("error", "api_error")
+    assert "timed out" in data["error"]["message"]
+
+
+def test_a_full_engine_is_a_529_overloaded_error() -> None:
+    error = ANTHROPIC_ERRORS.error(QueueFullError("the engine is full"))
+    assert isinstance(error, HTTPError)
+    assert (error.status, error_type(error.status), error.headers) == (
+        529,
+        "overloaded_error",
+        {"Retry-After": "1"},
+    )
 
 
 def test_an_idempotency_key_runs_a_message_once(replies: Replies) -> None:
