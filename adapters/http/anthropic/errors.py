@@ -29,7 +29,12 @@ from adapters.http.errors import (
 )
 from adapters.http.errors import anthropic_type as error_type
 from application.chat_output import ChoiceError
-from domain.errors import InvalidParameterError, ModelNotFoundError, QueueFullError
+from domain.errors import (
+    InvalidParameterError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    QueueFullError,
+)
 
 log = structlog.get_logger(__name__)
 OVERLOADED = 529
@@ -52,7 +57,21 @@ def error_event(message: str, status: int = 500) -> ErrorBody:
     return ErrorBody(ErrorDetail(error_type(status), message))
 
 
+# The chat fields the use case's errors name, as this face's body has them.
+RENAMED = {
+    "prompt": "messages",
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+}
+
+
 def anthropic_error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    if (
+        isinstance(exc, InvalidParameterError)
+        and not isinstance(exc, InvalidRequestError)  # complete as written
+        and exc.param in RENAMED
+    ):
+        exc = exc.renamed(RENAMED[exc.param])
     error = ANTHROPIC_ERRORS.error(exc)
     headers: dict[str, str] | None = None
     if isinstance(error, HTTPError):

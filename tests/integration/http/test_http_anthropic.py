@@ -12,6 +12,8 @@ from typing import Any
 import anthropic
 import pytest
 from litestar.testing import TestClient
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.fake.runner import FakeModelRunner
@@ -19,6 +21,8 @@ from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.anthropic.errors import ANTHROPIC_ERRORS, error_type
 from adapters.http.anthropic.replies import MessageReply
 from adapters.http.errors import HTTPError
+from adapters.observability.http import ObservedApp
+from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
 from application.idempotency import MemoryIdempotencyStore
 from application.keys import hash_key
 from application.tool_parsers import FORMATS
@@ -580,6 +584,15 @@ def test_the_sdk_raises_anthropics_errors(sdk: anthropic.Anthropic) -> None:
         create(sdk, messages=[{"role": "user", "content": "x" * 10_000}])  # over the context
 
 
+def test_the_use_cases_errors_name_this_faces_fields(http: TestClient) -> None:
+    body = {"model": MODEL, "messages": USER}
+    too_long = http.post("/v1/messages", json={**body, "max_tokens": 5000})
+    assert _error(too_long, 400, "invalid_request_error").startswith("messages: ")
+    stops = [f"s{i}" for i in range(100)]
+    many = http.post("/v1/messages", json={**body, "max_tokens": 8, "stop_sequences": stops})
+    assert _error(many, 400, "invalid_request_error").startswith("stop_sequences: 100 entries")
+
+
 def test_framework_errors_under_the_route_are_in_anthropics_format(http: TestClient) -> None:
     assert "not allowed" in _error(http.get("/v1/messages"), 405, "invalid_request_error")
     malformed = http.post(
@@ -698,3 +711,32 @@ def test_keys_limits_metrics_and_the_request_log(tmp_path: Path) -> None:
         message.usage.input_tokens,
         message.usage.output_tokens,
     )
+
+
+def test_a_message_is_traced_from_the_callers_span_through_the_engine() -> None:
+    exporter = InMemorySpanExporter()
+    provider = build_tracer_provider(TracingSettings(), (SimpleSpanProcessor(exporter),))
+    tracing = Tracing(provider, "fake")
+    replies = Replies("Hello.")
+    engine = fake_async_engine(script=replies.script(), tokenizer=TOKENIZER, observer=tracing)
+    app = ObservedApp(create_app(engine, MODEL), tracing=tracing)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with TestClient(app=app) as http:  # type: ignore[arg-type]
+        response = http.post(
+            "/v1/messages",
+            json={"model": MODEL, "max_tokens": 16, "messages": USER, "stream": True},
+            headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+        )
+        assert response.status_code == 200, response.text
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    [server] = [s for s in spans if s.name == "POST /v1/messages"]
+    assert format(server.context.trace_id, "032x") == trace_id
+    assert server.attributes is not None
+    assert server.attributes["gen_ai.usage.output_tokens"] == len("Hello.") + 1
+    [request] = [s for s in spans if s.name == "engine.request"]
+    assert request.parent is not None and request.parent.span_id == server.context.span_id
+    assert request.attributes is not None
+    assert request.attributes["gen_ai.request.max_tokens"] == 16
+    [render] = [s for s in spans if s.name == "render_chat"]
+    assert render.parent is not None and render.parent.span_id == server.context.span_id
