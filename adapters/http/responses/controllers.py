@@ -9,13 +9,13 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import ServerSentEvent
 
-from adapters.http.errors import PROMPT_FIELD, HTTPError
+from adapters.http.errors import OPENAI_ERRORS, PROMPT_FIELD, HTTPError
 from adapters.http.openai.params import decode_body
 from adapters.http.openai.replies import json_response
 from adapters.http.request_state import RequestCaller
 from adapters.http.responses.deps import Completions, History, Names, ToolCalls
 from adapters.http.responses.history import tenant_of
-from adapters.http.responses.params import response_turn
+from adapters.http.responses.params import renamed, response_turn
 from adapters.http.responses.replies import event_stream, response_body, response_events
 from adapters.http.responses.schemas import (
     DeletedResponse,
@@ -25,6 +25,7 @@ from adapters.http.responses.schemas import (
 )
 from adapters.http.streaming import unless_disconnected
 from application.chat_output import ChoiceError, collect_choice
+from domain.errors import InvalidParameterError
 
 _decoder = msgspec.json.Decoder(ResponseRequest)
 _encoder = msgspec.json.Encoder()
@@ -50,7 +51,11 @@ class ResponseRoutes(Controller):
         tenant = tenant_of(request)
         previous = await history.previous(tenant, body.previous_response_id)
         turn = response_turn(body, model.adapter_id, model.id, previous, history.stores(body.store))
-        started = await completions.chat(turn.job, caller)
+        try:
+            started = await completions.chat(turn.job, caller)
+        except InvalidParameterError as e:  # named as chat's body has it: as ours has it
+            error = OPENAI_ERRORS.error(e, "input")
+            raise (renamed(error) if isinstance(error, HTTPError) else error) from e
         [stream] = started.streams
         tools = turn.job.tools
         parser, parallel = tool_calls.parser(tools), tools is None or tools.parallel

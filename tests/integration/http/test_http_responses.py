@@ -6,8 +6,9 @@ as the engine's constraint, refused fields, stored responses (``previous_respons
 GET / DELETE / cancel / input_items, per tenant, in Redis), and the request's logs,
 metrics, traces and idempotency."""
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.fake.runner import FakeModelRunner
 from adapters.http import create_app
 from adapters.http.app import HttpServices, HttpSettings
+from adapters.http.responses.replies import response_events
+from adapters.http.responses.schemas import ResponseObject
 from adapters.observability.http import ObservedApp
 from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
 from application.idempotency import MemoryIdempotencyStore
 from application.keys import hash_key
+from domain.request import StepOutput
 from tests.fakes import AcceptingGrammar, fake_async_engine, fake_container
 from tests.support.json_logs import json_log_stream
 from tests.support.scripted import TOKENIZER, Replies
@@ -409,6 +413,8 @@ def test_hosted_tools_are_a_400_naming_their_type(client: openai.OpenAI, tool: s
         ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"input": []}, "input"),
+        ({"input": "x" * 3000}, "input"),  # longer than the context
+        ({"extra_body": {"stop": ["a"] * 100}}, "stop"),
     ],
 )
 def test_bad_or_unsupported_fields_are_400s_naming_them(
@@ -665,3 +671,44 @@ def test_a_response_is_traced_through_the_engine(replies: Replies) -> None:
     assert request.parent is not None and request.parent.span_id == server.context.span_id
     assert server.attributes is not None
     assert server.attributes["gen_ai.usage.output_tokens"] == made.json()["usage"]["output_tokens"]
+
+
+def test_an_engine_failure_mid_stream_is_response_failed() -> None:
+    async def failing() -> AsyncIterator[StepOutput]:
+        yield StepOutput("r", 5, "Hi", False)
+        yield StepOutput("r", None, "", True, error="the engine failed")
+
+    async def kept(_: Any) -> None:
+        raise AssertionError("a failed response is not stored")
+
+    async def run() -> list[Any]:
+        skeleton = ResponseObject(
+            id="resp_1", created_at=0, model=MODEL, status="in_progress", output=[]
+        )
+        events = response_events(skeleton, failing(), None, None, True, kept)
+        return [event async for event in events]
+
+    events = asyncio.run(run())
+    names = [type(e).__name__ for e in events]
+    assert names[-4:] == ["TextDone", "PartDone", "ItemDone", "Failed"]
+    failed = events[-1].response
+    assert (failed.status, failed.error.code, failed.error.message) == (
+        "failed",
+        "server_error",
+        "the engine failed",
+    )
+    assert failed.output[0].status == "incomplete" and failed.output[0].content[0].text == "Hi"
+
+
+def test_the_deadline_ends_a_stream_with_response_failed(replies: Replies) -> None:
+    replies.text = "x" * 200
+    engine = fake_async_engine(script=replies.script(), tokenizer=TOKENIZER, step_latency_s=0.02)
+    app = create_app(engine, MODEL, settings=HttpSettings(request_timeout=0.3))
+    body = {"input": "Hi", "stream": True}
+    with TestClient(app=app) as http, http.stream("POST", "/v1/responses", json=body) as s:
+        text = "".join(s.iter_text())
+    names = [line[len("event: ") :] for line in text.splitlines() if line.startswith("event: ")]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    assert names[-1] == "response.failed"
+    last = json.loads(text.strip().splitlines()[-1][len("data: ") :])
+    assert "timed out" in last["response"]["error"]["message"]
