@@ -14,6 +14,7 @@ import structlog
 
 from application.output import OutputProcessor
 from application.request_checks import RequestChecks
+from application.speculation import Speculator
 from domain.config import EngineConfig
 from domain.observer import (
     NullObserver,
@@ -76,6 +77,8 @@ class Engine:
         )
         self.observer: StepObserver = observer or NullObserver()
         self.output = OutputProcessor(tokenizer)
+        spec = config.speculative
+        self.speculator = Speculator(spec, config.max_seq_len) if spec is not None else None
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
@@ -166,6 +169,8 @@ class Engine:
         request = self.scheduler.abort(request_id)
         if request is not None:
             self.output.discard(request_id)
+            if self.speculator is not None:
+                self.speculator.end(request)
             request.finished_s = self.clock()
             self._ended.append(request)
 
@@ -208,7 +213,14 @@ class Engine:
         outputs = self.output.process(sampled, result, self.scheduler.finish_requests)
         for output in outputs:
             self.sink.publish(output)
-        return self._observe(batch, ran=True, sampled=len(sampled), outputs=outputs)
+        if self.speculator is not None:  # the next step's drafts
+            running, _ = self.scheduler.counts()
+            sampling = {t.request.request_id: t.request for t in sampled}  # in batch order
+            self.speculator.propose(sampling.values(), running)
+        accepted = sum(len(result.accepted.get(c.request.request_id, ())) for c in batch.chunks)
+        return self._observe(
+            batch, ran=True, sampled=len(outputs), outputs=outputs, accepted=accepted
+        )
 
     def _observe(
         self,
@@ -217,6 +229,7 @@ class Engine:
         ran: bool,
         sampled: int,
         outputs: Sequence[StepOutput] = (),
+        accepted: int = 0,
     ) -> StepStats:
         now = self.clock()
         first, ended = [], self._ended
@@ -230,7 +243,7 @@ class Engine:
             ended = ended + [requests[o.request_id] for o in outputs if o.finished]
         self._ended = []
         started, self._started = tuple(self._started), []
-        prefill = decode = 0
+        prefill = decode = drafted = 0
         rows = []
         if ran:
             for chunk in batch.chunks:
@@ -241,6 +254,7 @@ class Engine:
                 prefill += in_prompt
                 decode += chunk.num_tokens - in_prompt
                 rows.append(StepRow(request.request_id, in_prompt, chunk.num_tokens - in_prompt))
+                drafted += len(chunk.drafts)
         running, waiting = self.scheduler.counts()
         kv = self.scheduler.kv_stats()
         queried = kv.prefix_queried_tokens - self._prefix_counts[0]
@@ -257,6 +271,9 @@ class Engine:
             rows=tuple(rows),
             started=started,
             preempted=tuple(batch.preempted),
+            drafts=sum(bool(c.drafts) for c in batch.chunks) if ran else 0,
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
         )
         try:
             self.observer.on_step(stats)
@@ -272,6 +289,9 @@ class Engine:
             self.sink.publish(StepOutput(request.request_id, None, "", finished=True, error=error))
         self._ended.extend(failed)
         self.runner.release([r.request_id for r in failed])
+        if self.speculator is not None:
+            for request in failed:
+                self.speculator.end(request)
 
 
 def _request_stats(request: Request, now: float) -> RequestStats:
@@ -289,4 +309,6 @@ def _request_stats(request: Request, now: float) -> RequestStats:
         request.adapter_id,
         request.context,
         request.num_preemptions,
+        request.num_drafted,
+        request.num_accepted,
     )

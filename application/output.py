@@ -52,55 +52,57 @@ class OutputProcessor:
         for token in sampled:
             request = token.request
             request_id = request.request_id
-            stream = self._streams[request_id]
+            stream = self._streams.get(request_id)
+            if stream is None:  # a stop string ended it at an earlier token of this step
+                continue
             delta, hit = stream.push(
                 token.token_id, stop_token=token.stop_token, last=token.finish_reason is not None
             )
             stop_reason: str | int | None = None
             if hit:
                 stop_reason = stream.matched
-                if request.is_done and request.finish_reason == "length":
-                    request.finish("stop")  # the last token's text hit a stop string
+                if request.is_done:  # by this token's (length) or a later draft's finish
+                    request.finish("stop")
                 else:
                     finish([request_id], "stop")
+                # accepted drafts after the stop string are not the request's
+                del request.generated_token_ids[token.index + 1 :]
             elif token.stop_token and token.finish_reason == "stop":
                 stop_reason = token.token_id  # one of ``stop_token_ids``
-            if request.is_done:
+            ended = hit or token.finish_reason is not None
+            if ended:
                 del self._streams[request_id]
-            outputs.append(_output(request, token.token_id, delta, result, stop_reason))
+            outputs.append(_output(request, token, delta, ended, stop_reason))
         return outputs
 
 
 def _output(
     request: Request,
-    token: int,
+    token: SampledToken,
     delta: str,
-    result: RunnerOutput,
+    finished: bool,
     stop_reason: str | int | None = None,
 ) -> StepOutput:
-    request_id = request.request_id
-    top = result.top_logprobs.get(request_id)
-    finished = request.is_done
     return StepOutput(
-        request_id,
-        token,
+        request.request_id,
+        token.token_id,
         delta,
         finished=finished,
-        finish_reason=request.finish_reason,
+        finish_reason=request.finish_reason if finished else None,
         stop_reason=stop_reason if finished and request.finish_reason == "stop" else None,
         prompt_tokens=request.num_prompt_tokens,
-        completion_tokens=len(request.generated_token_ids),
-        logprob=result.logprobs.get(request_id),
-        top_logprobs=tuple(top) if top else None,
-        **_prompt_scores(request),
+        completion_tokens=token.index + 1,
+        logprob=token.logprob,
+        top_logprobs=token.top_logprobs,
+        **_prompt_scores(request, token.index),
     )
 
 
-def _prompt_scores(request: Request) -> dict[str, Any]:
+def _prompt_scores(request: Request, index: int) -> dict[str, Any]:
     """The prompt's logprobs (and alternatives, target logprobs, draws), on a request's
-    first output only."""
+    first output only (its token ``index`` 0)."""
     params = request.sampling_params
-    if not params.prompt_logprobs or len(request.generated_token_ids) != 1:
+    if not params.prompt_logprobs or index != 0:
         return {}
     scores: dict[str, Any] = {"prompt_logprobs": tuple(request.prompt_logprobs)}
     if params.prompt_top_logprobs:

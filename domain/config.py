@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from domain.errors import InvalidParameterError
+from domain.speculation import SpeculativeConfig
 
 BATCHING_MODES = ("static", "continuous")
 
@@ -42,6 +43,9 @@ class EngineConfig:
     # Every step runs eagerly (vLLM's --enforce-eager); by default a GPU runner replays
     # decode-only steps as CUDA graphs captured at start-up.
     enforce_eager: bool = False
+    # Speculative decoding (``--speculative-config``; None: off): drafts verified in the
+    # step's forward, continuous batching only.
+    speculative: SpeculativeConfig | None = None
 
     @property
     def capacity(self) -> int:
@@ -62,6 +66,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _one_of("batching_mode", self.batching_mode, BATCHING_MODES)
+        if self.speculative is not None and self.batching_mode != "continuous":
+            raise InvalidParameterError(
+                "speculative_config", "speculative decoding needs continuous batching"
+            )
         positive = (
             "max_seq_len",
             "max_batch_size",

@@ -224,6 +224,23 @@ class BlockManager:
         self._requests[request_id] = _RequestBlocks(source.adapter_id, shared, hashes)
         return count * self.block_size
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Give back the request's blocks beyond those ``num_tokens`` positions need
+        (rejected speculative drafts' KV: never computed for good, never named)."""
+        entry = self._requests.get(request_id)
+        if entry is None:
+            return
+        keep = max(self.num_blocks_for(num_tokens), len(entry.block_hashes))
+        for block_id in reversed(entry.block_ids[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self._empty.appendleft(block_id)
+                else:
+                    self._cached[block_id] = None
+        del entry.block_ids[keep:]
+
     def free(self, request_id: str) -> None:
         """Drop the request's table (unknown ids are ignored). Blocks no longer referenced
         become free: named ones stay cached, the table's tail ahead of its head in the

@@ -70,6 +70,9 @@ class RequestStats:
     adapter_id: str | None = None
     context: RequestContext = NO_CONTEXT
     preemptions: int = 0  # times the request was put back to the queue and recomputed
+    # Speculative decoding: draft tokens verified for it, and of those accepted.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,11 @@ class StepStats:
     # Requests queued since the previous step (reported before any row of theirs).
     started: tuple[RequestStart, ...] = ()
     preempted: tuple[str, ...] = ()  # requests put back to the queue this step
+    # Speculative decoding: requests that ran drafts this step, their draft tokens, and
+    # of those accepted.
+    drafts: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class StepObserver(Protocol):

@@ -78,6 +78,14 @@ class Request:
     # that it is still running (it has sampled nothing) when they copy, and every choice
     # runs its last prompt token, and samples its first token, in the same step.
     shares_prefill: bool = False
+    # Speculative decoding: the drafts the next step verifies (after the newest token),
+    # and so far drafted / accepted. ``num_draws``: rows sampled for the request (a
+    # verified draft costs a draw too): a seeded generator recreated after a preemption
+    # skips this many.
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_draws: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -42,6 +42,8 @@ class SpeculativeConfig:
     suffix_min_count: int = 2
     min_acceptance: float = 0.2
     probe_tokens: int = 32
+    # vLLM's: no drafts while more requests than this run (batching fills the cores).
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -60,6 +62,8 @@ class SpeculativeConfig:
             raise ValueError(
                 "speculative_config.suffix_recent_requests >= 0, suffix_min_count >= 1"
             )
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError("speculative_config.disable_by_batch_size must be >= 1")
         if not 0.0 <= self.min_acceptance <= 1.0 or self.probe_tokens < 1:
             raise ValueError("speculative_config.min_acceptance in [0, 1], probe_tokens >= 1")
 

@@ -8,7 +8,9 @@ configs), so a new engine flag is its argument, a field here and in ``EngineConf
 the same name, and its use."""
 
 import argparse
-from dataclasses import asdict, dataclass, fields
+import json
+from dataclasses import dataclass, fields
+from dataclasses import fields as dataclass_fields
 
 from adapters.torch.kv_sizing import (
     AUTO,
@@ -20,8 +22,12 @@ from adapters.torch.kv_sizing import (
     parse_kv_cache_memory,
 )
 from domain.config import EngineConfig
+from domain.speculation import METHODS, SpeculativeConfig
 from entrypoints.flag_fields import from_flags
 from entrypoints.request_flags import request_limits
+
+# vLLM's methods that need a second model (not served here yet).
+UNSUPPORTED_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 
 # ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
 # default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
@@ -33,6 +39,7 @@ ENGINE_CONFIG_NAMES = {
     "max_model_len": "max_seq_len",
     "batch_wait_timeout": "batch_wait_timeout_s",
     "prefix_caching": "enable_prefix_caching",
+    "speculative_config": "speculative",
 }
 _FLAG_NAMES = {config: flag for flag, config in ENGINE_CONFIG_NAMES.items()}
 _DEFAULTS = EngineConfig()
@@ -63,13 +70,15 @@ class EngineSettings:
     num_kv_blocks: int | None = _DEFAULTS.num_kv_blocks
     prefix_caching: bool = _DEFAULTS.enable_prefix_caching
     enforce_eager: bool = _DEFAULTS.enforce_eager
+    speculative_config: SpeculativeConfig | None = _DEFAULTS.speculative
 
     def __post_init__(self) -> None:
         self.engine_config()
 
     def engine_config(self) -> EngineConfig:
         """The domain's configuration: these values under its names."""
-        return EngineConfig(**{ENGINE_CONFIG_NAMES.get(k, k): v for k, v in asdict(self).items()})
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # nested kept as is
+        return EngineConfig(**{ENGINE_CONFIG_NAMES.get(k, k): v for k, v in values.items()})
 
     @classmethod
     def of(cls, config: EngineConfig) -> "EngineSettings":
@@ -141,6 +150,42 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         "captured at start-up)",
     )
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    serve.add_argument(
+        "--speculative-config",
+        type=speculative_config,
+        default=None,
+        metavar="JSON",
+        help="speculative decoding, vLLM's spelling: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+        '"prompt_lookup_max": 5}\' (prompt lookup) or "method": "suffix" (also drafts '
+        "from recent requests' outputs); off by default (docs/speculative.md)",
+    )
+
+
+def speculative_config(text: str) -> SpeculativeConfig:
+    """``--speculative-config``'s JSON; argparse names the flag in its error, this the
+    field."""
+    try:
+        fields_ = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(fields_, dict):
+        raise argparse.ArgumentTypeError("a JSON object of vLLM's speculative_config fields")
+    if fields_.get("method") in UNSUPPORTED_METHODS or "model" in fields_:
+        raise argparse.ArgumentTypeError(
+            f"method {fields_.get('method', 'draft_model')!r}: a draft model is not supported "
+            f"yet; use one of {', '.join(METHODS)}"
+        )
+    known = {f.name for f in dataclass_fields(SpeculativeConfig)}
+    for name in fields_:
+        if name not in known:
+            raise argparse.ArgumentTypeError(
+                f"speculative_config.{name}: unknown field (known: {', '.join(sorted(known))})"
+            )
+    try:
+        return SpeculativeConfig(**fields_)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def kv_cache_memory(text: str) -> KVCacheMemory | str:

@@ -6,6 +6,7 @@ one (``(last + 1) % vocab_size``), which makes outputs easy to predict in tests.
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from domain.ports import Tokenizer
 from domain.request import Request
@@ -41,7 +42,7 @@ class FakeModelRunner:
         self.steps.append(batch)
         written: dict[int, str] = {}  # block -> the request writing into it this step
         for chunk in batch.chunks:  # as the torch runner needs them: tables cover the chunk
-            end, size = chunk.start + chunk.num_tokens, self.block_size
+            end, size = chunk.start + chunk.num_rows, self.block_size
             if len(chunk.block_table) * size < end:
                 raise RuntimeError(
                     f"{chunk.request.request_id}: no KV block for position {end - 1}"
@@ -50,8 +51,27 @@ class FakeModelRunner:
                 if written.setdefault(block, chunk.request.request_id) != chunk.request.request_id:
                     raise RuntimeError(f"block {block} written by two requests in one step")
         self.live.update(c.request.request_id for c in batch.chunks)
-        tokens = {c.request.request_id: self.script(c.request) for c in batch.chunks if c.samples}
-        return RunnerOutput(sampled_token_ids=tokens)
+        tokens, accepted = {}, {}
+        for chunk in batch.chunks:
+            if not chunk.samples:
+                continue
+            rid = chunk.request.request_id
+            if chunk.drafts:  # verified as the torch runner does: each row's own token
+                accepted[rid], tokens[rid] = self._verify(chunk.request, chunk.drafts)
+            else:
+                tokens[rid] = self.script(chunk.request)
+        return RunnerOutput(sampled_token_ids=tokens, accepted=accepted)
+
+    def _verify(self, request: Request, drafts: Sequence[int]) -> tuple[list[int], int]:
+        """The drafts the script agrees with, and its token after them."""
+        generated = list(request.generated_token_ids)
+        for i, draft in enumerate(drafts):
+            token = self.script(replace(request, generated_token_ids=[*generated, *drafts[:i]]))
+            if token != draft:
+                return list(drafts[:i]), token
+        return list(drafts), self.script(
+            replace(request, generated_token_ids=[*generated, *drafts])
+        )
 
     def release(self, request_ids: Sequence[str]) -> None:
         self.live.difference_update(request_ids)

@@ -85,7 +85,7 @@ class QueueingScheduler:
     def _table(self, chunk: ScheduledChunk) -> ScheduledChunk:
         """``chunk`` with its request's block table (the blocks its positions need)."""
         table = self.blocks.block_table(chunk.request.request_id)
-        needed = self.blocks.num_blocks_for(chunk.start + chunk.num_tokens)
+        needed = self.blocks.num_blocks_for(chunk.start + chunk.num_rows)
         return replace(chunk, block_table=tuple(table[:needed]))
 
     def room(self) -> int:
@@ -123,17 +123,53 @@ class QueueingScheduler:
             _extend(request.prompt_samples, result.prompt_samples.get(rid), start, [])
             token = result.sampled_token_ids.get(request.request_id)
             if chunk.samples and token is not None:
-                sampled.append(self._append(request, token))
+                request.num_draws += chunk.num_rows - chunk.num_tokens + 1
+                sampled += self._append_all(chunk, result, token)
         return sampled
 
-    def _append(self, request: Request, token: int) -> SampledToken:
+    def _append_all(
+        self, chunk: ScheduledChunk, result: RunnerOutput, token: int
+    ) -> list[SampledToken]:
+        """The step's tokens of a sampling chunk: its accepted drafts (their KV is computed
+        now), then the token sampled after them; those after a finish are dropped."""
+        request, rid = chunk.request, chunk.request.request_id
+        accepted = result.accepted.get(rid, []) if chunk.drafts else []
+        request.num_drafted += len(chunk.drafts)
+        request.num_accepted += len(accepted)
+        request.num_computed_tokens += len(accepted)
+        logprobs = [*result.accepted_logprobs.get(rid, ()), result.logprobs.get(rid)]
+        top = [*result.accepted_top_logprobs.get(rid, ()), result.top_logprobs.get(rid)]
+        tokens = []
+        for i, token_id in enumerate([*accepted, token]):
+            scores = top[i] if i < len(top) else None
+            tokens.append(
+                self._append(
+                    request,
+                    token_id,
+                    logprobs[i] if i < len(logprobs) else None,
+                    tuple(scores) if scores else None,
+                )
+            )
+            if request.is_done:
+                break
+        return tokens
+
+    def _append(
+        self,
+        request: Request,
+        token: int,
+        logprob: float | None = None,
+        top: tuple[tuple[int, float], ...] | None = None,
+    ) -> SampledToken:
         request.generated_token_ids.append(token)
         params, eos = request.sampling_params, self.eos_token_ids
-        reason = token_finish_reason(params, eos, token, len(request.generated_token_ids))
+        index = len(request.generated_token_ids)
+        reason = token_finish_reason(params, eos, token, index)
         if reason is None:
-            return SampledToken(request, token, None, False)
+            return SampledToken(request, token, None, False, index - 1, logprob, top)
         request.finish(reason)
-        return SampledToken(request, token, reason, is_stop_token(params, eos, token))
+        stop = is_stop_token(params, eos, token)
+        return SampledToken(request, token, reason, stop, index - 1, logprob, top)
 
     def finish_requests(self, request_ids: Iterable[str], reason: str) -> list[Request]:
         ended = []

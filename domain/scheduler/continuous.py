@@ -2,6 +2,7 @@
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from domain.config import EngineConfig
 from domain.kv_blocks import CachedPrefix
@@ -110,12 +111,18 @@ class ContinuousScheduler(QueueingScheduler):
         self, output: SchedulerOutput, result: RunnerOutput
     ) -> list[SampledToken]:
         sampled = super().update_from_output(output, result)
-        if self.blocks.enable_caching:  # name the blocks this step filled, for reuse
-            size = self.blocks.block_size
-            for chunk in output.chunks:
-                request, end = chunk.request, chunk.start + chunk.num_tokens
-                if end // size > chunk.start // size and request.request_id in self.blocks:
-                    self.blocks.commit(request.request_id, request.token_ids_from(0, end), end)
+        size = self.blocks.block_size
+        for chunk in output.chunks:
+            request, end = chunk.request, chunk.start + chunk.num_tokens
+            if chunk.drafts and not request.is_done:
+                end = request.num_computed_tokens  # the newest token and accepted drafts
+                self.blocks.trim(request.request_id, end + 1)  # rejected drafts' blocks
+            if (
+                self.blocks.enable_caching  # name the blocks this step filled, for reuse
+                and end // size > chunk.start // size
+                and request.request_id in self.blocks
+            ):
+                self.blocks.commit(request.request_id, request.token_ids_from(0, end), end)
         return sampled
 
     def _admit(
@@ -164,9 +171,11 @@ class ContinuousScheduler(QueueingScheduler):
                 if admitting and self.sharing.join(request, prefix, self.running):
                     return True  # waits for the same prompt's prefill, then forks it
             chunk = next_chunk(request, self._budget)
+            if chunk is not None and request.draft_token_ids:
+                chunk = self._with_drafts(chunk)
         if chunk is None and prefix is None:
             return True  # a choice waiting for its source's prefill
-        end = chunk.start + chunk.num_tokens if chunk else request.num_computed_tokens
+        end = chunk.start + chunk.num_rows if chunk else request.num_computed_tokens
         adapter_id, blocks = cache_namespace(request), self.blocks
         while (
             blocks.allocate(request.request_id, end, adapter_id=adapter_id, prefix=prefix) is None
@@ -182,9 +191,23 @@ class ContinuousScheduler(QueueingScheduler):
                 return True
         if chunk is not None:
             chunks[request.request_id] = self._table(chunk)
-            self.shares.charge(request.context.tenant_id, chunk.num_tokens)
-            self._budget -= chunk.num_tokens
+            self.shares.charge(request.context.tenant_id, chunk.num_rows)
+            self._budget -= chunk.num_rows
         return True
+
+    def _with_drafts(self, chunk: ScheduledChunk) -> ScheduledChunk:
+        """A decode chunk with its request's drafts (taken: a step verifies them once),
+        as many as the step's budget, the context and the free blocks allow."""
+        request = chunk.request
+        drafts, request.draft_token_ids = request.draft_token_ids, []
+        if chunk.num_tokens != 1 or chunk.start != request.num_tokens - 1:
+            return chunk  # not decoding (a prompt's chunk): no drafts
+        room = min(self._budget - 1, self.config.max_seq_len - request.num_tokens)
+        drafts = drafts[: max(room, 0)]
+        rows = chunk.start + 1 + len(drafts)
+        if drafts and not self.blocks.can_allocate(request.request_id, rows):
+            drafts = []  # drafts never preempt anyone
+        return replace(chunk, drafts=tuple(drafts)) if drafts else chunk
 
     def _evict(
         self, victim: Request, chunks: dict[str, ScheduledChunk], preempted: list[str]
@@ -248,6 +271,7 @@ class ContinuousScheduler(QueueingScheduler):
         self._running_priorities = +self._running_priorities
         request.num_recompute_tokens = request.num_tokens
         request.num_computed_tokens = 0
+        request.draft_token_ids = []
         request.num_preemptions += 1
         self.waiting.requeue(request)
 

@@ -18,10 +18,19 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     block_table: tuple[int, ...] = ()
+    # Speculative decoding: drafted tokens run after the chunk's (its newest) token, each
+    # row sampled; the runner verifies them (``RunnerOutput.accepted``). The table covers
+    # them too.
+    drafts: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.token_ids_from(self.start, self.num_tokens)
+        return [*self.request.token_ids_from(self.start, self.num_tokens), *self.drafts]
+
+    @property
+    def num_rows(self) -> int:
+        """Positions the chunk runs: its tokens and its drafts."""
+        return self.num_tokens + len(self.drafts)
 
     @property
     def samples(self) -> bool:
@@ -60,12 +69,17 @@ class KVStats:
 @dataclass(frozen=True, slots=True)
 class SampledToken:
     """A token a request got this step, and the finish it caused (None: runs on).
-    ``stop_token``: it ended the request as an EOS / stop id, so it has no text."""
+    ``stop_token``: it ended the request as an EOS / stop id, so it has no text.
+    ``index``: its place among the request's generated tokens (a step may give a request
+    several: accepted drafts); ``logprob`` / ``top_logprobs``: the runner's for it."""
 
     request: Request
     token_id: int
     finish_reason: str | None
     stop_token: bool
+    index: int = 0
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,12 @@ class RunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, float] = field(default_factory=dict)
     top_logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # Speculative decoding: per request id that ran drafts, those accepted (a prefix of
+    # them, maybe none), which come before its ``sampled_token_ids`` token; and, when it
+    # asked for logprobs, theirs.
+    accepted: dict[str, list[int]] = field(default_factory=dict)
+    accepted_logprobs: dict[str, list[float]] = field(default_factory=dict)
+    accepted_top_logprobs: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
     # Per request id that asked for prompt logprobs: those of the prompt tokens this step's
     # chunk predicts (positions start+1 .. within the prompt), in order.
     prompt_logprobs: dict[str, list[float]] = field(default_factory=dict)

@@ -27,7 +27,7 @@ from entrypoints.access_flags import AccessSettings
 from entrypoints.cli import _parser
 from entrypoints.config import ENGINE_CONFIG_NAMES, ServerConfig, from_json, to_json
 from entrypoints.embedding_flags import EmbeddingSettings
-from entrypoints.engine_flags import EngineSettings
+from entrypoints.engine_flags import EngineSettings, speculative_config
 from entrypoints.model_flags import ModelSettings
 from entrypoints.replica_flags import ReplicaSettings
 from entrypoints.server import ConnectionLimits
@@ -311,3 +311,21 @@ def test_no_borrowed_model_name_is_advertised_unless_asked() -> None:
     assert TinkerSettings().tinker_aliases == ()
     assert model_names(SMOLLM2_NAME, None, ()) == [SMOLLM2_NAME]  # the embedded model too
     assert model_names("m", "served", ("other", "served")) == ["served", "other"]
+
+
+def test_speculative_config_takes_vllms_json_and_names_a_bad_field() -> None:
+    config = serve("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
+    spec = config.engine.engine_config().speculative
+    assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("ngram", 3)
+    round_trip(config)  # a replica in another process gets it too
+    assert serve().engine.engine_config().speculative is None  # off by default
+    for bad, named in (
+        ('{"method": "eagle", "model": "x"}', "draft model is not supported"),
+        ('{"method": "ngram", "num_speculative_tokenz": 3}', "num_speculative_tokenz"),
+        ('{"method": "ngrams"}', "method"),
+        ("[1]", "JSON object"),
+    ):
+        with pytest.raises(SystemExit):
+            serve("--speculative-config", bad)
+        with pytest.raises(argparse.ArgumentTypeError, match=named):
+            speculative_config(bad)

@@ -104,7 +104,9 @@ class TorchModelRunner:
             (singles if _decode_row(chunk) else prompts).append(chunk)
         sampled = [c for c in batch.chunks if c.samples]
         scored = [c for c in batch.chunks if _scores_prompt(c)]
-        masks = self.grammar.begin([c.request for c in sampled]) if self.grammar else None
+        # A chunk with drafts samples a row per position: its newest token's and each draft's.
+        row_requests = [c.request for c in sampled for _ in range(len(c.drafts) + 1)]
+        masks = self.grammar.begin(row_requests) if self.grammar else None
         with torch.inference_mode(), joined(masks):
             logits, scores = self._forward(singles, prompts, sampled, scored)
             output = self._sample(sampled, logits, batch.eos_token_ids, masks)
@@ -133,8 +135,8 @@ class TorchModelRunner:
             # Recomputed after a preemption (the scheduler released it): a fresh stream
             # would draw its first numbers again. The sampler draws one float64 per row
             # sampled (``sampler._uniforms``; greedy rows ignore theirs), so skipping one
-            # per token generated continues the stream where it was.
-            for _ in request.generated_token_ids:
+            # per row sampled so far (a token, or a verified draft) continues the stream.
+            for _ in range(request.num_draws):
                 torch.rand(1, dtype=torch.float64, device=self.device, generator=generator)
         self.generators[request.request_id] = generator
 
@@ -155,10 +157,14 @@ class TorchModelRunner:
         chunks = []
         for chunk in prompts:
             first_row[id(chunk)] = len(tokens)
-            chunks.append((list(chunk.block_table), chunk.start, chunk.num_tokens))
+            chunks.append((list(chunk.block_table), chunk.start, chunk.num_rows))
             tokens.extend(chunk.token_ids)
-            token_adapters.extend([chunk.request.adapter_id] * chunk.num_tokens)
-        rows = [first_row[id(c)] + c.num_tokens - 1 for c in sampled]
+            token_adapters.extend([chunk.request.adapter_id] * chunk.num_rows)
+        rows = [
+            first_row[id(c)] + c.num_tokens - 1 + i
+            for c in sampled
+            for i in range(len(c.drafts) + 1)
+        ]
         targets: list[int] = []
         spans: list[ScoredSpan] = []  # the rows scored, after the sampled ones
         for chunk in scored:
@@ -175,6 +181,7 @@ class TorchModelRunner:
         ):
             tables, positions = [t for t, _ in rows_in], [p for _, p in rows_in]
             return self.graphs.forward(tokens, tables, positions), PromptScores()
+        sampled_rows = len(rows) - sum(s.count for s in spans)
         batch = PagedBatch(
             self.cache,
             rows_in,
@@ -191,8 +198,8 @@ class TorchModelRunner:
             )
         if not spans:
             return logits, PromptScores()
-        scores = score_prompts(logits[len(sampled) :], targets, spans)
-        return logits[: len(sampled)], scores
+        scores = score_prompts(logits[sampled_rows:], targets, spans)
+        return logits[:sampled_rows], scores
 
     def _replays(
         self,
@@ -227,33 +234,65 @@ class TorchModelRunner:
         eos_token_ids: frozenset[int],
         masks: GrammarMasks | None = None,
     ) -> RunnerOutput:
-        """``logits`` ``[len(chunks), vocab]``, in ``chunks`` order; ``masks``: the grammar
-        rows' (being computed)."""
+        """``logits``: a row per position sampled, in ``chunks`` order (a chunk with drafts
+        has one per draft too); ``masks``: the grammar rows' (being computed).
+
+        Drafts are verified by sampling: each row draws its token from the target model's
+        distribution as if the drafts before it were the request's (penalties and bad words
+        see them), and a draft is accepted while it equals the token its row drew; the
+        first row that differs gives the request's next token (all accepted: the last row's
+        token too). For drafts that are certain guesses (n-gram, suffix) this is the
+        rejection sampling of the speculative-sampling papers: a draft ``d`` is kept with
+        probability p(d), else the token is drawn from p without ``d``, so the output's
+        distribution is the model's own; greedy output is the same token for token."""
         if not chunks:
             return RunnerOutput()
-        requests = [c.request for c in chunks]
+        requests, outputs = [], []
+        for chunk in chunks:
+            request, drafts = chunk.request, list(chunk.drafts)
+            for i in range(len(drafts) + 1):
+                requests.append(request)
+                outputs.append(
+                    [*request.generated_token_ids, *drafts[:i]]
+                    if i
+                    else request.generated_token_ids
+                )
         params = [r.sampling_params for r in requests]
         grammar = (masks.rows, masks.result().to(logits.device)) if masks else None
         processed = suppress_stop_tokens(
-            process_logits(logits, params, grammar, [r.generated_token_ids for r in requests]),
-            requests,
-            eos_token_ids,
+            process_logits(logits, params, grammar, outputs), requests, eos_token_ids
         )
         result = self.sampler.sample(
             processed,  # forward -> per-row processing -> sampling
             params,
             prompt_ids=[r.prompt_token_ids for r in requests],
-            output_ids=[r.generated_token_ids for r in requests],
+            output_ids=outputs,
             generators=[self.generators[r.request_id] for r in requests],
             raw_logits=logits,
         )
-        ids = [r.request_id for r in requests]
+        output = RunnerOutput()
+        row = 0
         top = result.top_logprobs or []
-        return RunnerOutput(
-            sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
-            logprobs=dict(zip(ids, result.logprobs, strict=True)) if result.logprobs else {},
-            top_logprobs={i: t for i, t in zip(ids, top, strict=False) if t},
-        )
+        for chunk in chunks:
+            rid, guessed = chunk.request.request_id, chunk.drafts
+            drawn = result.token_ids[row : row + len(guessed) + 1]
+            kept = 0
+            while kept < len(guessed) and drawn[kept] == guessed[kept]:
+                kept += 1
+            last = row + kept
+            output.sampled_token_ids[rid] = drawn[kept]
+            if result.logprobs:
+                output.logprobs[rid] = result.logprobs[last]
+            if last < len(top) and top[last]:
+                output.top_logprobs[rid] = top[last]
+            if guessed:
+                output.accepted[rid] = list(guessed[:kept])
+                if result.logprobs:
+                    output.accepted_logprobs[rid] = result.logprobs[row:last]
+                if top:
+                    output.accepted_top_logprobs[rid] = top[row:last]
+            row += len(guessed) + 1
+        return output
 
 
 def _scores_prompt(chunk: ScheduledChunk) -> bool:
@@ -265,4 +304,4 @@ def _scores_prompt(chunk: ScheduledChunk) -> bool:
 
 def _decode_row(chunk: ScheduledChunk) -> bool:
     """One token past the prompt: a decode row (a prompt's tokens run as chunks)."""
-    return chunk.num_tokens == 1 and chunk.start >= chunk.request.num_prompt_tokens
+    return chunk.num_rows == 1 and chunk.start >= chunk.request.num_prompt_tokens
