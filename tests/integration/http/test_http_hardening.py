@@ -388,7 +388,7 @@ def test_a_negative_seed_is_accepted(path: str, seed: int) -> None:
         ("/v1/completions", {"logprobs": 6}, "logprobs"),
         ("/v1/completions", {"logprobs": -1}, "logprobs"),
         ("/v1/completions", {"n": 0}, "n"),
-        ("/v1/completions", {"n": 2, "best_of": 3}, "best_of"),
+        ("/v1/completions", {"n": 3, "best_of": 2}, "best_of"),  # fewer candidates than n
         ("/v1/completions", {"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
         ("/v1/completions", {"seed": 2**63}, "seed"),
         ("/v1/completions", {"max_tokens": "many"}, "max_tokens"),
