@@ -18,6 +18,10 @@ Engine (from ``StepStats``):
   of admitted requests looked up in the prefix cache / found there (not computed).
 - ``infer:prompt_tokens_total``: prompt (prefill) tokens run; ``infer:generation_tokens_total``:
   tokens sampled; ``infer:num_preemptions_total``: requests put back to the queue.
+- Speculative decoding (vLLM's names): ``infer:spec_decode_num_drafts_total`` (requests'
+  steps that verified drafts), ``infer:spec_decode_num_draft_tokens_total`` (draft tokens
+  verified), ``infer:spec_decode_num_accepted_tokens_total`` (of those, accepted); the
+  acceptance rate is accepted / draft tokens.
 - ``infer:request_success_total{finished_reason}``: ended requests by reason (eos, stop,
   length, abort, error).
 - Histograms per request, observed when it ends: ``infer:e2e_request_latency_seconds``
@@ -166,6 +170,15 @@ class Metrics:
         self._generation_tokens = counter("infer:generation_tokens", "Tokens sampled.")
         self._preemptions = counter(
             "infer:num_preemptions", "Requests put back to the queue (their KV recomputed)."
+        )
+        self._spec_drafts = counter(
+            "infer:spec_decode_num_drafts", "Requests' steps that verified speculative drafts."
+        )
+        self._spec_draft_tokens = counter(
+            "infer:spec_decode_num_draft_tokens", "Speculative draft tokens verified."
+        )
+        self._spec_accepted = counter(
+            "infer:spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."
         )
         self._success = Counter(
             "infer:request_success",
@@ -327,6 +340,10 @@ class Metrics:
             self._generation_tokens.inc(stats.sampled_tokens)
         if stats.preempted:
             self._preemptions.inc(len(stats.preempted))
+        if stats.drafted_tokens:
+            self._spec_drafts.inc(stats.drafts)
+            self._spec_draft_tokens.inc(stats.drafted_tokens)
+            self._spec_accepted.inc(stats.accepted_tokens)
         for start in stats.started:
             self._arrivals[start.request_id] = start.arrival_s
         if stats.ran:

@@ -329,6 +329,12 @@ class Tracing:
             span.set_attribute("infer.queue_time_s", stats.scheduled_s - stats.arrival_s)
         if stats.preemptions:
             span.set_attribute("infer.preemptions", stats.preemptions)
+        if stats.drafted_tokens:  # speculative decoding: its drafts, and those accepted
+            span.set_attribute("infer.spec.draft_tokens", stats.drafted_tokens)
+            span.set_attribute("infer.spec.accepted_tokens", stats.accepted_tokens)
+            span.set_attribute(
+                "infer.spec.acceptance_rate", stats.accepted_tokens / stats.drafted_tokens
+            )
         if stats.finish_reason == "error":
             span.set_status(Status(StatusCode.ERROR, "the engine step failed"))
         span.end(end_time=end_ns)

@@ -418,3 +418,22 @@ def test_instances_do_not_share_state() -> None:
     # The second instance's tenant cap is its own: its first tenant gets its label.
     second.rate_limited("y", "queue")
     assert labelled(scrape(second), "infer:tenant_rate_limited_total", "tenant") == {"y": 1}
+
+
+def test_speculative_decoding_counts_drafts_and_accepted_tokens() -> None:
+    metrics = Metrics("m", max_batch_size=4)
+    for drafts, drafted, accepted in ((2, 8, 5), (1, 4, 0), (0, 0, 0)):
+        metrics.on_step(
+            StepStats(
+                True,
+                1.0,
+                SchedulerStats(2, 0, 0, 2, 0.1),
+                drafts=drafts,
+                drafted_tokens=drafted,
+                accepted_tokens=accepted,
+            )
+        )
+    s = scrape(metrics)
+    assert value(s, "infer:spec_decode_num_drafts_total") == 3
+    assert value(s, "infer:spec_decode_num_draft_tokens_total") == 12
+    assert value(s, "infer:spec_decode_num_accepted_tokens_total") == 5

@@ -17,6 +17,7 @@ from adapters.http import create_app
 from adapters.observability.http import ObservedApp
 from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
 from domain.observer import TrainingOpStats
+from domain.speculation import SpeculativeConfig
 from tests.fakes import fake_async_engine
 
 REPLY = "Paris is the capital."
@@ -165,3 +166,24 @@ def test_a_tinker_operation_becomes_a_span_with_its_ids() -> None:
     assert fb.attributes["infer.tinker.tokens"] == 96
     assert fb.end_time - fb.start_time == pytest.approx(0.5e9, rel=1e-3)
     assert not optim.status.is_ok
+
+
+def test_a_speculated_request_carries_its_acceptance_in_its_span() -> None:
+    exporter = InMemorySpanExporter()
+    provider = build_tracer_provider(TracingSettings(), (SimpleSpanProcessor(exporter),))
+    tracing = Tracing(provider, "fake")
+    spec = SpeculativeConfig(prompt_lookup_min=2, prompt_lookup_max=4)
+    engine = fake_async_engine(
+        script=reply_script(ByteTokenizer(), REPLY), observer=tracing, speculative=spec
+    )
+    app = ObservedApp(create_app(engine, "fake"), tracing=tracing)
+    with TestClient(app=app) as client:  # type: ignore[arg-type]
+        body = {"model": "fake", "prompt": f"Repeat: {REPLY}", "max_tokens": 64}
+        assert client.post("/v1/completions", json=body).json()["choices"][0]["text"] == REPLY
+    provider.shutdown()
+    [request] = _by_name(exporter.get_finished_spans(), "engine.request")
+    drafted = request.attributes["infer.spec.draft_tokens"]
+    accepted = request.attributes["infer.spec.accepted_tokens"]
+    assert 0 < accepted <= drafted
+    assert request.attributes["infer.spec.acceptance_rate"] == accepted / drafted
+    assert request.attributes["gen_ai.usage.output_tokens"] == OUTPUT_TOKENS
