@@ -35,7 +35,9 @@ from adapters.torch.models.config import ModelConfig
 log = structlog.get_logger(__name__)
 ROWS = (1, 16, 64)  # one decode stream, a small batch, a full batch
 SWITCH_ROWS = (2, 4, 8, 16, 32, 64)  # candidates for the quantized kernel's switch
-VERSION = 2  # 2: switches per weight format and activation dtype
+# 2: switches per weight format and activation dtype; 3: a switch needs two row counts
+# in a row (one measured under another process's load chose 2 rows instead of 64)
+VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,12 @@ def _choose_switches(timings: dict[str, dict[str, float]]) -> dict[str, int] | N
 
 
 def _choose_switch(dots: dict[str, float], tiles: dict[str, float]) -> int:
-    for rows in SWITCH_ROWS:
-        if tiles[str(rows)] <= dots[str(rows)]:
+    """The fewest rows from which tiles beat dots there and at the next count measured
+    (tiles' cost grows more slowly: once ahead they stay ahead, so a lone win is a stall of
+    the machine during the dots' measurement, not the crossing)."""
+    wins = [tiles[str(rows)] <= dots[str(rows)] for rows in SWITCH_ROWS]
+    for i, rows in enumerate(SWITCH_ROWS):
+        if wins[i] and (i + 1 == len(SWITCH_ROWS) or wins[i + 1]):
             return rows
     return SWITCH_ROWS[-1] * 2
 

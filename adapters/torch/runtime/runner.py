@@ -150,10 +150,17 @@ class TorchModelRunner:
         """Logits ``[len(sampled), vocab]`` of one step, and the prompt logprobs of
         ``scored``: the decode rows (if any) and every prompt chunk's tokens run as one flat
         forward (see :class:`PagedBatch`), each reading its KV through its block table."""
-        tokens = [c.token_ids[0] for c in singles]
-        rows_in = [(list(c.block_table), c.start) for c in singles]
-        first_row = {id(c): row for row, c in enumerate(singles)}  # id(chunk) -> its first row
-        token_adapters: list[str | None] = [c.request.adapter_id for c in singles]
+        tokens: list[int] = []
+        rows_in: list[tuple[list[int], int]] = []
+        first_row: dict[int, int] = {}  # id(chunk) -> its first row
+        token_adapters: list[str | None] = []
+        for chunk in singles:  # a decode row, and one more per draft (each at its position)
+            first_row[id(chunk)] = len(tokens)
+            table = list(chunk.block_table)
+            for i, token in enumerate(chunk.token_ids):
+                tokens.append(token)
+                rows_in.append((table, chunk.start + i))
+                token_adapters.append(chunk.request.adapter_id)
         chunks = []
         for chunk in prompts:
             first_row[id(chunk)] = len(tokens)
@@ -215,7 +222,7 @@ class TorchModelRunner:
         return (
             not prompts
             and not scored
-            and len(sampled) == len(rows)
+            and sum(c.num_rows for c in sampled) == len(rows)
             and self.graphs.covers([table for table, _ in rows])
             and not any(token_adapters)
         )
@@ -303,5 +310,7 @@ def _scores_prompt(chunk: ScheduledChunk) -> bool:
 
 
 def _decode_row(chunk: ScheduledChunk) -> bool:
-    """One token past the prompt: a decode row (a prompt's tokens run as chunks)."""
-    return chunk.num_rows == 1 and chunk.start >= chunk.request.num_prompt_tokens
+    """One token past the prompt: a decode row (a prompt's tokens run as chunks). Its drafts
+    run as decode rows too, one each: every row's key and value are written before any row
+    attends, and each attends to its own position and those before it."""
+    return chunk.num_tokens == 1 and chunk.start >= chunk.request.num_prompt_tokens

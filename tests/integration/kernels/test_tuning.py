@@ -41,6 +41,15 @@ def test_the_faster_dtype_and_the_first_row_count_where_tiles_win_are_chosen() -
     assert tuning._choose_switches({"float32": {}}) is None
 
 
+def test_a_lone_win_measured_during_a_stall_is_not_the_switch() -> None:
+    # What a 2-core machine under another process's load measured: dots stalled at 1 and
+    # 2 rows, so tiles "won" at 2, then lost until 32.
+    dots = {"1": 28.9, "2": 32.7, "4": 1.09, "8": 2.41, "16": 5.0, "32": 11.2, "64": 42.1}
+    tiles = {"1": 20.3, "2": 4.78, "4": 5.02, "8": 5.73, "16": 6.81, "32": 9.25, "64": 14.1}
+    timings = {"int4 dots bfloat16": dots, "int4 tiles bfloat16": tiles}
+    assert tuning._choose_switches(timings) == {"int4 bfloat16": 32}
+
+
 def test_a_switch_is_per_weight_format_and_activation_dtype() -> None:
     chosen = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "why")
     assert chosen.switch(4, "bfloat16") == 4 and chosen.switch(4, "float32") == 16
