@@ -156,7 +156,7 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help="speculative decoding, vLLM's spelling: "
-        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, '
         '"prompt_lookup_max": 5}\' (prompt lookup) or "method": "suffix" (also drafts '
         "from recent requests' outputs); off by default (docs/speculative.md)",
     )

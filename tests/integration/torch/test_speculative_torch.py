@@ -23,7 +23,9 @@ from tests.support.tiny_models import save_tiny_model
 TOKENIZER = ByteTokenizer()
 # Prompt lookup from one token on: a tiny random model's output is drafted as soon as it
 # writes a token it wrote (or read) before, and it loops quickly.
-SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+SPEC = SpeculativeConfig(
+    num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=None
+)
 PROMPT = "the cat sat on the mat and the cat sat on the hat"
 
 
