@@ -171,3 +171,18 @@ def test_the_defaults_are_the_measured_ones() -> None:
     default = SpeculativeConfig()
     assert (default.method, default.num_speculative_tokens) == ("ngram", 3)
     assert default.disable_by_batch_size == 8
+
+
+def test_suffix_drafts_a_reply_from_an_earlier_requests_output() -> None:
+    # The prompt never holds the reply: prompt lookup has nothing; suffix decoding drafts it
+    # from the first request's output once that one finished.
+    suffix = SpeculativeConfig(method="suffix", suffix_min_count=1, prompt_lookup_min=2)
+    for spec, want_drafts in ((SPEC, False), (suffix, True)):
+        engine, _, sink, stats = engine_for(EDIT, spec)
+        for name in ("first", "second"):
+            engine.add_request(name, "Go.", SamplingParams(temperature=0.0, max_tokens=200))
+            run_to_end(engine, max_steps=500)
+            assert text_of(sink.of(name)) == EDIT
+        accepted = sum(s.accepted_tokens for s in stats.steps)
+        second = [r for s in stats.steps for r in s.finished if r.request_id == "second"]
+        assert (second[0].accepted_tokens > len(EDIT) // 2) is want_drafts, (spec, accepted)
