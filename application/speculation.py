@@ -3,11 +3,11 @@ draft gets its drafts (``Request.draft_token_ids``) for the next step to verify.
 
 A request drafts when its output may copy what came before (every request may: the
 proposer finds nothing in open text, and a request whose drafts keep being rejected stops
-— :class:`domain.speculation.Proposer`), unless its drafts could not be verified the way
-its tokens are sampled: a structured-output grammar (the masks follow the matcher one
-token at a time), or ``min_tokens`` not reached yet (EOS is masked per row). None are
-drafted while more requests run than ``disable_by_batch_size``: the batch fills the
-cores already.
+— :class:`domain.speculation.Proposer`), unless ``min_tokens`` is not reached yet (EOS is
+masked per row). Under a structured-output grammar each draft row is masked by the
+grammar as it stands after the drafts before it, so a draft the grammar forbids is never
+drawn, hence rejected. None are drafted while more requests run than
+``disable_by_batch_size``: the batch fills the cores already.
 """
 
 from collections.abc import Iterable
@@ -49,8 +49,11 @@ class Speculator:
 
     def _drafts(self, request: Request) -> list[int]:
         params = request.sampling_params
-        if params.structured is not None or len(request.generated_token_ids) < params.min_tokens:
+        if len(request.generated_token_ids) < params.min_tokens:
             return []
+        structured = params.structured
+        if structured is not None and not structured.started(request.generated_token_ids):
+            return []  # thinking before a constrained answer: drafts wait for its grammar
         k = min(
             self.config.num_speculative_tokens,
             params.max_tokens - len(request.generated_token_ids) - 1,

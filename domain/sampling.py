@@ -1,5 +1,6 @@
 """Sampling parameters: a validated value object shared by every face of the engine."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -28,6 +29,14 @@ class StructuredOutput:
     kind: StructuredKind
     spec: str = ""
     start_after: tuple[int, ...] = ()
+
+    def started(self, generated: Sequence[int]) -> bool:
+        """Whether the constraint holds by now (``start_after`` came in ``generated``)."""
+        n = len(self.start_after)
+        return n == 0 or any(
+            list(generated[i : i + n]) == list(self.start_after)
+            for i in range(len(generated) - n + 1)
+        )
 
 
 @dataclass(frozen=True, slots=True)

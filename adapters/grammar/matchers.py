@@ -43,7 +43,14 @@ class RequestMatchers:
         """Row ``i`` of ``bitmask`` (int32 ``[len(rows), ceil(vocab / 32)]``, on the CPU):
         the tokens ``rows[i]``'s grammar allows next, one bit each. Releases the GIL."""
         pairs = []
+        base: dict[str, int] = {}  # request id -> its own row's token count, this call
         for index, (request_id, structured, generated) in enumerate(rows):
+            if request_id in base:  # a draft's row: a copy that consumed the drafts
+                draft = self._matchers[request_id].deep_copy()
+                draft.consume_tokens(list(generated[base[request_id] :]))  # bad: EOS only
+                pairs.append((draft, index))
+                continue
+            base[request_id] = len(generated)
             matcher = self._matchers.get(request_id)
             if matcher is None:
                 matcher = self._matchers[request_id] = self.compiler.matcher(structured)

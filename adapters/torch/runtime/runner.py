@@ -106,12 +106,13 @@ class TorchModelRunner:
         scored = [c for c in batch.chunks if _scores_prompt(c)]
         # A chunk with drafts samples a row per position: its newest token's and each draft's.
         row_requests = [c.request for c in sampled for _ in range(len(c.drafts) + 1)]
-        masks = self.grammar.begin(row_requests) if self.grammar else None
+        drafted = [c.drafts[:i] for c in sampled for i in range(len(c.drafts) + 1)]
+        masks = self.grammar.begin(row_requests, drafted) if self.grammar else None
         with torch.inference_mode(), joined(masks):
             logits, scores = self._forward(singles, prompts, sampled, scored)
             output = self._sample(sampled, logits, batch.eos_token_ids, masks)
         if self.grammar is not None:
-            self.grammar.advance(output.sampled_token_ids)
+            self.grammar.advance(output.sampled_token_ids, output.accepted)
         output.prompt_logprobs.update(scores.logprobs)
         output.prompt_top_logprobs.update(scores.top)
         output.prompt_ranks.update(scores.ranks)

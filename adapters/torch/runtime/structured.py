@@ -30,7 +30,10 @@ class GrammarMatchers(Protocol):
     ) -> None:
         """Row ``i`` of ``bitmask`` (int32 ``[len(rows), ceil(vocab / 32)]``): the tokens
         ``rows[i]`` (request id, constraint, tokens generated so far) may take next; a
-        request met for the first time starts a matcher that consumes those tokens."""
+        request met for the first time starts a matcher that consumes those tokens. A
+        request's later rows in the same call (speculative drafts) carry its tokens and
+        the drafts before them: their masks are those of a copy of its matcher that
+        consumed the drafts (its own matcher does not move)."""
         ...
 
     def advance(self, request_id: str, token_id: int) -> None: ...
@@ -57,15 +60,23 @@ class GrammarStep:
         self.matchers = matchers
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
 
-    def begin(self, requests: Sequence[Request]) -> GrammarMasks | None:
+    def begin(
+        self, requests: Sequence[Request], drafted: Sequence[Sequence[int]] = ()
+    ) -> GrammarMasks | None:
         """Start the masks of ``requests`` (the step's sampled rows, in order) that have a
-        structured-output constraint; None when none has."""
+        structured-output constraint; None when none has. ``drafted``: per row, the
+        drafts before it (a drafted chunk's rows: its request once per draft, after its
+        own row)."""
         rows, grammar_rows = [], []
         for i, request in enumerate(requests):
             structured = request.sampling_params.structured
             if structured is None:
                 continue
-            generated = constrained_part(request.generated_token_ids, structured.start_after)
+            before = drafted[i] if drafted else ()
+            tokens = [*request.generated_token_ids, *before] if before else None
+            generated = constrained_part(
+                request.generated_token_ids if tokens is None else tokens, structured.start_after
+            )
             if generated is None:  # still before the constraint starts (thinking)
                 continue
             rows.append(i)
@@ -77,8 +88,13 @@ class GrammarStep:
         done = self._worker.submit(self.matchers.fill, grammar_rows, bitmask)
         return GrammarMasks(rows, bitmask, done)
 
-    def advance(self, sampled: Mapping[str, int]) -> None:
+    def advance(
+        self, sampled: Mapping[str, int], accepted: Mapping[str, Sequence[int]] | None = None
+    ) -> None:
+        """The step's tokens: each request's ``accepted`` drafts, then its sampled token."""
         for request_id, token_id in sampled.items():
+            for draft in (accepted or {}).get(request_id, ()):
+                self.matchers.advance(request_id, draft)
             self.matchers.advance(request_id, token_id)
 
     def release(self, request_ids: Sequence[str]) -> None:
