@@ -10,11 +10,12 @@ import pytest
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from application.engine import Engine
+from application.speculation import Speculator
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.observer import StepStats
-from domain.request import StepOutput
-from domain.sampling import SamplingParams
+from domain.request import Request, StepOutput
+from domain.sampling import SamplingParams, StructuredOutput
 from domain.speculation import SpeculativeConfig
 from tests.fakes import ListSink
 from tests.support.engine_runs import run_to_end
@@ -186,3 +187,17 @@ def test_suffix_drafts_a_reply_from_an_earlier_requests_output() -> None:
         accepted = sum(s.accepted_tokens for s in stats.steps)
         second = [r for s in stats.steps for r in s.finished if r.request_id == "second"]
         assert (second[0].accepted_tokens > len(EDIT) // 2) is want_drafts, (spec, accepted)
+
+
+def test_a_thinking_models_constrained_answer_drafts_once_its_grammar_started() -> None:
+    close = (9,)
+    structured = StructuredOutput("json_object", start_after=close)
+    params = SamplingParams(temperature=0.0, max_tokens=50, structured=structured)
+    request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], params, 0.0)
+    speculator = Speculator(SPEC, max_seq_len=100)
+    request.generated_token_ids += [3, 1, 2]  # thinking: repeats, but no grammar yet
+    speculator.propose([request], running=1)
+    assert request.draft_token_ids == []
+    request.generated_token_ids += [9, 1, 2]  # </think>, then an answer that repeats
+    speculator.propose([request], running=1)
+    assert request.draft_token_ids == [9, 1, 2]  # what last followed "1 2"
