@@ -10,14 +10,13 @@ from typing import Any
 import openai
 import pytest
 from litestar.testing import TestClient
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from adapters.fake.runner import FakeModelRunner, reply_script
-from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from adapters.http import create_app
 from domain.request import Request
 from domain.scheduler import RunnerOutput, SchedulerOutput
 from tests.fakes import fake_async_engine
+from tests.support.byte_tokenizer import byte_level_tokenizer
 from tests.support.scripted import TOKENIZER, Replies
 
 MODEL = "test/fake-model"
@@ -281,24 +280,8 @@ STRICT = (
 )
 
 
-def strict_tokenizer() -> HFTokenizer:
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    rust = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    rust.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    rust.decoder = decoders.ByteLevel()
-    rust.add_special_tokens(
-        [AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]
-    )
-    return HFTokenizer(
-        rust,
-        eos_token_ids=frozenset({rust.token_to_id("<|im_end|>")}),
-        chat_template=STRICT,
-        special_tokens={"eos_token": "<|im_end|>"},
-    )
-
-
 def test_a_template_that_refuses_a_role_answers_400() -> None:
-    tokenizer = strict_tokenizer()
+    tokenizer = byte_level_tokenizer(STRICT)
     engine = fake_async_engine(
         runner=FakeModelRunner(300, script=reply_script(tokenizer, "ok")), tokenizer=tokenizer
     )

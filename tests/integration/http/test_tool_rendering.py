@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from adapters.fake import ByteTokenizer
 from adapters.hf_tokenizer.factory import choose_tool_parser
@@ -15,6 +14,7 @@ from adapters.hf_tokenizer.tokenizer import HFTokenizer
 from application.chat_prompts import ChatPrompts, ToolRequest, probe_template
 from application.reasoning import parser_for
 from application.tool_parsers import FORMATS, detect_format
+from tests.support.byte_tokenizer import byte_level_tokenizer
 
 # SmolLM2-135M-Instruct's template, as its tokenizer_config.json has it.
 CHATML = (
@@ -73,22 +73,6 @@ HISTORY = [
     {"role": "tool", "tool_call_id": "call_2", "content": "windy"},
 ]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-def byte_level_tokenizer(template: str) -> HFTokenizer:
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    rust = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    rust.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    rust.decoder = decoders.ByteLevel()
-    rust.add_special_tokens(
-        [AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)]
-    )
-    return HFTokenizer(
-        rust,
-        eos_token_ids=frozenset({rust.token_to_id("<|im_end|>")}),
-        chat_template=template,
-        special_tokens={"eos_token": "<|im_end|>"},
-    )
 
 
 class Renderer:
