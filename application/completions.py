@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from application.chat_prompts import ChatPrompts, ToolRequest, constrain, tool_texts
 from application.engine_client import OwnedRequests
 from application.input_processor import InputProcessor
-from application.reasoning import CLOSE, Reasoning, reasoning_for
+from application.reasoning import CLOSE, Reasoning, closes_thinking, reasoning_for
 from application.request_ids import new_request_id
 from application.request_record import RequestRecord
 from domain.errors import InvalidParameterError
@@ -172,8 +172,9 @@ class CompletionService:
         with caller.record.timing("render_chat"):
             prompt = await self.chats.render(job.messages, job.tools, job.template_kwargs)
         prompt = self.inputs.truncate(prompt, job.truncate_prompt_tokens)
-        reasoning = self._reasoning(prompt)
-        params = self._after_thinking(constrain(self._sized(job, len(prompt)), job.tools), prompt)
+        tail = self._tail(prompt) if self.reasoning_parser != "none" else None
+        reasoning = None if tail is None else reasoning_for(tail, self.reasoning_parser)
+        params = self._after_thinking(constrain(self._sized(job, len(prompt)), job.tools), tail)
         with caller.record.timing("tokenize"):
             params = await self._with_bad_words(job, params)
             prepared = await self._prepare(prompt, params, job)
@@ -185,21 +186,15 @@ class CompletionService:
         return dataclasses.replace(started, reasoning=reasoning)
 
     def _tail(self, prompt: Sequence[int]) -> str:
+        """The rendered prompt's end as text (where it opens or closes the thinking)."""
         return self.inputs.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
 
-    def _reasoning(self, prompt: Sequence[int]) -> Reasoning | None:
-        if self.reasoning_parser == "none":
-            return None
-        return reasoning_for(self._tail(prompt), self.reasoning_parser)
-
-    def _after_thinking(self, params: SamplingParams, prompt: Sequence[int]) -> SamplingParams:
-        """A constrained chat of a thinking model: the constraint holds from ``</think>``
-        (the answer), unless the prompt already closed the thinking (thinking off)."""
+    def _after_thinking(self, params: SamplingParams, tail: str | None) -> SamplingParams:
+        """A constrained chat of a thinking model (``tail``: its prompt's end; None: no
+        reasoning parser): the constraint holds from ``</think>`` (the answer), unless the
+        prompt already closed the thinking (thinking off)."""
         structured = params.structured
-        if structured is None or self.reasoning_parser == "none":
-            return params
-        tail = self._tail(prompt)
-        if tail.rfind(CLOSE) > tail.rfind("<think>"):  # e.g. enable_thinking: false
+        if structured is None or tail is None or closes_thinking(tail):
             return params
         if self._close_ids is None:
             self._close_ids = tuple(self.inputs.tokenizer.encode(CLOSE, add_special_tokens=False))

@@ -217,7 +217,7 @@ class Engine:
             running, _ = self.scheduler.counts()
             sampling = {t.request.request_id: t.request for t in sampled}  # in batch order
             self.speculator.propose(sampling.values(), running)
-        accepted = sum(len(result.accepted.get(c.request.request_id, ())) for c in batch.chunks)
+        accepted = sum(map(len, result.accepted.values()))  # speculative drafts kept
         return self._observe(
             batch, ran=True, sampled=len(outputs), outputs=outputs, accepted=accepted
         )

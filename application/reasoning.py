@@ -55,6 +55,12 @@ class Reasoning:
         return (reasoning.strip() if stream.thought else None), content
 
 
+def closes_thinking(prompt_text: str) -> bool:
+    """The prompt ends after a closed ``<think></think>`` (Qwen3's ``enable_thinking:
+    false``): the model answers at once."""
+    return prompt_text.rfind(CLOSE) > prompt_text.rfind(OPEN)
+
+
 def reasoning_for(prompt_text: str, parser: str) -> Reasoning | None:
     """The split of a request whose rendered prompt ends with ``prompt_text`` (its last
     few hundred characters suffice), under the server's ``parser`` (``think``, or None:

@@ -30,13 +30,21 @@ class StructuredOutput:
     spec: str = ""
     start_after: tuple[int, ...] = ()
 
+    def constrained_tokens(self, generated: Sequence[int]) -> Sequence[int] | None:
+        """The tokens of ``generated`` the constraint holds over: those after the first
+        ``start_after`` (all of them when it is empty; None when it has not come yet)."""
+        n = len(self.start_after)
+        if n == 0:
+            return generated
+        first = self.start_after[0]
+        for i, token in enumerate(generated):
+            if token == first and tuple(generated[i : i + n]) == self.start_after:
+                return generated[i + n :]
+        return None
+
     def started(self, generated: Sequence[int]) -> bool:
         """Whether the constraint holds by now (``start_after`` came in ``generated``)."""
-        n = len(self.start_after)
-        return n == 0 or any(
-            list(generated[i : i + n]) == list(self.start_after)
-            for i in range(len(generated) - n + 1)
-        )
+        return self.constrained_tokens(generated) is not None
 
 
 @dataclass(frozen=True, slots=True)

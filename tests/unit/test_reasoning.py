@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from adapters.torch.runtime.structured import GrammarStep, constrained_part
+from adapters.torch.runtime.structured import GrammarStep
 from application.reasoning import Reasoning, parser_for, reasoning_for
 from domain.request import Request
 from domain.sampling import SamplingParams, StructuredOutput
@@ -78,6 +78,12 @@ def test_the_parser_follows_the_template_unless_the_flag_says() -> None:
 
 def test_a_grammar_held_back_until_the_thinking_ends() -> None:
     close = (151668,)
+
+    def constrained_part(generated: list[int], start_after: tuple[int, ...]) -> object:
+        return StructuredOutput("json_object", start_after=start_after).constrained_tokens(
+            generated
+        )
+
     assert constrained_part([1, 2, 3], ()) == [1, 2, 3]
     assert constrained_part([1, 2, 3], close) is None
     assert constrained_part([1, 151668, 7, 8], close) == [7, 8]

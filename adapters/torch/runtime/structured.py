@@ -74,8 +74,8 @@ class GrammarStep:
                 continue
             before = drafted[i] if drafted else ()
             tokens = [*request.generated_token_ids, *before] if before else None
-            generated = constrained_part(
-                request.generated_token_ids if tokens is None else tokens, structured.start_after
+            generated = structured.constrained_tokens(
+                request.generated_token_ids if tokens is None else tokens
             )
             if generated is None:  # still before the constraint starts (thinking)
                 continue
@@ -100,19 +100,6 @@ class GrammarStep:
     def release(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self.matchers.release(request_id)
-
-
-def constrained_part(generated: Sequence[int], start_after: Sequence[int]) -> Sequence[int] | None:
-    """The tokens after the first ``start_after`` in ``generated`` (all of them when it is
-    empty; None when it has not come yet)."""
-    n = len(start_after)
-    if n == 0:
-        return generated
-    first = start_after[0]
-    for i, token in enumerate(generated):
-        if token == first and list(generated[i : i + n]) == list(start_after):
-            return generated[i + n :]
-    return None
 
 
 @contextmanager
