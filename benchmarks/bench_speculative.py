@@ -7,7 +7,7 @@ One run, one server at a time, nothing else on the machine. Servers, in this ord
   SmolLM2-135M-Instruct, its GGUF's Q4_1 blocks, ``--dtype auto``), no speculation;
 - ``infer ngram``: the same plus ``--speculative-config '{"method": "ngram",
   "num_speculative_tokens": 4}'``;
-- ``infer suffix``: ``--speculative-config '{"method": "suffix"}'`` (4 drafts by default);
+- ``infer suffix``: ``--speculative-config '{"method": "suffix", "num_speculative_tokens": 4}'``;
 - ``infer LABEL`` for every ``--extra-spec LABEL=JSON`` (e.g. another
   ``num_speculative_tokens``);
 - ``infer ngram bs8``: ngram with ``"disable_by_batch_size": 8`` (throughput only; skipped
@@ -84,8 +84,10 @@ from benchmarks.bench_vs_llamacpp import cpu_model, default_model, isa_flags  # 
 
 DRAFTED = "infer:spec_decode_num_draft_tokens_total"
 ACCEPTED = "infer:spec_decode_num_accepted_tokens_total"
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
-SUFFIX = {"method": "suffix"}
+# As measured in benchmarks/README.md (before the defaults became k = 3 and a load switch
+# at 8 running requests): explicit, so a rerun measures the same configs.
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "disable_by_batch_size": None}
 NGRAM_BS8 = {**NGRAM, "disable_by_batch_size": 8}
 DEFAULT_LLAMA_PYTHON = "/work/llama-venv/bin/python"
 # llama-cpp-python's server applies repeat_penalty 1.1 by default, at temperature 0 too: off,
