@@ -25,6 +25,7 @@ from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.ownership import Draining
 from adapters.observability.factory import (
     build_metrics,
+    build_timeline,
     build_tracing,
     metrics_render,
     on_rate_limited,
@@ -97,7 +98,9 @@ class Container(containers.DeclarativeContainer):
     tracing = providers.Singleton(
         build_tracing, config.provided.observability, backend.served_names
     )
-    observer = providers.Singleton(step_observer, metrics, tracing)
+    # The web console's per-second view of the steps (None: --no-ui).
+    timeline = providers.Singleton(build_timeline, config.provided.http.ui)
+    observer = providers.Singleton(step_observer, metrics, tracing, timeline)
 
     # The engine, on the backend's runner and tokenizer. Its scheduler queues tenants by
     # the weights that access sets from the keyring (the tenants' shares).
@@ -202,6 +205,7 @@ class Container(containers.DeclarativeContainer):
         draining=draining,
         replicas=replicas,
         on_startup=on_startup,
+        timeline=timeline,
         on_shutdown=providers.Callable(shutdown_hooks, tracing),
     )
     http_settings = providers.Singleton(
@@ -214,6 +218,7 @@ class Container(containers.DeclarativeContainer):
         reasoning_parser=reasoning_parser,
         tinker_api_keys=config.provided.tinker.tinker_api_keys,
     )
+        ui=config.provided.http.ui,
     http_app = providers.Singleton(
         build_http_app,
         async_engine,

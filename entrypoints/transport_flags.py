@@ -1,5 +1,5 @@
 """``infer serve`` flags for the transport: the address, CORS, TLS, SSE heartbeats, the
-request deadline and the drain on SIGTERM."""
+request deadline, the drain on SIGTERM and the web console (``--no-ui``)."""
 
 import argparse
 import ssl
@@ -12,7 +12,8 @@ from entrypoints.flag_fields import from_flags
 
 @dataclass(frozen=True)
 class TransportSettings:
-    """The flags of the same names (seconds; 0 turns a heartbeat or deadline off)."""
+    """The flags of the same names (seconds; 0 turns a heartbeat or deadline off);
+    ``ui``: serve the web console at ``/`` and ``/ui`` (``--no-ui``: off)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -23,6 +24,7 @@ class TransportSettings:
     sse_heartbeat_interval: float = DEFAULT_HEARTBEAT_S
     request_timeout: float = 0.0
     drain_timeout: float = 30.0
+    ui: bool = True
 
     def __post_init__(self) -> None:
         for name in ("sse_heartbeat_interval", "request_timeout", "drain_timeout"):
@@ -108,4 +110,11 @@ def add_transport_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.drain_timeout,
         help="on SIGTERM / SIGINT, seconds running requests may take to finish before they "
         "are ended (default %(default)s)",
+    )
+    group.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        help="do not serve the web console at / and /ui (default: served; its data behind "
+        "the API keys when there are any)",
     )

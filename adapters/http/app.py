@@ -19,6 +19,7 @@ from litestar.middleware import DefineMiddleware
 
 from adapters.http.admin import admin_router
 from adapters.http.anthropic import anthropic_router
+from adapters.http.console import Timeline, console_routers, engine_info
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_router
 from adapters.http.idempotency import IdempotencyMiddleware
@@ -78,7 +79,8 @@ class HttpSettings:
     model writes tool calls in (``hermes``, ``llama3_json``, ``pythonic``: resolved, not
     ``auto``); ``reasoning_parser``: how chats' thinking is told from their answer
     (``think`` or ``none``: resolved, not ``auto``); ``tinker_api_keys``: the keys the
-    Tinker API accepts (None: any ``tml-`` key)."""
+    Tinker API accepts (None: any ``tml-`` key); ``ui``: serve the web console at ``/``
+    and ``/ui`` (``--no-ui``: off)."""
 
     allowed_origins: tuple[str, ...] = ()
     sse_heartbeat_interval: float = DEFAULT_HEARTBEAT_S
@@ -87,6 +89,7 @@ class HttpSettings:
     tool_call_parser: str = "hermes"
     reasoning_parser: str = "none"
     tinker_api_keys: frozenset[str] | None = None
+    ui: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,9 @@ class HttpServices:
     content type); ``draining``: the server's drain state (``entrypoints.server`` begins it
     on SIGTERM); ``replicas``: a fleet's replicas, listed at ``/admin/replicas`` (None:
     one process); ``responses``: where ``/v1/responses`` keeps finished responses
-    (default: in this process's memory; None: none are kept); ``on_startup``: called on
+    (default: in this process's memory; None: none are kept); ``timeline``: the engine's
+    recent seconds, which the console's engine view streams (None: none seen here);
+    ``on_startup``: called on
     the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
     traces)."""
@@ -116,6 +121,7 @@ class HttpServices:
     replicas: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
     # Where /v1/responses keeps finished responses (None: none are kept).
     responses: ResponseStore | None = field(default_factory=MemoryResponseStore)
+    timeline: Timeline | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -156,6 +162,11 @@ def create_app(
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
     if services.replicas is not None:
         routers.append(admin_router(services.replicas, access))
+    if settings.ui:
+        info = engine_info(inputs.config, model_name)
+        routers += console_routers(
+            access, draining, info, timeline=services.timeline, replicas=services.replicas
+        )
     return Litestar(
         route_handlers=[
             generate_router(completions, names, access),

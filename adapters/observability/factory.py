@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
+from adapters.observability.timeline import EngineTimeline
 from adapters.observability.tracing import Tracing, build_tracer_provider
 from application.observers import ObserverGroup, TrainingObserverGroup
 from domain.config import EngineConfig
@@ -37,9 +38,17 @@ def build_tracing(settings: ObservabilitySettings, names: Sequence[str]) -> Trac
     return Tracing(build_tracer_provider(settings.tracing), names[0])
 
 
-def step_observer(metrics: Metrics | None, tracing: Tracing | None) -> StepObserver:
-    """Every engine step's statistics to the metrics and the traces that are on."""
-    observers: list[StepObserver] = [o for o in (metrics, tracing) if o is not None]
+def build_timeline(console: bool) -> EngineTimeline | None:
+    """The engine's last minutes, per second, for the web console (None: ``--no-ui``)."""
+    return EngineTimeline() if console else None
+
+
+def step_observer(
+    metrics: Metrics | None, tracing: Tracing | None, timeline: EngineTimeline | None = None
+) -> StepObserver:
+    """Every engine step's statistics to the metrics, the traces and the console's
+    timeline that are on."""
+    observers: list[StepObserver] = [o for o in (metrics, tracing, timeline) if o is not None]
     if not observers:
         return NullObserver()
     return observers[0] if len(observers) == 1 else ObserverGroup(observers)

@@ -1,0 +1,291 @@
+// The console's shell: the API key (when the server has a keys file), the tabs, and the
+// `ctx` every page's `mount(root, ctx)` gets. A tab's module is imported when first shown.
+import { el, clear } from './dom.js';
+
+const KEY = 'infer.console.key'; // sessionStorage only: gone when the browser tab closes
+const TABS = [
+  ['playground', 'Playground'],
+  ['engine', 'Engine'],
+  ['tenants', 'Tenants'],
+  ['training', 'Training'],
+];
+
+const state = {
+  keyed: false,
+  current: null, // {name, page}
+  requestedModel: null, // openPlayground's choice, taken by the playground's mount
+  generation: 0,
+};
+
+function storedKey() {
+  try {
+    return sessionStorage.getItem(KEY) || '';
+  } catch {
+    return '';
+  }
+}
+
+function setKey(key) {
+  try {
+    if (key) sessionStorage.setItem(KEY, key);
+    else sessionStorage.removeItem(KEY);
+  } catch {
+    /* storage disabled: the key lives until the page reloads */
+  }
+  memoryKey = key;
+}
+
+let memoryKey = storedKey();
+
+/** The API's error message from a non-2xx response (OpenAI, Litestar or plain text). */
+export async function errorMessage(response) {
+  let text = '';
+  try {
+    text = await response.text();
+    const body = JSON.parse(text);
+    const error = body && (body.error ?? body.detail ?? body.message);
+    if (typeof error === 'string') return error;
+    if (error && typeof error.message === 'string') return error.message;
+  } catch {
+    /* not JSON */
+  }
+  return text ? `${response.status}: ${text.slice(0, 300)}` : `HTTP ${response.status}`;
+}
+
+function api(path, init = {}) {
+  const headers = new Headers(init.headers || {});
+  if (memoryKey) headers.set('Authorization', `Bearer ${memoryKey}`);
+  return fetch(path, { ...init, headers }).then((response) => {
+    if (response.status === 401 && state.keyed) askForKey('The server refused the key; enter another.');
+    return response;
+  });
+}
+
+async function json(path, init) {
+  const response = await api(path, init);
+  if (!response.ok) throw new Error(await errorMessage(response));
+  return response.json();
+}
+
+/**
+ * A server-sent event stream read with fetch (EventSource cannot send the key): onData gets
+ * each event's `data:` JSON. It reconnects after an error or the end of the stream until
+ * closed. options: onError(error), onOpen().
+ */
+function events(path, onData, options = {}) {
+  let closed = false;
+  let controller = null;
+  let retry = null;
+  let delay = 1000;
+
+  const dispatch = (block) => {
+    const data = [];
+    for (const line of block.split('\n')) {
+      if (line.startsWith('data:')) data.push(line.slice(line[5] === ' ' ? 6 : 5));
+    }
+    if (!data.length) return;
+    let parsed;
+    try {
+      parsed = JSON.parse(data.join('\n'));
+    } catch {
+      return;
+    }
+    onData(parsed);
+  };
+
+  const connect = async () => {
+    controller = new AbortController();
+    try {
+      const response = await api(path, { signal: controller.signal, headers: { Accept: 'text/event-stream' } });
+      if (!response.ok) throw new Error(await errorMessage(response));
+      if (options.onOpen) options.onOpen();
+      delay = 1000;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = '';
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+        let end;
+        while ((end = buffer.indexOf('\n\n')) >= 0) {
+          dispatch(buffer.slice(0, end));
+          buffer = buffer.slice(end + 2);
+        }
+      }
+      if (!closed && options.onError) options.onError(new Error('the stream ended; reconnecting'));
+    } catch (error) {
+      if (closed) return;
+      if (options.onError) options.onError(error);
+    }
+    if (!closed) {
+      retry = setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 15000);
+    }
+  };
+  connect();
+  return {
+    close() {
+      closed = true;
+      clearTimeout(retry);
+      if (controller) controller.abort();
+    },
+  };
+}
+
+const ctx = {
+  api,
+  json,
+  events,
+  openPlayground({ model } = {}) {
+    state.requestedModel = model || null;
+    navigate('playground');
+  },
+  /** The model openPlayground asked for (once), for the playground's mount. */
+  takeRequestedModel() {
+    const model = state.requestedModel;
+    state.requestedModel = null;
+    return model;
+  },
+  get keyed() {
+    return state.keyed;
+  },
+};
+
+const page = document.getElementById('page');
+const nav = document.getElementById('tabs');
+const keyBox = document.getElementById('key-status');
+
+function tabFromHash() {
+  const name = (location.hash || '').replace(/^#\/?/, '');
+  return TABS.some(([id]) => id === name) ? name : 'playground';
+}
+
+function navigate(name) {
+  if (location.hash !== `#${name}`) location.hash = name; // hashchange shows it
+  else show(name);
+}
+
+function leave() {
+  const current = state.current;
+  state.current = null;
+  if (current && current.page && typeof current.page.unmount === 'function') {
+    try {
+      current.page.unmount();
+    } catch (error) {
+      console.error(error);
+    }
+  }
+}
+
+async function show(name) {
+  if (state.keyed && !memoryKey) {
+    askForKey();
+    return;
+  }
+  const generation = ++state.generation;
+  leave();
+  for (const link of nav.querySelectorAll('a')) {
+    link.classList.toggle('active', link.dataset.tab === name);
+    if (link.dataset.tab === name) link.setAttribute('aria-current', 'page');
+    else link.removeAttribute('aria-current');
+  }
+  clear(page);
+  const root = el('section', { class: `tab tab-${name}`, attrs: { 'data-tab': name } });
+  page.appendChild(root);
+  let module;
+  try {
+    module = await import(`./${name}.js`);
+  } catch (error) {
+    if (generation !== state.generation) return;
+    console.warn(`the ${name} page did not load`, error);
+    root.appendChild(el('p', { class: 'notice', text: `The ${name} page is not available in this build.` }));
+    return;
+  }
+  if (generation !== state.generation) return;
+  try {
+    const mounted = await module.mount(root, ctx);
+    if (generation !== state.generation) {
+      if (mounted && typeof mounted.unmount === 'function') mounted.unmount();
+      return;
+    }
+    state.current = { name, page: mounted };
+  } catch (error) {
+    console.error(error);
+    root.appendChild(el('p', { class: 'error', text: `The ${name} page failed: ${error.message || error}` }));
+  }
+}
+
+function askForKey(message = '') {
+  leave();
+  state.generation++;
+  clear(page);
+  const input = el('input', {
+    attrs: { type: 'password', id: 'api-key', name: 'api-key', autocomplete: 'off', placeholder: 'sk-…', required: true },
+  });
+  const status = el('p', { class: 'error', attrs: { id: 'key-error', role: 'alert' }, text: message });
+  const form = el(
+    'form',
+    { class: 'key-form', attrs: { id: 'key-form' } },
+    el('h2', { text: 'API key' }),
+    el('p', { text: 'This server needs an API key. It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer.' }),
+    el('label', { attrs: { for: 'api-key' }, text: 'Key' }),
+    input,
+    el('button', { class: 'primary', attrs: { type: 'submit' }, text: 'Use key' }),
+    status,
+  );
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    const key = input.value.trim();
+    if (!key) return;
+    status.textContent = '';
+    const response = await fetch('/ui/api/me', { headers: { Authorization: `Bearer ${key}` } });
+    if (!response.ok) {
+      status.textContent = await errorMessage(response);
+      return;
+    }
+    setKey(key);
+    renderKeyStatus();
+    show(tabFromHash());
+  });
+  page.appendChild(form);
+  input.focus();
+  renderKeyStatus();
+}
+
+function renderKeyStatus() {
+  clear(keyBox);
+  if (!state.keyed) return;
+  if (memoryKey) {
+    keyBox.appendChild(
+      el('button', {
+        class: 'link',
+        attrs: { type: 'button', id: 'forget-key' },
+        text: 'Forget key',
+        on: {
+          click: () => {
+            setKey('');
+            askForKey();
+          },
+        },
+      }),
+    );
+  }
+}
+
+async function start() {
+  for (const [id, label] of TABS) {
+    nav.appendChild(el('a', { attrs: { href: `#${id}`, 'data-tab': id }, text: label }));
+  }
+  try {
+    const info = await (await fetch('/ui/api/info')).json();
+    state.keyed = Boolean(info.keyed);
+  } catch {
+    state.keyed = false;
+  }
+  renderKeyStatus();
+  window.addEventListener('hashchange', () => show(tabFromHash()));
+  show(tabFromHash());
+}
+
+start();
