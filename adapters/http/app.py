@@ -20,6 +20,7 @@ from litestar.middleware import DefineMiddleware
 from adapters.http.admin import admin_router
 from adapters.http.anthropic import anthropic_router
 from adapters.http.console import Timeline, console_routers, engine_info
+from adapters.http.console.data import console_data_router, usage_middleware
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_router
 from adapters.http.idempotency import IdempotencyMiddleware
@@ -38,6 +39,7 @@ from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
 from application.served_models import ServedModels
+from application.tenant_usage import TenantUsage
 from application.tinker.service import TinkerService
 from application.tool_parsers import FORMATS
 
@@ -159,6 +161,11 @@ def create_app(
         )
     interval = settings.sse_heartbeat_interval
     heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
+    # The console's tenants and training pages, and the usage today they show per tenant.
+    usage = TenantUsage()
+    console_data = [
+        console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
+    ]
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
     if services.replicas is not None:
         routers.append(admin_router(services.replicas, access))
@@ -175,12 +182,14 @@ def create_app(
             openai_router(completions, names, access=access, embeddings=services.embeddings),
             anthropic_router(completions, names, access=access),
             *routers,
+            *(console_data if settings.ui else []),
         ],
         lifespan=[_lifespan(engine, services)],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[
             *idempotent,
             owning_middleware(engine, draining, settings.request_timeout),
+            *([usage_middleware(usage)] if settings.ui else []),
             *heartbeat,
         ],
         cors_config=_cors(settings.allowed_origins),

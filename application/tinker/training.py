@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import structlog
 
 from application.tinker.checkpoints import CheckpointStore
+from application.tinker.curves import TrainingCurves
 from application.tinker.custom_losses import CustomLossStore
 from application.tinker.fair import FairScheduler
 from application.tinker.futures import Future, FutureStore
@@ -123,10 +124,13 @@ class TrainingController:
         wall_clock: Callable[[], float] = time.time,
         records: SequenceRecords | None = None,
         custom_losses: CustomLossStore | None = None,
+        curves: TrainingCurves | None = None,
     ) -> None:
         """``records``: the sampled sequences ``stable_reinforce`` data name;
-        ``custom_losses``: the stored losses loss_fn ``custom`` runs."""
+        ``custom_losses``: the stored losses loss_fn ``custom`` runs; ``curves``: where
+        each run's step metrics are kept (the console's loss curves)."""
         self.backend = backend
+        self.curves = curves if curves is not None else TrainingCurves()
         self.custom_losses = custom_losses if custom_losses is not None else CustomLossStore()
         self.records = records if records is not None else SequenceRecords()
         self.checkpoints = checkpoints
@@ -337,7 +341,9 @@ class TrainingController:
         async def work() -> ForwardBackwardResult:
             batch = ForwardBackwardInput(data, loss_fn, config, custom_loss=custom)
             steps = self.backend.forward_backward_steps(model_id, batch, backward=not forward_only)
-            return await self._run(live, steps)
+            result = await self._run(live, steps)
+            self.curves.forward_backward(model_id, result.metrics, forward_only=forward_only)
+            return result
 
         kind = "Forward" if forward_only else "ForwardBackward"
         future = self._submit(live, seq_id, kind, work, size=data_bytes(data))
@@ -364,7 +370,9 @@ class TrainingController:
 
         async def work() -> OptimStepped:
             steps = one_step(lambda: self.backend.optim_step(model_id, params))
-            return OptimStepped(await self._run(live, steps))
+            metrics = await self._run(live, steps)
+            self.curves.optim_step(model_id, metrics)
+            return OptimStepped(metrics)
 
         return self._submit(live, seq_id, "OptimStep", work)
 

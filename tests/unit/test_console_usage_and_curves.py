@@ -1,0 +1,96 @@
+"""What the console's data pages read: each tenant's usage today (``TenantUsage``: counted
+per request, a new UTC day starting from zero, bounded in tenants) and each training run's
+metrics per step (``TrainingCurves``: chunks merged by their reduction, a point per
+``optim_step``, bounded in points and runs)."""
+
+from application.tenant_usage import NO_TENANT, OTHER, TenantUsage, UsageToday
+from application.tinker.curves import TrainingCurves
+
+DAY = 86400.0
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_usage_counts_requests_tokens_429s_and_errors() -> None:
+    clock = Clock(10 * DAY + 5)
+    usage = TenantUsage(wall_clock=clock)
+    usage.record("acme", 200, 10, 5)
+    usage.record("acme", 429)
+    usage.record("acme", 400, 3, 0)
+    usage.record("acme", None)  # never answered (the client left)
+    usage.record(None, 200, 1, 1)
+    start, today = usage.today()
+    assert start == 10 * DAY
+    assert today["acme"] == UsageToday(
+        requests=4, prompt_tokens=13, completion_tokens=5, rate_limited=1, errors=2
+    )
+    assert today[NO_TENANT] == UsageToday(1, 1, 1, 0, 0)
+
+
+def test_a_new_day_starts_from_zero() -> None:
+    clock = Clock(10 * DAY + 5)
+    usage = TenantUsage(wall_clock=clock)
+    usage.record("acme", 200, 10, 5)
+    clock.now = 11 * DAY + 1
+    assert usage.today() == (11 * DAY, {})
+    usage.record("acme", 200, 1, 1)
+    assert usage.today()[1]["acme"].requests == 1
+
+
+def test_tenants_past_the_cap_count_as_other() -> None:
+    usage = TenantUsage(max_tenants=2)
+    for tenant in ("a", "b", "c", "d"):
+        usage.record(tenant, 200)
+    usage.record("a", 200)
+    today = usage.today()[1]
+    assert sorted(today) == ["a", "b", OTHER]
+    assert (today["a"].requests, today[OTHER].requests) == (2, 2)
+
+
+def test_chunks_merge_by_reduction_and_the_step_closes_on_optim_step() -> None:
+    clock = Clock(100.0)
+    curves = TrainingCurves(wall_clock=clock)
+    run = "s:train:0"
+    assert curves.points(run) == [] and curves.steps(run) == 0
+    curves.forward_backward(run, {"loss:sum": 4.0, "acc:mean": 1.0, "k:max": 1.0, "n": 1.0})
+    clock.now = 101.0
+    curves.forward_backward(run, {"loss:sum": 2.0, "acc:mean": 0.0, "k:max": 3.0, "n": 7.0})
+    (point,) = curves.points(run)
+    assert (point.step, point.done, point.time) == (0, False, 101.0)
+    assert point.metrics == {"loss:sum": 6.0, "acc:mean": 0.5, "k:max": 3.0, "n": 7.0}
+    curves.optim_step(run, {"grad_norm:mean": 0.25})
+    assert curves.steps(run) == 1 and point.done
+    assert point.metrics["grad_norm:mean"] == 0.25
+    curves.forward_backward(run, {"loss:sum": 1.0})
+    curves.forward_backward(run, {"loss:sum": 9.0}, forward_only=True)
+    assert [p.step for p in curves.points(run)] == [0, 1]
+    (latest,) = curves.points(run, since_step=1)
+    assert latest.metrics == {"loss:sum": 1.0, "forward/loss:sum": 9.0}
+    assert curves.last(run) is latest
+
+
+def test_an_optim_step_alone_is_a_point() -> None:
+    curves = TrainingCurves()
+    curves.optim_step("r", {"learning_rate:mean": 0.1})
+    curves.optim_step("r", {"learning_rate:mean": 0.2})
+    assert [(p.step, p.done) for p in curves.points("r")] == [(0, True), (1, True)]
+
+
+def test_points_and_runs_are_bounded() -> None:
+    curves = TrainingCurves(max_points=3, max_runs=2)
+    for step in range(5):
+        curves.forward_backward("a", {"loss:sum": float(step)})
+        curves.optim_step("a", {})
+    assert [p.step for p in curves.points("a")] == [2, 3, 4]
+    assert [p.step for p in curves.points("a", since_step=4)] == [4]
+    assert curves.steps("a") == 5
+    curves.optim_step("b", {})
+    curves.optim_step("a", {})  # a is the most recent again
+    curves.optim_step("c", {})  # b goes
+    assert curves.points("b") == [] and curves.steps("a") == 6
