@@ -69,14 +69,15 @@ class AccessSettings:
 
     def keyring(self) -> Keyring | None:
         """The keyring (None: an open server): the keys file read now, or the keys of
-        ``--api-key`` for one tenant ``default`` without limits."""
+        ``--api-key`` for one tenant ``default`` without limits (the operator's: the
+        OpenAI endpoints and the ``admin`` face, the console's tenants page)."""
         if self.api_keys_file is not None:
             try:
                 return load_keyring(Path(self.api_keys_file).expanduser())
             except KeysFileError as e:
                 raise InvalidParameterError("api_keys_file", str(e)) from e
         if self.api_key_hashes:
-            tenant = Tenant("default", DEFAULT_FACES - {"tinker"})
+            tenant = Tenant("default", DEFAULT_FACES - {"tinker"} | {"admin"})
             return Keyring([(hashed, tenant) for hashed in self.api_key_hashes])
         return None
 

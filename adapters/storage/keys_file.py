@@ -5,7 +5,8 @@ in TOML or JSON (by suffix: ``.json`` is JSON, anything else TOML).
 [[tenants]]
 id = "acme"
 keys = ["sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"]
-faces = ["openai", "tinker"]        # default; "admin" too for admin endpoints
+faces = ["openai", "tinker"]        # default; "admin" too for an admin key (the console's
+                                    # tenants page, every tenant's training runs)
 models = ["HuggingFaceTB/SmolLM2-135M-Instruct"]   # default: every served model
 weight = 2.0                        # fair-scheduling share (default 1)
 requests_per_second = 5             # limits: absent = unlimited

@@ -14,6 +14,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http.console.security import CONTENT_SECURITY_POLICY
 from application.keys import hash_key
+from entrypoints.access_flags import AccessSettings
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings
 from tests.fakes import fake_container
@@ -165,6 +166,20 @@ def test_tinker_usage_today_is_listed_per_tenant(tmp_path: Path) -> None:
         body = client.get("/ui/api/tenants", headers=bearer("ops")).json()
         alice = next(t for t in body["tenants"] if t["id"] == "alice")
         assert alice["tinker_usage"]["trained_tokens"] == 7  # one datum of 7 tokens
+
+
+def test_an_api_key_flag_is_the_operators_admin_key(tmp_path: Path) -> None:
+    access = AccessSettings(api_key_hashes=(hash_key("sk-operator"),))
+    client, _ = client_for(tmp_path, keyed=False, access=access)
+    with client:
+        answer = client.get("/ui/api/tenants", headers={"Authorization": "Bearer sk-operator"})
+        assert answer.status_code == 200, answer.text
+        (tenant,) = answer.json()["tenants"]
+        assert (tenant["id"], tenant["faces"], tenant["admin"]) == (
+            "default",
+            ["admin", "openai"],
+            True,
+        )
 
 
 def test_an_open_server_lists_its_keyless_usage(tmp_path: Path) -> None:
