@@ -96,7 +96,9 @@ class AsyncEngine(AdmittingClient):
         scheduler: Scheduler | None = None,
         clock: Callable[[], float] = time.monotonic,
         grammar: GrammarCompiler | None = None,
+        draft: ModelRunner | None = None,
     ) -> None:
+        """``draft``: the draft model's runner (:class:`Engine`'s)."""
         self.sink = QueueOutputSink()
         self.engine = Engine(
             config,
@@ -108,6 +110,7 @@ class AsyncEngine(AdmittingClient):
             vocab_size=vocab_size,
             observer=observer,
             grammar=grammar,
+            draft=draft,
         )
         self.inputs = InputProcessor(config, tokenizer, self.engine.checks)
         self._wake = asyncio.Event()

@@ -14,7 +14,7 @@ import structlog
 
 from application.output import OutputProcessor
 from application.request_checks import RequestChecks
-from application.speculation import Speculator
+from application.speculation import DraftModel, Speculator
 from domain.config import EngineConfig
 from domain.observer import (
     NullObserver,
@@ -61,11 +61,14 @@ class Engine:
         vocab_size: int | None = None,
         observer: StepObserver | None = None,
         grammar: GrammarCompiler | None = None,
+        draft: ModelRunner | None = None,
     ) -> None:
         """``clock``: what requests and steps are timed on, and the static policy's batch
         wait (tests pass ``tests.fakes.ManualClock``); the step loop reads no other.
         ``observer``: receives every step's :class:`StepStats` (metrics, tracing).
-        ``vocab_size`` and ``grammar``: the request checks' (:class:`RequestChecks`)."""
+        ``vocab_size`` and ``grammar``: the request checks' (:class:`RequestChecks`).
+        ``draft``: the draft model's runner (``speculative.method`` ``draft_model``), with
+        a KV pool of ``config``'s blocks."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -78,11 +81,26 @@ class Engine:
         self.observer: StepObserver = observer or NullObserver()
         self.output = OutputProcessor(tokenizer)
         spec = config.speculative
-        self.speculator = Speculator(spec, config.max_seq_len) if spec is not None else None
+        self.speculator = (
+            Speculator(spec, config.max_seq_len, self._draft_model(config, draft))
+            if spec is not None
+            else None
+        )
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
         self._prefix_counts = (0, 0)  # the scheduler's cumulative prefix counters, last seen
+
+    def _draft_model(self, config: EngineConfig, runner: ModelRunner | None) -> DraftModel | None:
+        if runner is None:
+            return None
+        return DraftModel(
+            runner,
+            config.kv_blocks,
+            config.kv_block_size,
+            max_chunk=config.max_num_batched_tokens,
+            vocab_size=self.checks.vocab_size,
+        )
 
     @property
     def vocab_size(self) -> int:

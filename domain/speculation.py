@@ -18,13 +18,17 @@ running request for at most ``num_speculative_tokens`` drafts after every step):
 
 Both index incrementally: each new token costs O(prompt_lookup_max) dict updates, a
 proposal O(prompt_lookup_max + drafts).
+
+The third, ``draft_model`` (``model``: a smaller model with the target's tokenizer), runs
+that model greedily for ``num_speculative_tokens`` steps on its own KV
+(:class:`application.speculation.DraftModel`).
 """
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "draft_model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +36,13 @@ class SpeculativeConfig:
     """``--speculative-config`` (vLLM's fields): ``method``, drafts per step, the n-gram
     sizes looked up; ``suffix``: the shared index's size (requests kept) and the count a
     shared continuation needs. ``min_acceptance``: a request whose drafts are accepted
-    less often than this (after ``probe_tokens`` drafted) stops drafting."""
+    less often than this (after ``probe_tokens`` drafted) stops drafting. ``draft_model``:
+    ``model`` (what ``--model`` takes) and its ``quantization`` (``--quantization``'s
+    values; None: the target's rule, ``auto``)."""
 
     method: str = "ngram"
+    model: str | None = None
+    quantization: str | None = None
     # 3: on the 2-core CPU a step of 1 + 3 rows costs 1.24x a plain one, 1 + 4 rows 1.57x
     # (the 4-bit kernels take four activation rows per pass); k = 3 won 10 of 12 runs.
     num_speculative_tokens: int = 3
@@ -54,6 +62,13 @@ class SpeculativeConfig:
                 f"speculative_config.method must be one of {', '.join(METHODS)}, "
                 f"got {self.method!r}"
             )
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(
+                "speculative_config.model: the draft model's name or path, needed by (and only "
+                f"by) method 'draft_model' (method {self.method!r}, model {self.model!r})"
+            )
+        if self.quantization is not None and self.model is None:
+            raise ValueError("speculative_config.quantization: only with a draft model")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError("speculative_config.num_speculative_tokens must be in [1, 32]")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= 64:
@@ -69,6 +84,12 @@ class SpeculativeConfig:
             raise ValueError("speculative_config.disable_by_batch_size must be >= 1")
         if not 0.0 <= self.min_acceptance <= 1.0 or self.probe_tokens < 1:
             raise ValueError("speculative_config.min_acceptance in [0, 1], probe_tokens >= 1")
+
+
+def drafting_pays(config: SpeculativeConfig, drafted: int, accepted: int) -> bool:
+    """Whether a request that had ``drafted`` tokens drafted, ``accepted`` of them kept,
+    drafts on: always during the probe, then while its acceptance reaches the minimum."""
+    return drafted < config.probe_tokens or accepted >= config.min_acceptance * drafted
 
 
 class NgramIndex:
@@ -170,10 +191,7 @@ class Proposer:
     @property
     def active(self) -> bool:
         """Drafting pays: too few accepted after the probe stops it for this request."""
-        config = self.config
-        if self.drafted < config.probe_tokens:
-            return True
-        return self.accepted >= config.min_acceptance * self.drafted
+        return drafting_pays(self.config, self.drafted, self.accepted)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """The request's new tokens (accepted drafts and the step's own)."""

@@ -23,6 +23,8 @@ provider            what it gives (None where the backend has none)
 ``grammar``         the ``GrammarCompiler`` (None: structured outputs are refused)
 ``lora_serving``    multi-LoRA serving (for Tinker and ``--lora-modules``)
 ``runner``          the ``ModelRunner`` port
+``draft_runner``    the draft model's ``ModelRunner`` (``--speculative-config`` naming a
+                    ``model``; else None)
 ``embeddings``      ``/v1/embeddings``' service (without ``--embedding-model``: None)
 ==================  ====================================================================
 
@@ -33,6 +35,7 @@ A **training** (``config.tinker.training_backend``, built only when Tinker is on
 port; None: nothing samples here, as LoRA on the fake runner).
 """
 
+import structlog
 from dependency_injector import containers, providers
 
 from adapters.fake.factory import build_fake_embeddings, build_toy_backend
@@ -57,11 +60,21 @@ from adapters.torch.runtime.sampler import TokenSampler
 from adapters.weights import ResolvedModel
 from adapters.weights.factory import model_names, resolve, resolve_embedding
 from application.async_engine import AsyncEngine
+from domain.config import EngineConfig
+from domain.errors import InvalidParameterError, ModelLoadError
 from domain.ports import Tokenizer
 from entrypoints.config import ServerConfig
 from entrypoints.engine_flags import EngineSettings
 
+log = structlog.get_logger("entrypoints.container")
 FAKE_MODEL_NAME = "fake"
+# Texts a draft model's tokenizer must encode as the target's does (with the same EOS ids).
+TOKENIZER_PROBES = (
+    "Hello, world! The quick brown fox.",
+    "def add(x, y):\n    return x + y  # sum\n",
+    '{"name": "caf\u00e9", "tags": [1, 2.5, null]}',
+    "na\u00efve \u2014 \u6771\u4eac \U0001f642",
+)
 
 
 def model_tokenizer(resolved: ResolvedModel) -> Tokenizer:
@@ -76,6 +89,49 @@ def model_grammar(
     if resolved.has_tokenizer:
         return tokenizer_json_grammar(resolved.path, vocab_size, tokenizer.eos_token_ids)
     return byte_grammar(ByteTokenizer(), vocab_size)
+
+
+def check_draft_tokenizer(name: str, target: Tokenizer, draft: Tokenizer) -> None:
+    """Drafts are token ids: the draft model must share the target's tokenizer."""
+    same = target.eos_token_ids == draft.eos_token_ids and all(
+        target.encode(t, add_special_tokens=False) == draft.encode(t, add_special_tokens=False)
+        for t in TOKENIZER_PROBES
+    )
+    if not same:
+        raise InvalidParameterError(
+            "speculative_config",
+            f"model {name!r}: its tokenizer is not the target model's (a draft model must "
+            "share the target's tokenizer)",
+        )
+
+
+def draft_runner(
+    config: ServerConfig, engine_config: EngineConfig, target: Tokenizer
+) -> TorchModelRunner | None:
+    """The draft model (``--speculative-config``'s ``model``) loaded as the target is —
+    its own ``--dtype auto`` choice, the ``quantization`` given or the target's — with a
+    runner over a KV pool of the target's blocks; None without one."""
+    spec = engine_config.speculative
+    if spec is None or spec.model is None:
+        return None
+    settings = config.model
+    try:
+        resolved = resolve(spec.model, settings.cache_dir, settings.progress)
+    except ModelLoadError as e:
+        raise InvalidParameterError("speculative_config", f"model {spec.model!r}: {e}") from None
+    check_draft_tokenizer(spec.model, target, model_tokenizer(resolved))
+    dtype = choose_dtype(settings.dtype, resolved, settings.device)
+    quantization = spec.quantization or settings.quantization
+    model = build_model(resolved, dtype, settings.device, quantization)
+    log.info("draft model", model=resolved.name, dtype=dtype, quantization=quantization)
+    return TorchModelRunner(model, engine_config)
+
+
+def fake_draft_runner(engine_config: EngineConfig) -> FakeModelRunner | None:
+    """A draft model on the fake backend: another fake runner (it drafts what the
+    target's default script writes)."""
+    spec = engine_config.speculative
+    return FakeModelRunner() if spec is not None and spec.model is not None else None
 
 
 class TorchBackend(containers.DeclarativeContainer):
@@ -133,6 +189,7 @@ class TorchBackend(containers.DeclarativeContainer):
         lora_serving,
         providers.Singleton(RequestMatchers, grammar),
     )
+    draft_runner = providers.Singleton(draft_runner, config, engine_config, tokenizer)
     # The embedding model (float32) on the chat model's device.
     embeddings = providers.Singleton(
         build_embeddings,
@@ -164,6 +221,7 @@ class FakeBackend(containers.DeclarativeContainer):
     grammar: providers.Object[None] = providers.Object(None)
     lora_serving: providers.Object[None] = providers.Object(None)
     runner = providers.Singleton(FakeModelRunner)
+    draft_runner = providers.Singleton(fake_draft_runner, engine_config)
     # A FakeEmbedder served under the --embedding-model's name.
     embeddings = providers.Singleton(
         build_fake_embeddings,

@@ -26,8 +26,8 @@ from domain.speculation import METHODS, SpeculativeConfig
 from entrypoints.flag_fields import from_flags
 from entrypoints.request_flags import request_limits
 
-# vLLM's methods that need a second model (not served here yet).
-UNSUPPORTED_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+# vLLM's methods that need heads trained for the target (not served here).
+UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 
 # ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
 # default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
@@ -157,8 +157,9 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="speculative decoding, vLLM's spelling: "
         '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, '
-        '"prompt_lookup_max": 5}\' (prompt lookup) or "method": "suffix" (also drafts '
-        "from recent requests' outputs); off by default (docs/speculative.md)",
+        '"prompt_lookup_max": 5}\' (prompt lookup), "method": "suffix" (also drafts '
+        "from recent requests' outputs) or '{\"model\": DRAFT}' (a smaller model with the "
+        "same tokenizer, method draft_model); off by default (docs/speculative.md)",
     )
 
 
@@ -171,11 +172,13 @@ def speculative_config(text: str) -> SpeculativeConfig:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
     if not isinstance(fields_, dict):
         raise argparse.ArgumentTypeError("a JSON object of vLLM's speculative_config fields")
-    if fields_.get("method") in UNSUPPORTED_METHODS or "model" in fields_:
+    if fields_.get("method") in UNSUPPORTED_METHODS:
         raise argparse.ArgumentTypeError(
-            f"method {fields_.get('method', 'draft_model')!r}: a draft model is not supported "
-            f"yet; use one of {', '.join(METHODS)}"
+            f"speculative_config.method {fields_['method']!r}: not supported (it needs heads "
+            f"trained for the target); use one of {', '.join(METHODS)}"
         )
+    if "model" in fields_ and "method" not in fields_:
+        fields_["method"] = "draft_model"  # vLLM's reading of a config naming a model
     known = {f.name for f in dataclass_fields(SpeculativeConfig)}
     for name in fields_:
         if name not in known:

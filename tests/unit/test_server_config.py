@@ -319,8 +319,14 @@ def test_speculative_config_takes_vllms_json_and_names_a_bad_field() -> None:
     assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("ngram", 3)
     round_trip(config)  # a replica in another process gets it too
     assert serve().engine.engine_config().speculative is None  # off by default
+    draft = serve("--speculative-config", '{"model": "dummy:Llama-3.2-1B"}').engine
+    spec = draft.engine_config().speculative  # vLLM's reading: a model means draft_model
+    assert spec is not None and (spec.method, spec.model) == ("draft_model", "dummy:Llama-3.2-1B")
     for bad, named in (
-        ('{"method": "eagle", "model": "x"}', "draft model is not supported"),
+        ('{"method": "eagle", "model": "x"}', "needs heads trained for the target"),
+        ('{"method": "draft_model"}', "speculative_config.model"),
+        ('{"method": "ngram", "model": "x"}', "speculative_config.model"),
+        ('{"method": "suffix", "quantization": "gguf"}', "speculative_config.quantization"),
         ('{"method": "ngram", "num_speculative_tokenz": 3}', "num_speculative_tokenz"),
         ('{"method": "ngrams"}', "method"),
         ("[1]", "JSON object"),

@@ -1,7 +1,9 @@
 """Speculative decoding on the torch runner with tiny models of each family: greedy output
 and its logprobs are the same token for token with drafts verified in the step's forward;
 seeded sampling is reproducible; and sampled output follows the model's distribution (a
-chi-square test of many seeded samples against the plain sampler's)."""
+chi-square test of many seeded samples against the plain sampler's). The same with a draft
+model (the target itself: every draft right; another tiny model: nearly every one wrong),
+its long prompts caught up in chunks and its KV pool emptied at the end."""
 
 from collections import Counter
 from pathlib import Path
@@ -42,19 +44,41 @@ class Drafts:
 def model(request, tmp_path_factory):
     folder: Path = tmp_path_factory.mktemp(request.param)
     save_tiny_model(request.param, folder)
-    return load_model(folder, dtype=torch.float32)
+    model = load_model(folder, dtype=torch.float32)
+    model.tiny_family = request.param  # the draft-model tests' other model's family
+    return model
 
 
-def run(model, spec, prompts, params, max_batch_size: int = 8):
-    config = EngineConfig(max_batch_size=max_batch_size, max_seq_len=192, speculative=spec)
+DRAFT = SpeculativeConfig(
+    method="draft_model", model="tiny", num_speculative_tokens=3, disable_by_batch_size=None
+)
+
+
+def run(model, spec, prompts, params, max_batch_size: int = 8, draft=None, **config_fields):
+    """Each prompt's outputs and the drafts' counts; ``draft``: the draft model."""
+    config = EngineConfig(
+        max_batch_size=max_batch_size, max_seq_len=192, speculative=spec, **config_fields
+    )
     sink, drafts = ListSink(), Drafts()
-    engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink, observer=drafts)
+    engine = Engine(
+        config,
+        TorchModelRunner(model, config),
+        TOKENIZER,
+        sink,
+        observer=drafts,
+        vocab_size=model.config.vocab_size,
+        draft=TorchModelRunner(draft, config) if draft is not None else None,
+    )
     pending = list(enumerate(zip(prompts, params, strict=True)))[::-1]
     while pending or engine.has_work():
         while pending and engine.scheduler.room() > 0:  # as many as the engine holds
             i, (prompt, p) = pending.pop()
             engine.add_request(f"r{i}", prompt, p)
         engine.step()
+    if draft is not None:  # every request's draft KV went back
+        speculator = engine.speculator
+        assert speculator is not None and speculator.draft is not None
+        assert speculator.draft.blocks.usage == 0.0
     return [sink.of(f"r{i}") for i in range(len(prompts))], drafts
 
 
@@ -88,8 +112,45 @@ def chi_square(a: Counter[tuple[int, ...]], b: Counter[tuple[int, ...]]) -> tupl
     return stat, len(bins) - 1
 
 
+@pytest.fixture(scope="module")
+def other(model, tmp_path_factory):
+    """Another tiny model of the family (other random weights): its drafts are wrong."""
+    folder: Path = tmp_path_factory.mktemp("other")
+    save_tiny_model(model.tiny_family, folder, seed=1)
+    return load_model(folder, dtype=torch.float32)
+
+
+def test_a_draft_models_greedy_output_is_the_targets(model, other) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2)
+    long = " ".join(f"w{i}" for i in range(30))  # 120 tokens: caught up in chunks of 32
+    prompts = [PROMPT, "xyz", long]
+    plain, _ = run(model, None, prompts, [greedy] * 3, max_num_batched_tokens=32)
+    itself, right = run(
+        model, DRAFT, prompts, [greedy] * 3, draft=model, max_num_batched_tokens=32
+    )
+    wrong, missed = run(model, DRAFT, prompts, [greedy] * 3, draft=other)
+    assert right.drafted > 60 and right.accepted >= 0.9 * right.drafted
+    assert missed.drafted > 0 and missed.accepted < 0.5 * missed.drafted
+    for want, *got in zip(plain, itself, wrong, strict=True):
+        for outputs in got:
+            assert [o.token_id for o in outputs] == [o.token_id for o in want]
+            for a, b in zip(want, outputs, strict=True):
+                assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
+
+
+def test_a_draft_model_survives_preemption(model) -> None:
+    # A pool of 12 blocks of 16 for three requests of 60+ tokens: they take turns.
+    greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    prompts = [PROMPT, "a b a b a b", "hello hello"]
+    plain, _ = run(model, None, prompts, [greedy] * 3, num_kv_blocks=12)
+    fast, drafts = run(model, DRAFT, prompts, [greedy] * 3, draft=model, num_kv_blocks=12)
+    assert drafts.accepted > 0
+    assert [[o.token_id for o in f] for f in fast] == [[o.token_id for o in p] for p in plain]
+
+
 @pytest.mark.parametrize("model", ["llama"], indirect=True)
-def test_sampled_output_follows_the_models_distribution(model) -> None:
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampled_output_follows_the_models_distribution(model, method) -> None:
     # Four tokens allowed, the prompt made of them: every token drafts (lookup from one
     # token), so nearly every step verifies drafts; the joint law of tokens 2 and 3 must
     # not move.
@@ -97,18 +158,19 @@ def test_sampled_output_follows_the_models_distribution(model) -> None:
     prompt = "ABCADBCDABDCABCD"
     n = 1200
 
-    def samples(spec):
+    def samples(spec, draft=None):
         params = [
             SamplingParams(
                 temperature=1.0, seed=i, max_tokens=3, ignore_eos=True, allowed_token_ids=allowed
             )
             for i in range(n)
         ]
-        outputs, drafts = run(model, spec, [prompt] * n, params, max_batch_size=64)
+        outputs, drafts = run(model, spec, [prompt] * n, params, max_batch_size=64, draft=draft)
         return Counter(tuple(o.token_id for o in out[1:]) for out in outputs), drafts
 
     plain, _ = samples(None)
-    fast, drafts = samples(SPEC)
+    # the draft model (the target, greedy, under the same allowed ids) drafts its argmax
+    fast, drafts = samples(SPEC, None) if method == "ngram" else samples(DRAFT, model)
     assert drafts.drafted >= n and 0 < drafts.accepted < drafts.drafted
     stat, dof = chi_square(plain, fast)
     # 16 bins (15 degrees of freedom): the 0.1% critical value is 37.7
