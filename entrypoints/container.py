@@ -120,6 +120,7 @@ class Container(containers.DeclarativeContainer):
         observer=observer,
         grammar=backend.grammar,
         scheduler=scheduler,
+        draft=backend.draft_runner,
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink
