@@ -129,6 +129,8 @@ export function mount(root, ctx) {
     (e) => {
       error.textContent = e.message || String(e);
       status.textContent = '';
+      clear(tenantsBox); // nothing stale under a refusal
+      clear(othersBox);
     },
   );
   return {

@@ -7,7 +7,7 @@ import { LineChart } from './chart.js';
 import { bytes, cell, count, metric, poll, relative, table, useStylesheet, when } from './console-data.js';
 
 const RUN_MS = 2000;
-const LIST_MS = 5000;
+const LIST_MS = 2000;
 const MAX_POINTS = 10000;
 const DEFAULT_METRIC = 'loss:sum';
 
