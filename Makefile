@@ -19,7 +19,7 @@ COOKBOOK_PACKAGES := tinker-cookbook==0.6.1 tml-renderers==0.2.1 chz==0.4.0 blob
 	multiprocess==0.70.16 xxhash==4.1.0 pandas==3.1.1 fsspec==2026.9.0 \
 	python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 six==1.17.0
 
-.PHONY: setup generate serve test bench bench-serving bench-llamacpp clean
+.PHONY: setup browser generate serve test bench bench-serving bench-llamacpp clean
 
 setup: $(VENV)/.installed $(COOKBOOK)/.installed
 
@@ -51,13 +51,26 @@ $(COOKBOOK)/.installed: Makefile | $(VENV)/.installed
 	$(BIN)/pip install --target $(COOKBOOK) --no-deps $(COOKBOOK_PACKAGES)
 	touch $@
 
+# The web console's browser tests (tests/e2e/test_console_browser.py) drive Debian's
+# headless Chromium: installed here when missing, as root with apt-get (elsewhere, or
+# should the install fail, those tests skip and say how to install it).
+browser:
+	-@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				chromium chromium-driver; \
+		else \
+			echo "no chromium / chromedriver and not root: the browser tests will skip"; \
+		fi; \
+	fi
+
 generate: setup
 	$(BIN)/infer generate "$(PROMPT)" --chat
 
 serve: setup
 	$(BIN)/infer serve
 
-test: setup
+test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

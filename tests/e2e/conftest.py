@@ -4,6 +4,8 @@ fixture (a real ``infer serve`` process)."""
 import openai
 import pytest
 
+from tests.e2e.browser import browser  # noqa: F401  (the web console's browser tests)
+
 
 @pytest.fixture
 def client(base_url: str) -> openai.OpenAI:

@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Request, Response, get
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath
 
 from application.access import Access
 
@@ -68,7 +69,7 @@ def page_handlers(
         return _answer(request, index)
 
     @get("/ui/static/{name:str}", include_in_schema=False, sync_to_thread=False)
-    def static(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+    def static(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
         asset = assets.get(name) if ASSET_NAME.match(name) else None
         if asset is None:
             return Response(b"not found", status_code=404, media_type="text/plain")

@@ -1,6 +1,6 @@
 // The console's shell: the API key (when the server has a keys file), the tabs, and the
 // `ctx` every page's `mount(root, ctx)` gets. A tab's module is imported when first shown.
-import { el, clear } from './dom.js';
+import { el, clear, errorMessage } from './dom.js';
 
 const KEY = 'infer.console.key'; // sessionStorage only: gone when the browser tab closes
 const TABS = [
@@ -36,21 +36,6 @@ function setKey(key) {
 }
 
 let memoryKey = storedKey();
-
-/** The API's error message from a non-2xx response (OpenAI, Litestar or plain text). */
-export async function errorMessage(response) {
-  let text = '';
-  try {
-    text = await response.text();
-    const body = JSON.parse(text);
-    const error = body && (body.error ?? body.detail ?? body.message);
-    if (typeof error === 'string') return error;
-    if (error && typeof error.message === 'string') return error.message;
-  } catch {
-    /* not JSON */
-  }
-  return text ? `${response.status}: ${text.slice(0, 300)}` : `HTTP ${response.status}`;
-}
 
 function api(path, init = {}) {
   const headers = new Headers(init.headers || {});

@@ -60,3 +60,18 @@ export function fmt(value, digits = 3) {
   if (abs >= 1 || abs === 0) return `${+value.toFixed(abs >= 100 ? 0 : 2)}`;
   return `${+value.toPrecision(digits)}`;
 }
+
+/** The API's error message from a non-2xx response (OpenAI's schema, Litestar's, text). */
+export async function errorMessage(response) {
+  let text = '';
+  try {
+    text = await response.text();
+    const body = JSON.parse(text);
+    const error = body && (body.error ?? body.detail ?? body.message);
+    if (typeof error === 'string') return error;
+    if (error && typeof error.message === 'string') return error.message;
+  } catch {
+    /* not JSON */
+  }
+  return text ? `${response.status}: ${text.slice(0, 300)}` : `HTTP ${response.status}`;
+}
