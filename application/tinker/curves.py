@@ -11,33 +11,60 @@ this process (a run resumed from a checkpoint starts again at 0); kept in memory
 ``max_points`` steps of the ``max_runs`` runs updated most recently.
 """
 
+import math
 import time
-from collections import OrderedDict, deque
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 MAX_POINTS = 10_000
-MAX_RUNS = 256
+MAX_RUNS = 64  # about 0.4 MB a run of 10,000 steps with three metrics
 FORWARD_PREFIX = "forward/"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CurvePoint:
-    """One step: ``metrics`` as merged so far; ``done`` once its ``optim_step`` ran."""
+    """One step as read: its metrics merged so far; ``done`` once its ``optim_step`` ran."""
 
     step: int
     time: float  # wall clock, unix seconds, of the last result merged in
-    metrics: dict[str, float] = field(default_factory=dict)
-    done: bool = False
-    _counts: dict[str, int] = field(default_factory=dict, repr=False)
+    done: bool
+    metrics: dict[str, float]
 
-    def merge(self, metrics: Mapping[str, float], now: float, prefix: str = "") -> None:
-        for raw, value in metrics.items():
-            name = prefix + raw
-            value = float(value)
-            old = self.metrics.get(name)
-            count = self._counts.get(name, 0)
-            if old is None:
+
+@dataclass(eq=False, slots=True)
+class _Curve:
+    """One run's points, column by column (point ``i`` is step ``first + i``; steps are
+    consecutive); a metric's column holds NaN where a step has no value of it."""
+
+    first: int = 0
+    steps: int = 0  # optim steps done
+    times: "array[float]" = field(default_factory=lambda: array("d"))
+    done: "array[int]" = field(default_factory=lambda: array("b"))
+    columns: dict[str, "array[float]"] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # merges into the open step
+
+    def open(self, now: float) -> int:
+        """The index of the step in progress (a new point on its first result)."""
+        if self.times and self.first + len(self.times) - 1 == self.steps:
+            return len(self.times) - 1
+        self.times.append(now)
+        self.done.append(0)
+        for column in self.columns.values():
+            column.append(math.nan)
+        self.counts.clear()
+        return len(self.times) - 1
+
+    def merge(self, i: int, metrics: Mapping[str, float], prefix: str = "") -> None:
+        """``metrics`` into point ``i``, by each metric's reduction."""
+        for raw, given in metrics.items():
+            name, value = prefix + raw, float(given)
+            column = self.columns.get(name)
+            if column is None:
+                column = self.columns[name] = array("d", [math.nan]) * len(self.times)
+            old, count = column[i], self.counts.get(name, 0)
+            if count == 0 or math.isnan(old):
                 merged = value
             elif name.endswith(":sum"):
                 merged = old + value
@@ -49,14 +76,23 @@ class CurvePoint:
                 merged = min(old, value)
             else:
                 merged = value
-            self.metrics[name], self._counts[name] = merged, count + 1
-        self.time = now
+            column[i] = merged
+            self.counts[name] = count + 1
 
+    def trim(self, keep: int) -> None:
+        """Keep the last ``keep`` points (trimmed in batches: deleting is a copy)."""
+        extra = len(self.times) - keep
+        if extra < max(1, keep // 8):
+            return
+        del self.times[:extra]
+        del self.done[:extra]
+        for column in self.columns.values():
+            del column[:extra]
+        self.first += extra
 
-@dataclass(eq=False, slots=True)
-class _Curve:
-    points: deque[CurvePoint]
-    steps: int = 0  # optim steps done
+    def point(self, i: int) -> CurvePoint:
+        metrics = {n: c[i] for n, c in self.columns.items() if not math.isnan(c[i])}
+        return CurvePoint(self.first + i, self.times[i], bool(self.done[i]), metrics)
 
 
 class TrainingCurves:
@@ -73,20 +109,12 @@ class TrainingCurves:
     def _curve(self, run_id: str) -> _Curve:
         curve = self._runs.get(run_id)
         if curve is None:
-            curve = self._runs[run_id] = _Curve(deque(maxlen=self._max_points))
+            curve = self._runs[run_id] = _Curve()
             while len(self._runs) > self._max_runs:
                 self._runs.popitem(last=False)
         else:
             self._runs.move_to_end(run_id)
         return curve
-
-    def _open(self, curve: _Curve) -> CurvePoint:
-        """The point of the step in progress (made on its first result)."""
-        if curve.points and curve.points[-1].step == curve.steps:
-            return curve.points[-1]
-        point = CurvePoint(curve.steps, self._clock())
-        curve.points.append(point)
-        return point
 
     # --- what is recorded ---------------------------------------------------------------
 
@@ -95,16 +123,20 @@ class TrainingCurves:
     ) -> None:
         """A forward/backward (or forward-only) result of ``run_id``."""
         curve = self._curve(run_id)
-        prefix = FORWARD_PREFIX if forward_only else ""
-        self._open(curve).merge(metrics, self._clock(), prefix)
+        now = self._clock()
+        i = curve.open(now)
+        curve.merge(i, metrics, FORWARD_PREFIX if forward_only else "")
+        curve.times[i] = now
 
     def optim_step(self, run_id: str, metrics: Mapping[str, float]) -> None:
         """``run_id``'s step ran: its point is complete, the next step begins."""
         curve = self._curve(run_id)
-        point = self._open(curve)
-        point.merge(metrics, self._clock())
-        point.done = True
+        now = self._clock()
+        i = curve.open(now)
+        curve.merge(i, metrics)
+        curve.times[i], curve.done[i] = now, 1
         curve.steps += 1
+        curve.trim(self._max_points)
 
     def forget(self, run_id: str) -> None:
         self._runs.pop(run_id, None)
@@ -118,17 +150,16 @@ class TrainingCurves:
 
     def last(self, run_id: str) -> CurvePoint | None:
         curve = self._runs.get(run_id)
-        return curve.points[-1] if curve is not None and curve.points else None
+        if curve is None or not curve.times:
+            return None
+        return curve.point(len(curve.times) - 1)
 
     def points(self, run_id: str, since_step: int = 0) -> list[CurvePoint]:
-        """``run_id``'s points from step ``since_step`` on, oldest first (the step in
-        progress last, not ``done``)."""
+        """``run_id``'s last ``max_points`` points from step ``since_step`` on, oldest
+        first (the step in progress last, not ``done``)."""
         curve = self._runs.get(run_id)
         if curve is None:
             return []
-        found = []
-        for point in reversed(curve.points):  # steps increase along the deque
-            if point.step < since_step:
-                break
-            found.append(point)
-        return found[::-1]
+        count = len(curve.times)
+        start = max(0, since_step - curve.first, count - self._max_points)
+        return [curve.point(i) for i in range(start, count)]

@@ -212,7 +212,7 @@ export function mount(root, ctx) {
   const renderList = (data) => {
     clear(listBox);
     if (!data.enabled) {
-      listBox.appendChild(el('p', { class: 'notice', attrs: { id: 'training-off' }, text: 'The Tinker API is not enabled on this server (infer serve --no-tinker?).' }));
+      listBox.appendChild(el('p', { class: 'notice', attrs: { id: 'training-off' }, text: 'No Tinker API in this process: it is off (--no-tinker), or its runs live on the replicas (--replicas), which this page does not list yet.' }));
       status.textContent = '';
       return;
     }
