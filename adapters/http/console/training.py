@@ -138,10 +138,12 @@ def _why_not_sampleable(
         return "this server does not serve Tinker checkpoints on the OpenAI endpoints"
     if c.base_model not in models.tinker_base_names:
         return f"its base model {c.base_model!r} is not the model this server serves"
+    if not viewer.chats:
+        return "the console's key may not use the OpenAI endpoints"
     if viewer.owner is None:
         if keyed:
             return "the console's key may not use the Tinker API"
-        return "sampling it needs the Tinker key that saved it (enter it as the console's key)"
+        return "sampling it needs the Tinker key that saved it, sent as the API key"
     if c.owner != viewer.owner and not c.public:
         return "only the key that saved it may sample it (or publish it)"
     return None

@@ -28,11 +28,12 @@ TINKER_KEY_PREFIX = "tml-"
 class Viewer:
     """``admin``: may see every tenant and run; ``tenant``: the keys file's tenant (None on
     an open server); ``owner``: the Tinker tenant the key stands for (its runs and
-    checkpoints; None: no Tinker key)."""
+    checkpoints; None: no Tinker key); ``chats``: may use the OpenAI endpoints."""
 
     admin: bool
     tenant: str | None = None
     owner: str | None = None
+    chats: bool = True
 
 
 class ConsoleViewers:
@@ -72,7 +73,7 @@ class ConsoleViewers:
             if tenant is None:
                 raise AuthenticationError("invalid API key")
             owner = tenant.id if tenant.allows_face("tinker") else None
-            return Viewer(tenant.allows_face(ADMIN), tenant.id, owner)
+            return Viewer(tenant.allows_face(ADMIN), tenant.id, owner, tenant.allows_face("openai"))
         return Viewer(True, None, self._tinker_owner(connection))
 
     def _tinker_owner(self, connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
