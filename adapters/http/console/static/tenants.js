@@ -61,9 +61,9 @@ function tenantRow(tenant, withTinker) {
   );
 }
 
-function otherRow(other) {
+function otherRow(other, keyed) {
   let label;
-  if (other.no_key) label = el('span', { class: 'muted', text: 'no key (open server)' });
+  if (other.no_key) label = el('span', { class: 'muted', text: keyed ? 'no or unknown key (refused: 401)' : 'no key (open server)' });
   else if (other.id === 'other') label = el('span', { class: 'muted', text: 'other (past the tenants kept)' });
   else label = el('span', {}, el('strong', { text: other.id }), el('span', { class: 'muted', text: ' (not in the keys file now)' }));
   return el('tr', { attrs: { 'data-tenant': other.id } }, cell(label), ...usageCells(other.usage));
@@ -112,7 +112,7 @@ export function mount(root, ctx) {
     if (data.others.length) {
       othersBox.appendChild(el('h3', { text: data.keyed ? 'Other usage' : 'Usage' }));
       const { node, body } = table('usage-others', [{ label: 'Who' }, ...USAGE_COLUMNS]);
-      for (const other of data.others) body.appendChild(otherRow(other));
+      for (const other of data.others) body.appendChild(otherRow(other, data.keyed));
       othersBox.appendChild(node);
     }
     const viewer = data.viewer ? ` · you: ${data.viewer}` : '';
