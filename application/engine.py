@@ -281,7 +281,7 @@ class Engine:
         stats = StepStats(
             ran,
             now,
-            SchedulerStats(running, waiting, prefill, decode, kv.usage, queried, hit),
+            SchedulerStats(running, waiting, prefill, decode, kv.usage, queried, hit, kv.cached),
             sampled,
             tuple(first),
             tuple(_request_stats(r, now) for r in ended),

@@ -27,6 +27,8 @@ class SchedulerStats:
     # and of those found cached (not computed).
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    # The fraction of the KV cache's blocks free but keeping reusable KV (prefix cache).
+    kv_cached: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,7 +204,17 @@ class EngineReplica:
             "prefix_hit_tokens": load.prefix_hit_tokens,
             "prefix_hit_rate": round(hit, 4),
             "healthy": self.engine.healthy,
+            "step": self._latest_second(),
         }
+
+    def _latest_second(self) -> dict[str, Any] | None:
+        """This engine's newest finished second (the web console's timeline; None with
+        ``--no-ui``, or before the first)."""
+        timeline = self.container.timeline()
+        if timeline is None:
+            return None
+        recent = timeline.points(int(time.time()) - 3)
+        return recent[-1] if recent else None
 
     def record_routing_stats(self) -> dict[str, Any]:
         load = self.engine.engine.load()

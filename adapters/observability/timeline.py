@@ -9,7 +9,7 @@ A bucket (:meth:`EngineTimeline.points`, plain JSON-ready dicts) holds, for its 
   last step (the peaks in ``running_max`` / ``waiting_max``);
 - ``kv_usage``: the fraction of the KV cache's blocks referenced by requests, after its
   last step; ``kv_cached``: the fraction held by the prefix cache only (free, reusable;
-  None where the scheduler does not report it);
+  None before the first step);
 - ``prefix_queried`` / ``prefix_hits`` and ``prefix_hit_rate``: prompt tokens of admitted
   requests looked up in the prefix cache, of those found there (None: none looked up);
 - ``generation_tps`` / ``prompt_tps``: tokens sampled / prompt tokens run in the second;
@@ -122,9 +122,7 @@ class EngineTimeline:
             bucket.running_max = max(bucket.running_max, scheduler.running)
             bucket.waiting_max = max(bucket.waiting_max, scheduler.waiting)
             bucket.kv_usage = scheduler.kv_usage
-            cached = getattr(scheduler, "kv_cached", None)
-            if cached is not None:
-                bucket.kv_cached = cached
+            bucket.kv_cached = scheduler.kv_cached
             bucket.prefix_queried += scheduler.prefix_queried_tokens
             bucket.prefix_hits += scheduler.prefix_hit_tokens
             bucket.generated += stats.sampled_tokens

@@ -77,7 +77,12 @@ class QueueingScheduler:
 
     def kv_stats(self) -> KVStats:
         blocks = self.blocks
-        return KVStats(blocks.usage, blocks.prefix_queried_tokens, blocks.prefix_hit_tokens)
+        return KVStats(
+            blocks.usage,
+            blocks.prefix_queried_tokens,
+            blocks.prefix_hit_tokens,
+            blocks.num_cached_blocks / blocks.num_blocks,
+        )
 
     def take_evicted(self) -> list[BlockHash]:
         return self.blocks.take_evicted()

@@ -64,6 +64,7 @@ class KVStats:
     usage: float
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    cached: float = 0.0  # the fraction of blocks free but keeping reusable KV (the prefix cache)
 
 
 @dataclass(frozen=True, slots=True)

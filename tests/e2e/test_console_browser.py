@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from dependency_injector import providers
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
@@ -55,11 +56,31 @@ def served() -> Iterator[str]:
         yield url
 
 
+async def two_replicas() -> list[dict[str, Any]]:
+    """A fleet's replicas as ``/admin/replicas`` lists them, each with its last second."""
+    second = int(time.time()) - 1
+    return [
+        {
+            "id": f"replica-{i}",
+            "pid": 100 + i,
+            "node": XSS_MODEL,
+            "state": "running",
+            "running": i + 1,
+            "waiting": 0,
+            "kv_usage": 0.1 * (i + 1),
+            "prefix_hit_rate": 0.5,
+            "healthy": True,
+            "step": {"t": second, "generation_tps": 10 * (i + 1), "prompt_tps": 0, "ttft_s": 0.1},
+        }
+        for i in range(2)
+    ]
+
+
 @contextmanager
-def fake_server(tmp_path: Path, *, keys: bool = False) -> Iterator[str]:
+def fake_server(tmp_path: Path, *, keys: bool = False, fleet: bool = False) -> Iterator[str]:
     """The server's app on the fake model in this process: every answer is ``XSS_TEXT``
     then a tool call with ``XSS_ARGUMENTS``; served as ``XSS_MODEL``; ``keys``: with a keys
-    file."""
+    file; ``fleet``: as a fleet's ingress with :func:`two_replicas`."""
     call = json.dumps({"name": "lookup", "arguments": XSS_ARGUMENTS})
     answer = f"{XSS_TEXT}<tool_call>{call}</tool_call>"
     runner = FakeModelRunner(script=reply_script(ByteTokenizer(), answer), step_latency_s=0.005)
@@ -68,7 +89,10 @@ def fake_server(tmp_path: Path, *, keys: bool = False) -> Iterator[str]:
         keys = tmp_path / "keys.json"
         keys.write_text(json.dumps({"tenants": [{"id": "alice", "keys": [hash_key(KEY)]}]}))
         overrides["api_keys_file"] = str(keys)
-    app = fake_container(runner, **overrides).http_app()
+    container = fake_container(runner, **overrides)
+    if fleet:
+        container.replicas.override(providers.Object(two_replicas))
+    app = container.http_app()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     with running(server) as live:
         yield live.url
@@ -223,3 +247,20 @@ def check_key_prompt(browser: Any, fake_server: str) -> None:
     by_id(browser, "forget-key").click()
     wait_for(browser, lambda d: all_of(d, "#key-form"))
     assert browser.execute_script("return sessionStorage.getItem('infer.console.key')") is None
+
+
+def test_a_fleet_is_shown_per_replica(browser: Any, tmp_path: Path) -> None:
+    with fake_server(tmp_path, fleet=True) as url:
+        browser.get(f"{url}/#engine")
+        wait_for(browser, lambda d: "2 replicas" in by_id(d, "engine-status").text)
+        wait_for(browser, lambda d: by_id(d, "engine-running").text == "3")  # 1 + 2
+        wait_for(browser, lambda d: by_id(d, "engine-gen").text == "30")
+        rows = all_of(browser, "#engine-replica-table tbody tr")
+        assert [r.find_element("css selector", "td").text for r in rows] == [
+            "replica-0",
+            "replica-1",
+        ]
+        assert rows[0].find_elements("css selector", "td")[2].text == XSS_MODEL
+        assert not all_of(browser, "#page img")
+        save_screenshot(browser, "console_fleet")
+        assert browser.execute_script("return window.__xss") is None

@@ -55,7 +55,7 @@ def test_steps_of_a_second_are_one_point_once_the_second_is_over() -> None:
     assert (point["generation_tps"], point["prompt_tps"]) == (3, 5)
     assert point["ttft_s"] == 0.5
     assert point["itl_s"] == 0.1  # 10.5 -> 10.6 -> 10.7, one decode row each
-    assert point["kv_usage"] == 0.25 and point["kv_cached"] is None
+    assert point["kv_usage"] == 0.25 and point["kv_cached"] == 0.0
     assert point["prefix_hit_rate"] is None  # nothing looked up
 
 

@@ -5,9 +5,10 @@ what a point holds), the engine's sizes and, for a fleet, each replica's load; t
 ``interval_s`` an ``"update"`` with the seconds finished since and the replicas again.
 
 A fleet (``infer serve --replicas N``) runs its engines in other processes: their steps do
-not reach this one. Its replicas' load (running, waiting, KV usage, prefix hit rate: what
-``/admin/replicas`` lists, reported by each replica every second) comes with every event
-instead, and the page charts it from the moment it is opened.
+not reach this one's timeline (``"local": false``). Each replica reports its load every
+second (running, waiting, KV usage, prefix hit rate: what ``/admin/replicas`` lists) with
+its own timeline's newest point (``step``); every event carries that list, and the page
+charts the fleet (the replicas' sum) and each replica from the moment it is opened.
 """
 
 import asyncio
@@ -81,7 +82,7 @@ def engine_handlers(
                 "type": "history",
                 "window_s": timeline.window_s if timeline is not None else 0,
                 "engine": info,
-                "local": timeline is not None,
+                "local": replicas is None,
                 "points": history,
                 "replicas": await replica_load(),
             }

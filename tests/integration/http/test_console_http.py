@@ -200,7 +200,7 @@ def test_the_engine_stream_sends_its_history_then_live_points(tmp_path: Path) ->
         auth = {"Authorization": f"Bearer {KEY}"}
         reply = httpx.post(
             f"{server.url}/v1/completions",
-            json={"model": "fake", "prompt": "Hi", "max_tokens": 8},
+            json={"model": "fake", "prompt": "Hi there " * 8, "max_tokens": 8},
             headers=auth,
         )
         assert reply.status_code == 200
@@ -215,6 +215,8 @@ def test_the_engine_stream_sends_its_history_then_live_points(tmp_path: Path) ->
     assert points, "the completion's second is in the history"
     assert sum(p["generation_tps"] for p in points) == 8  # max_tokens
     assert any(p["ttft_s"] is not None for p in points)
+    assert points[-1]["kv_usage"] == 0  # the request ended: its prompt's full blocks cached
+    assert 0 < points[-1]["kv_cached"] < 1
     assert [p["t"] for p in points] == list(range(points[0]["t"], points[-1]["t"] + 1))
     assert update["type"] == "update"
     for point in update["points"]:

@@ -56,6 +56,7 @@ export function mount(root, ctx) {
   const points = [];
   let windowS = 600;
   let engine = null;
+  let local = true;
 
   const row = (p) => ({
     requests: [p.running, p.waiting],
@@ -73,6 +74,44 @@ export function mount(root, ctx) {
       const width = chart.series.length;
       chart.setData(xs, Array.from({ length: width }, (_, i) => rows.map((r) => r[name][i])));
     }
+  }
+
+  /** A fleet's second: its replicas' newest points summed (rates, counts) or averaged. */
+  function fleetPoint(replicas) {
+    const steps = replicas.map((r) => r.step).filter(Boolean);
+    if (!steps.length) return null;
+    const sum = (f) => replicas.reduce((a, r) => a + (r[f] ?? 0), 0);
+    const sumStep = (f) => steps.reduce((a, p) => a + (p[f] ?? 0), 0);
+    const queried = sumStep('prefix_queried');
+    const ttfts = steps.map((p) => p.ttft_s).filter((v) => v !== null && v !== undefined);
+    const maxes = steps.map((p) => p.ttft_max_s).filter((v) => v !== null && v !== undefined);
+    const cached = steps.map((p) => p.kv_cached).filter((v) => v !== null && v !== undefined);
+    return {
+      t: Math.max(...steps.map((p) => p.t)),
+      running: sum('running'),
+      waiting: sum('waiting'),
+      running_max: sum('running'),
+      waiting_max: sum('waiting'),
+      kv_usage: sum('kv_usage') / replicas.length,
+      kv_cached: cached.length ? cached.reduce((a, b) => a + b, 0) / cached.length : null,
+      prefix_queried: queried,
+      prefix_hits: sumStep('prefix_hits'),
+      prefix_hit_rate: queried ? sumStep('prefix_hits') / queried : null,
+      generation_tps: sumStep('generation_tps'),
+      prompt_tps: sumStep('prompt_tps'),
+      ttft_s: mean(ttfts),
+      ttft_max_s: maxes.length ? Math.max(...maxes) : null,
+      itl_s: mean(steps.map((p) => p.itl_s)),
+      finished: sumStep('finished'),
+    };
+  }
+
+  function addPoint(p) {
+    points.push(p);
+    const r = row(p);
+    for (const [name, chart] of Object.entries(charts)) chart.push(p.t, r[name]);
+    const extra = points.length - windowS;
+    if (extra > 0) points.splice(0, extra);
   }
 
   function updateCounters() {
@@ -107,9 +146,9 @@ export function mount(root, ctx) {
     clear(replicaBox);
     replicaBox.appendChild(el('h3', { text: `Replicas (${replicas.length})` }));
     replicaBox.appendChild(
-      el('p', { class: 'muted', text: 'Each replica reports its load every second (as /admin/replicas lists it); the charts above are this process’s own engine, which routes to them.' }),
+      el('p', { class: 'muted', text: 'Each replica reports its load and its last second every second (as /admin/replicas lists them); the charts above sum the replicas since this page opened.' }),
     );
-    const head = ['replica', 'state', 'node', 'pid', 'running', 'waiting', 'KV used', 'prefix hit rate'];
+    const head = ['replica', 'state', 'node', 'pid', 'running', 'waiting', 'KV used', 'prefix hit rate', 'tokens/s'];
     const table = el(
       'table',
       { class: 'table', attrs: { id: 'engine-replica-table' } },
@@ -129,6 +168,7 @@ export function mount(root, ctx) {
             el('td', { class: 'num', text: r.waiting ?? '' }),
             el('td', { class: 'num', text: r.kv_usage === undefined ? '' : `${fmt(r.kv_usage * 100)}%` }),
             el('td', { class: 'num', text: r.prefix_hit_rate === undefined ? '' : `${fmt(r.prefix_hit_rate * 100)}%` }),
+            el('td', { class: 'num', text: r.step ? fmt(r.step.generation_tps) : '–' }),
           ),
         ),
       ),
@@ -141,12 +181,14 @@ export function mount(root, ctx) {
       const series = ids.map((id) => ({ name: id.slice(0, 8) }));
       replicaCharts.running = new LineChart(replicaGrid, { title: 'Running per replica', series });
       replicaCharts.kv = new LineChart(replicaGrid, { title: 'KV cache used per replica', unit: '%', series });
+      replicaCharts.tokens = new LineChart(replicaGrid, { title: 'Generated per replica', unit: 'tokens/s', series });
     }
     replicaBox.appendChild(replicaGrid);
     const byId = Object.fromEntries(replicas.map((r) => [String(r.id), r]));
     const now = Date.now() / 1000;
     replicaCharts.running.push(now, ids.map((id) => byId[id]?.running ?? null));
     replicaCharts.kv.push(now, ids.map((id) => pct(byId[id]?.kv_usage)));
+    replicaCharts.tokens.push(now, ids.map((id) => byId[id]?.step?.generation_tps ?? null));
   }
   const replicaGrid = el('div', { class: 'grid' });
 
@@ -156,18 +198,19 @@ export function mount(root, ctx) {
       if (event.type === 'history') {
         windowS = event.window_s || windowS;
         engine = event.engine || null;
-        points.splice(0, points.length, ...(event.points || []));
+        local = event.local !== false;
+        points.splice(0, points.length, ...(local ? event.points || [] : []));
         const label = engine ? `${engine.model} · up to ${engine.max_num_seqs} running · ${engine.kv_blocks} KV blocks of ${engine.kv_block_size} tokens` : '';
-        status.textContent = `${label}${label ? ' · ' : ''}last ${Math.round(windowS / 60)} minutes, one point per second${event.local ? '' : ' · engine steps run on the replicas'}`;
+        status.textContent = local
+          ? `${label}${label ? ' · ' : ''}last ${Math.round(windowS / 60)} minutes, one point per second`
+          : `${label}${label ? ' · ' : ''}engines on ${(event.replicas || []).length} replicas: charted since this page opened, one point per second`;
         redrawAll();
-      } else if (event.type === 'update') {
-        for (const p of event.points || []) {
-          points.push(p);
-          const r = row(p);
-          for (const [name, chart] of Object.entries(charts)) chart.push(p.t, r[name]);
-        }
-        const extra = points.length - windowS;
-        if (extra > 0) points.splice(0, extra);
+      } else if (event.type === 'update' && local) {
+        for (const p of event.points || []) addPoint(p);
+      }
+      if (!local && event.replicas) {
+        const p = fleetPoint(event.replicas);
+        if (p && (!points.length || p.t > points[points.length - 1].t)) addPoint(p);
       }
       updateCounters();
       showReplicas(event.replicas);
