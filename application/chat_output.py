@@ -55,6 +55,7 @@ class ChoiceEnd:
     prompt_tokens: int
     completion_tokens: int
     tool_calls: bool = False
+    cached_tokens: int = 0  # of the prompt's, found in the prefix cache
 
 
 ChoiceEvent = Thinking | Text | ToolCallDelta | ChoiceEnd
@@ -108,7 +109,11 @@ class ChoiceEvents:
         if out.finished:
             reason = out.finish_reason or "stop"
             calls = self._calls > 0 and reason != "length"
-            events.append(ChoiceEnd(reason, out.prompt_tokens, out.completion_tokens, calls))
+            events.append(
+                ChoiceEnd(
+                    reason, out.prompt_tokens, out.completion_tokens, calls, out.cached_tokens
+                )
+            )
         return events
 
     def _answer(self, text: str, finished: bool) -> list[ChoiceEvent]:
@@ -160,7 +165,12 @@ async def collect_choice(
         if out.token_id is not None:
             outputs.append(out)
         if out.finished:
-            end = ChoiceEnd(out.finish_reason or "stop", out.prompt_tokens, out.completion_tokens)
+            end = ChoiceEnd(
+                out.finish_reason or "stop",
+                out.prompt_tokens,
+                out.completion_tokens,
+                cached_tokens=out.cached_tokens,
+            )
     return split_choice("".join(parts), end, reasoning, parser, parallel, outputs)
 
 
@@ -184,5 +194,7 @@ def split_choice(
         if calls:
             content = parsed
             calls = calls if parallel else calls[:1]
-            end = ChoiceEnd(end.reason, end.prompt_tokens, end.completion_tokens, not cut)
+            end = ChoiceEnd(
+                end.reason, end.prompt_tokens, end.completion_tokens, not cut, end.cached_tokens
+            )
     return ChoiceResult(thinking, content, calls, end, list(outputs), text)

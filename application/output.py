@@ -92,6 +92,7 @@ def _output(
         stop_reason=stop_reason if finished and request.finish_reason == "stop" else None,
         prompt_tokens=request.num_prompt_tokens,
         completion_tokens=token.index + 1,
+        cached_tokens=request.num_cached_tokens or 0,
         logprob=token.logprob,
         top_logprobs=token.top_logprobs,
         **_prompt_scores(request, token.index),

@@ -86,6 +86,9 @@ class Request:
     num_drafted: int = 0
     num_accepted: int = 0
     num_draws: int = 0
+    # Prompt tokens whose KV came from the prefix cache when the request was first
+    # scheduled (OpenAI's ``cached_tokens``); None: not scheduled yet.
+    num_cached_tokens: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -130,6 +133,8 @@ class StepOutput:
     stop_reason: str | int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of the prompt's tokens, those found in the prefix cache (not computed again).
+    cached_tokens: int = 0
     # The token's logprob (when ``sampling_params.logprobs`` is set), and the top
     # ``logprobs`` alternatives (id, logprob), best first.
     logprob: float | None = None

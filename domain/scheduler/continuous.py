@@ -168,6 +168,8 @@ class ContinuousScheduler(QueueingScheduler):
             if request.request_id not in self.blocks:
                 prefix = self._cached_prefix(request)
                 request.num_computed_tokens = prefix.num_tokens
+                if request.num_cached_tokens is None:  # a recompute hits its own blocks
+                    request.num_cached_tokens = prefix.num_tokens
                 if admitting and self.sharing.join(request, prefix, self.running):
                     return True  # waits for the same prompt's prefill, then forks it
             chunk = next_chunk(request, self._budget)

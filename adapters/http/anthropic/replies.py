@@ -127,7 +127,7 @@ class MessageReply:
             content.append(ToolUseBlock(new_tool_use_id(), call.name, json.loads(call.arguments)))
         end = result.end
         reason, sequence = stop_reason(end, last[-1] if last else None)
-        usage = Usage(end.prompt_tokens, end.completion_tokens)
+        usage = end_usage(end)
         message = Message(self.reply_id, self.model, content, reason, sequence, usage)
         return Response(_encoder.encode(message), media_type="application/json")
 
@@ -174,9 +174,15 @@ class MessageReply:
         for item in blocks.close():
             yield item
         reason, sequence = stop_reason(end, last)
-        usage = Usage(end.prompt_tokens, end.completion_tokens)
+        usage = end_usage(end)
         yield MessageDelta(MessageEnd(reason, sequence), usage)
         yield MessageStop()
+
+
+def end_usage(end: ChoiceEnd) -> Usage:
+    """Anthropic's usage: ``input_tokens`` are those not read from the cache."""
+    cached = end.cached_tokens
+    return Usage(end.prompt_tokens - cached, end.completion_tokens, cache_read_input_tokens=cached)
 
 
 async def _ends(

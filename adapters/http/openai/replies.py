@@ -85,6 +85,7 @@ class Collected:
     end_reason: str = "abort"  # the engine's (eos, stop, length, abort)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     outputs: list[StepOutput] = field(default_factory=list)
     stop_reason: str | int | None = None  # the stop string or id that ended it
 
@@ -114,6 +115,7 @@ async def collect(stream: AsyncIterator[StepOutput]) -> Collected:
             collected.end_reason = out.finish_reason or "stop"
             collected.prompt_tokens = out.prompt_tokens
             collected.completion_tokens = out.completion_tokens
+            collected.cached_tokens = out.cached_tokens
             collected.stop_reason = out.stop_reason
     collected.text = "".join(parts)
     return collected
@@ -134,8 +136,7 @@ def finish_reason(out: StepOutput) -> str | None:
 
 def usage_so_far(out: StepOutput) -> Usage:
     """One output's choice's usage so far (``continuous_usage_stats``)."""
-    prompt, completion = out.prompt_tokens, out.completion_tokens
-    return Usage(prompt, completion, prompt + completion)
+    return Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
 
 
 def prompt_logprobs_of(
@@ -172,8 +173,8 @@ def total_usage(choices: Sequence[Collected], n: int = 1) -> Usage:
     """Each prompt's tokens once (choices ``i * n`` .. are one prompt's), every choice's
     completion tokens."""
     prompt = sum(c.prompt_tokens for c in choices[::n])
-    completion = sum(c.completion_tokens for c in choices)
-    return Usage(prompt, completion, prompt + completion)
+    cached = sum(c.cached_tokens for c in choices[::n])
+    return Usage.of(prompt, sum(c.completion_tokens for c in choices), cached)
 
 
 # --- completions ------------------------------------------------------------------------
@@ -220,7 +221,7 @@ class CompletionReply:
         self, streams: list[AsyncIterator[StepOutput]], include_usage: bool
     ) -> AsyncIterator[bytes]:
         reply_id, model, n, echoes = self.reply_id, self.model, self.n, self.echoes
-        created, totals = int(time.time()), [0, 0]
+        created, totals = int(time.time()), [0, 0, 0]  # prompt, completion, cached
         states = [_StreamedChoice(echoes[i // n] if echoes else None) for i in range(len(streams))]
         first = [True] * len(streams)
         async for index, out in merge_streams(streams):
@@ -230,6 +231,7 @@ class CompletionReply:
             if out.finished:
                 totals[0] += out.prompt_tokens if index % n == 0 else 0
                 totals[1] += out.completion_tokens
+                totals[2] += out.cached_tokens if index % n == 0 else 0
             choice = _completion_delta(index, out, states[index], self.texts, self.logprobs)
             if self.token_ids:
                 if first[index]:
@@ -239,9 +241,7 @@ class CompletionReply:
             usage = usage_so_far(out) if self.continuous_usage else None
             yield _encoder.encode(Completion(reply_id, created, model, [choice], usage))
         if include_usage:
-            yield _encoder.encode(
-                Completion(reply_id, created, model, [], Usage(totals[0], totals[1], sum(totals)))
-            )
+            yield _encoder.encode(Completion(reply_id, created, model, [], Usage.of(*totals)))
         yield b"[DONE]"
 
 
@@ -438,7 +438,7 @@ class ChatReply:
             if index == 0 and self.token_ids:  # the prompt's ids on the first chunk
                 reply.prompt_token_ids = list(self.prompt)
             yield _encoder.encode(reply)
-        prompt = completion = 0
+        prompt = completion = cached = 0
         async for index, out in merge_streams(streams):
             if out.error is not None:
                 yield error_chunk(out.error)
@@ -466,10 +466,10 @@ class ChatReply:
                 yield chunk(index, delta, None, scores if i == 0 else None)
             if end is not None:
                 yield chunk(index, ChatDelta(), chat_finish_reason(end), None, out.stop_reason)
-                prompt = end.prompt_tokens  # one prompt, counted once
+                prompt, cached = end.prompt_tokens, end.cached_tokens  # one prompt, once
                 completion += end.completion_tokens
         if include_usage:
-            usage = Usage(prompt, completion, prompt + completion)
+            usage = Usage.of(prompt, completion, cached)
             yield _encoder.encode(ChatCompletionChunk(reply_id, created, model, [], usage))
         yield b"[DONE]"
 

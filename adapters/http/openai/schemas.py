@@ -94,10 +94,19 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     safety_identifier: str | None = None
 
 
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0  # the prompt's tokens found in the prefix cache
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | msgspec.UnsetType = msgspec.UNSET
+
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int) -> "Usage":
+        return cls(prompt, completion, prompt + completion, PromptTokensDetails(cached))
 
 
 class CompletionLogprobs(msgspec.Struct):

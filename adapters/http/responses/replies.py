@@ -17,7 +17,7 @@ and its ``type`` as the SSE event name.
 
 Usage counts the prompt's tokens and the output's; ``reasoning_tokens``: the output's
 tokens up to the one that closed the thinking (all of them when it never closed);
-``cached_tokens`` is not measured (0).
+``cached_tokens``: the prompt's tokens found in the prefix cache.
 """
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -39,6 +39,7 @@ from adapters.http.responses.schemas import (
     Incomplete,
     IncompleteDetails,
     InProgress,
+    InputTokensDetails,
     ItemAdded,
     ItemDone,
     MessageItem,
@@ -102,6 +103,7 @@ def finished(
         end.prompt_tokens,
         end.completion_tokens,
         end.prompt_tokens + end.completion_tokens,
+        input_tokens_details=InputTokensDetails(end.cached_tokens),
         output_tokens_details=OutputTokensDetails(reasoning_tokens),
     )
     return msgspec.structs.replace(

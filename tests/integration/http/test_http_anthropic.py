@@ -85,9 +85,12 @@ def create(sdk: anthropic.Anthropic, **kwargs: Any) -> Any:
 
 
 def without_ids(message: Any) -> dict[str, Any]:
-    """A message as a dict, its id and its tool_use ids left out."""
+    """A message as a dict, its id and its tool_use ids left out, its input tokens counted
+    whole (a second request for the same prompt reads part of it from the cache)."""
     body = message.model_dump(exclude_none=True)
     body.pop("id")
+    usage = body["usage"]
+    usage["input_tokens"] += usage.pop("cache_read_input_tokens", 0)
     for block in body["content"]:
         block.pop("id", None)
     return body
@@ -167,6 +170,13 @@ def test_a_streamed_message_is_the_message(sdk: anthropic.Anthropic, replies: Re
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == "It is "
+    # The same prompt again: its full blocks are read from the prefix cache (Anthropic's
+    # input_tokens are the tokens not read from it).
+    first, again = whole.usage, final.usage
+    assert first.cache_read_input_tokens == 0 and again.cache_read_input_tokens > 0
+    prompt = first.input_tokens
+    assert again.input_tokens + again.cache_read_input_tokens == prompt
+    assert again.cache_read_input_tokens == (prompt - 1) // 16 * 16  # full blocks, short of one
     assert without_ids(final) == without_ids(whole)
     assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "sunny")
     assert final.id.startswith("msg_")

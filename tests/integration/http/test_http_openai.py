@@ -250,3 +250,39 @@ def test_an_unexpected_exception_is_a_500_in_the_openai_schema(
         "code": None,
     }
     assert http.get("/health").status_code == 200
+
+
+def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(
+    client: openai.OpenAI,
+) -> None:
+    # A long prompt asked three times: the first computes it, the others find its full
+    # blocks (16 tokens each, short of its last token) in the prefix cache.
+    messages = [{"role": "user", "content": "Tell me about Paris. " * 8}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+    streamed = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )[-1]
+    text = client.completions.create(model=MODEL, prompt="Tell me about Paris. " * 8, max_tokens=8)
+    text_again = client.completions.create(
+        model=MODEL, prompt="Tell me about Paris. " * 8, max_tokens=8, n=2
+    )
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    prompt = first.usage.prompt_tokens
+    full_blocks = (prompt - 1) // 16 * 16
+    for usage in (again.usage, streamed.usage):
+        assert usage is not None and usage.prompt_tokens_details is not None
+        assert (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens) == (
+            prompt,
+            full_blocks,
+        )
+    assert text.usage is not None and text.usage.prompt_tokens_details is not None
+    cached = text_again.usage.prompt_tokens_details  # type: ignore[union-attr]
+    assert cached is not None and cached.cached_tokens == (text.usage.prompt_tokens - 1) // 16 * 16

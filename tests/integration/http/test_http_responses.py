@@ -91,12 +91,13 @@ def create(client: openai.OpenAI, **kwargs: Any) -> Any:
 
 def without_ids(data: Any) -> Any:
     """A response as data with what differs between two runs of one request left out
-    (ids, times; and what the SDK's stream helper adds: ``parsed``, ``parsed_arguments``)."""
+    (ids, times; the cached part of the input: a second run finds the prompt cached; and
+    what the SDK's stream helper adds: ``parsed``, ``parsed_arguments``)."""
     if isinstance(data, dict):
         return {
             k: without_ids(v)
             for k, v in data.items()
-            if k not in ("id", "call_id", "created_at", "completed_at")
+            if k not in ("id", "call_id", "created_at", "completed_at", "cached_tokens")
             and k not in ("parsed", "parsed_arguments")
         }
     if isinstance(data, list):
@@ -712,3 +713,12 @@ def test_the_deadline_ends_a_stream_with_response_failed(replies: Replies) -> No
     assert names[-1] == "response.failed"
     last = json.loads(text.strip().splitlines()[-1][len("data: ") :])
     assert "timed out" in last["response"]["error"]["message"]
+
+
+def test_usage_counts_the_input_tokens_found_in_the_prefix_cache(client: openai.OpenAI) -> None:
+    question = "Tell me about Paris. " * 8
+    first, again = create(client, input=question), create(client, input=question)
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    prompt = first.usage.input_tokens
+    assert again.usage.input_tokens == prompt
+    assert again.usage.input_tokens_details.cached_tokens == (prompt - 1) // 16 * 16 > 0
