@@ -293,3 +293,51 @@ def test_no_ui_serves_no_console_data(tmp_path: Path) -> None:
     with client:
         assert client.get("/ui/api/tenants").status_code == 404
         assert client.get("/ui/api/training/runs").status_code == 404
+
+
+def test_a_sampler_checkpoint_is_sampled_by_its_model_name(tmp_path: Path) -> None:
+    """On a real (tiny) model with LoRA serving: the name the page gets for a sampler
+    checkpoint is one the OpenAI endpoints serve to the key that saved it, and the page
+    says why another key, or none, could not."""
+    from domain.config import EngineConfig
+    from entrypoints.config import ServerConfig
+    from entrypoints.container import create_container
+    from tests.support.tiny_models import save_tiny_model
+
+    folder = tmp_path / "tiny"
+    save_tiny_model("llama", folder)
+    config = ServerConfig.for_model(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        engine=EngineConfig(max_seq_len=128, max_batch_size=4),
+        served_model_name="tiny",
+        tinker=TinkerSettings(enabled=True, checkpoint_dir=str(tmp_path / "ckpt")),
+    )
+    with TestClient(app=create_container(config).http_app()) as client:
+        alice = {"Authorization": "Bearer tml-alice"}
+        trainer = Api(client, {"X-API-Key": "tml-alice"})
+        model_id = train(trainer, 1, base_model="tiny")
+        body = {"model_id": model_id, "path": "s", "seq_id": 3}
+        path = trainer.run("save_weights_for_sampler", body)["path"]
+
+        def checkpoint(headers: dict[str, str]) -> Any:
+            detail = client.get(f"/ui/api/training/runs/{model_id}", headers=headers).json()
+            (found,) = detail["checkpoints"]
+            return found
+
+        mine = checkpoint(alice)
+        assert (mine["model"], mine["sampleable"]) == (path, True)
+        reply = client.post(
+            "/v1/completions",
+            json={"model": mine["model"], "prompt": "hello", "max_tokens": 2},
+            headers=alice,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == path
+        bobs = checkpoint({"Authorization": "Bearer tml-bob"})
+        assert bobs["sampleable"] is False and "saved it" in bobs["not_sampleable_because"]
+        keyless = checkpoint({})
+        assert "Tinker key that saved it" in keyless["not_sampleable_because"]
