@@ -125,9 +125,7 @@ def test_a_draft_models_greedy_output_is_the_targets(model, other) -> None:
     long = " ".join(f"w{i}" for i in range(30))  # 120 tokens: caught up in chunks of 32
     prompts = [PROMPT, "xyz", long]
     plain, _ = run(model, None, prompts, [greedy] * 3, max_num_batched_tokens=32)
-    itself, right = run(
-        model, DRAFT, prompts, [greedy] * 3, draft=model, max_num_batched_tokens=32
-    )
+    itself, right = run(model, DRAFT, prompts, [greedy] * 3, draft=model, max_num_batched_tokens=32)
     wrong, missed = run(model, DRAFT, prompts, [greedy] * 3, draft=other)
     assert right.drafted > 60 and right.accepted >= 0.9 * right.drafted
     assert missed.drafted > 0 and missed.accepted < 0.5 * missed.drafted
