@@ -135,6 +135,7 @@ def test_the_assets_have_no_inline_code_or_style_and_no_html_sinks() -> None:
 
 
 def test_no_ui_serves_no_console(tmp_path: Path) -> None:
+    assert fake_container(http=TransportSettings(ui=False)).timeline() is None
     with TestClient(app(tmp_path, ui=False)) as http:
         for path in ("/", "/ui", "/ui/static/app.js", "/ui/api/info", "/ui/api/engine/events"):
             assert http.get(path).status_code == 404, path

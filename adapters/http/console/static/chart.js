@@ -155,31 +155,32 @@ export class LineChart {
       g.fillText('no data yet', pad.left + plotW / 2, pad.top + plotH / 2);
     }
 
+    const present = (v) => v !== null && v !== undefined && Number.isFinite(v);
     this.values.forEach((series, i) => {
-      g.strokeStyle = this.series[i].color;
+      const color = this.series[i].color;
+      g.strokeStyle = color;
+      g.fillStyle = color;
       g.lineWidth = 1.5;
       g.beginPath();
       let drawing = false;
-      let lone = null;
       series.forEach((v, j) => {
-        if (v === null || !Number.isFinite(v)) {
+        if (!present(v)) {
           drawing = false;
           return;
         }
         const x = px(this.xs[j]);
         const y = py(v);
         if (drawing) g.lineTo(x, y);
-        else {
-          g.moveTo(x, y);
-          lone = [x, y];
-        }
+        else g.moveTo(x, y);
         drawing = true;
       });
       g.stroke();
-      if (series.filter((v) => v !== null).length === 1 && lone) {
-        g.fillStyle = this.series[i].color;
-        g.fillRect(lone[0] - 2, lone[1] - 2, 4, 4);
-      }
+      // A point alone between gaps has no line: a dot shows it.
+      series.forEach((v, j) => {
+        if (present(v) && !present(series[j - 1]) && !present(series[j + 1])) {
+          g.fillRect(px(this.xs[j]) - 2, py(v) - 2, 4, 4);
+        }
+      });
     });
   }
 }
