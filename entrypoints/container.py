@@ -205,8 +205,8 @@ class Container(containers.DeclarativeContainer):
         metrics=metrics_exposition,
         draining=draining,
         replicas=replicas,
-        on_startup=on_startup,
         timeline=timeline,
+        on_startup=on_startup,
         on_shutdown=providers.Callable(shutdown_hooks, tracing),
     )
     http_settings = providers.Singleton(
@@ -218,8 +218,8 @@ class Container(containers.DeclarativeContainer):
         tool_call_parser=tool_parser,
         reasoning_parser=reasoning_parser,
         tinker_api_keys=config.provided.tinker.tinker_api_keys,
-    )
         ui=config.provided.http.ui,
+    )
     http_app = providers.Singleton(
         build_http_app,
         async_engine,
