@@ -7,6 +7,7 @@ Screenshots go to the test artifacts (``tests/e2e/browser.py``)."""
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -149,3 +150,42 @@ def test_the_tenants_page_for_an_admin_key_and_not_for_others(browser: Any, serv
     assert not browser.find_elements(By.ID, "tenants-table")
     browser.get(f"{server}/#training")  # her own runs only: none
     wait_for(browser, lambda d: d.find_elements(By.ID, "training-empty"))
+
+
+def test_an_open_server_samples_a_checkpoint_once_its_tinker_key_is_set(
+    browser: Any, tmp_path: Path
+) -> None:
+    # No keys file: the console needs no key, but a checkpoint is its saver's to sample
+    # (unless published): "Set key" gives the page the Tinker key, for this tab only.
+    from selenium.webdriver.common.by import By
+
+    key = "tml-console-open"
+    with infer_serve("--checkpoint-dir", str(tmp_path / "checkpoints")) as url:
+        trainer = Trainer(url, key)
+        trainer.steps(1)
+        path = trainer.save_for_sampler("open")
+        browser.get(f"{url}/#training")
+        button_css = f'#checkpoints-table tr[data-path="{path}"] button.sample-button'
+        button = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, button_css))[0]
+        assert not button.is_enabled() and "Set key" in (button.get_attribute("title") or "")
+        browser.find_element(By.ID, "set-key").click()
+        field = wait_for(browser, lambda d: d.find_elements(By.ID, "api-key"))[0]
+        field.send_keys(key)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+        button = wait_for(
+            browser,
+            lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, button_css) if b.is_enabled()],
+        )[0]
+        assert browser.find_elements(By.ID, "forget-key")
+        button.click()
+        wait_for(
+            browser, lambda d: d.find_element(By.ID, "pg-model").get_attribute("value") == path
+        )
+        browser.find_element(By.ID, "pg-prompt").send_keys("Hello")
+        browser.find_element(By.ID, "pg-send").click()
+        reply = ".message.assistant .meta"
+        wait_for(browser, lambda d: [m for m in d.find_elements(By.CSS_SELECTOR, reply) if m.text])
+        assert not browser.find_elements(By.CSS_SELECTOR, ".message.assistant .meta .error")
+        browser.find_element(By.ID, "forget-key").click()  # back to no key, no prompt
+        wait_for(browser, lambda d: d.find_elements(By.ID, "set-key"))
+        assert browser.execute_script("return sessionStorage.length") == 0

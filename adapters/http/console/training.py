@@ -143,7 +143,7 @@ def _why_not_sampleable(
     if viewer.owner is None:
         if keyed:
             return "the console's key may not use the Tinker API"
-        return "sampling it needs the Tinker key that saved it, sent as the API key"
+        return "sampling it needs the Tinker key that saved it: 'Set key' at the top"
     if c.owner != viewer.owner and not c.public:
         return "only the key that saved it may sample it (or publish it)"
     return None

@@ -201,7 +201,9 @@ async function show(name) {
   }
 }
 
-function askForKey(message = '') {
+// The key form: required on a server with keys; on an open one (``optional``) a key may be
+// set all the same (a Tinker key, so that the playground samples that key's checkpoints).
+function askForKey(message = '', optional = false) {
   leave();
   state.generation++;
   clear(page);
@@ -213,10 +215,17 @@ function askForKey(message = '') {
     'form',
     { class: 'key-form', attrs: { id: 'key-form' } },
     el('h2', { text: 'API key' }),
-    el('p', { text: 'This server needs an API key. It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer.' }),
+    el('p', {
+      text: optional
+        ? 'This server needs no key. A Tinker key (tml-…) lets the playground sample the checkpoints it saved. It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer.'
+        : 'This server needs an API key. It is kept in this browser tab only (sessionStorage) and sent as Authorization: Bearer.',
+    }),
     el('label', { attrs: { for: 'api-key' }, text: 'Key' }),
     input,
     el('button', { class: 'primary', attrs: { type: 'submit' }, text: 'Use key' }),
+    optional
+      ? el('button', { attrs: { type: 'button', id: 'cancel-key' }, text: 'Cancel', on: { click: () => show(tabFromHash()) } })
+      : null,
     status,
   );
   form.addEventListener('submit', async (event) => {
@@ -240,7 +249,17 @@ function askForKey(message = '') {
 
 function renderKeyStatus() {
   clear(keyBox);
-  if (!state.keyed) return;
+  if (!state.keyed && !memoryKey) {
+    keyBox.appendChild(
+      el('button', {
+        class: 'link',
+        attrs: { type: 'button', id: 'set-key' },
+        text: 'Set key',
+        on: { click: () => askForKey('', true) },
+      }),
+    );
+    return;
+  }
   if (memoryKey) {
     keyBox.appendChild(
       el('button', {
@@ -250,7 +269,11 @@ function renderKeyStatus() {
         on: {
           click: () => {
             setKey('');
-            askForKey();
+            if (state.keyed) askForKey();
+            else {
+              renderKeyStatus();
+              show(tabFromHash());
+            }
           },
         },
       }),
