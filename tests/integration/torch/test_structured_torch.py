@@ -262,13 +262,19 @@ def test_drafts_under_a_grammar_keep_the_output_and_its_validity(model, compiler
     and drafts the grammar forbids are never accepted."""
     example = '{"ok": true, "n": 5, "tag": "ab", "kind": "a", "items": [true, false]}'
     spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4)
+    # A draft model (the target itself, unconstrained): its drafts leave the grammar where
+    # the constraint moves the argmax, and are rejected there.
+    drafter = SpeculativeConfig(method="draft_model", model="tiny", probe_tokens=1000)
     outputs, drafts = {}, {}
-    for name, speculative in (("plain", None), ("drafted", spec)):
+    for name, speculative in (("plain", None), ("drafted", spec), ("draft model", drafter)):
         config = EngineConfig(max_batch_size=4, max_seq_len=256, speculative=speculative)
         matchers = RequestMatchers(compiler, threads=1)
         runner = TorchModelRunner(model, config, grammar=matchers)
+        draft = TorchModelRunner(model, config) if name == "draft model" else None
         sink, seen = ListSink(), []
-        e = Engine(config, runner, TOKENIZER, sink, grammar=compiler, observer=_Steps(seen))
+        e = Engine(
+            config, runner, TOKENIZER, sink, grammar=compiler, observer=_Steps(seen), draft=draft
+        )
         params = json_params(RECORD, temperature=0.0, max_tokens=150)
         e.add_request("r", f"Like this: {example}", params)
         while e.has_work():
@@ -276,10 +282,11 @@ def test_drafts_under_a_grammar_keep_the_output_and_its_validity(model, compiler
         outputs[name], drafts[name] = text(sink, "r"), seen
         jsonschema.validate(json.loads(outputs[name]), RECORD)
         assert len(matchers) == 0
-    assert outputs["drafted"] == outputs["plain"]
-    drafted = sum(s.drafted_tokens for s in drafts["drafted"])
-    accepted = sum(s.accepted_tokens for s in drafts["drafted"])
-    assert 0 < accepted < drafted, (accepted, drafted)
+    assert outputs["drafted"] == outputs["draft model"] == outputs["plain"]
+    for name in ("drafted", "draft model"):
+        drafted = sum(s.drafted_tokens for s in drafts[name])
+        accepted = sum(s.accepted_tokens for s in drafts[name])
+        assert 0 < accepted < drafted, (name, accepted, drafted)
 
 
 class _Steps:
