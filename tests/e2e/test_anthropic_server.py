@@ -54,7 +54,14 @@ def test_a_message_and_its_stream_agree(sdk: anthropic.Anthropic) -> None:
         final = stream.get_final_message()
     assert text == block.text == final.content[0].text
     assert final.stop_reason == message.stop_reason
-    assert final.usage == message.usage
+    # the same prompt again: part of it is read from the prefix cache this time
+    first, again = message.usage, final.usage
+    assert again.output_tokens == first.output_tokens
+    assert again.cache_read_input_tokens > 0
+    assert (
+        again.input_tokens + again.cache_read_input_tokens
+        == first.input_tokens + first.cache_read_input_tokens
+    )
 
 
 def test_a_stop_sequence_stops_and_is_named(sdk: anthropic.Anthropic) -> None:
