@@ -3,8 +3,11 @@ and llama-cpp-python's server on the same GGUF, plain and with its prompt-lookup
 
 One run, one server at a time, nothing else on the machine. Servers, in this order:
 
-- ``infer default``: ``infer serve`` with no flags (what ``make serve`` gives: the embedded
-  SmolLM2-135M-Instruct, its GGUF's Q4_1 blocks, ``--dtype auto``), no speculation;
+- ``infer plain``: ``infer serve --speculative-config none`` (the embedded
+  SmolLM2-135M-Instruct, its GGUF's Q4_1 blocks, ``--dtype auto``), no speculation: the
+  baseline of every ratio;
+- ``infer default``: ``infer serve`` with no flags (what ``make serve`` gives: on a CPU,
+  prompt lookup with its defaults, k = 3, drafts only while one request runs);
 - ``infer ngram``: the same plus ``--speculative-config '{"method": "ngram",
   "num_speculative_tokens": 4}'``;
 - ``infer suffix``: ``--speculative-config '{"method": "suffix", "num_speculative_tokens": 4}'``;
@@ -36,7 +39,7 @@ final usage where the server sends one, else the tokens of the text (the server'
 ``/extras/tokenize``; llama.cpp's stream may merge tokens into one chunk). Acceptance:
 accepted / drafted tokens, the deltas of ``infer:spec_decode_num_accepted_tokens_total``
 and ``infer:spec_decode_num_draft_tokens_total`` on ``/metrics`` around each request. The
-texts of every server are compared with ``infer default``'s, llama.cpp lookup's with plain
+texts of every server are compared with ``infer plain``'s, llama.cpp lookup's with plain
 llama.cpp's (greedy: speculation keeps the model's tokens, but the quantized kernels'
 rounding depends on the rows in a step, so a near-tie may go the other way).
 
@@ -55,7 +58,7 @@ Usage (from the repository root):
     .venv/bin/python benchmarks/bench_speculative.py --only-throughput --rounds 3 --no-suffix
 
 ``--rounds N`` runs every server N times (the infer servers' order reversed on odd rounds)
-and ends with the median over rounds of each ratio to ``infer default`` of the same round:
+and ends with the median over rounds of each ratio to ``infer plain`` of the same round:
 launches of one server drift by ±10 % on this machine.
 """
 
@@ -89,6 +92,8 @@ ACCEPTED = "infer:spec_decode_num_accepted_tokens_total"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "disable_by_batch_size": None}
 NGRAM_BS8 = {**NGRAM, "disable_by_batch_size": 8}
+# ``infer serve``'s own speculation: no --speculative-config flag at all.
+DEFAULT: dict[str, Any] = {}
 DEFAULT_LLAMA_PYTHON = "/work/llama-venv/bin/python"
 # llama-cpp-python's server applies repeat_penalty 1.1 by default, at temperature 0 too: off,
 # so that both sides decode greedily the same model
@@ -464,9 +469,12 @@ def run_infer(
     args: argparse.Namespace, label: str, spec: dict[str, Any] | None, workloads: bool
 ) -> ServerRun:
     flags = [*args.server_arg]
-    if spec is not None:
+    if spec is None:
+        flags += ["--speculative-config", "none"]
+    elif spec is not DEFAULT:
         flags += ["--speculative-config", json.dumps(spec)]
-    shown = " ".join([*flags[:-1], f"'{flags[-1]}'"]) if spec is not None else " ".join(flags)
+    quoted = spec is not None and spec is not DEFAULT
+    shown = " ".join([*flags[:-1], f"'{flags[-1]}'"]) if quoted else " ".join(flags)
     run = ServerRun(label, f"infer serve {shown}".strip())
     start = time.monotonic()
     with bs.serve_process(flags, label.replace(" ", "-"), args.startup_timeout) as (url, _):
@@ -557,13 +565,13 @@ def first_difference(a: str, b: str) -> int:
 
 def report(args: argparse.Namespace, runs: list[ServerRun]) -> str:
     by = {r.label: r for r in runs}
-    base = by.get("infer default")
+    base = by.get("infer plain")
     llama = [r for r in runs if r.label.startswith("llama.cpp")]
     lines = []
     if any(r.workloads for r in runs):
         lines = ["## single stream: output tok/s (median of requests), tokens, acceptance\n"]
         head = "| workload | server | output tok/s | per request (acceptance)"
-        head += " | completion tokens | acceptance | vs infer default | vs llama.cpp best"
+        head += " | completion tokens | acceptance | vs infer plain | vs llama.cpp best"
         lines += [head + " | same text as |", "|---" * 9 + "|"]
     for name in args.workloads if lines else []:
         best = max(
@@ -587,7 +595,7 @@ def report(args: argparse.Namespace, runs: list[ServerRun]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     if any(r.throughput for r in runs):
         lines += ["\n## throughput: output tok/s at the concurrency above\n"]
-        lines += ["| server | output tok/s | vs infer default | tokens | failed | acceptance |"]
+        lines += ["| server | output tok/s | vs infer plain | tokens | failed | acceptance |"]
         lines += ["|---|---|---|---|---|---|"]
         ref_tp = base.throughput.tok_s if base and base.throughput else None
         for run in runs:
@@ -732,7 +740,8 @@ def infer_configs(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | 
     """(label, --speculative-config, runs the workloads) of every infer server, in order."""
     workloads = not args.only_throughput
     configs: list[tuple[str, dict[str, Any] | None, bool]] = [
-        ("infer default", None, workloads),
+        ("infer plain", None, workloads),
+        ("infer default", DEFAULT, workloads),
         ("infer ngram", NGRAM, workloads),
     ]
     if args.suffix:
@@ -762,10 +771,10 @@ def one_round(args: argparse.Namespace, reverse: bool) -> list[ServerRun]:
 def rounds_summary(rounds: list[list[ServerRun]]) -> str:
     """Markdown: each speculating server's rate / infer default's of the same round, per
     round and their median (single-stream workloads and throughput)."""
-    lines = ["| server | measure | / infer default per round | median |", "|---|---|---|---|"]
-    bases = [next(r for r in runs if r.label == "infer default") for runs in rounds]
+    lines = ["| server | measure | / infer plain per round | median |", "|---|---|---|---|"]
+    bases = [next(r for r in runs if r.label == "infer plain") for runs in rounds]
     for run in rounds[0]:
-        if not run.label.startswith("infer") or run.label == "infer default":
+        if not run.label.startswith("infer") or run.label == "infer plain":
             continue
         measures = [*run.workloads, *(["throughput"] if run.throughput else [])]
         for measure in measures:

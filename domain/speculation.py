@@ -52,9 +52,11 @@ class SpeculativeConfig:
     suffix_min_count: int = 2
     min_acceptance: float = 0.2
     probe_tokens: int = 32
-    # vLLM's: no drafts while more requests than this run (batching fills the cores; at
-    # 64 streams drafting open text cost 13 % of throughput, with 8 here: parity). None: off.
-    disable_by_batch_size: int | None = 8
+    # vLLM's: no drafts while more requests than this run (batching fills the cores: the
+    # 2-core CPU's 4-bit kernels are compute-bound beyond 2 rows; at 4 streams of open
+    # text drafting cost 17 % of throughput with 8 here, with 1 nothing; a GPU takes more).
+    # None: always draft.
+    disable_by_batch_size: int | None = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -29,6 +29,16 @@ from entrypoints.request_flags import request_limits
 # vLLM's methods that need heads trained for the target (not served here).
 UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 
+# ``infer serve``'s speculative decoding when --speculative-config is not given: on a CPU,
+# prompt lookup with the measured defaults (benchmarks/README.md: 1.96x a code edit, 1.85x
+# a quoted answer, 1.40x JSON, 1.11x open chat; throughput at 64 streams 1.01x); on a GPU
+# none (not measured there). ``--speculative-config none`` turns it off.
+SPECULATIVE_BY_DEVICE: dict[str, SpeculativeConfig | None] = {
+    "cpu": SpeculativeConfig(),
+    "cuda": None,
+}
+SPECULATION_OFF = ("none", "off", "null")
+
 # ``infer serve``'s --max-num-seqs by device: vLLM's 256 on a GPU; on a CPU 64, where the
 # default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
 MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
@@ -90,10 +100,22 @@ class EngineSettings:
     def from_args(cls, args: argparse.Namespace, device: str) -> "EngineSettings":
         """``infer serve``'s values; ``--max-num-seqs`` by default by ``device`` (the one
         the model loads on)."""
+        kind = "cuda" if device.startswith("cuda") else "cpu"
         max_num_seqs = args.max_num_seqs
         if max_num_seqs is None:  # vLLM's default on a GPU; what a CPU serves well
-            max_num_seqs = MAX_NUM_SEQS["cuda" if device.startswith("cuda") else "cpu"]
-        return from_flags(cls, args, max_num_seqs=max_num_seqs, **request_limits(args))
+            max_num_seqs = MAX_NUM_SEQS[kind]
+        speculative = args.speculative_config
+        if speculative is None and args.batching_mode == "continuous":
+            speculative = SPECULATIVE_BY_DEVICE[kind]
+        elif speculative in SPECULATION_OFF:
+            speculative = None
+        return from_flags(
+            cls,
+            args,
+            max_num_seqs=max_num_seqs,
+            speculative_config=speculative,
+            **request_limits(args),
+        )
 
 
 def add_engine_args(serve: argparse.ArgumentParser) -> None:
@@ -159,13 +181,17 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, '
         '"prompt_lookup_max": 5}\' (prompt lookup), "method": "suffix" (also drafts '
         "from recent requests' outputs) or '{\"model\": DRAFT}' (a smaller model with the "
-        "same tokenizer, method draft_model); off by default (docs/speculative.md)",
+        "same tokenizer, method draft_model); none: off. Default: on a CPU prompt lookup "
+        '(\'{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 1}\'), '
+        "on a GPU off (docs/speculative.md)",
     )
 
 
-def speculative_config(text: str) -> SpeculativeConfig:
-    """``--speculative-config``'s JSON; argparse names the flag in its error, this the
-    field."""
+def speculative_config(text: str) -> SpeculativeConfig | str:
+    """``--speculative-config``'s JSON (or ``none``: off); argparse names the flag in its
+    error, this the field."""
+    if text.strip().lower() in SPECULATION_OFF:
+        return SPECULATION_OFF[0]
     try:
         fields_ = json.loads(text)
     except ValueError as e:

@@ -26,7 +26,9 @@ from tests.support.byte_tokenizer import byte_level_tokenizer
 
 TOKENIZER = ByteTokenizer()
 REPLY = "The quick brown fox jumps over the lazy dog, twice: the quick brown fox."
-SPEC = SpeculativeConfig(method="draft_model", model="fake", num_speculative_tokens=3)
+SPEC = SpeculativeConfig(
+    method="draft_model", model="fake", num_speculative_tokens=3, disable_by_batch_size=None
+)
 
 
 class Counting(FakeModelRunner):

@@ -22,6 +22,7 @@ from application.keys import hash_key
 from application.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
+from domain.speculation import SpeculativeConfig
 from domain.training import TinkerLimits
 from entrypoints.access_flags import AccessSettings
 from entrypoints.cli import _parser
@@ -54,7 +55,9 @@ def test_no_flags_give_todays_serve_defaults() -> None:
     """What ``infer serve`` passed ``create_container`` before the config tree (CPU)."""
     config = serve("--device", "cpu")
     assert config.model == ModelSettings(device="cpu", quantization="auto", kv_cache_memory="auto")
-    assert config.engine.engine_config() == EngineConfig(max_seq_len=2048, max_batch_size=64)
+    assert config.engine.engine_config() == EngineConfig(
+        max_seq_len=2048, max_batch_size=64, speculative=SpeculativeConfig()
+    )
     assert config.http == TransportSettings()
     assert config.connections == ConnectionLimits()
     assert config.tinker == TinkerSettings(
@@ -318,7 +321,15 @@ def test_speculative_config_takes_vllms_json_and_names_a_bad_field() -> None:
     spec = config.engine.engine_config().speculative
     assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("ngram", 3)
     round_trip(config)  # a replica in another process gets it too
-    assert serve().engine.engine_config().speculative is None  # off by default
+    # on by default on a CPU (measured there), off with "none", on a GPU and when static
+    assert serve().engine.engine_config().speculative == SpeculativeConfig()
+    for off in ("none", "OFF", "null"):
+        assert serve("--speculative-config", off).engine.engine_config().speculative is None
+    static = serve("--batching-mode", "static").engine.engine_config()
+    assert static.speculative is None
+    args = _parser().parse_args(["serve"])
+    assert EngineSettings.from_args(args, "cuda:0").engine_config().speculative is None
+    assert EngineSettings.from_args(args, "cpu").engine_config().speculative is not None
     draft = serve("--speculative-config", '{"model": "dummy:Llama-3.2-1B"}').engine
     spec = draft.engine_config().speculative  # vLLM's reading: a model means draft_model
     assert spec is not None and (spec.method, spec.model) == ("draft_model", "dummy:Llama-3.2-1B")
