@@ -1,6 +1,6 @@
 // The console's shell: the API key (when the server has a keys file), the tabs, and the
 // `ctx` every page's `mount(root, ctx)` gets. A tab's module is imported when first shown.
-import { el, clear, errorMessage } from './dom.js';
+import { el, clear, errorMessage, readEvents } from './dom.js';
 
 const KEY = 'infer.console.key'; // sessionStorage only: gone when the browser tab closes
 const TABS = [
@@ -63,15 +63,10 @@ function events(path, onData, options = {}) {
   let retry = null;
   let delay = 1000;
 
-  const dispatch = (block) => {
-    const data = [];
-    for (const line of block.split('\n')) {
-      if (line.startsWith('data:')) data.push(line.slice(line[5] === ' ' ? 6 : 5));
-    }
-    if (!data.length) return;
+  const dispatch = (text) => {
     let parsed;
     try {
-      parsed = JSON.parse(data.join('\n'));
+      parsed = JSON.parse(text);
     } catch {
       return;
     }
@@ -85,19 +80,7 @@ function events(path, onData, options = {}) {
       if (!response.ok) throw new Error(await errorMessage(response));
       if (options.onOpen) options.onOpen();
       delay = 1000;
-      const reader = response.body.getReader();
-      const decoder = new TextDecoder();
-      let buffer = '';
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
-        let end;
-        while ((end = buffer.indexOf('\n\n')) >= 0) {
-          dispatch(buffer.slice(0, end));
-          buffer = buffer.slice(end + 2);
-        }
-      }
+      await readEvents(response, dispatch);
       if (!closed && options.onError) options.onError(new Error('the stream ended; reconnecting'));
     } catch (error) {
       if (closed) return;

@@ -75,3 +75,28 @@ export async function errorMessage(response) {
   }
   return text ? `${response.status}: ${text.slice(0, 300)}` : `HTTP ${response.status}`;
 }
+
+/** Read an SSE response: onData gets each `data:` payload (a string). */
+export async function readEvents(response, onData) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  const flush = (block) => {
+    const data = [];
+    for (const line of block.split('\n')) {
+      if (line.startsWith('data:')) data.push(line.slice(line[5] === ' ' ? 6 : 5));
+    }
+    if (data.length) onData(data.join('\n'));
+  };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+    let end;
+    while ((end = buffer.indexOf('\n\n')) >= 0) {
+      flush(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+    }
+  }
+  if (buffer.trim()) flush(buffer);
+}

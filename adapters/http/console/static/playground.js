@@ -1,34 +1,9 @@
 // The playground: a chat with a served model (or a LoRA adapter / checkpoint served as one)
 // through /v1/chat/completions, streamed. Everything the server sends (model names, text,
 // thinking, tool calls, tokens) is written with textContent / text nodes, never as HTML.
-import { el, clear, errorMessage, fmt } from './dom.js';
+import { el, clear, errorMessage, fmt, readEvents } from './dom.js';
 
 const DEFAULTS = { temperature: 0.7, top_p: 1, max_tokens: 512, top_logprobs: 3 };
-
-/** Read an SSE response: onData gets each `data:` payload (a string). */
-async function readEvents(response, onData) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = '';
-  const flush = (block) => {
-    const data = [];
-    for (const line of block.split('\n')) {
-      if (line.startsWith('data:')) data.push(line.slice(line[5] === ' ' ? 6 : 5));
-    }
-    if (data.length) onData(data.join('\n'));
-  };
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
-    let end;
-    while ((end = buffer.indexOf('\n\n')) >= 0) {
-      flush(buffer.slice(0, end));
-      buffer = buffer.slice(end + 2);
-    }
-  }
-  if (buffer.trim()) flush(buffer);
-}
 
 /** A JSON value as a Python literal (for "copy as Python"). */
 export function pyLiteral(value, indent = '') {
