@@ -86,6 +86,15 @@ class Engine:
             if spec is not None
             else None
         )
+        if spec is not None:  # on by default for `infer serve` on a CPU: say so at start
+            log.info(
+                "speculative decoding",
+                method=spec.method,
+                num_speculative_tokens=spec.num_speculative_tokens,
+                disable_by_batch_size=spec.disable_by_batch_size,
+                draft_model=spec.model,
+                off_with="--speculative-config none",
+            )
         self._ended: list[Request] = []  # aborted or failed since the last step's stats
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
