@@ -25,7 +25,7 @@ from entrypoints.access_flags import add_access_args, sighup_reloader
 from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 from entrypoints.embedding_flags import add_embedding_args
-from entrypoints.engine_flags import add_engine_args
+from entrypoints.engine_flags import add_engine_args, speculation, speculative_config
 from entrypoints.model_flags import (
     DTYPE_NAMES,
     QUANTIZATIONS,
@@ -121,6 +121,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user chat turn")
     _add_sampling_args(gen)
+    gen.add_argument(
+        "--speculative-config",
+        type=speculative_config,
+        default=None,
+        metavar="JSON",
+        help="as infer serve's (none: off); default: prompt lookup on a CPU, off on a GPU",
+    )
     gen.add_argument("--quiet", "-q", action="store_true", help="no timing summary on stderr")
     gen.add_argument(
         "--log-level",
@@ -370,6 +377,8 @@ def _ready(ok: bool) -> str:
 def _generate(args: argparse.Namespace) -> int:
     """The generated text (and a final newline) on stdout, as it comes; logs and the timing
     line on stderr."""
+    from adapters.torch.factory import default_device
+
     configure_logging(args.log_level)
     params = _sampling_params(args)
     set_threads(args.threads)
@@ -402,6 +411,7 @@ def _generate(args: argparse.Namespace) -> int:
         max_seq_len=max(1, len(prompt_ids) + params.max_tokens),
         max_batch_size=1,
         max_waiting_requests=1,
+        speculative=speculation(args.speculative_config, args.device or default_device()),
     )
     container.backend().engine_config.override(providers.Object(config))  # the runner's too
     engine = container.async_engine()

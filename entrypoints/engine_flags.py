@@ -100,15 +100,10 @@ class EngineSettings:
     def from_args(cls, args: argparse.Namespace, device: str) -> "EngineSettings":
         """``infer serve``'s values; ``--max-num-seqs`` by default by ``device`` (the one
         the model loads on)."""
-        kind = "cuda" if device.startswith("cuda") else "cpu"
         max_num_seqs = args.max_num_seqs
         if max_num_seqs is None:  # vLLM's default on a GPU; what a CPU serves well
-            max_num_seqs = MAX_NUM_SEQS[kind]
-        speculative = args.speculative_config
-        if speculative is None and args.batching_mode == "continuous":
-            speculative = SPECULATIVE_BY_DEVICE[kind]
-        elif speculative in SPECULATION_OFF:
-            speculative = None
+            max_num_seqs = MAX_NUM_SEQS["cuda" if device.startswith("cuda") else "cpu"]
+        speculative = speculation(args.speculative_config, device, args.batching_mode)
         return from_flags(
             cls,
             args,
@@ -185,6 +180,17 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         '(\'{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 1}\'), '
         "on a GPU off (docs/speculative.md)",
     )
+
+
+def speculation(
+    flag: SpeculativeConfig | str | None, device: str, batching_mode: str = "continuous"
+) -> SpeculativeConfig | None:
+    """``--speculative-config``'s value as the engine takes it: not given, the device's
+    default (continuous batching only); ``none``: off."""
+    if flag is None:
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        return SPECULATIVE_BY_DEVICE[kind] if batching_mode == "continuous" else None
+    return None if isinstance(flag, str) else flag
 
 
 def speculative_config(text: str) -> SpeculativeConfig | str:

@@ -24,6 +24,22 @@ def test_generate_streams_text_and_reports_timing(tmp_path, capsys) -> None:
     assert "[dummy:SmolLM2-135M]" in err and "5 tokens" in err and "finish: length" in err
 
 
+def test_generate_speculates_by_default_on_a_cpu_and_not_when_told(tmp_path, capsys) -> None:
+    # The same greedy text either way (a random model's output loops: it drafts from it).
+    argv = ["generate", "a b a b a b", "--model", "dummy:SmolLM2-135M", "--max-tokens", "24"]
+    argv += ["--temperature", "0", "--cache-dir", str(tmp_path), "--device", "cpu"]
+    assert main(argv) == 0
+    drafted, err = capsys.readouterr()
+    assert "speculative decoding" in err
+    assert main([*argv, "--speculative-config", "none"]) == 0
+    plain, err = capsys.readouterr()
+    assert "speculative decoding" not in err
+    assert drafted == plain
+    with pytest.raises(SystemExit):
+        main([*argv, "--speculative-config", '{"method": "eagle"}'])
+    assert "--speculative-config: speculative_config.method 'eagle'" in capsys.readouterr().err
+
+
 def test_bad_sampling_flags_exit_with_a_named_error(tmp_path, capsys) -> None:
     argv = ["generate", "hi", "--model", "dummy:SmolLM2-135M", "--top-p", "0"]
     assert main([*argv, "--cache-dir", str(tmp_path)]) == 2
