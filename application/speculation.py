@@ -56,6 +56,7 @@ class _DraftKV:
 
     base: int = 0
     drafts: list[int] = field(default_factory=list)
+    named: int = 0  # positions whose full blocks are named in the prefix cache
 
     def valid(self, request: Request) -> int:
         """Positions still right for the request's tokens now (rejected drafts' are not)."""
@@ -107,8 +108,10 @@ class DraftModel:
                 self.end(shadow.request.request_id)
             return {}
         for shadow in shadows:  # the last draft's KV is not written
+            rid = shadow.request.request_id
             base = shadow.request.num_tokens - len(shadow.drafts)
-            self._kv[shadow.request.request_id] = _DraftKV(base, shadow.drafts[:-1])
+            named = self._kv[rid].named if rid in self._kv else 0
+            self._kv[rid] = _DraftKV(base, shadow.drafts[:-1], named)
         return {shadow.request.request_id: shadow.drafts for shadow in shadows}
 
     def end(self, request_id: str) -> None:
@@ -132,8 +135,10 @@ class DraftModel:
                 return None
             return prefix.num_tokens
         start = min(kv.valid(request), request.num_tokens - 1)
-        tokens = request.token_ids_from(0, start)
-        self.blocks.commit(rid, tokens, start)  # full blocks of good KV join the cache
+        full = start // self.blocks.block_size * self.blocks.block_size
+        if full > kv.named:  # a block of good KV filled up: it joins the cache
+            self.blocks.commit(rid, request.token_ids_from(0, full), full)
+            kv.named = full
         if self.blocks.allocate(rid, request.num_tokens + k - 1) is None:
             self.end(rid)
             return None
