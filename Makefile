@@ -19,7 +19,7 @@ COOKBOOK_PACKAGES := tinker-cookbook==0.6.1 tml-renderers==0.2.1 chz==0.4.0 blob
 	multiprocess==0.70.16 xxhash==4.1.0 pandas==3.1.1 fsspec==2026.9.0 \
 	python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 six==1.17.0
 
-.PHONY: setup browser generate serve test bench bench-serving bench-llamacpp clean
+.PHONY: setup browser postgres generate serve test bench bench-serving bench-llamacpp clean
 
 setup: $(VENV)/.installed $(COOKBOOK)/.installed
 
@@ -64,13 +64,26 @@ browser:
 		fi; \
 	fi
 
+# The usage ledger's PostgreSQL tests (tests/contract/test_usage_ledger_contract.py) start
+# Debian's postgres: installed here when missing, as root with apt-get (elsewhere those
+# tests skip and say how to install it).
+postgres:
+	-@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				postgresql; \
+		else \
+			echo "no PostgreSQL and not root: the PostgreSQL ledger tests will skip"; \
+		fi; \
+	fi
+
 generate: setup
 	$(BIN)/infer generate "$(PROMPT)" --chat
 
 serve: setup
 	$(BIN)/infer serve
 
-test: setup browser
+test: setup browser postgres
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -31,6 +31,7 @@ class RequestRecord:
     trace: tuple[tuple[str, str], ...] = ()
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompts', found in the prefix cache (once per prompt)
     finish_reasons: list[str] = field(default_factory=list)
     first_token_s: float | None = None
     error_code: str | None = None  # the error type of an error reply or event

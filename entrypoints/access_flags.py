@@ -13,10 +13,12 @@ import structlog
 
 from adapters.storage.keys_file import KeysFileError, load_keyring
 from adapters.storage.rate_limits import storage_uri
+from adapters.storage.usage_sql import DEFAULT_USAGE_DB, check_usage_target
 from application.access import Access
 from application.idempotency import DEFAULT_TTL_S
 from application.keys import Keyring, hash_key
 from application.responses import DEFAULT_MAX_STORED_RESPONSES, DEFAULT_RESPONSES_TTL_S
+from application.usage_ledger import DEFAULT_RETENTION_DAYS
 from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
 from entrypoints.flag_fields import from_flags
@@ -33,7 +35,9 @@ class AccessSettings:
     header is ignored) and how many (``idempotency_max_keys``, in memory) replies are kept;
     how long ``/v1/responses`` keeps finished responses (``responses_ttl`` seconds, 0: none
     are kept) and how many (``responses_max_stored``, in memory; in Redis with
-    ``redis_url``).
+    ``redis_url``); where every API request's usage is recorded (``usage_db``: a SQLite
+    file, ``:memory:`` or a ``postgresql://`` URL; None: this process's memory) and for
+    how many days (``usage_retention_days``, 0: for ever).
     Checked at construction; :meth:`keyring` reads the keys file."""
 
     api_keys_file: str | None = None
@@ -43,8 +47,17 @@ class AccessSettings:
     idempotency_max_keys: int = 10_000
     responses_ttl: float = DEFAULT_RESPONSES_TTL_S
     responses_max_stored: int = DEFAULT_MAX_STORED_RESPONSES
+    usage_db: str | None = None
+    usage_retention_days: float = DEFAULT_RETENTION_DAYS
 
     def __post_init__(self) -> None:
+        if self.usage_retention_days < 0:
+            raise InvalidParameterError("usage_retention_days", "must be 0 (for ever) or more")
+        if self.usage_db is not None:
+            try:
+                check_usage_target(self.usage_db)
+            except ValueError as e:
+                raise InvalidParameterError("usage_db", str(e)) from e
         if self.idempotency_ttl < 0:
             raise InvalidParameterError("idempotency_ttl", "must be 0 (off) or more")
         if self.idempotency_max_keys < 1:
@@ -128,6 +141,25 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
         help="replies kept in memory at most, the oldest dropped first (default %(default)s)",
     )
     add_responses_args(parser)
+    add_usage_args(parser)
+
+
+def add_usage_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("usage ledger (GET /v1/organization/usage/...)")
+    group.add_argument(
+        "--usage-db",
+        default=DEFAULT_USAGE_DB,
+        help="where every API request's usage (tenant, model, tokens, status; never text) "
+        "is recorded: a SQLite file (default %(default)s), :memory:, or a PostgreSQL URL "
+        "(postgresql://USER@HOST/DB) that every server of a fleet writes to",
+    )
+    group.add_argument(
+        "--usage-retention-days",
+        type=float,
+        default=DEFAULT_RETENTION_DAYS,
+        help="days usage records are kept, older ones pruned hourly (default %(default)s; "
+        "0: kept for ever)",
+    )
 
 
 def add_responses_args(parser: argparse.ArgumentParser) -> None:

@@ -41,6 +41,7 @@ from adapters.observability.tracing import Tracing
 from adapters.storage.factory import (
     build_idempotency,
     build_response_store,
+    build_usage_recorder,
     checkpoint_storage,
 )
 from adapters.storage.rate_limits import LimitsCounters
@@ -163,6 +164,12 @@ class Container(containers.DeclarativeContainer):
         config.provided.access.redis_url,
         config.provided.access.responses_max_stored,
     )
+    # Every API request's usage (--usage-db: SQLite, PostgreSQL; None: memory).
+    usage = providers.Singleton(
+        build_usage_recorder,
+        config.provided.access.usage_db,
+        config.provided.access.usage_retention_days,
+    )
     # Where the Tinker checkpoints served by path (as models) are found: the Tinker
     # service (a fleet's ingress reads the replicas' shared folder instead).
     tinker_checkpoints = providers.Callable(_same, tinker)
@@ -206,6 +213,7 @@ class Container(containers.DeclarativeContainer):
         draining=draining,
         replicas=replicas,
         timeline=timeline,
+        usage=usage,
         on_startup=on_startup,
         on_shutdown=providers.Callable(shutdown_hooks, tracing),
     )

@@ -7,6 +7,7 @@ Faces, one router each: the native token stream (``generate_routes``), the OpenA
 endpoints (``openai/``), the Tinker API (``tinker/``), and the probes (``probes``).
 """
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from litestar.middleware import DefineMiddleware
 from adapters.http.admin import admin_router
 from adapters.http.anthropic import anthropic_router
 from adapters.http.console import Timeline, console_routers, engine_info
-from adapters.http.console.data import console_data_router, usage_middleware
+from adapters.http.console.data import console_data_router
 from adapters.http.errors import HTTPError, error_response, framework_error_response
 from adapters.http.generate_routes import generate_router
 from adapters.http.idempotency import IdempotencyMiddleware
@@ -31,6 +32,7 @@ from adapters.http.responses import responses_router
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_guard, tinker_router
+from adapters.http.usage import usage_middleware, usage_router
 from application.access import Access
 from application.chat_prompts import ChatPrompts
 from application.completions import CompletionService
@@ -39,9 +41,9 @@ from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
 from application.served_models import ServedModels
-from application.tenant_usage import TenantUsage
 from application.tinker.service import TinkerService
 from application.tool_parsers import FORMATS
+from application.usage_ledger import MemoryUsageLedger, UsageRecorder
 
 # The endpoints that generate: a retried POST with an Idempotency-Key runs once.
 IDEMPOTENT_PATHS = (
@@ -108,7 +110,8 @@ class HttpServices:
     one process); ``responses``: where ``/v1/responses`` keeps finished responses
     (default: in this process's memory; None: none are kept); ``timeline``: the engine's
     recent seconds, which the console's engine view streams (None: none seen here);
-    ``on_startup``: called on
+    ``usage``: the usage ledger every ``/v1/`` request is recorded in, which the usage API
+    and the console read (None: one in this process's memory); ``on_startup``: called on
     the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
     traces)."""
@@ -124,6 +127,7 @@ class HttpServices:
     # Where /v1/responses keeps finished responses (None: none are kept).
     responses: ResponseStore | None = field(default_factory=MemoryResponseStore)
     timeline: Timeline | None = None
+    usage: UsageRecorder | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -161,12 +165,12 @@ def create_app(
         )
     interval = settings.sse_heartbeat_interval
     heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
-    # The console's tenants and training pages, and the usage today they show per tenant.
-    usage = TenantUsage()
+    usage = services.usage or UsageRecorder(MemoryUsageLedger())
     console_data = [
         console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
     ]
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
+    routers.append(usage_router(usage, access))
     if services.replicas is not None:
         routers.append(admin_router(services.replicas, access))
     if settings.ui:
@@ -184,12 +188,12 @@ def create_app(
             *routers,
             *(console_data if settings.ui else []),
         ],
-        lifespan=[_lifespan(engine, services)],
+        lifespan=[_lifespan(engine, services, usage)],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[
             *idempotent,
             owning_middleware(engine, draining, settings.request_timeout),
-            *([usage_middleware(usage)] if settings.ui else []),
+            usage_middleware(usage),
             *heartbeat,
         ],
         cors_config=_cors(settings.allowed_origins),
@@ -202,15 +206,17 @@ def create_app(
 
 
 def _lifespan(
-    engine: EngineClient, services: HttpServices
+    engine: EngineClient, services: HttpServices, usage: UsageRecorder
 ) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
-    """Start-up hooks (on the event loop: signal handlers), then the engine and the Tinker
-    service; at shutdown, the services, the engine, then the shutdown hooks."""
+    """Start-up hooks (on the event loop: signal handlers), the usage ledger's writer, then
+    the engine and the Tinker service; at shutdown, the services, the engine, the ledger's
+    last records, then the shutdown hooks."""
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         for hook in services.on_startup:
             hook()
+        usage.start()
         engine.start()
         if services.tinker is not None:
             services.tinker.start()
@@ -222,6 +228,7 @@ def _lifespan(
             if services.embeddings is not None:
                 await services.embeddings.stop()
             await engine.stop()
+            await asyncio.to_thread(usage.close)
             for hook in services.on_shutdown:
                 hook()
 

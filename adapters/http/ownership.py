@@ -212,7 +212,8 @@ class RecordingGroup:
     ) -> list[AsyncIterator[StepOutput]]:
         streams = self._group.admit(request_ids, prompts, params, n, adapter_id=adapter_id)
         self._record.prompt_tokens += sum(map(len, prompts))  # once per prompt, whatever n
-        return [self._recorded(stream) for stream in streams]
+        # A prompt's cached tokens once, from its first choice's stream.
+        return [self._recorded(stream, i % n == 0) for i, stream in enumerate(streams)]
 
     def close(self) -> None:
         self._group.close()
@@ -220,7 +221,9 @@ class RecordingGroup:
     def fail(self, error: str) -> None:
         self._group.fail(error)
 
-    async def _recorded(self, stream: AsyncIterator[StepOutput]) -> AsyncIterator[StepOutput]:
+    async def _recorded(
+        self, stream: AsyncIterator[StepOutput], counts_prompt: bool
+    ) -> AsyncIterator[StepOutput]:
         record = self._record
         try:
             async for output in stream:
@@ -228,6 +231,8 @@ class RecordingGroup:
                     record.first_token_s = time.monotonic()
                 if output.finished:
                     record.completion_tokens += output.completion_tokens
+                    if counts_prompt:
+                        record.cached_tokens += output.cached_tokens
                     record.finish_reasons.append(output.finish_reason or "error")
                 yield output
         finally:

@@ -1,13 +1,16 @@
 """What the composition root builds on the storage adapters: the idempotent replies' store
-and the stored responses (in Redis or in memory), and Tinker's checkpoint folders."""
+and the stored responses (in Redis or in memory), Tinker's checkpoint folders, and the
+usage ledger (SQLite, PostgreSQL or memory)."""
 
 from pathlib import Path
 
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.responses import RedisResponseStore
+from adapters.storage.usage_sql import open_ledger
 from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
+from application.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
 
 DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
 
@@ -37,3 +40,11 @@ def build_response_store(
 def checkpoint_storage(checkpoint_dir: str | None) -> FileCheckpointStorage:
     """Tinker's checkpoints as folders under ``checkpoint_dir`` (None: the default)."""
     return FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
+
+
+def build_usage_recorder(target: str | None, retention_days: float) -> UsageRecorder:
+    """The usage ledger ``target`` names (None: this process's memory), records kept
+    ``retention_days`` (0: for ever)."""
+    ledger = MemoryUsageLedger() if target is None else open_ledger(target)
+    retention = None if retention_days == 0 else retention_days * DAY_S
+    return UsageRecorder(ledger, retention_s=retention)

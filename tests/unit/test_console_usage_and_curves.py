@@ -1,9 +1,7 @@
-"""What the console's data pages read: each tenant's usage today (``TenantUsage``: counted
-per request, a new UTC day starting from zero, bounded in tenants) and each training run's
+"""What the console's training page reads: each training run's
 metrics per step (``TrainingCurves``: chunks merged by their reduction, a point per
 ``optim_step``, bounded in points and runs)."""
 
-from application.tenant_usage import NO_TENANT, OTHER, TenantUsage, UsageToday
 from application.tinker.curves import TrainingCurves
 
 DAY = 86400.0
@@ -15,42 +13,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def test_usage_counts_requests_tokens_429s_and_errors() -> None:
-    clock = Clock(10 * DAY + 5)
-    usage = TenantUsage(wall_clock=clock)
-    usage.record("acme", 200, 10, 5)
-    usage.record("acme", 429)
-    usage.record("acme", 400, 3, 0)
-    usage.record("acme", None)  # never answered (the client left)
-    usage.record(None, 200, 1, 1)
-    start, today = usage.today()
-    assert start == 10 * DAY
-    assert today["acme"] == UsageToday(
-        requests=4, prompt_tokens=13, completion_tokens=5, rate_limited=1, errors=2
-    )
-    assert today[NO_TENANT] == UsageToday(1, 1, 1, 0, 0)
-
-
-def test_a_new_day_starts_from_zero() -> None:
-    clock = Clock(10 * DAY + 5)
-    usage = TenantUsage(wall_clock=clock)
-    usage.record("acme", 200, 10, 5)
-    clock.now = 11 * DAY + 1
-    assert usage.today() == (11 * DAY, {})
-    usage.record("acme", 200, 1, 1)
-    assert usage.today()[1]["acme"].requests == 1
-
-
-def test_tenants_past_the_cap_count_as_other() -> None:
-    usage = TenantUsage(max_tenants=2)
-    for tenant in ("a", "b", "c", "d"):
-        usage.record(tenant, 200)
-    usage.record("a", 200)
-    today = usage.today()[1]
-    assert sorted(today) == ["a", "b", OTHER]
-    assert (today["a"].requests, today[OTHER].requests) == (2, 2)
 
 
 def test_chunks_merge_by_reduction_and_the_step_closes_on_optim_step() -> None:

@@ -1,5 +1,5 @@
 """The console's data pages' router (``/ui/api/tenants``, ``/ui/api/training/...``) and
-what ``create_app`` wires for them: the usage counting middleware.
+what ``create_app`` wires for them.
 
 Behind the console's guard and with its security headers (``security.py``); errors answer
 in OpenAI's schema (401 ``invalid_api_key``, 403 ``permission_error``, 404).
@@ -8,15 +8,15 @@ in OpenAI's schema (401 ``invalid_api_key``, 403 ``permission_error``, 404).
 from litestar import Router
 
 from adapters.http.console.security import console_guard, console_headers
-from adapters.http.console.tenants import TenantRoutes, usage_middleware
+from adapters.http.console.tenants import TenantRoutes
 from adapters.http.console.training import TrainingRoutes
 from adapters.http.console.viewer import ConsoleViewers
 from adapters.http.errors import ACCESS_RULES, ErrorRule, ErrorTable, exception_handlers
 from adapters.http.request_state import constants
 from application.access import Access
 from application.served_models import ServedModels
-from application.tenant_usage import TenantUsage
 from application.tinker.service import TinkerService
+from application.usage_ledger import UsageRecorder
 from domain.training import NotFoundError
 
 CONSOLE_ERRORS = ErrorTable(
@@ -25,15 +25,15 @@ CONSOLE_ERRORS = ErrorTable(
 
 
 def console_data_router(
-    usage: TenantUsage,
+    usage: UsageRecorder,
     models: ServedModels,
     *,
     access: Access | None = None,
     tinker: TinkerService | None = None,
     tinker_api_keys: frozenset[str] | None = None,
 ) -> Router:
-    """The tenants' and the training runs' data under ``/ui/api``; ``usage``: what the
-    :func:`usage_middleware` counts."""
+    """The tenants' and the training runs' data under ``/ui/api``; ``usage``: the usage
+    ledger's recorder (each tenant's usage today)."""
     viewers = ConsoleViewers(access, tinker_api_keys)
     return Router(
         path="/ui/api",
@@ -53,4 +53,4 @@ def console_data_router(
     )
 
 
-__all__ = ["console_data_router", "usage_middleware"]
+__all__ = ["console_data_router"]

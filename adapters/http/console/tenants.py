@@ -1,13 +1,12 @@
-"""The console's tenants page data: ``GET /ui/api/tenants`` (admin), and the middleware that
-counts each tenant's use of the inference faces today (:class:`~application.tenant_usage.
-TenantUsage`).
+"""The console's tenants page data: ``GET /ui/api/tenants`` (admin).
 
 Each tenant of the keys file with its faces, models, weight and limits, and its usage today
-(UTC): API requests under ``/v1/`` (OpenAI, Anthropic, Responses, ``/v1/generate``), their
-prompt and completion tokens, the 429s it was answered and other errors; with the Tinker
-API, the tokens it trained, prefilled and sampled and the checkpoints it saved today (the
-Tinker usage meter's hours since midnight). Usage of tenants no longer in the keys file, and
-of requests without a key (an open server), is listed apart.
+(UTC) from the usage ledger (which survives a restart): API requests under ``/v1/``
+(OpenAI, Anthropic, Responses, ``/v1/generate``, the model list), their prompt and
+completion tokens, the 429s it was answered and other errors; with the Tinker API, the
+tokens it trained, prefilled and sampled and the checkpoints it saved today (the Tinker
+usage meter's hours since midnight). Usage of tenants no longer in the keys file, and of
+requests without a key (an open server), is listed apart.
 """
 
 import time
@@ -16,60 +15,40 @@ from typing import Any
 
 from litestar import Controller, Request, get
 from litestar.di import NamedDependency
-from litestar.middleware import DefineMiddleware
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.http.console.viewer import ADMIN, ConsoleViewers
 from application.access import Access
-from application.request_record import RECORD_KEY, RequestRecord
-from application.tenant_usage import NO_TENANT, TenantUsage, UsageToday
 from application.tinker.service import TinkerService
 from application.tinker.usage import HOUR_S, UsageMeter
+from application.usage_ledger import DAY_S, UsageRecorder
 from domain.tenancy import Tenant
+from domain.usage import UsageQuery, UsageTotals
 
-# The paths whose requests are counted: the inference faces.
-COUNTED_PREFIX = "/v1/"
 NO_STORE = {"Cache-Control": "no-store"}
+NO_TENANT = ""  # requests without a key (an open server)
 
 Viewers = NamedDependency[ConsoleViewers]
-Usage = NamedDependency[TenantUsage]
+Usage = NamedDependency[UsageRecorder]
 AccessDep = NamedDependency[Access | None]
 TinkerDep = NamedDependency[TinkerService | None]
 
 
-class UsageMiddleware:
-    """Counts every request under ``/v1/`` when it ends, for its tenant (the request
-    record's, which the inference guard fills in), with its status and tokens."""
-
-    def __init__(self, app: ASGIApp, usage: TenantUsage) -> None:
-        self.app, self.usage = app, usage
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(COUNTED_PREFIX):
-            await self.app(scope, receive, send)
-            return
-        status: int | None = None
-
-        async def send_counted(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_counted)
-        finally:
-            record = scope.get("state", {}).get(RECORD_KEY)
-            if isinstance(record, RequestRecord):
-                self.usage.record(
-                    record.tenant_id, status, record.prompt_tokens, record.completion_tokens
-                )
-            else:
-                self.usage.record(None, status)
-
-
-def usage_middleware(usage: TenantUsage) -> DefineMiddleware:
-    return DefineMiddleware(UsageMiddleware, usage=usage)
+def _today(totals: UsageTotals | None) -> dict[str, int]:
+    if totals is None:
+        return {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "rate_limited": 0,
+            "errors": 0,
+        }
+    return {
+        "requests": totals.requests,
+        "prompt_tokens": totals.prompt_tokens,
+        "completion_tokens": totals.completion_tokens,
+        "rate_limited": totals.rate_limited,
+        "errors": totals.failed,
+    }
 
 
 class TenantRoutes(Controller):
@@ -83,7 +62,10 @@ class TenantRoutes(Controller):
         tinker: TinkerDep,
     ) -> dict[str, Any]:
         viewer = viewers.admin(request)
-        day_start, today = usage.today()
+        now = time.time()
+        day_start = float(int(now // DAY_S) * DAY_S)
+        query = UsageQuery(day_start, day_start + DAY_S, DAY_S, group_by=("tenant_id",))
+        today = {row.group[0] or NO_TENANT: row for row in await usage.totals(query)}
         keyring = access.keyring if access is not None else None
         meter = tinker.usage if tinker is not None else None
         tenants = []
@@ -91,19 +73,19 @@ class TenantRoutes(Controller):
             tenants.append(
                 {
                     **tenant_json(tenant),
-                    "usage": asdict(today.pop(tenant.id, UsageToday())),
+                    "usage": _today(today.pop(tenant.id, None)),
                     "tinker_usage": tinker_today(meter, tenant.id, day_start),
                 }
             )
         others = [
-            {"id": tenant_id, "no_key": tenant_id == NO_TENANT, "usage": asdict(counted)}
+            {"id": tenant_id, "no_key": tenant_id == NO_TENANT, "usage": _today(counted)}
             for tenant_id, counted in sorted(today.items())
         ]
         return {
             "keyed": viewers.keyed,
             "viewer": viewer.tenant,
             "day_start": day_start,
-            "now": time.time(),
+            "now": now,
             "tinker": tinker is not None,
             "tenants": tenants,
             "others": others,
