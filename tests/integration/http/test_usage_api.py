@@ -35,9 +35,7 @@ def keys_file(tmp_path: Path) -> str:
 
 def client_for(tmp_path: Path, *, keyed: bool = True, usage_db: str | None = None) -> TestClient:
     runner = FakeModelRunner(script=reply_script(ByteTokenizer(), "ok" * 10))
-    access = AccessSettings(
-        api_keys_file=keys_file(tmp_path) if keyed else None, usage_db=usage_db
-    )
+    access = AccessSettings(api_keys_file=keys_file(tmp_path) if keyed else None, usage_db=usage_db)
     container = fake_container(runner, cache_dir=str(tmp_path), access=access)
     return TestClient(app=container.http_app())
 
@@ -84,7 +82,11 @@ def test_usage_by_tenant_and_model_matches_what_replies_said(tmp_path: Path) -> 
         # The 429 is not a model request and used no tokens.
         assert bob["num_model_requests"] == 1
         assert bob["output_tokens"] == replies[2]["usage"]["completion_tokens"]
-        assert (alice["input_cached_tokens"], alice["api_key_id"], alice["batch"]) == (0, None, None)
+        assert (alice["input_cached_tokens"], alice["api_key_id"], alice["batch"]) == (
+            0,
+            None,
+            None,
+        )
 
 
 def test_buckets_cover_the_range_and_page(tmp_path: Path) -> None:
