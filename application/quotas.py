@@ -1,10 +1,16 @@
-"""Per-tenant limits: requests per second and per minute, tokens per minute, concurrent
-streams, counted on the :class:`RateLimitCounters` port (memory or Redis).
+"""Per-tenant limits: requests per second, per minute and per day, tokens per minute and
+per day, concurrent streams, counted on the :class:`RateLimitCounters` port (memory or
+Redis).
 
 Tokens are reserved when a request is admitted (its prompt tokens + ``max_tokens`` for
-every choice) and settled when it ends: the unused part is given back, if the window it was
-taken in has not reset yet, and use beyond the reservation is counted. A refused request
-counts nothing.
+every choice), in each token window the tenant has (minute, day), and settled when it
+ends: in each window, the unused part is given back if that window has not reset since it
+was taken, and use beyond the reservation is counted. A refused request counts nothing:
+what it took in the windows checked before the one that refused it is given back.
+
+Daily quotas are fixed windows of 86400 s starting at the tenant's first counted request
+(not at midnight). :meth:`Quotas.seed` counts usage recorded elsewhere into them, so that
+they survive a restart when the counters live in memory.
 """
 
 import time
@@ -19,21 +25,43 @@ from domain.tenancy import (
     WindowState,
 )
 
-MINUTE, SECOND = 60, 1
+SECOND, MINUTE, DAY = 1, 60, 86400
+
+
+@dataclass
+class Reservation:
+    """What one request took in one window (its tokens; or its one request, while the
+    others are checked): the counter, its limit and window, and the wall time that window
+    resets (what is not used is given back only before then)."""
+
+    name: str
+    limit: int
+    window_s: int
+    tokens: int
+    until: float
 
 
 @dataclass
 class Admission:
-    """What one API request holds: its token reservation and stream slot, and the window
-    states for the ``x-ratelimit-*`` headers."""
+    """What one API request holds: its token reservations (one per token window) and
+    stream slot, and the window states for the ``x-ratelimit-*`` headers (each the
+    tightest of its windows: the least remaining)."""
 
     tenant: Tenant
     requests: WindowState | None = None
     tokens: WindowState | None = None
-    reserved_tokens: int = 0
-    reserved_until: float = 0.0  # the wall time the token window resets
+    reservations: list[Reservation] = field(default_factory=list)
     stream: bool = False
     settled: bool = field(default=False, repr=False)
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens reserved for the request (the same in every window)."""
+        return max((r.tokens for r in self.reservations), default=0)
+
+
+def _tighter(old: WindowState | None, new: WindowState) -> WindowState:
+    return new if old is None or new.remaining < old.remaining else old
 
 
 class Quotas:
@@ -53,8 +81,9 @@ class Quotas:
         return RateLimitedError(limit, message, state)
 
     async def admit(self, tenant: Tenant) -> Admission:
-        """Count one request (per second, per minute); raises :class:`RateLimitedError`
-        (:class:`LimitsUnavailableError` when the counters cannot be reached)."""
+        """Count one request (per second, per minute, per day); raises
+        :class:`RateLimitedError` (:class:`LimitsUnavailableError` when the counters
+        cannot be reached)."""
         try:
             return await self._admit(tenant)
         except (RateLimitedError, LimitsUnavailableError):
@@ -63,8 +92,9 @@ class Quotas:
             raise LimitsUnavailableError(f"rate limits cannot be checked now: {e}") from e
 
     async def reserve(self, admission: Admission, tokens: int, *, stream: bool = True) -> None:
-        """Reserve ``tokens`` for the request and take a stream slot (``stream`` False:
-        work that holds none); raises :class:`RateLimitedError` (nothing held then)."""
+        """Reserve ``tokens`` for the request in each token window and take a stream slot
+        (``stream`` False: work that holds none); raises :class:`RateLimitedError`
+        (nothing held then)."""
         try:
             await self._reserve(admission, tokens, stream)
         except (RateLimitedError, LimitsUnavailableError):
@@ -72,60 +102,91 @@ class Quotas:
         except Exception as e:
             raise LimitsUnavailableError(f"rate limits cannot be checked now: {e}") from e
 
+    async def seed(self, tenant: Tenant, requests: int, tokens: int) -> None:
+        """Count ``requests`` and ``tokens`` the tenant already used (read from a usage
+        ledger, say) into its daily windows, whatever their limits; nothing for a limit it
+        does not have. Used at start-up so that daily quotas survive a restart when the
+        counters live in memory (counters in Redis survive it themselves: seeding them
+        would count the usage twice)."""
+        limits = tenant.limits
+        if limits.requests_per_day is not None and requests > 0:
+            await self.counters.charge(
+                f"requests/{DAY}:{tenant.id}", requests, limits.requests_per_day, DAY
+            )
+        if limits.tokens_per_day is not None and tokens > 0:
+            await self.counters.charge(
+                f"tokens/day:{tenant.id}", tokens, limits.tokens_per_day, DAY
+            )
+
     async def _admit(self, tenant: Tenant) -> Admission:
         limits, admission = tenant.limits, Admission(tenant)
+        taken: list[Reservation] = []
         for amount, window, unit in (
             (limits.requests_per_second, SECOND, "second"),
             (limits.requests_per_minute, MINUTE, "minute"),
+            (limits.requests_per_day, DAY, "day"),
         ):
             if amount is None:
                 continue
-            ok, state = await self.counters.take(
-                f"requests/{window}:{tenant.id}", 1, amount, window
-            )
+            name = f"requests/{window}:{tenant.id}"
+            ok, state = await self.counters.take(name, 1, amount, window)
             if not ok:
+                await self._give_back_all(taken)  # a refused request counts nothing
+                what = "daily quota" if window == DAY else "rate limit"
                 raise self._refused(
                     tenant,
                     "requests",
-                    f"rate limit reached: {amount} requests per {unit} for this key; retry "
+                    f"{what} reached: {amount} requests per {unit} for this key; retry "
                     f"in {state.reset_s:.1f} s",
                     state,
                 )
-            if admission.requests is None or state.remaining < admission.requests.remaining:
-                admission.requests = state
+            taken.append(Reservation(name, amount, window, 1, self.clock() + state.reset_s))
+            admission.requests = _tighter(admission.requests, state)
         return admission
 
     async def _reserve(self, admission: Admission, tokens: int, stream: bool) -> None:
         tenant, limits = admission.tenant, admission.tenant.limits
-        if limits.tokens_per_minute is not None:
-            if tokens > limits.tokens_per_minute:
+        windows = [
+            (limit, name, window, unit)
+            for limit, name, window, unit in (
+                (limits.tokens_per_minute, f"tokens:{tenant.id}", MINUTE, "minute"),
+                (limits.tokens_per_day, f"tokens/day:{tenant.id}", DAY, "day"),
+            )
+            if limit is not None
+        ]
+        for limit, _, window, unit in windows:  # what could never fit, before taking any
+            if tokens > limit:
                 raise self._refused(
                     tenant,
                     "tokens",
                     f"this request needs {tokens} tokens (prompt + max_tokens), more than "
-                    f"the {limits.tokens_per_minute} tokens per minute this key may use; "
-                    "lower max_tokens",
-                    WindowState(limits.tokens_per_minute, 0, MINUTE),
+                    f"the {limit} tokens per {unit} this key may use; lower max_tokens",
+                    WindowState(limit, 0, window),
                 )
-            ok, state = await self.counters.take(
-                f"tokens:{tenant.id}", tokens, limits.tokens_per_minute, MINUTE
-            )
+        taken: list[Reservation] = []
+        state: WindowState | None = None
+        for limit, name, window, unit in windows:
+            ok, window_state = await self.counters.take(name, tokens, limit, window)
             if not ok:
+                await self._give_back_all(taken)
+                what = "daily quota" if window == DAY else "rate limit"
                 raise self._refused(
                     tenant,
                     "tokens",
-                    f"rate limit reached: {limits.tokens_per_minute} tokens per minute for "
-                    f"this key ({state.remaining} left, this request needs {tokens}); retry "
-                    f"in {state.reset_s:.1f} s",
-                    state,
+                    f"{what} reached: {limit} tokens per {unit} for this key "
+                    f"({window_state.remaining} left, this request needs {tokens}); retry "
+                    f"in {window_state.reset_s:.1f} s",
+                    window_state,
                 )
+            taken.append(
+                Reservation(name, limit, window, tokens, self.clock() + window_state.reset_s)
+            )
+            state = _tighter(state, window_state)
+        if state is not None:
             admission.tokens = state
-            admission.reserved_tokens = tokens
-            admission.reserved_until = self.clock() + state.reset_s
         if stream and limits.max_concurrent_streams is not None:
             if not await self.counters.enter(f"streams:{tenant.id}", limits.max_concurrent_streams):
-                await self._give_back(admission, admission.reserved_tokens)
-                admission.reserved_tokens = 0
+                await self._give_back_all(taken)
                 raise self._refused(
                     tenant,
                     "streams",
@@ -134,24 +195,39 @@ class Quotas:
                     WindowState(limits.max_concurrent_streams, 0, 1.0),
                 )
             admission.stream = True
+        for reservation in taken:  # a second reservation adds to the first
+            held = next((r for r in admission.reservations if r.name == reservation.name), None)
+            if held is None:
+                admission.reservations.append(reservation)
+            else:
+                held.tokens += reservation.tokens
+                held.until = min(held.until, reservation.until)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
-        """The request ended having used ``used_tokens``: give back the rest of its
-        reservation (or count what it used beyond it) and its stream slot. Idempotent."""
+        """The request ended having used ``used_tokens``: in each token window, give back
+        the rest of its reservation (or count what it used beyond it), and give back its
+        stream slot. Idempotent."""
         if admission.settled:
             return
         admission.settled = True
-        limit = admission.tenant.limits.tokens_per_minute
-        if limit is not None and admission.tokens is not None:
-            extra = used_tokens - admission.reserved_tokens
+        for reservation in admission.reservations:
+            extra = used_tokens - reservation.tokens
             if extra > 0:
-                await self.counters.charge(f"tokens:{admission.tenant.id}", extra, limit, MINUTE)
+                await self.counters.charge(
+                    reservation.name, extra, reservation.limit, reservation.window_s
+                )
             else:
-                await self._give_back(admission, -extra)
+                await self._give_back(reservation, -extra)
         if admission.stream:
             await self.counters.leave(f"streams:{admission.tenant.id}")
 
-    async def _give_back(self, admission: Admission, tokens: int) -> None:
-        limit = admission.tenant.limits.tokens_per_minute
-        if tokens and limit is not None and self.clock() < admission.reserved_until:
-            await self.counters.give_back(f"tokens:{admission.tenant.id}", tokens, limit, MINUTE)
+    async def _give_back_all(self, taken: list[Reservation]) -> None:
+        for reservation in taken:
+            await self._give_back(reservation, reservation.tokens)
+
+    async def _give_back(self, reservation: Reservation, amount: int) -> None:
+        """Uncount ``amount`` of ``reservation`` if its window has not reset since."""
+        if amount and self.clock() < reservation.until:
+            await self.counters.give_back(
+                reservation.name, amount, reservation.limit, reservation.window_s
+            )

@@ -17,14 +17,19 @@ DEFAULT_FACES = frozenset({"openai", "tinker"})
 
 @dataclass(frozen=True, slots=True)
 class TenantLimits:
-    """None: unlimited. Requests are counted per second and per minute; tokens per minute
-    (prompt + ``max_tokens`` reserved at admission, the unused part given back at the
-    end); streams are requests in progress at once."""
+    """None: unlimited. Requests are counted per second, per minute and per day; tokens
+    per minute and per day (prompt + ``max_tokens`` reserved at admission in each, the
+    unused part given back at the end); streams are requests in progress at once.
+
+    The daily quotas (``requests_per_day``, ``tokens_per_day``) are fixed windows of
+    86400 s starting at the tenant's first counted request, not at midnight."""
 
     requests_per_second: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent_streams: int | None = None
+    requests_per_day: int | None = None
+    tokens_per_day: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,8 @@ class LimitsUnavailableError(InferError):
 
 
 class RateLimitCounters(Protocol):
-    """Counters in fixed windows, keyed by name (e.g. ``tokens:<tenant>``)."""
+    """Counters in fixed windows, keyed by name (e.g. ``tokens:<tenant>``,
+    ``tokens/day:<tenant>``)."""
 
     async def take(
         self, name: str, amount: int, limit: int, window_s: int

@@ -13,6 +13,8 @@ requests_per_second = 5             # limits: absent = unlimited
 requests_per_minute = 100
 tokens_per_minute = 20000
 max_concurrent_streams = 4
+requests_per_day = 10000            # daily quotas: fixed windows of 86400 s from the
+tokens_per_day = 2000000            # tenant's first counted request (not midnight)
 ```
 """
 
@@ -29,6 +31,8 @@ _LIMITS = (
     "requests_per_minute",
     "tokens_per_minute",
     "max_concurrent_streams",
+    "requests_per_day",
+    "tokens_per_day",
 )
 _FIELDS = {"id", "keys", "faces", "models", "weight", *_LIMITS}
 
