@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from application.access import Access
 from domain.usage import UsageLedger, UsageQuery, UsageRecord, UsageTotals
 
 log = structlog.get_logger("infer.usage")
@@ -211,3 +212,31 @@ def _order(key: tuple[int, tuple[str | None, ...]]) -> tuple[int, tuple[tuple[bo
     """Buckets in order, then groups (None first, as SQL sorts NULLs in SQLite)."""
     bucket, group = key
     return bucket, tuple((value is not None, value or "") for value in group)
+
+
+async def seed_daily_quotas(access: Access, recorder: UsageRecorder) -> int:
+    """Count what each tenant with a daily quota used in the last 24 hours (the ledger's
+    requests under ``/v1/``, but those refused with a 429, and their tokens) into its day
+    windows: daily quotas survive a restart when their counters live in memory. How many
+    tenants were seeded."""
+    if access.keyring is None or access.quotas is None:
+        return 0
+    daily = {
+        t.id: t
+        for t in access.keyring.tenants
+        if t.limits.requests_per_day is not None or t.limits.tokens_per_day is not None
+    }
+    if not daily:
+        return 0
+    now = time.time()
+    query = UsageQuery(
+        now - DAY_S, now + 1, DAY_S + 1, group_by=("tenant_id",), tenants=frozenset(daily)
+    )
+    seeded = 0
+    for row in await recorder.totals(query):
+        tenant = daily.get(row.group[0] or "")
+        if tenant is not None:
+            used = row.prompt_tokens + row.completion_tokens
+            await access.quotas.seed(tenant, row.requests - row.rate_limited, used)
+            seeded += 1
+    return seeded

@@ -77,6 +77,10 @@ def _same(value: object) -> object:
     return value
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
 class Container(containers.DeclarativeContainer):
     """The server's providers; :func:`create_container` builds one."""
 
@@ -214,6 +218,8 @@ class Container(containers.DeclarativeContainer):
         replicas=replicas,
         timeline=timeline,
         usage=usage,
+        # Daily quotas counted in memory start from the ledger's last 24 hours.
+        seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
         on_startup=on_startup,
         on_shutdown=providers.Callable(shutdown_hooks, tracing),
     )

@@ -13,6 +13,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
@@ -43,7 +44,9 @@ from application.responses import MemoryResponseStore, ResponseStore
 from application.served_models import ServedModels
 from application.tinker.service import TinkerService
 from application.tool_parsers import FORMATS
-from application.usage_ledger import MemoryUsageLedger, UsageRecorder
+from application.usage_ledger import MemoryUsageLedger, UsageRecorder, seed_daily_quotas
+
+log = structlog.get_logger(__name__)
 
 # The endpoints that generate: a retried POST with an Idempotency-Key runs once.
 IDEMPOTENT_PATHS = (
@@ -111,7 +114,9 @@ class HttpServices:
     (default: in this process's memory; None: none are kept); ``timeline``: the engine's
     recent seconds, which the console's engine view streams (None: none seen here);
     ``usage``: the usage ledger every ``/v1/`` request is recorded in, which the usage API
-    and the console read (None: one in this process's memory); ``on_startup``: called on
+    and the console read (None: one in this process's memory); ``seed_quotas``: count the
+    last 24 hours of the ledger into the tenants' daily quotas at start-up (their counters
+    are in memory); ``on_startup``: called on
     the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
     traces)."""
@@ -128,6 +133,7 @@ class HttpServices:
     responses: ResponseStore | None = field(default_factory=MemoryResponseStore)
     timeline: Timeline | None = None
     usage: UsageRecorder | None = None
+    seed_quotas: bool = False
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -217,6 +223,11 @@ def _lifespan(
         for hook in services.on_startup:
             hook()
         usage.start()
+        if services.seed_quotas and services.access is not None:
+            try:
+                await seed_daily_quotas(services.access, usage)
+            except Exception as e:  # the ledger is down: start, the quotas counting afresh
+                log.error("daily quotas not seeded from the usage ledger", error=str(e))
         engine.start()
         if services.tinker is not None:
             services.tinker.start()

@@ -12,8 +12,8 @@ Tokens count against ``tokens_per_minute`` as on the OpenAI face: a sample reser
 prompt + ``max_tokens`` for every sequence when it is submitted and settles when its
 future finishes (what it did not use is given back); a forward/backward (or forward) is
 charged its data's tokens when it is submitted. An unfinished sample holds one of the
-key's ``max_concurrent_streams``. Work larger than the key's whole minute of tokens is a
-400 (retrying could never help), not a 429.
+key's ``max_concurrent_streams``. Work larger than the key's whole minute (or day) of
+tokens is a 400 (retrying could never help), not a 429.
 """
 
 import asyncio
@@ -62,12 +62,13 @@ class WorkLimits:
         more than the key's whole minute, a 429 when the window (or the streams) is full."""
         if self.held is None:
             return
-        per_minute = self.held.admission.tenant.limits.tokens_per_minute
-        if per_minute is not None and tokens > per_minute:
-            raise InvalidTrainingRequest(
-                f"{what} needs {tokens} tokens, more than the {per_minute} tokens per minute "
-                "this API key may use: send less at once"
-            )
+        limits = self.held.admission.tenant.limits
+        for limit, unit in ((limits.tokens_per_minute, "minute"), (limits.tokens_per_day, "day")):
+            if limit is not None and tokens > limit:
+                raise InvalidTrainingRequest(
+                    f"{what} needs {tokens} tokens, more than the {limit} tokens per {unit} "
+                    "this API key may use: send less at once"
+                )
         await self.held.quotas.reserve(self.held.admission, tokens, stream=stream)
 
     async def give_back(self) -> None:

@@ -17,7 +17,13 @@ from application.keys import hash_key
 from entrypoints.access_flags import AccessSettings
 from tests.fakes import fake_container
 
-KEYS = {"ops": "sk-ops", "alice": "sk-alice", "bob": "sk-bob", "tinker-only": "sk-tinker"}
+KEYS = {
+    "ops": "sk-ops",
+    "alice": "sk-alice",
+    "bob": "sk-bob",
+    "tinker-only": "sk-tinker",
+    "daily": "sk-daily",
+}
 USAGE = "/v1/organization/usage/completions"
 
 
@@ -27,6 +33,7 @@ def keys_file(tmp_path: Path) -> str:
         {"id": "alice", "keys": [hash_key(KEYS["alice"])]},
         {"id": "bob", "keys": [hash_key(KEYS["bob"])], "tokens_per_minute": 40},
         {"id": "tinker-only", "keys": [hash_key(KEYS["tinker-only"])], "faces": ["tinker"]},
+        {"id": "daily", "keys": [hash_key(KEYS["daily"])], "requests_per_day": 2},
     ]
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"tenants": tenants}))
@@ -182,3 +189,17 @@ def test_cached_prompt_tokens_are_summed(tmp_path: Path) -> None:
         assert cached > 0
         (row,) = results(usage(client, None).json())
         assert row["input_cached_tokens"] == cached
+
+
+def test_daily_quotas_survive_a_restart_through_the_ledger(tmp_path: Path) -> None:
+    db = str(tmp_path / "usage.sqlite3")
+    with client_for(tmp_path, usage_db=db) as client:
+        assert complete(client, "daily").status_code == 200
+    with client_for(tmp_path, usage_db=db) as client:
+        assert complete(client, "daily").status_code == 200
+        refused = complete(client, "daily")
+        assert refused.status_code == 429, refused.text
+        assert "2 requests per day" in refused.json()["error"]["message"]
+    # In memory (no ledger file) a restart starts the day afresh.
+    with client_for(tmp_path) as client:
+        assert complete(client, "daily").status_code == 200

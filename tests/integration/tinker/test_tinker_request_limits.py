@@ -119,3 +119,12 @@ def test_forward_backward_is_charged_its_data_tokens(tmp_path: Path) -> None:
         assert refused.status_code == 429, refused.text
         assert "20 tokens per minute" in refused.json()["detail"]
         assert tokens_left(counters, 20) == 20 - 2 * (len(SEQ) - 1)
+
+
+def test_work_larger_than_the_whole_day_is_a_400(tmp_path: Path) -> None:
+    app, _, _ = limited_app(tmp_path, TenantLimits(tokens_per_day=50))
+    with TestClient(app) as client:
+        api = Api(client, {"X-API-Key": KEY})
+        too_big = sample_body([3, 14, 15], sampling_params={"max_tokens": 60})
+        refused = api.post("asample", too_big, status=400)
+        assert "50 tokens per day" in refused["detail"], refused
