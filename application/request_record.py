@@ -25,6 +25,7 @@ class RequestRecord:
     status: int | None = None
     tenant_id: str | None = None
     model: str | None = None
+    rollout: str | None = None  # the rollout whose name was asked for (``model``: its pick)
     user: str | None = None  # the OpenAI ``user`` field, as the client sent it
     stream: bool = False
     # The W3C trace context engine requests are queued with (the server span's).

@@ -16,6 +16,7 @@ Resolving a name gives a :class:`ModelEntry`: what ``/v1/models`` shows and what
 needs (the adapter id, None for the base model).
 """
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -27,6 +28,7 @@ from typing import Protocol
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.engine_sampler import checkpoint_adapter_id
 from domain.errors import InvalidParameterError, ModelNotFoundError
+from domain.rollout import Rollout
 from domain.training import ServingAdapters, TrainingError
 
 TINKER_SCHEME = "tinker://"
@@ -58,6 +60,7 @@ class ModelEntry:
     grants: tuple[str, ...] = ()
     adapter_id: str | None = None
     folder: Path | None = field(default=None, repr=False)
+    rollout: str | None = None  # the rollout that sent the request here
 
     def allowed(self, allows_model: Callable[[str], bool]) -> bool:
         """Whether a tenant whose scope answers ``allows_model`` may use this model."""
@@ -75,6 +78,8 @@ class NameSettings(Protocol):
     def lora_modules(self) -> Sequence[LoraModule]: ...
     @property
     def deprecations(self) -> Mapping[str, date]: ...
+    @property
+    def rollouts(self) -> Sequence[Rollout]: ...
 
 
 def check_lora_module(module: LoraModule, adapters: ServingAdapters) -> None:
@@ -128,6 +133,7 @@ class ServedModels:
             tinker=tinker,
             tinker_base_names=names,
             deprecations=settings.deprecations,
+            rollouts=settings.rollouts,
         )
         models.load_lora_modules()
         return models
@@ -143,6 +149,7 @@ class ServedModels:
         tinker: TinkerCheckpoints | None = None,
         tinker_base_names: Sequence[str] = (),
         deprecations: Mapping[str, date] | None = None,
+        rollouts: Sequence[Rollout] = (),
         today: Callable[[], date] = date.today,
     ) -> None:
         """``names``: the base model's id, then its aliases; ``root``: its weights;
@@ -151,7 +158,8 @@ class ServedModels:
         ``tinker``: serve its checkpoints (the Tinker service's, or a fleet ingress's
         :class:`SharedCheckpoints`) by path, those on ``tinker_base_names`` (the
         names the Tinker API knows this base model by); ``deprecations``: name -> the day
-        it stops being served. Raises ``InvalidParameterError`` naming the setting."""
+        it stops being served; ``rollouts``: names split between served models (see
+        :meth:`set_rollout`). Raises ``InvalidParameterError`` naming the setting."""
         if not names:
             raise InvalidParameterError("served_model_name", "give at least one name")
         if lora_modules and adapters is None:
@@ -186,6 +194,13 @@ class ServedModels:
                 )
             self._static[name] = replace(self._static[name], deprecation_date=day)
         self._held = ExitStack()  # the LoRA modules' pins, for the server's life
+        self._rollouts: dict[str, Rollout] = {}
+        self._rollouts_lock = threading.Lock()
+        for rollout in rollouts:
+            try:
+                self.set_rollout(rollout)
+            except InvalidParameterError as e:
+                raise InvalidParameterError("model_rollout", e.message) from e
 
     def _add(self, setting: str, entry: ModelEntry) -> None:
         name = entry.id
@@ -210,13 +225,60 @@ class ServedModels:
                 why = f"{e} ({e.__cause__})" if e.__cause__ is not None else str(e)
                 raise InvalidParameterError("lora_modules", f"{where}: {why}") from e
 
+    # --- rollouts -------------------------------------------------------------------
+
+    def set_rollout(self, rollout: Rollout) -> Rollout | None:
+        """Serve ``rollout`` (replacing the one of its name: a weight moved, a rollback);
+        the one it replaced. Its targets must be served model names of this server (the
+        base's names, LoRA modules), none retired; its name no other model's.
+        ``InvalidParameterError`` naming what is wrong."""
+        where = f"rollout {rollout.name!r}"
+        if rollout.name in self._static or rollout.name.startswith(TINKER_SCHEME):
+            raise InvalidParameterError("name", f"{where}: the name is a served model's")
+        with self._rollouts_lock:
+            for target in rollout.targets:
+                entry = self._static.get(target.model)
+                if target.model in self._rollouts:
+                    raise InvalidParameterError(
+                        "targets", f"{where}: {target.model!r} is a rollout, not a model"
+                    )
+                if entry is None or self._retired(entry):
+                    raise InvalidParameterError(
+                        "targets", f"{where}: {target.model!r} is not a served model name"
+                    )
+            before = self._rollouts.get(rollout.name)
+            self._rollouts[rollout.name] = rollout
+        return before
+
+    def remove_rollout(self, name: str) -> Rollout | None:
+        """Stop serving the rollout ``name``; the one removed (None: there was none)."""
+        with self._rollouts_lock:
+            return self._rollouts.pop(name, None)
+
+    def rollouts(self) -> list[Rollout]:
+        with self._rollouts_lock:
+            return sorted(self._rollouts.values(), key=lambda r: r.name)
+
     # --- resolving ------------------------------------------------------------------
 
-    def resolve(self, requested: str | None, owner: str | None = None) -> ModelEntry:
+    def resolve(
+        self,
+        requested: str | None,
+        owner: str | None = None,
+        *,
+        tenant: str | None = None,
+        sticky: str | None = None,
+    ) -> ModelEntry:
         """The model a request names (None: the base model). ``owner``: the caller's
-        Tinker tenant (None: it has none, so no checkpoint of its own)."""
+        Tinker tenant (None: it has none, so no checkpoint of its own); for a rollout's
+        name, the target picked for ``tenant`` and the ``sticky`` key (see
+        :meth:`Rollout.pick`)."""
         if requested is None:
             return self._static[self.base]
+        rollout = self._rollouts.get(requested)
+        if rollout is not None:
+            target = self.resolve(rollout.pick(tenant, sticky))
+            return replace(target, grants=(rollout.name, self.base), rollout=rollout.name)
         entry = self._static.get(requested)
         if entry is not None:
             if self._retired(entry):
@@ -274,6 +336,10 @@ class ServedModels:
         """Every model served now: the base's names, the LoRA modules, then (with an
         ``owner``) its Tinker sampler checkpoints on this base model, oldest first."""
         listed = [e for e in self._static.values() if not self._retired(e)]
+        listed += [
+            ModelEntry(r.name, r.name, self.created, grants=(r.name, self.base))
+            for r in self.rollouts()
+        ]
         if self.tinker is None or not owner:
             return listed
         for record in self.tinker.checkpoints.find(owner):

@@ -16,6 +16,7 @@ from application.reasoning import PARSERS
 from application.served_models import LoraModule
 from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
+from domain.rollout import Rollout, parse_rollout
 
 DEFAULT_MAX_LORAS = 16
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -54,6 +55,7 @@ class ModelSettings:
     model_version: str | None = None
     lora_modules: tuple[LoraModule, ...] = ()
     deprecations: Mapping[str, date] = field(default_factory=dict)
+    rollouts: tuple[Rollout, ...] = ()
     max_loras: int = DEFAULT_MAX_LORAS
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
@@ -124,6 +126,7 @@ class ModelSettings:
             model_version=args.model_version,
             lora_modules=tuple(LoraModule(n, Path(path).expanduser()) for n, path in modules),
             deprecations=deprecations,
+            rollouts=tuple(parse_rollout(spec) for spec in args.model_rollout or ()),
             max_loras=args.max_loras,
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
@@ -154,6 +157,15 @@ def add_model_name_args(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=YYYY-MM-DD",
         help="the day a served name (an alias, the pinned version, a LoRA module) stops being "
         "served: until then replies carry Deprecation and Sunset headers (repeatable)",
+    )
+    group.add_argument(
+        "--model-rollout",
+        action="append",
+        default=None,
+        metavar="NAME=MODEL:WEIGHT,MODEL:WEIGHT",
+        help="serve NAME as a split of served models by weight (a canary: "
+        "support=lora-v1:90,lora-v2:10; the same OpenAI user field, the same model); "
+        "moved, pinned to tenants or rolled back at run time with /admin/rollouts (repeatable)",
     )
     group.add_argument(
         "--lora-modules",

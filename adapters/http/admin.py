@@ -1,16 +1,36 @@
-"""The admin face: ``GET /admin/replicas``, a fleet's engine replicas (id, pid, node, state,
-running, waiting, KV usage, prefix hit rate), served when the server runs replicas. Behind
-the API keys when there are any (any key; open without a keys file)."""
+"""The admin face.
+
+- ``GET /admin/replicas``: a fleet's engine replicas (id, pid, node, state, running,
+  waiting, KV usage, prefix hit rate), served when the server runs replicas. Behind the API
+  keys when there are any (any key; open without a keys file).
+- ``/admin/rollouts``: rollouts (a model name split between served models by weight and
+  tenant: canaries, moved and rolled back at run time). Admin keys only (the ``admin``
+  face; open without a keys file); every change an audit line (logger ``infer.audit``).
+"""
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from litestar import Controller, Router, get
+import msgspec
+import structlog
+from litestar import Controller, Request, Router, delete, get, put
+from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
+from litestar.params import FromPath
 
-from adapters.http.access import guards
-from adapters.http.request_state import provide
+from adapters.http.access import BEARER_HINT, guards
+from adapters.http.auth import ApiKeyGuard
+from adapters.http.errors import OPENAI_ERRORS, exception_handlers
+from adapters.http.openai.params import decode_body
+from adapters.http.request_state import api_state, constants, provide
 from application.access import Access
+from application.served_models import ServedModels
+from domain.errors import ModelNotFoundError
+from domain.rollout import Rollout, RolloutTarget
+from domain.tenancy import AuthenticationError, PermissionDeniedError
+
+ADMIN = "admin"
+audit = structlog.get_logger("infer.audit")
 
 Replicas = NamedDependency[Callable[[], Awaitable[list[dict[str, Any]]]]]
 
@@ -30,4 +50,137 @@ def admin_router(
         route_handlers=[AdminRoutes],
         guards=guards(access),
         dependencies=provide({"replicas": replicas}),
+    )
+
+
+# --- rollouts ---------------------------------------------------------------------------
+
+
+class TargetBody(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    weight: float = 0.0
+    tenants: list[str] = msgspec.field(default_factory=list)
+
+
+class RolloutBody(msgspec.Struct, forbid_unknown_fields=True):
+    targets: list[TargetBody]
+
+
+_rollout_decoder = msgspec.json.Decoder(RolloutBody)
+Models = NamedDependency[ServedModels]
+AccessDep = NamedDependency[Access | None]
+
+
+def admin_caller(
+    connection: ASGIConnection[Any, Any, Any, Any], access: Access | None
+) -> str | None:
+    """The admin tenant calling (None: an open server, where anyone is an admin); 401 for
+    a missing or unknown key, 403 for a key without the ``admin`` face."""
+    if access is None or access.open:
+        return None
+    guard = ApiKeyGuard(
+        AuthenticationError,
+        access=access,
+        face=ADMIN,
+        forbid=PermissionDeniedError,
+        missing_message=BEARER_HINT,
+    )
+    tenant = guard.resolve(connection)
+    state = api_state(connection)
+    if getattr(state, "record", None) is not None:
+        state.record.tenant_id = tenant.id
+    return tenant.id
+
+
+def rollout_json(rollout: Rollout) -> dict[str, Any]:
+    shares = rollout.shares()
+    return {
+        "object": "rollout",
+        "name": rollout.name,
+        "targets": [
+            {
+                "model": t.model,
+                "weight": t.weight,
+                "share": round(shares[t.model], 6),
+                "tenants": sorted(t.tenants),
+            }
+            for t in rollout.targets
+        ],
+    }
+
+
+class RolloutRoutes(Controller):
+    path = "/admin/rollouts"
+
+    @get("/")
+    async def list_rollouts(
+        self, request: Request[Any, Any, Any], models: Models, access: AccessDep
+    ) -> dict[str, Any]:
+        admin_caller(request, access)
+        return {"object": "list", "data": [rollout_json(r) for r in models.rollouts()]}
+
+    @get("/{name:str}")
+    async def get_rollout(
+        self,
+        request: Request[Any, Any, Any],
+        name: FromPath[str],
+        models: Models,
+        access: AccessDep,
+    ) -> dict[str, Any]:
+        admin_caller(request, access)
+        for rollout in models.rollouts():
+            if rollout.name == name:
+                return rollout_json(rollout)
+        raise ModelNotFoundError(f"no rollout named {name!r}")
+
+    @put("/{name:str}", status_code=200)
+    async def put_rollout(
+        self,
+        request: Request[Any, Any, Any],
+        name: FromPath[str],
+        models: Models,
+        access: AccessDep,
+    ) -> dict[str, Any]:
+        actor = admin_caller(request, access)
+        body = decode_body(_rollout_decoder, request, await request.body())
+        rollout = Rollout(
+            name,
+            tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
+        )
+        before = models.set_rollout(rollout)
+        audit.info(
+            "rollout set",
+            rollout=name,
+            targets={t.model: t.weight for t in rollout.targets},
+            pinned={t.model: sorted(t.tenants) for t in rollout.targets if t.tenants},
+            before=None if before is None else {t.model: t.weight for t in before.targets},
+            actor=actor,
+        )
+        return rollout_json(rollout)
+
+    @delete("/{name:str}", status_code=200)
+    async def delete_rollout(
+        self,
+        request: Request[Any, Any, Any],
+        name: FromPath[str],
+        models: Models,
+        access: AccessDep,
+    ) -> dict[str, Any]:
+        actor = admin_caller(request, access)
+        removed = models.remove_rollout(name)
+        if removed is None:
+            raise ModelNotFoundError(f"no rollout named {name!r}")
+        audit.info("rollout removed", rollout=name, actor=actor)
+        return {"object": "rollout.deleted", "name": name, "deleted": True}
+
+
+def rollout_router(models: ServedModels, access: Access | None) -> Router:
+    """``/admin/rollouts``: list, read, set (``PUT``: create, move weights, pin tenants,
+    roll back) and remove the rollouts ``models`` serves; admin keys only (open without
+    keys), answers and errors in OpenAI's format, each change an audit line."""
+    return Router(
+        path="/",
+        route_handlers=[RolloutRoutes],
+        dependencies=constants({"models": models, "access": access}),
+        exception_handlers=exception_handlers(OPENAI_ERRORS),
     )

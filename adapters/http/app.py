@@ -19,7 +19,7 @@ from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
-from adapters.http.admin import admin_router
+from adapters.http.admin import admin_router, rollout_router
 from adapters.http.anthropic import anthropic_router
 from adapters.http.console import Timeline, console_routers, engine_info
 from adapters.http.console.data import console_data_router
@@ -176,7 +176,7 @@ def create_app(
         console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
     ]
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
-    routers.append(usage_router(usage, access))
+    routers += [usage_router(usage, access), rollout_router(models, access)]
     if services.replicas is not None:
         routers.append(admin_router(services.replicas, access))
     if settings.ui:

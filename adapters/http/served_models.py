@@ -26,6 +26,8 @@ from adapters.http.request_state import api_state
 from application.served_models import ModelEntry, ServedModels
 from domain.tenancy import PermissionDeniedError
 
+# The model a rollout's name sent the request to (the reply's ``model`` in OpenAI's faces).
+ROLLOUT_HEADER = b"x-infer-model"
 # The caller's Tinker tenant (raises when its key is not a Tinker key).
 Owner = Callable[[ASGIConnection[Any, Any, Any, Any]], str]
 
@@ -49,14 +51,23 @@ class ModelNames:
         """The model ``requested`` names (None: the base model), usable by the caller;
         its adapter stays loaded, and the reply carries its deprecation, until the HTTP
         request ends."""
-        entry = self.models.resolve(requested, self.owner(request))
         state = api_state(request)
-        tenant = state.tenant
+        tenant, record = state.tenant, getattr(state, "record", None)
+        entry = self.models.resolve(
+            requested,
+            self.owner(request),
+            tenant=None if tenant is None else tenant.id,
+            sticky=None if record is None else record.user,
+        )
         if tenant is not None and not entry.allowed(tenant.allows_model):
             raise PermissionDeniedError(f"this API key may not use the model {entry.id!r}")
         state.hold.pins.enter_context(self.models.use(entry))
         if entry.deprecation_date is not None:
             state.hold.headers = deprecation_headers(entry.deprecation_date)
+        if entry.rollout is not None:  # logs, metrics and usage name the model that ran
+            state.hold.headers.append((ROLLOUT_HEADER, entry.id.encode()))
+            if record is not None:
+                record.model, record.rollout = entry.id, entry.rollout
         return entry
 
     def visible(self, request: Request[Any, Any, Any]) -> list[ModelEntry]:

@@ -288,6 +288,28 @@ class Metrics:
         self._tokens_output = counter("infer:tokens_output", "Completion tokens of API requests.")
         self._routes: set[str] = set()
         self._streams: set[int] = set()  # id() of the records that started a stream
+        # Rollouts: each target's requests, errors and latency (a canary's health).
+        target = ("model_name", "rollout", "target")
+        self._rollout_requests = Counter(
+            "infer:rollout_requests",
+            "API requests a rollout's name sent to each target, by status code.",
+            (*target, "code"),
+            registry=reg,
+        )
+        self._rollout_duration = Histogram(
+            "infer:rollout_request_duration_seconds",
+            "API request duration (start to response end) per rollout target.",
+            target,
+            registry=reg,
+            buckets=HTTP_DURATION_BUCKETS,
+        )
+        self._rollout_ttft = Histogram(
+            "infer:rollout_time_to_first_token_seconds",
+            "Time to the first token per rollout target.",
+            target,
+            registry=reg,
+            buckets=TTFT_BUCKETS,
+        )
         # Rate limits.
         self._rate_limited = Counter(
             "infer:rate_limit_dropped",
@@ -447,7 +469,14 @@ class Metrics:
         self._requests.labels(self.model_name, route, method, code).inc()
         if record.status is None or record.status >= 400:
             self._errors.labels(self.model_name, code).inc()
-        self._duration.labels(self.model_name, route).observe(self._clock() - record.started_s)
+        duration = self._clock() - record.started_s
+        self._duration.labels(self.model_name, route).observe(duration)
+        if record.rollout is not None and record.model is not None:
+            labels = (self.model_name, record.rollout, record.model)
+            self._rollout_requests.labels(*labels, code).inc()
+            self._rollout_duration.labels(*labels).observe(duration)
+            if (ttft := record.ttft_s) is not None:
+                self._rollout_ttft.labels(*labels).observe(ttft)
         if record.prompt_tokens:
             self._tokens_input.inc(record.prompt_tokens)
         if record.completion_tokens:

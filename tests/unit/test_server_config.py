@@ -13,6 +13,7 @@ import pytest
 
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import TracingSettings
+from adapters.storage.usage_sql import DEFAULT_USAGE_DB
 from adapters.torch.kv_sizing import KVCacheMemory
 from adapters.weights.factory import model_names
 from adapters.weights.packaged import SMOLLM2_NAME
@@ -63,7 +64,8 @@ def test_no_flags_give_todays_serve_defaults() -> None:
     assert config.tinker == TinkerSettings(
         enabled=True, limits=TinkerLimits(max_sample_requests=64)
     )
-    assert config.access == AccessSettings()
+    # The server records usage in a file by default; in-process apps (tests) in memory.
+    assert config.access == AccessSettings(usage_db=DEFAULT_USAGE_DB)
     assert config.access.idempotency_ttl == DEFAULT_TTL_S
     assert config.embeddings == EmbeddingSettings("all-MiniLM-L6-v2", EmbeddingLimits())
     assert config.observability == ObservabilitySettings()
@@ -260,6 +262,10 @@ def test_each_flag_module_builds_its_group(tmp_path: Path) -> None:
         (["--replicas", "-1"], "replicas"),
         (["--replica-cpus", "0"], "replica_cpus"),
         (["--replica-start-timeout", "0"], "replica_start_timeout"),
+        (["--usage-db", "redis://localhost/0"], "usage_db"),
+        (["--usage-retention-days", "-1"], "usage_retention_days"),
+        (["--model-rollout", "support"], "model_rollout"),
+        (["--model-rollout", "support=v1:x"], "model_rollout"),
     ]:
         with pytest.raises(InvalidParameterError) as error:
             serve(*argv)

@@ -1,0 +1,194 @@
+"""Rollouts over HTTP, through the composition root (fake runner): ``/admin/rollouts``
+(admin keys; list, read, set, move, pin tenants, roll back, remove; OpenAI-format errors;
+an audit line per change), a rollout's name served as a model (its pick in the reply's
+``model`` and ``x-infer-model``; sticky per ``user``; keys' model scopes), and each
+target's requests in the metrics and in the usage API."""
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from litestar.testing import TestClient
+
+from adapters.fake import ByteTokenizer
+from adapters.fake.runner import FakeModelRunner, reply_script
+from application.keys import hash_key
+from entrypoints.access_flags import AccessSettings
+from entrypoints.model_flags import ModelSettings
+from entrypoints.observability_flags import ObservabilitySettings
+from tests.fakes import fake_container
+from tests.support.json_logs import json_log_stream
+
+KEYS = {"ops": "sk-ops", "alice": "sk-alice", "beta": "sk-beta", "scoped": "sk-scoped"}
+ROLLOUTS = "/admin/rollouts"
+
+
+def keys_file(tmp_path: Path) -> str:
+    tenants = [
+        {"id": "ops", "keys": [hash_key(KEYS["ops"])], "faces": ["openai", "admin"]},
+        {"id": "alice", "keys": [hash_key(KEYS["alice"])]},
+        {"id": "beta", "keys": [hash_key(KEYS["beta"])]},
+        {"id": "scoped", "keys": [hash_key(KEYS["scoped"])], "models": ["v1"]},
+    ]
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"tenants": tenants}))
+    return str(path)
+
+
+def client_for(tmp_path: Path, *, keyed: bool = True, flags: tuple[str, ...] = ()) -> TestClient:
+    from domain.rollout import parse_rollout
+
+    runner = FakeModelRunner(script=reply_script(ByteTokenizer(), "ok"))
+    access = AccessSettings(api_keys_file=keys_file(tmp_path) if keyed else None)
+    model = ModelSettings(
+        aliases=("v1", "v2"), rollouts=tuple(parse_rollout(spec) for spec in flags)
+    )
+    container = fake_container(
+        runner,
+        cache_dir=str(tmp_path),
+        served_model_name="base",
+        model=model,
+        access=access,
+        observability=ObservabilitySettings(metrics=True),
+    )
+    return TestClient(app=container.http_app())
+
+
+def bearer(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[name]}"}
+
+
+def chat(
+    client: TestClient, who: str | None, model: str = "support", user: str | None = None
+) -> Any:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }
+    if user is not None:
+        body["user"] = user
+    return client.post("/v1/chat/completions", json=body, headers=bearer(who) if who else {})
+
+
+CANARY = {
+    "targets": [{"model": "v1", "weight": 90}, {"model": "v2", "weight": 10, "tenants": ["beta"]}]
+}
+
+
+def test_a_canary_is_set_served_moved_and_rolled_back(tmp_path: Path) -> None:
+    with client_for(tmp_path) as client:
+        assert chat(client, "alice").status_code == 404  # no rollout yet
+        put = client.put(f"{ROLLOUTS}/support", json=CANARY, headers=bearer("ops"))
+        assert put.status_code == 200, put.text
+        body = put.json()
+        assert body["object"] == "rollout" and body["name"] == "support"
+        assert body["targets"] == [
+            {"model": "v1", "weight": 90.0, "share": 0.9, "tenants": []},
+            {"model": "v2", "weight": 10.0, "share": 0.1, "tenants": ["beta"]},
+        ]
+        listed = client.get(ROLLOUTS, headers=bearer("ops")).json()
+        assert [r["name"] for r in listed["data"]] == ["support"]
+        assert client.get(f"{ROLLOUTS}/support", headers=bearer("ops")).json() == body
+        # The pinned tenant always lands on the canary; the model that ran is named.
+        for _ in range(5):
+            reply = chat(client, "beta")
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["model"] == "v2" and reply.headers["x-infer-model"] == "v2"
+        # Others split by weight, each user sticking to one target.
+        picks = {}
+        for i in range(60):
+            reply = chat(client, "alice", user=f"user-{i}")
+            picks[f"user-{i}"] = reply.json()["model"]
+            assert reply.headers["x-infer-model"] == picks[f"user-{i}"]
+        assert set(picks.values()) == {"v1", "v2"}  # 60 users at 10 %: both all but surely
+        assert all(chat(client, "alice", user=u).json()["model"] == m for u, m in picks.items())
+        models = client.get("/v1/models", headers=bearer("alice")).json()
+        assert "support" in [m["id"] for m in models["data"]]
+        # Roll back: every request on v1, the pinned tenant included.
+        back = {"targets": [{"model": "v1", "weight": 1}]}
+        assert client.put(f"{ROLLOUTS}/support", json=back, headers=bearer("ops")).is_success
+        assert {chat(client, "beta").json()["model"] for _ in range(5)} == {"v1"}
+        # Removed: the name is gone.
+        gone = client.delete(f"{ROLLOUTS}/support", headers=bearer("ops"))
+        assert gone.json() == {"object": "rollout.deleted", "name": "support", "deleted": True}
+        assert chat(client, "alice").status_code == 404
+        missing = client.delete(f"{ROLLOUTS}/support", headers=bearer("ops"))
+        assert missing.status_code == 404
+
+
+def test_each_target_is_counted_in_metrics_and_usage(tmp_path: Path) -> None:
+    with client_for(tmp_path, flags=("support=v1:1,v2:1",)) as client:
+        served = [chat(client, "alice", user=f"u{i}").json()["model"] for i in range(20)]
+        metrics = client.get("/metrics").text
+        for target in ("v1", "v2"):
+            line = (
+                f'infer:rollout_requests_total{{code="200",model_name="base",'
+                f'rollout="support",target="{target}"}} {float(served.count(target))}'
+            )
+            assert line in metrics, metrics[-2000:]
+        assert 'infer:rollout_time_to_first_token_seconds_count{model_name="base"' in metrics
+        usage = client.get(
+            "/v1/organization/usage/completions",
+            params={"start_time": int(time.time()) - 60, "group_by": "model"},
+            headers=bearer("ops"),
+        ).json()
+        counted = {r["model"]: r["num_model_requests"] for b in usage["data"] for r in b["results"]}
+        assert counted == {t: served.count(t) for t in ("v1", "v2")}
+
+
+def test_only_admin_keys_change_rollouts_and_scopes_hold(tmp_path: Path) -> None:
+    with client_for(tmp_path, flags=("support=v1:1,v2:1",)) as client:
+        assert client.get(ROLLOUTS).status_code == 401
+        refused = client.put(f"{ROLLOUTS}/x", json=CANARY, headers=bearer("alice"))
+        assert refused.status_code == 403
+        assert refused.json()["error"]["type"] == "permission_error"
+        assert client.delete(f"{ROLLOUTS}/support", headers=bearer("alice")).status_code == 403
+        # A key allowed only v1 may not use the rollout's name (whatever it would pick).
+        assert chat(client, "scoped").status_code == 403
+        assert chat(client, "scoped", model="v1").status_code == 200
+
+
+def test_bad_rollouts_are_400s_naming_the_problem(tmp_path: Path) -> None:
+    cases = [
+        ({"targets": [{"model": "v9", "weight": 1}]}, "not a served model name"),
+        ({"targets": []}, "1 to 16 targets"),
+        ({"targets": [{"model": "v1", "weight": -1}]}, "0 or more"),
+        ({"targets": [{"model": "v1", "weight": 0}]}, "not all be 0"),
+        ({"targets": [{"model": "v1", "weight": 1, "share": 3}]}, "share"),
+        ({"targets": "v1"}, "targets"),
+        ({}, "targets"),
+    ]
+    with client_for(tmp_path, keyed=False) as client:
+        for body, words in cases:
+            answer = client.put(f"{ROLLOUTS}/support", json=body)
+            assert answer.status_code == 400, (body, answer.text)
+            error = answer.json()["error"]
+            assert error["type"] == "invalid_request_error" and words in error["message"], body
+        taken = client.put(f"{ROLLOUTS}/v1", json={"targets": [{"model": "v2", "weight": 1}]})
+        assert taken.status_code == 400 and "served model's" in taken.json()["error"]["message"]
+        broken = client.put(
+            f"{ROLLOUTS}/support",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
+        assert broken.status_code == 400
+        assert client.get(ROLLOUTS).json()["data"] == []  # nothing was set
+
+
+def test_every_change_writes_an_audit_line(tmp_path: Path) -> None:
+    with json_log_stream() as stream, client_for(tmp_path) as client:
+        client.put(f"{ROLLOUTS}/support", json=CANARY, headers=bearer("ops"))
+        client.put(
+            f"{ROLLOUTS}/support",
+            json={"targets": [{"model": "v1", "weight": 1}]},
+            headers=bearer("ops"),
+        )
+        client.delete(f"{ROLLOUTS}/support", headers=bearer("ops"))
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    audit = [line for line in lines if line.get("logger") == "infer.audit" and "rollout" in line]
+    assert [a["event"] for a in audit] == ["rollout set", "rollout set", "rollout removed"]
+    assert audit[0]["targets"] == {"v1": 90.0, "v2": 10.0} and audit[0]["before"] is None
+    assert audit[0]["pinned"] == {"v2": ["beta"]} and audit[0]["actor"] == "ops"
+    assert audit[1]["before"] == {"v1": 90.0, "v2": 10.0}
