@@ -18,6 +18,7 @@ from adapters.fake import ByteTokenizer
 from application.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
+from domain.rollout import parse_rollout
 from entrypoints.config import ServerConfig
 from entrypoints.container import Container, create_container
 from entrypoints.tinker_flags import TinkerSettings
@@ -85,6 +86,35 @@ def test_a_lora_module_is_a_model_of_its_own(
         assert list(cards) == [BASE, "hello"]
         assert (cards["hello"]["parent"], cards["hello"]["root"]) == (BASE, str(peft_folder))
         assert cards[BASE]["parent"] is None
+
+
+def test_a_rollout_sends_each_user_to_one_build_and_its_output(
+    tiny_model: Path, peft_folder: Path, tmp_path: Path
+) -> None:
+    """A canary between the base model and the adapter: each request runs on the build its
+    reply names (the build's own greedy output), the same user on the same build."""
+    modules = (LoraModule("hello", peft_folder),)
+    rollout = parse_rollout(f"canary={BASE}:1,hello:1")
+    app = container(tiny_model, tmp_path, lora_modules=modules, rollouts=(rollout,)).http_app()
+    with TestClient(app=app) as http:  # type: ignore[arg-type]
+        client = openai.OpenAI(
+            base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        expected = {name: greedy(client, name) for name in (BASE, "hello")}
+        assert expected[BASE] != expected["hello"]
+        seen = set()
+        for user in [f"user-{i}" for i in range(12)] * 2:
+            reply = client.completions.create(
+                model="canary",
+                prompt=PROMPT,
+                max_tokens=len(CONTINUATION),
+                temperature=0,
+                user=user,
+            )
+            seen.add((user, reply.model))
+            assert reply.choices[0].text == expected[reply.model]
+        assert len(seen) == 12  # each user on one build
+        assert {build for _, build in seen} == {BASE, "hello"}
 
 
 def test_a_lora_module_that_is_no_adapter_fails_the_start(tiny_model: Path, tmp_path: Path) -> None:
