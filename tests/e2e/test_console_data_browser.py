@@ -1,7 +1,8 @@
 """The console's tenants and training pages in headless Chromium against a real
 `infer serve` with a keys file and the Tinker API: a Tinker run's loss curve gains points
 as it trains, its sampler checkpoint is sampled in the playground with one click, an admin
-key sees the tenants and their usage, and a key without the admin face is refused.
+key sees the tenants, their limits (the daily quotas too), their usage and their last 7
+days (the usage API's buckets as bars), and a key without the admin face is refused.
 Screenshots go to the test artifacts (``tests/e2e/browser.py``)."""
 
 import json
@@ -23,6 +24,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 OPS_KEY = "sk-ops-console"  # faces openai, tinker, admin
 ALICE_KEY = "sk-alice-console"  # faces openai, tinker
+HOSTILE_KEY = "sk-hostile-console"
 # A tenant id is the operator's text, shown as text: never markup that runs.
 HOSTILE = '<img src=x onerror="window.__owned = 1"><script>window.__owned = 2</script>'
 __all__ = ["browser"]  # the fixture, used by name
@@ -34,11 +36,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     keys = folder / "keys.json"
     tenants = [
         {"id": "ops", "keys": [hash_key(OPS_KEY)], "faces": ["openai", "tinker", "admin"]},
-        {"id": "alice", "keys": [hash_key(ALICE_KEY)], "requests_per_minute": 600},
-        {"id": HOSTILE, "keys": [hash_key("sk-unused")]},
+        {
+            "id": "alice",
+            "keys": [hash_key(ALICE_KEY)],
+            "requests_per_minute": 600,
+            "requests_per_day": 1000,
+            "tokens_per_day": 50000,
+        },
+        {"id": HOSTILE, "keys": [hash_key(HOSTILE_KEY)]},
     ]
     keys.write_text(json.dumps({"tenants": tenants}))
-    flags = ("--api-keys-file", str(keys), "--checkpoint-dir", str(folder / "checkpoints"))
+    flags = (
+        *("--api-keys-file", str(keys), "--checkpoint-dir", str(folder / "checkpoints")),
+        *("--usage-db", str(folder / "usage.sqlite3")),  # this module's usage only
+    )
     with infer_serve(*flags) as url:
         yield url
 
@@ -119,12 +130,34 @@ def test_a_runs_curve_gains_points_and_its_checkpoint_is_sampled(browser: Any, s
     assert console_errors(browser) == []
 
 
+# The "Last 7 days" panel's rows, read in one script (the page redraws it every 5 s).
+WEEK_ROWS_JS = """
+return [...document.querySelectorAll('#usage-week-table tbody tr')].map((row) => ({
+  cells: [...row.cells].map((c) => c.textContent),
+  requests: row.dataset.requests,
+  bars: [...row.querySelectorAll('.bars.requests .bar')].map((b) => ({
+    classes: b.className, value: b.dataset.value, title: b.title })),
+}));
+"""
+
+
+def week_rows(driver: Any) -> dict[str, dict[str, Any]]:
+    """The "Last 7 days" rows by the tenant as shown (the first cell's text)."""
+    return {row["cells"][0]: row for row in driver.execute_script(WEEK_ROWS_JS)}
+
+
+def week_requests(driver: Any, name: str) -> int:
+    row = week_rows(driver).get(name)
+    return int(row["requests"]) if row else -1
+
+
 def test_the_tenants_page_for_an_admin_key_and_not_for_others(browser: Any, server: str) -> None:
     from selenium.webdriver.common.by import By
 
-    headers = {"Authorization": f"Bearer {ALICE_KEY}"}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
-    assert httpx.post(f"{server}/v1/chat/completions", json=body, headers=headers).is_success
+    for key in (ALICE_KEY, ALICE_KEY, HOSTILE_KEY):
+        headers = {"Authorization": f"Bearer {key}"}
+        assert httpx.post(f"{server}/v1/chat/completions", json=body, headers=headers).is_success
 
     use_key(browser, server, OPS_KEY, "tenants")
     rows = "#tenants-table tr[data-tenant]"
@@ -132,22 +165,56 @@ def test_the_tenants_page_for_an_admin_key_and_not_for_others(browser: Any, serv
     alice = browser.find_element(By.CSS_SELECTOR, '#tenants-table tr[data-tenant="alice"]')
     cells = [c.text for c in alice.find_elements(By.TAG_NAME, "td")]
     assert cells[0] == "alice" and "600 req/min" in cells[4]
+    assert "1,000 req/day" in cells[4] and "50,000 tokens/day" in cells[4]  # daily quotas
     assert int(cells[5]) >= 1  # her requests today
     ops = browser.find_element(By.CSS_SELECTOR, '#tenants-table tr[data-tenant="ops"]')
     assert "admin" in ops.text
+    ops_limits = ops.find_elements(By.TAG_NAME, "td")[4].text
+    assert ops_limits == "unlimited"  # no daily quota: nothing shown for it
     names = [
         r.find_element(By.TAG_NAME, "td").text for r in browser.find_elements(By.CSS_SELECTOR, rows)
     ]
     assert HOSTILE in names  # the id as text
+
+    # The last 7 days: the usage API's buckets (recorded in the background, so polled).
+    wait_for(browser, lambda d: week_requests(d, "alice") == 2)
+    week = week_rows(browser)
+    assert {"alice", "ops", HOSTILE} <= set(week)  # every tenant, the hostile id as text
+    alice_week = week["alice"]
+    assert alice_week["cells"][4] == "2" and int(alice_week["cells"][2].replace(",", "")) > 2 * 3
+    bars = alice_week["bars"]
+    assert len(bars) == 7  # a bar per UTC day, today's last
+    assert bars[-1]["value"] == "2" and "h20" in bars[-1]["classes"].split()  # the busiest
+    assert bars[-1]["title"].endswith(": 2 requests")
+    assert all(bar["value"] == "0" and "h0" in bar["classes"].split() for bar in bars[:-1])
+    assert week[HOSTILE]["requests"] == "1"
+    assert "UTC days" in browser.find_element(By.ID, "usage-week-range").text
     assert browser.execute_script("return window.__owned") is None
-    assert not browser.find_elements(By.CSS_SELECTOR, "#tenants-table img, #tenants-table script")
+    hostile_markup = (
+        "#tenants-table img, #tenants-table script, #usage-week img, #usage-week script"
+    )
+    assert not browser.find_elements(By.CSS_SELECTOR, hostile_markup)
     save_screenshot(browser, "console-tenants")
+
+    # The usage API unreachable: the panel says so, as text; the tenants table stays.
+    browser.execute_cdp_cmd("Network.enable", {})
+    blocked = {"urls": ["*/v1/organization/usage/*"]}
+    browser.execute_cdp_cmd("Network.setBlockedURLs", blocked)
+    week_error = wait_for(browser, lambda d: d.find_element(By.ID, "usage-week-error").text)
+    assert "last 7 days is not available" in week_error
+    assert not browser.find_elements(By.ID, "usage-week-table")
+    assert browser.find_elements(By.CSS_SELECTOR, rows)
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+    wait_for(browser, lambda d: d.find_elements(By.ID, "usage-week-table"))
+    assert browser.find_element(By.ID, "usage-week-error").text == ""
 
     browser.find_element(By.ID, "forget-key").click()
     use_key(browser, server, ALICE_KEY, "tenants")
     error = wait_for(browser, lambda d: d.find_element(By.ID, "tenants-error").text)
     assert "admin" in error
     assert not browser.find_elements(By.ID, "tenants-table")
+    assert not browser.find_elements(By.ID, "usage-week-table")
+    assert not browser.find_element(By.ID, "usage-week").is_displayed()
     browser.get(f"{server}/#training")  # her own runs only: none
     wait_for(browser, lambda d: d.find_elements(By.ID, "training-empty"))
 
