@@ -196,7 +196,8 @@ async def _page(
         totals = await recorder.totals(query)
     by_bucket: dict[int, list[dict[str, Any]]] = {}
     for row in totals:
-        by_bucket.setdefault(first + row.bucket, []).append(_result(kind, group_by, row))
+        if row.succeeded or row.prompt_tokens or row.completion_tokens:  # not refusals alone
+            by_bucket.setdefault(first + row.bucket, []).append(_result(kind, group_by, row))
     data = [
         {
             "object": "bucket",

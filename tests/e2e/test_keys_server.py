@@ -95,3 +95,50 @@ def _server_pid(url: str) -> int:
             except OSError:
                 continue
     raise AssertionError("no process")
+
+
+def test_usage_and_daily_quotas_in_postgresql_across_a_restart(tmp_path: Path) -> None:
+    """Two `infer serve` lives writing the usage ledger to a real PostgreSQL: the daily
+    quota counts the first life's request, and the usage API reads both lives'."""
+    from tests.support.postgres import postgres_bin, postgres_server
+
+    if postgres_bin() is None:
+        pytest.skip("no PostgreSQL binaries (apt install postgresql; make test does)")
+    keys = tmp_path / "keys.json"
+    write_keys(
+        keys,
+        [
+            {"id": "alice", "keys": [hash_key("sk-alice")], "requests_per_day": 2},
+            {"id": "ops", "keys": [hash_key("sk-ops")], "faces": ["admin"]},
+        ],
+    )
+    start = int(time.time()) - 60
+    with postgres_server() as db:
+        flags = ("--no-tinker", "--api-keys-file", str(keys), "--usage-db", db)
+        with infer_serve(*flags) as url:
+            assert ask(url, "sk-alice")
+        with infer_serve(*flags) as url:
+            assert ask(url, "sk-alice")
+            with pytest.raises(openai.RateLimitError) as limited:
+                ask(url, "sk-alice")
+            assert "2 requests per day" in str(limited.value)
+            usage = httpx.get(
+                f"{url}/v1/organization/usage/completions",
+                params={"start_time": start, "group_by": ["project_id", "model"]},
+                headers={"Authorization": "Bearer sk-ops"},
+            )
+            assert usage.status_code == 200, usage.text
+            results = [r for b in usage.json()["data"] for r in b["results"]]
+            assert len(results) == 1, results
+            (result,) = results
+            assert (result["project_id"], result["model"]) == ("alice", MODEL)
+            assert result["num_model_requests"] == 2
+            assert result["input_tokens"] > 0 and result["output_tokens"] > 0
+        import psycopg
+
+        with psycopg.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT tenant_id, status FROM infer_usage ORDER BY ended_at"
+            ).fetchall()
+        statuses = [status for tenant, status in rows if tenant == "alice"]
+        assert statuses == [200, 200, 429]

@@ -79,6 +79,8 @@ def test_usage_by_tenant_and_model_matches_what_replies_said(tmp_path: Path) -> 
         assert page["object"] == "page" and page["has_more"] is False
         (bucket,) = page["data"]  # one day from start_time
         assert bucket["object"] == "bucket" and bucket["end_time"] - bucket["start_time"] <= 86400
+        # bob's 429 (refused before its model was read) is no model request: not listed.
+        assert len(bucket["results"]) == 2, bucket["results"]
         by_project = {r["project_id"]: r for r in bucket["results"]}
         assert sorted(by_project) == ["alice", "bob"]
         alice, bob = by_project["alice"], by_project["bob"]
