@@ -6,10 +6,11 @@ weight under fair scheduling, and its limits. Limits are counted in fixed window
 :class:`RateLimitCounters` port (in memory, or in Redis shared by replicas).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from domain.errors import InferError
+from domain.errors import InferError, InvalidParameterError
 
 FACES = ("openai", "tinker", "admin")
 DEFAULT_FACES = frozenset({"openai", "tinker"})
@@ -47,6 +48,62 @@ class Tenant:
 
     def allows_model(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+
+LIMIT_FIELDS = tuple(TenantLimits.__dataclass_fields__)
+MAX_TENANT_ID = 128
+
+
+def checked_tenant(
+    tenant_id: str,
+    faces: frozenset[str] = DEFAULT_FACES,
+    models: frozenset[str] | None = None,
+    weight: float = 1.0,
+    limits: TenantLimits | None = None,
+) -> Tenant:
+    """A tenant from values a caller sent (the admin API): ``InvalidParameterError``
+    naming the field unless the id is 1 to 128 printable characters, the faces known,
+    the weight positive and finite and each limit None or a positive integer."""
+    if not 0 < len(tenant_id) <= MAX_TENANT_ID or not tenant_id.isprintable():
+        raise InvalidParameterError(
+            "id", f"a tenant id is 1 to {MAX_TENANT_ID} printable characters"
+        )
+    if unknown := sorted(faces - set(FACES)):
+        raise InvalidParameterError("faces", f"unknown face {unknown[0]!r}: {', '.join(FACES)}")
+    if not 0 < weight < float("inf"):
+        raise InvalidParameterError("weight", "must be a positive number")
+    limits = limits or TenantLimits()
+    for name in LIMIT_FIELDS:
+        value = getattr(limits, name)
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise InvalidParameterError(name, "must be a positive integer (or null: unlimited)")
+    return Tenant(tenant_id, faces, models, float(weight), limits)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantEntry:
+    """A tenant and its keys as stored (``sha256:<hex>`` digests, never the keys)."""
+
+    tenant: Tenant
+    keys: tuple[str, ...]
+
+
+class TenantStore(Protocol):
+    """Where tenants and their key digests are kept (the keys file), changed by the admin
+    API and read back by every process that serves them."""
+
+    def load(self) -> list[TenantEntry]:
+        """The tenants now (``InvalidParameterError``: the store cannot be read)."""
+        ...
+
+    def update(self, change: Callable[[list[TenantEntry]], list[TenantEntry]]) -> list[TenantEntry]:
+        """Apply ``change`` to the tenants under the store's lock (against other processes
+        too) and store the result whole, or nothing if ``change`` raises; the result."""
+        ...
+
+    def changed(self) -> bool:
+        """Whether the store changed since this process last loaded or updated it."""
+        ...
 
 
 class AuthenticationError(InferError):

@@ -41,6 +41,7 @@ from adapters.observability.tracing import Tracing
 from adapters.storage.factory import (
     build_idempotency,
     build_response_store,
+    build_tenant_admin,
     build_usage_recorder,
     checkpoint_storage,
 )
@@ -168,6 +169,11 @@ class Container(containers.DeclarativeContainer):
         config.provided.access.redis_url,
         config.provided.access.responses_max_stored,
     )
+    # Tenants and keys changed by the admin API in the keys file (None: no keys file), the
+    # file watched so that every process serving it applies a change.
+    tenant_admin = providers.Singleton(
+        build_tenant_admin, config.provided.access.api_keys_file, access
+    )
     # Every API request's usage (--usage-db: SQLite, PostgreSQL; None: memory).
     usage = providers.Singleton(
         build_usage_recorder,
@@ -218,6 +224,7 @@ class Container(containers.DeclarativeContainer):
         replicas=replicas,
         timeline=timeline,
         usage=usage,
+        tenant_admin=tenant_admin,
         # Daily quotas counted in memory start from the ledger's last 24 hours.
         seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
         on_startup=on_startup,

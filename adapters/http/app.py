@@ -19,7 +19,7 @@ from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
-from adapters.http.admin import admin_router, rollout_router
+from adapters.http.admin import admin_router, rollout_router, tenant_router
 from adapters.http.anthropic import anthropic_router
 from adapters.http.console import Timeline, console_routers, engine_info
 from adapters.http.console.data import console_data_router
@@ -42,6 +42,7 @@ from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
 from application.served_models import ServedModels
+from application.tenant_admin import TenantAdmin
 from application.tinker.service import TinkerService
 from application.tool_parsers import FORMATS
 from application.usage_ledger import MemoryUsageLedger, UsageRecorder, seed_daily_quotas
@@ -116,7 +117,8 @@ class HttpServices:
     ``usage``: the usage ledger every ``/v1/`` request is recorded in, which the usage API
     and the console read (None: one in this process's memory); ``seed_quotas``: count the
     last 24 hours of the ledger into the tenants' daily quotas at start-up (their counters
-    are in memory); ``on_startup``: called on
+    are in memory); ``tenant_admin``: tenants and keys managed at ``/admin/tenants`` (the
+    keys file, watched for other processes' changes; None: 409s); ``on_startup``: called on
     the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
     traces)."""
@@ -134,6 +136,7 @@ class HttpServices:
     timeline: Timeline | None = None
     usage: UsageRecorder | None = None
     seed_quotas: bool = False
+    tenant_admin: TenantAdmin | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -176,7 +179,11 @@ def create_app(
         console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
     ]
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
-    routers += [usage_router(usage, access), rollout_router(models, access)]
+    routers += [
+        usage_router(usage, access),
+        rollout_router(models, access),
+        tenant_router(services.tenant_admin, access),
+    ]
     if services.replicas is not None:
         routers.append(admin_router(services.replicas, access))
     if settings.ui:
@@ -231,9 +238,14 @@ def _lifespan(
         engine.start()
         if services.tinker is not None:
             services.tinker.start()
+        watch = None
+        if services.tenant_admin is not None:
+            watch = asyncio.create_task(services.tenant_admin.watch(), name="keys-file-watch")
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             if services.tinker is not None:
                 await services.tinker.stop()
             if services.embeddings is not None:

@@ -6,10 +6,13 @@ from pathlib import Path
 
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
+from adapters.storage.keys_file import KeysFileStore
 from adapters.storage.responses import RedisResponseStore
 from adapters.storage.usage_sql import open_ledger
+from application.access import Access
 from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
+from application.tenant_admin import TenantAdmin
 from application.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
 
 DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
@@ -48,3 +51,12 @@ def build_usage_recorder(target: str | None, retention_days: float) -> UsageReco
     ledger = MemoryUsageLedger() if target is None else open_ledger(target)
     retention = None if retention_days == 0 else retention_days * DAY_S
     return UsageRecorder(ledger, retention_s=retention)
+
+
+def build_tenant_admin(keys_file: str | None, access: Access) -> TenantAdmin | None:
+    """The admin API's tenants over the keys file (None: no keys file to keep them in)."""
+    if keys_file is None:
+        return None
+    store = KeysFileStore(Path(keys_file).expanduser())
+    store.load()  # what this process serves now: later changes are told apart
+    return TenantAdmin(store, access, source=keys_file)
