@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from domain.errors import InvalidParameterError
 
 MAX_TARGETS = 16
+# The rollback policy's defaults: a target failing 25 % of its last 100 requests (20 at
+# least) is taken out.
+DEFAULT_MAX_ERROR_RATE, DEFAULT_MIN_REQUESTS, DEFAULT_WINDOW = 0.25, 20, 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +31,29 @@ class RolloutTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class RollbackPolicy:
+    """When a target is rolled back by itself: once ``min_requests`` of its last
+    ``window`` requests are in and at least ``max_error_rate`` of them failed (a 5xx, or
+    an engine error mid-stream) while another target serving by weight fails less."""
+
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    min_requests: int = DEFAULT_MIN_REQUESTS
+    window: int = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_error_rate <= 1:
+            raise InvalidParameterError("max_error_rate", "must be in (0, 1]")
+        if not 1 <= self.min_requests <= self.window <= 10_000:
+            raise InvalidParameterError("min_requests", "need 1 <= min_requests <= window <= 10000")
+
+
+@dataclass(frozen=True, slots=True)
 class Rollout:
+    """``rollback``: when a failing target is taken out by itself (None: never)."""
+
     name: str
     targets: tuple[RolloutTarget, ...]
+    rollback: RollbackPolicy | None = RollbackPolicy()
 
     def __post_init__(self) -> None:
         where = f"rollout {self.name!r}"
@@ -77,6 +100,14 @@ class Rollout:
             if point < upto:
                 return target.model
         return weighted[-1].model  # rounding at the top end
+
+    def without(self, model: str) -> "Rollout":
+        """The rollout with ``model`` rolled back: no weight, no tenants pinned to it
+        (``InvalidParameterError`` when nothing would be left to serve)."""
+        targets = tuple(
+            RolloutTarget(t.model, 0.0) if t.model == model else t for t in self.targets
+        )
+        return Rollout(self.name, targets, self.rollback)
 
     def shares(self) -> dict[str, float]:
         """Each target's share of the unpinned requests (0 to 1)."""

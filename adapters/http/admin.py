@@ -34,10 +34,17 @@ from adapters.http.errors import (
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import api_state, constants, provide
 from application.access import Access
-from application.served_models import ServedModels
+from application.served_models import RolledBack, ServedModels
 from application.tenant_admin import TenantAdmin, TenantNotFoundError, key_id
 from domain.errors import ModelNotFoundError
-from domain.rollout import Rollout, RolloutTarget
+from domain.rollout import (
+    DEFAULT_MAX_ERROR_RATE,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_WINDOW,
+    RollbackPolicy,
+    Rollout,
+    RolloutTarget,
+)
 from domain.tenancy import (
     DEFAULT_FACES,
     LIMIT_FIELDS,
@@ -81,8 +88,31 @@ class TargetBody(msgspec.Struct, forbid_unknown_fields=True):
     tenants: list[str] = msgspec.field(default_factory=list)
 
 
+class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    min_requests: int = DEFAULT_MIN_REQUESTS
+    window: int = DEFAULT_WINDOW
+
+
 class RolloutBody(msgspec.Struct, forbid_unknown_fields=True):
     targets: list[TargetBody]
+    # Absent: the default policy; null: never rolled back by itself.
+    rollback: PolicyBody | msgspec.UnsetType | None = msgspec.UNSET
+
+
+def _policy_body(policy: RollbackPolicy) -> PolicyBody:
+    return PolicyBody(policy.max_error_rate, policy.min_requests, policy.window)
+
+
+def _policy(body: RolloutBody) -> RollbackPolicy | None:
+    if body.rollback is msgspec.UNSET:
+        return RollbackPolicy()
+    if body.rollback is None:
+        return None
+    assert isinstance(body.rollback, PolicyBody)
+    return RollbackPolicy(
+        body.rollback.max_error_rate, body.rollback.min_requests, body.rollback.window
+    )
 
 
 _rollout_decoder = msgspec.json.Decoder(RolloutBody)
@@ -111,11 +141,21 @@ def admin_caller(
     return tenant.id
 
 
-def rollout_json(rollout: Rollout) -> dict[str, Any]:
-    shares = rollout.shares()
+def rollout_json(rollout: Rollout, rollbacks: list[RolledBack] | None = None) -> dict[str, Any]:
+    shares, policy = rollout.shares(), rollout.rollback
     return {
         "object": "rollout",
         "name": rollout.name,
+        "rollback": None if policy is None else msgspec.structs.asdict(_policy_body(policy)),
+        "rolled_back": [
+            {
+                "target": r.target,
+                "error_rate": round(r.error_rate, 4),
+                "requests": r.requests,
+                "at": int(r.at),
+            }
+            for r in rollbacks or ()
+        ],
         "targets": [
             {
                 "model": t.model,
@@ -136,7 +176,8 @@ class RolloutRoutes(Controller):
         self, request: Request[Any, Any, Any], models: Models, access: AccessDep
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        return {"object": "list", "data": [rollout_json(r) for r in models.rollouts()]}
+        listed = [rollout_json(r, models.rollbacks(r.name)) for r in models.rollouts()]
+        return {"object": "list", "data": listed}
 
     @get("/{name:str}")
     async def get_rollout(
@@ -149,7 +190,7 @@ class RolloutRoutes(Controller):
         admin_caller(request, access)
         for rollout in models.rollouts():
             if rollout.name == name:
-                return rollout_json(rollout)
+                return rollout_json(rollout, models.rollbacks(name))
         raise ModelNotFoundError(f"no rollout named {name!r}")
 
     @put("/{name:str}", status_code=200)
@@ -165,6 +206,7 @@ class RolloutRoutes(Controller):
         rollout = Rollout(
             name,
             tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
+            _policy(body),
         )
         before = models.set_rollout(rollout)
         audit.info(

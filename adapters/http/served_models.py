@@ -19,13 +19,17 @@ from datetime import UTC, date, datetime, time
 from email.utils import format_datetime
 from typing import Any
 
+import structlog
 from litestar import Request
 from litestar.connection import ASGIConnection
 
 from adapters.http.request_state import api_state
+from application.request_record import RequestRecord
 from application.served_models import ModelEntry, ServedModels
 from domain.tenancy import PermissionDeniedError
 
+CLIENT_CLOSED = 499
+audit = structlog.get_logger("infer.audit")
 # The model a rollout's name sent the request to (the reply's ``model`` in OpenAI's faces).
 ROLLOUT_HEADER = b"x-infer-model"
 # The caller's Tinker tenant (raises when its key is not a Tinker key).
@@ -68,7 +72,25 @@ class ModelNames:
             state.hold.headers.append((ROLLOUT_HEADER, entry.id.encode()))
             if record is not None:
                 record.model, record.rollout = entry.id, entry.rollout
+                state.hold.pins.callback(self._outcome, entry.rollout, entry.id, record)
         return entry
+
+    def _outcome(self, rollout: str, target: str, record: RequestRecord) -> None:
+        """The request's end, told to the rollout's health (a 5xx or an engine error is a
+        failure; a request that never answered, a client gone, is not counted)."""
+        if record.status is None or record.status == CLIENT_CLOSED:
+            return
+        failed = record.status >= 500 or "error" in record.finish_reasons
+        rolled = self.models.rollout_outcome(rollout, target, failed)
+        if rolled is not None:
+            audit.warning(
+                "rollout target rolled back",
+                rollout=rolled.rollout,
+                target=rolled.target,
+                error_rate=round(rolled.error_rate, 4),
+                requests=rolled.requests,
+                actor="automatic",
+            )
 
     def visible(self, request: Request[Any, Any, Any]) -> list[ModelEntry]:
         """The models the caller may use."""

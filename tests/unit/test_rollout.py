@@ -8,7 +8,7 @@ import pytest
 
 from application.served_models import ServedModels
 from domain.errors import InvalidParameterError, ModelNotFoundError
-from domain.rollout import Rollout, RolloutTarget, parse_rollout
+from domain.rollout import RollbackPolicy, Rollout, RolloutTarget, parse_rollout
 
 CANARY = Rollout("support", (RolloutTarget("v1", 90), RolloutTarget("v2", 10)))
 
@@ -110,3 +110,52 @@ def test_a_rollout_must_name_served_models() -> None:
     back = Rollout("s", (RolloutTarget("v2", 1),))
     assert models.set_rollout(back) == Rollout("s", (RolloutTarget("v1", 1),))
     assert models.resolve("s").id == "v2"
+
+
+def feed(models: ServedModels, target: str, failures: int, successes: int) -> list[object]:
+    events = [models.rollout_outcome("support", target, True) for _ in range(failures)]
+    events += [models.rollout_outcome("support", target, False) for _ in range(successes)]
+    return [e for e in events if e is not None]
+
+
+def test_a_failing_canary_is_rolled_back_by_itself() -> None:
+    models = served(CANARY)
+    assert feed(models, "v1", 0, 30) == []
+    assert feed(models, "v2", 4, 15) == []  # 19 requests: not enough to judge
+    (event,) = feed(models, "v2", 1, 0)  # the 20th: 5 of 20 failed, 25 %
+    assert (event.rollout, event.target, event.requests) == ("support", "v2", 20)  # type: ignore[attr-defined]
+    assert event.error_rate == 0.25  # type: ignore[attr-defined]
+    (rollout,) = models.rollouts()
+    assert rollout.shares() == {"v1": 1.0, "v2": 0.0}
+    assert {models.resolve("support", sticky=f"u{i}").id for i in range(50)} == {"v1"}
+    assert models.rollbacks("support") == [event]
+    assert feed(models, "v2", 30, 0) == []  # already out
+    # Set again (a new decision): the history starts afresh.
+    models.set_rollout(CANARY)
+    assert models.rollbacks("support") == [] and feed(models, "v2", 10, 9) == []
+
+
+def test_no_rollback_without_a_healthier_target_or_with_the_policy_off() -> None:
+    models = served(CANARY)
+    feed(models, "v1", 20, 0)  # the baseline fails as badly
+    assert feed(models, "v2", 20, 0) == []
+    off = Rollout("support", CANARY.targets, rollback=None)
+    models.set_rollout(off)
+    assert feed(models, "v2", 50, 0) == []
+    # A pinned-only target (weight 0) is rolled back too: its tenants go by weight.
+    pinned = Rollout(
+        "support",
+        (RolloutTarget("v1", 1), RolloutTarget("v2", 0, frozenset({"beta"}))),
+        RollbackPolicy(max_error_rate=0.5, min_requests=4, window=10),
+    )
+    models.set_rollout(pinned)
+    assert len(feed(models, "v2", 2, 2)) == 1
+    assert models.resolve("support", tenant="beta").id == "v1"
+
+
+@pytest.mark.parametrize(
+    ("rate", "least", "window"), [(0, 20, 100), (1.5, 20, 100), (0.2, 0, 100), (0.2, 50, 10)]
+)
+def test_a_bad_rollback_policy_is_refused(rate: float, least: int, window: int) -> None:
+    with pytest.raises(InvalidParameterError):
+        RollbackPolicy(rate, least, window)

@@ -192,3 +192,49 @@ def test_every_change_writes_an_audit_line(tmp_path: Path) -> None:
     assert audit[0]["targets"] == {"v1": 90.0, "v2": 10.0} and audit[0]["before"] is None
     assert audit[0]["pinned"] == {"v2": ["beta"]} and audit[0]["actor"] == "ops"
     assert audit[1]["before"] == {"v1": 90.0, "v2": 10.0}
+
+
+def test_a_failing_canary_is_rolled_back_by_itself(tmp_path: Path) -> None:
+    """Requests with a long prompt fail in the engine: the tenant pinned to the canary
+    sends them, the others' succeed on the baseline; at the policy's error rate the canary
+    is taken out, its tenant served by the baseline, an audit line says so."""
+    ok = reply_script(ByteTokenizer(), "ok")
+
+    def script(request: Any) -> int:
+        if len(request.prompt_token_ids) > 200:
+            raise RuntimeError("the canary's weights are broken")
+        return ok(request)
+
+    access = AccessSettings(api_keys_file=keys_file(tmp_path))
+    container = fake_container(
+        FakeModelRunner(script=script),
+        cache_dir=str(tmp_path),
+        served_model_name="base",
+        model=ModelSettings(aliases=("v1", "v2")),
+        access=access,
+    )
+    policy = {"max_error_rate": 0.5, "min_requests": 4, "window": 10}
+    canary = {
+        "targets": [{"model": "v1", "weight": 1}, {"model": "v2", "tenants": ["beta"]}],
+        "rollback": policy,
+    }
+    with json_log_stream() as stream, TestClient(app=container.http_app()) as client:
+        put = client.put(f"{ROLLOUTS}/support", json=canary, headers=bearer("ops"))
+        assert put.json()["rollback"] == policy and put.json()["rolled_back"] == []
+        for _ in range(4):
+            assert chat(client, "alice").status_code == 200  # v1, healthy
+        long = "x" * 300
+        for _ in range(4):
+            body = {"model": "support", "messages": [{"role": "user", "content": long}]}
+            failed = client.post("/v1/chat/completions", json=body, headers=bearer("beta"))
+            assert failed.headers["x-infer-model"] == "v2"
+        after = chat(client, "beta")
+        assert after.status_code == 200 and after.json()["model"] == "v1"
+        state = client.get(f"{ROLLOUTS}/support", headers=bearer("ops")).json()
+        assert [t["weight"] for t in state["targets"]] == [1.0, 0.0]
+        assert state["targets"][1]["tenants"] == []
+        (event,) = state["rolled_back"]
+        assert (event["target"], event["requests"], event["error_rate"]) == ("v2", 4, 1.0)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    (audit,) = [line for line in lines if line.get("event") == "rollout target rolled back"]
+    assert (audit["target"], audit["actor"]) == ("v2", "automatic")
