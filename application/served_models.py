@@ -210,6 +210,8 @@ class ServedModels:
         self._rollouts: dict[str, Rollout] = {}
         self._health: dict[tuple[str, str], deque[bool]] = {}  # (rollout, target): outcomes
         self._rolled_back: dict[str, list[RolledBack]] = {}
+        # Told each rollout an automatic rollback changed (the rollout store keeps it).
+        self.on_rollback: Callable[[Rollout], None] | None = None
         self._rollouts_lock = threading.Lock()
         for rollout in rollouts:
             try:
@@ -242,25 +244,29 @@ class ServedModels:
 
     # --- rollouts -------------------------------------------------------------------
 
-    def set_rollout(self, rollout: Rollout) -> Rollout | None:
-        """Serve ``rollout`` (replacing the one of its name: a weight moved, a rollback);
-        the one it replaced. Its targets must be served model names of this server (the
-        base's names, LoRA modules), none retired; its name no other model's.
-        ``InvalidParameterError`` naming what is wrong."""
+    def check_rollout(self, rollout: Rollout) -> None:
+        """``InvalidParameterError`` naming what is wrong unless ``rollout``'s targets are
+        served model names of this server (the base's names, LoRA modules), none retired
+        nor a rollout, and its name no other model's."""
         where = f"rollout {rollout.name!r}"
         if rollout.name in self._static or rollout.name.startswith(TINKER_SCHEME):
             raise InvalidParameterError("name", f"{where}: the name is a served model's")
+        for target in rollout.targets:
+            entry = self._static.get(target.model)
+            if target.model in self._rollouts:
+                raise InvalidParameterError(
+                    "targets", f"{where}: {target.model!r} is a rollout, not a model"
+                )
+            if entry is None or self._retired(entry):
+                raise InvalidParameterError(
+                    "targets", f"{where}: {target.model!r} is not a served model name"
+                )
+
+    def set_rollout(self, rollout: Rollout) -> Rollout | None:
+        """Serve ``rollout`` (replacing the one of its name: a weight moved, a rollback);
+        the one it replaced (checked by :meth:`check_rollout` first)."""
         with self._rollouts_lock:
-            for target in rollout.targets:
-                entry = self._static.get(target.model)
-                if target.model in self._rollouts:
-                    raise InvalidParameterError(
-                        "targets", f"{where}: {target.model!r} is a rollout, not a model"
-                    )
-                if entry is None or self._retired(entry):
-                    raise InvalidParameterError(
-                        "targets", f"{where}: {target.model!r} is not a served model name"
-                    )
+            self.check_rollout(rollout)
             before = self._rollouts.get(rollout.name)
             self._rollouts[rollout.name] = rollout
             self._health = {k: v for k, v in self._health.items() if k[0] != rollout.name}
@@ -300,11 +306,13 @@ class ServedModels:
             ]
             if not healthier:
                 return None  # nothing better to send its requests to
-            self._rollouts[name] = rollout.without(target)
+            rolled = self._rollouts[name] = rollout.without(target)
             del self._health[(name, target)]
             event = RolledBack(name, target, rate, len(outcomes), time.time())
             self._rolled_back.setdefault(name, []).append(event)
-            return event
+        if self.on_rollback is not None:
+            self.on_rollback(rolled)
+        return event
 
     def rollbacks(self, name: str) -> list[RolledBack]:
         """The rollout's targets rolled back by its policy since it was last set."""

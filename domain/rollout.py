@@ -11,6 +11,7 @@ request draws anew.
 import hashlib
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 from domain.errors import InvalidParameterError
 
@@ -140,3 +141,22 @@ def parse_rollout(text: str) -> Rollout:
         return Rollout(name.strip(), tuple(targets))
     except InvalidParameterError as e:
         raise InvalidParameterError("model_rollout", e.message) from e
+
+
+class RolloutStore(Protocol):
+    """Where rollouts are kept beyond one process's memory (the usage ledger's database):
+    a restart keeps them, and the servers sharing the database serve the same ones."""
+
+    def load(self) -> list[Rollout]:
+        """Every stored rollout."""
+        ...
+
+    def save(self, rollout: Rollout) -> None:
+        """Store ``rollout`` (replacing the one of its name)."""
+        ...
+
+    def delete(self, name: str) -> None: ...
+
+    def version(self) -> int:
+        """A number that changes whenever a rollout is saved or deleted."""
+        ...

@@ -41,6 +41,7 @@ from adapters.observability.tracing import Tracing
 from adapters.storage.factory import (
     build_idempotency,
     build_response_store,
+    build_rollout_book,
     build_tenant_admin,
     build_usage_recorder,
     checkpoint_storage,
@@ -191,6 +192,10 @@ class Container(containers.DeclarativeContainer):
         backend.lora_serving,
         tinker_checkpoints,
     )
+    # The rollouts, kept in the usage ledger's database (None: memory only).
+    rollouts = providers.Singleton(
+        build_rollout_book, served_models, config.provided.access.usage_db
+    )
     tool_parser = providers.Singleton(
         choose_tool_parser,
         config.provided.model.tool_call_parser,
@@ -225,6 +230,7 @@ class Container(containers.DeclarativeContainer):
         timeline=timeline,
         usage=usage,
         tenant_admin=tenant_admin,
+        rollouts=rollouts,
         # Daily quotas counted in memory start from the ledger's last 24 hours.
         seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
         on_startup=on_startup,

@@ -34,7 +34,8 @@ from adapters.http.errors import (
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import api_state, constants, provide
 from application.access import Access
-from application.served_models import RolledBack, ServedModels
+from application.rollouts import RolloutBook
+from application.served_models import RolledBack
 from application.tenant_admin import TenantAdmin, TenantNotFoundError, key_id
 from domain.errors import ModelNotFoundError
 from domain.rollout import (
@@ -116,7 +117,7 @@ def _policy(body: RolloutBody) -> RollbackPolicy | None:
 
 
 _rollout_decoder = msgspec.json.Decoder(RolloutBody)
-Models = NamedDependency[ServedModels]
+Book = NamedDependency[RolloutBook]
 AccessDep = NamedDependency[Access | None]
 
 
@@ -173,10 +174,10 @@ class RolloutRoutes(Controller):
 
     @get("/")
     async def list_rollouts(
-        self, request: Request[Any, Any, Any], models: Models, access: AccessDep
+        self, request: Request[Any, Any, Any], book: Book, access: AccessDep
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        listed = [rollout_json(r, models.rollbacks(r.name)) for r in models.rollouts()]
+        listed = [rollout_json(r, book.rollbacks(r.name)) for r in book.rollouts()]
         return {"object": "list", "data": listed}
 
     @get("/{name:str}")
@@ -184,13 +185,13 @@ class RolloutRoutes(Controller):
         self,
         request: Request[Any, Any, Any],
         name: FromPath[str],
-        models: Models,
+        book: Book,
         access: AccessDep,
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        for rollout in models.rollouts():
+        for rollout in book.rollouts():
             if rollout.name == name:
-                return rollout_json(rollout, models.rollbacks(name))
+                return rollout_json(rollout, book.rollbacks(name))
         raise ModelNotFoundError(f"no rollout named {name!r}")
 
     @put("/{name:str}", status_code=200)
@@ -198,7 +199,7 @@ class RolloutRoutes(Controller):
         self,
         request: Request[Any, Any, Any],
         name: FromPath[str],
-        models: Models,
+        book: Book,
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
@@ -208,7 +209,7 @@ class RolloutRoutes(Controller):
             tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
             _policy(body),
         )
-        before = models.set_rollout(rollout)
+        before = await asyncio.to_thread(book.set, rollout)
         audit.info(
             "rollout set",
             rollout=name,
@@ -224,25 +225,25 @@ class RolloutRoutes(Controller):
         self,
         request: Request[Any, Any, Any],
         name: FromPath[str],
-        models: Models,
+        book: Book,
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
-        removed = models.remove_rollout(name)
+        removed = await asyncio.to_thread(book.remove, name)
         if removed is None:
             raise ModelNotFoundError(f"no rollout named {name!r}")
         audit.info("rollout removed", rollout=name, actor=actor)
         return {"object": "rollout.deleted", "name": name, "deleted": True}
 
 
-def rollout_router(models: ServedModels, access: Access | None) -> Router:
+def rollout_router(book: RolloutBook, access: Access | None) -> Router:
     """``/admin/rollouts``: list, read, set (``PUT``: create, move weights, pin tenants,
-    roll back) and remove the rollouts ``models`` serves; admin keys only (open without
+    roll back) and remove the rollouts ``book`` serves and stores; admin keys only (open without
     keys), answers and errors in OpenAI's format, each change an audit line."""
     return Router(
         path="/",
         route_handlers=[RolloutRoutes],
-        dependencies=constants({"models": models, "access": access}),
+        dependencies=constants({"book": book, "access": access}),
         exception_handlers=exception_handlers(OPENAI_ERRORS),
     )
 

@@ -41,6 +41,7 @@ from application.embeddings import EmbeddingService
 from application.engine_client import EngineClient
 from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
+from application.rollouts import RolloutBook
 from application.served_models import ServedModels
 from application.tenant_admin import TenantAdmin
 from application.tinker.service import TinkerService
@@ -118,7 +119,9 @@ class HttpServices:
     and the console read (None: one in this process's memory); ``seed_quotas``: count the
     last 24 hours of the ledger into the tenants' daily quotas at start-up (their counters
     are in memory); ``tenant_admin``: tenants and keys managed at ``/admin/tenants`` (the
-    keys file, watched for other processes' changes; None: 409s); ``on_startup``: called on
+    keys file, watched for other processes' changes; None: 409s); ``rollouts``: the
+    rollouts of ``models`` and where they are stored (None: in memory only);
+    ``on_startup``: called on
     the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
     traces)."""
@@ -137,6 +140,7 @@ class HttpServices:
     usage: UsageRecorder | None = None
     seed_quotas: bool = False
     tenant_admin: TenantAdmin | None = None
+    rollouts: RolloutBook | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -175,13 +179,14 @@ def create_app(
     interval = settings.sse_heartbeat_interval
     heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
     usage = services.usage or UsageRecorder(MemoryUsageLedger())
+    rollouts = services.rollouts or RolloutBook(models)
     console_data = [
         console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
     ]
     routers = [] if tinker is None else [tinker_router(tinker, api_keys=api_keys, access=access)]
     routers += [
         usage_router(usage, access),
-        rollout_router(models, access),
+        rollout_router(rollouts, access),
         tenant_router(services.tenant_admin, access),
     ]
     if services.replicas is not None:
@@ -201,7 +206,7 @@ def create_app(
             *routers,
             *(console_data if settings.ui else []),
         ],
-        lifespan=[_lifespan(engine, services, usage)],
+        lifespan=[_lifespan(engine, services, usage, rollouts)],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[
             *idempotent,
@@ -219,7 +224,7 @@ def create_app(
 
 
 def _lifespan(
-    engine: EngineClient, services: HttpServices, usage: UsageRecorder
+    engine: EngineClient, services: HttpServices, usage: UsageRecorder, rollouts: RolloutBook
 ) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
     """Start-up hooks (on the event loop: signal handlers), the usage ledger's writer, then
     the engine and the Tinker service; at shutdown, the services, the engine, the ledger's
@@ -238,13 +243,15 @@ def _lifespan(
         engine.start()
         if services.tinker is not None:
             services.tinker.start()
-        watch = None
+        watches = []
         if services.tenant_admin is not None:
-            watch = asyncio.create_task(services.tenant_admin.watch(), name="keys-file-watch")
+            watches.append(asyncio.create_task(services.tenant_admin.watch(), name="keys-watch"))
+        if rollouts.store is not None:
+            watches.append(asyncio.create_task(rollouts.watch(), name="rollouts-watch"))
         try:
             yield
         finally:
-            if watch is not None:
+            for watch in watches:
                 watch.cancel()
             if services.tinker is not None:
                 await services.tinker.stop()

@@ -8,10 +8,13 @@ from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.keys_file import KeysFileStore
 from adapters.storage.responses import RedisResponseStore
+from adapters.storage.rollouts_sql import open_rollout_store
 from adapters.storage.usage_sql import open_ledger
 from application.access import Access
 from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
+from application.rollouts import RolloutBook
+from application.served_models import ServedModels
 from application.tenant_admin import TenantAdmin
 from application.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
 
@@ -60,3 +63,11 @@ def build_tenant_admin(keys_file: str | None, access: Access) -> TenantAdmin | N
     store = KeysFileStore(Path(keys_file).expanduser())
     store.load()  # what this process serves now: later changes are told apart
     return TenantAdmin(store, access, source=keys_file)
+
+
+def build_rollout_book(models: ServedModels, target: str | None) -> RolloutBook:
+    """``models``' rollouts kept in the database ``target`` names (``--usage-db``; None:
+    in memory only), the stored ones served from now on."""
+    book = RolloutBook(models, None if target is None else open_rollout_store(target))
+    book.start()
+    return book

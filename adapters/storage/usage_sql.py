@@ -11,6 +11,7 @@ as it was: the next start opens it as usual.
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -48,25 +49,28 @@ CREATE TABLE IF NOT EXISTS infer_usage (
 _INDEX = "CREATE INDEX IF NOT EXISTS infer_usage_ended_at ON infer_usage (ended_at)"
 
 
-class SqlUsageLedger:
-    """``connect()``: a DB-API connection; ``param``: its placeholder (``?`` or ``%s``);
-    ``floor``: SQL that rounds its argument down to an integer (a bucket's index)."""
+@dataclass(frozen=True)
+class Dialect:
+    """How to reach one database and speak its SQL: ``connect()`` a DB-API connection,
+    ``param`` its placeholder, ``floor`` SQL rounding down to an integer, ``id_type`` an
+    auto-increment key, ``name`` the database for logs (no password)."""
 
-    def __init__(
-        self,
-        connect: Callable[[], Any],
-        *,
-        param: str,
-        floor: str,
-        id_type: str,
-        name: str,
-    ) -> None:
-        self._connect, self._param, self._floor, self.name = connect, param, floor, name
+    connect: Callable[[], Any]
+    param: str
+    floor: str
+    id_type: str
+    name: str
+
+
+class SqlUsageLedger:
+    def __init__(self, dialect: Dialect) -> None:
+        self._connect, self._param, self._floor = dialect.connect, dialect.param, dialect.floor
+        self.name = dialect.name
         self._lock = threading.Lock()
-        self._conn = connect()
+        self._conn = dialect.connect()
         with self._lock:
             cur = self._conn.cursor()
-            cur.execute(_SCHEMA.format(id_type=id_type))
+            cur.execute(_SCHEMA.format(id_type=dialect.id_type))
             cur.execute(_INDEX)
             self._conn.commit()
 
@@ -166,8 +170,17 @@ class SqlUsageLedger:
                 self._conn = self._connect()
 
 
-def sqlite_ledger(path: str | Path) -> UsageLedger:
-    """A ledger in the SQLite file ``path`` (its folder made if missing)."""
+def sqlite_dialect(path: str | Path) -> Dialect:
+    """The SQLite file ``path`` (its folder made if missing; ``:memory:``: in memory, one
+    database per connection)."""
+    if str(path) == MEMORY:
+        return Dialect(
+            lambda: sqlite3.connect(MEMORY, check_same_thread=False),
+            "?",
+            "CAST({} AS INTEGER)",
+            "INTEGER",
+            MEMORY,
+        )
     file = Path(path).expanduser()
     file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -178,25 +191,27 @@ def sqlite_ledger(path: str | Path) -> UsageLedger:
         return conn
 
     # Non-negative arguments only (records from the query's start on): CAST truncates.
-    return SqlUsageLedger(
-        connect, param="?", floor="CAST({} AS INTEGER)", id_type="INTEGER", name=str(file)
-    )
+    return Dialect(connect, "?", "CAST({} AS INTEGER)", "INTEGER", str(file))
 
 
-def postgres_ledger(url: str) -> UsageLedger:
-    """A ledger in the PostgreSQL database at ``url`` (``postgresql://user@host/db``)."""
+def postgres_dialect(url: str) -> Dialect:
+    """The PostgreSQL database at ``url`` (``postgresql://user@host/db``)."""
     import psycopg  # imported only when PostgreSQL is asked for
 
     def connect() -> Any:
         return psycopg.connect(url, connect_timeout=10)
 
-    return SqlUsageLedger(
-        connect,
-        param="%s",
-        floor="CAST(FLOOR({}) AS BIGINT)",
-        id_type="BIGSERIAL",
-        name=_redacted(url),
-    )
+    return Dialect(connect, "%s", "CAST(FLOOR({}) AS BIGINT)", "BIGSERIAL", _redacted(url))
+
+
+def sqlite_ledger(path: str | Path) -> UsageLedger:
+    """A ledger in the SQLite file ``path`` (its folder made if missing)."""
+    return SqlUsageLedger(sqlite_dialect(path))
+
+
+def postgres_ledger(url: str) -> UsageLedger:
+    """A ledger in the PostgreSQL database at ``url``."""
+    return SqlUsageLedger(postgres_dialect(url))
 
 
 def _redacted(url: str) -> str:
@@ -220,25 +235,16 @@ def check_usage_target(target: str) -> None:
         )
 
 
-def open_ledger(target: str) -> UsageLedger:
-    """The ledger ``target`` names: ``postgresql://`` / ``postgres://`` URLs are
+def dialect_for(target: str) -> Dialect:
+    """The database ``target`` names: ``postgresql://`` / ``postgres://`` URLs are
     PostgreSQL, ``:memory:`` a SQLite database in memory, ``sqlite:///path`` or a plain
     path a SQLite file."""
     check_usage_target(target)
     if target.startswith(POSTGRES):
-        return postgres_ledger(target)
-    path = target.removeprefix("sqlite:///")
-    if path == MEMORY:
-        return memory_sqlite_ledger()
-    return sqlite_ledger(path)
+        return postgres_dialect(target)
+    return sqlite_dialect(target.removeprefix("sqlite:///"))
 
 
-def memory_sqlite_ledger() -> UsageLedger:
-    """A SQLite ledger in this process's memory (lost on restart)."""
-    return SqlUsageLedger(
-        lambda: sqlite3.connect(MEMORY, check_same_thread=False),
-        param="?",
-        floor="CAST({} AS INTEGER)",
-        id_type="INTEGER",
-        name=MEMORY,
-    )
+def open_ledger(target: str) -> UsageLedger:
+    """The usage ledger in the database ``target`` names (:func:`dialect_for`)."""
+    return SqlUsageLedger(dialect_for(target))

@@ -159,3 +159,47 @@ def test_no_rollback_without_a_healthier_target_or_with_the_policy_off() -> None
 def test_a_bad_rollback_policy_is_refused(rate: float, least: int, window: int) -> None:
     with pytest.raises(InvalidParameterError):
         RollbackPolicy(rate, least, window)
+
+
+class ListStore:
+    """A rollout store in a dict (the port's contract is held in tests/contract)."""
+
+    def __init__(self, *rollouts: Rollout) -> None:
+        self.rollouts = {r.name: r for r in rollouts}
+        self.changes = 0
+
+    def load(self) -> list[Rollout]:
+        return sorted(self.rollouts.values(), key=lambda r: r.name)
+
+    def save(self, rollout: Rollout) -> None:
+        self.rollouts[rollout.name] = rollout
+        self.changes += 1
+
+    def delete(self, name: str) -> None:
+        self.rollouts.pop(name, None)
+        self.changes += 1
+
+    def version(self) -> int:
+        return self.changes
+
+
+def test_the_book_serves_the_store_over_the_flags_and_stores_rollbacks() -> None:
+    from application.rollouts import RolloutBook
+
+    flag = Rollout("support", (RolloutTarget("v1", 1),))
+    other_flag = Rollout("other", (RolloutTarget("v2", 1),))
+    store = ListStore(CANARY)
+    models = served(flag, other_flag)
+    book = RolloutBook(models, store)
+    book.start()
+    assert models.rollouts() == [other_flag, CANARY]  # the stored one won; the new flag kept
+    assert store.rollouts["other"] == other_flag
+    feed(models, "v1", 0, 30)
+    feed(models, "v2", 20, 0)
+    assert store.rollouts["support"].shares() == {"v1": 1.0, "v2": 0.0}  # stored as it happened
+    # A stored rollout this server cannot serve (another server's models) is skipped.
+    store.save(Rollout("foreign", (RolloutTarget("their-model", 1),)))
+    assert book.sync() and "foreign" not in [r.name for r in models.rollouts()]
+    with pytest.raises(InvalidParameterError):
+        book.set(Rollout("bad", (RolloutTarget("v9", 1),)))
+    assert "bad" not in store.rollouts  # checked before it is stored

@@ -238,3 +238,43 @@ def test_a_failing_canary_is_rolled_back_by_itself(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
     (audit,) = [line for line in lines if line.get("event") == "rollout target rolled back"]
     assert (audit["target"], audit["actor"]) == ("v2", "automatic")
+
+
+def db_container(tmp_path: Path, db: str, flags: tuple[str, ...] = ()) -> Any:
+    from domain.rollout import parse_rollout
+
+    access = AccessSettings(api_keys_file=keys_file(tmp_path), usage_db=db)
+    model = ModelSettings(
+        aliases=("v1", "v2"), rollouts=tuple(parse_rollout(spec) for spec in flags)
+    )
+    return fake_container(
+        FakeModelRunner(script=reply_script(ByteTokenizer(), "ok")),
+        cache_dir=str(tmp_path),
+        served_model_name="base",
+        model=model,
+        access=access,
+    )
+
+
+def test_rollouts_are_kept_across_a_restart_and_shared(tmp_path: Path) -> None:
+    db = str(tmp_path / "usage.sqlite3")
+    with TestClient(app=db_container(tmp_path, db, ("support=v1:1",)).http_app()) as client:
+        moved = client.put(f"{ROLLOUTS}/support", json=CANARY, headers=bearer("ops"))
+        assert moved.status_code == 200
+    # Restarted with the same flag: the stored decision (90/10, beta pinned) is served.
+    again = db_container(tmp_path, db, ("support=v1:1",))
+    other = db_container(tmp_path, db)  # a second server on the same database
+    with TestClient(app=again.http_app()) as client, TestClient(app=other.http_app()) as peer:
+        state = client.get(f"{ROLLOUTS}/support", headers=bearer("ops")).json()
+        assert [(t["model"], t["weight"]) for t in state["targets"]] == [("v1", 90), ("v2", 10)]
+        assert chat(client, "beta").json()["model"] == "v2"
+        assert chat(peer, "beta").json()["model"] == "v2"
+        # A change on one server reaches the other when it next reads the store.
+        back = {"targets": [{"model": "v1", "weight": 1}]}
+        client.put(f"{ROLLOUTS}/support", json=back, headers=bearer("ops"))
+        assert chat(peer, "beta").json()["model"] == "v2"  # not read yet
+        assert other.rollouts().sync()  # what its watch does every 2 s
+        assert chat(peer, "beta").json()["model"] == "v1"
+        client.delete(f"{ROLLOUTS}/support", headers=bearer("ops"))
+        assert other.rollouts().sync() and chat(peer, "beta").status_code == 404
+        assert not other.rollouts().sync()  # nothing new
