@@ -25,8 +25,12 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
     """``infer serve --port <free> *flags``; yields its base URL once /health answers.
 
     ``INFER_TEST_DEVICE`` (e.g. ``cuda``) adds ``--device`` to every server the e2e tests
-    start (``benchmarks/gpu_check.sh`` runs them so on a GPU)."""
+    start (``benchmarks/gpu_check.sh`` runs them so on a GPU). Without a ``--usage-db``
+    flag the server's usage and rollouts are kept in its memory: no test reads another's
+    (nor the user's ``~/.cache/infer/usage.sqlite3``)."""
     port = free_port()
+    if "--usage-db" not in flags:
+        flags = (*flags, "--usage-db", ":memory:")
     device = os.environ.get("INFER_TEST_DEVICE")
     process = subprocess.Popen(
         [
