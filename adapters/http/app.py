@@ -70,6 +70,7 @@ CORS_ALLOW_HEADERS = [
 ]
 CORS_EXPOSE_HEADERS = [
     "X-Request-Id",
+    "x-infer-model",  # the model a rollout's name ran on
     *(
         f"x-ratelimit-{f}-{u}"
         for f in ("limit", "remaining", "reset")
