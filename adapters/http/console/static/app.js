@@ -7,6 +7,7 @@ const TABS = [
   ['playground', 'Playground'],
   ['engine', 'Engine'],
   ['tenants', 'Tenants'],
+  ['rollouts', 'Rollouts'],
   ['training', 'Training'],
 ];
 
