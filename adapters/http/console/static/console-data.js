@@ -62,13 +62,25 @@ export function relative(seconds, now = Date.now() / 1000) {
 export function poll(tick, intervalMs, onError = () => {}) {
   let stopped = false;
   let timer = null;
+  let running = false; // one tick at a time: a now() during a tick runs right after it
+  let again = false;
   const run = async () => {
+    clearTimeout(timer);
+    timer = null;
+    running = true;
     try {
       await tick();
     } catch (error) {
       if (!stopped) onError(error);
     }
-    if (!stopped) timer = setTimeout(run, intervalMs);
+    running = false;
+    if (stopped) return;
+    if (again) {
+      again = false;
+      run();
+    } else {
+      timer = setTimeout(run, intervalMs);
+    }
   };
   run();
   return {
@@ -76,11 +88,14 @@ export function poll(tick, intervalMs, onError = () => {}) {
       stopped = true;
       clearTimeout(timer);
     },
-    /** Run a tick now (after a click), keeping the schedule. */
+    /** Run a tick now (after a click), keeping the schedule: one loop, never two. */
     now() {
       if (stopped) return;
-      clearTimeout(timer);
-      run();
+      if (running) {
+        again = true;
+      } else {
+        run();
+      }
     },
   };
 }
