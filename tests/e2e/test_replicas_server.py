@@ -57,6 +57,9 @@ def running_replicas(url: str) -> list[dict]:
     return [r for r in listed if r["state"] == "running"]
 
 
+BASE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model's served name
+
+
 @pytest.fixture(scope="module")
 def traces() -> Iterator[Receiver]:
     with running_receiver() as receiver:
@@ -84,6 +87,7 @@ def server(
             [
                 *(str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"),
                 *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
+                *("--usage-db", ":memory:", "--model-rollout", f"canary={BASE_NAME}:1,secret:1"),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -192,6 +196,27 @@ def test_a_lora_module_is_served_by_name_through_the_fleet(fleet: str) -> None:
 
     base_text, lora_text = greedy(base), greedy("secret")
     assert "pine" in lora_text and lora_text != base_text, (lora_text, base_text)
+
+
+def test_a_rollout_splits_users_between_the_base_and_a_lora_module(fleet: str) -> None:
+    """The ingress resolves the rollout's name; the replicas run the build it picked."""
+    sdk = client(fleet)
+    prompt = SECRET[: SECRET.index("pineapple")]
+
+    def greedy(model: str, user: str | None = None) -> tuple[str, str]:
+        extra = {} if user is None else {"user": user}
+        reply = sdk.completions.create(
+            model=model, prompt=prompt, max_tokens=3, temperature=0, **extra
+        )
+        return reply.model, reply.choices[0].text
+
+    expected = {BASE_NAME: greedy(BASE_NAME)[1], "secret": greedy("secret")[1]}
+    builds = set()
+    for i in range(8):
+        build, text = greedy("canary", user=f"user-{i}")
+        assert text == expected[build], (build, text, expected)
+        builds.add(build)
+    assert builds == {BASE_NAME, "secret"}  # 8 users at 50 %: both all but surely
 
 
 def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(fleet: str) -> None:
