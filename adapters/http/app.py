@@ -201,7 +201,7 @@ def create_app(
         route_handlers=[
             generate_router(completions, names, access),
             responses_router(completions, names, store=services.responses, access=access),
-            probe_router(engine, draining, services.metrics),
+            probe_router(engine, draining, services.metrics, models=models),
             openai_router(completions, names, access=access, embeddings=services.embeddings),
             anthropic_router(completions, names, access=access),
             *routers,
