@@ -1,6 +1,7 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}``: the models the caller may use (an id may
 hold ``/``: a hub id, a ``tinker://`` path), and more models listed beside them (the
-embedding model), under the caller's key scopes."""
+embedding model, its card's ``task`` ``embed``; the others' ``generate``), under the
+caller's key scopes."""
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -36,7 +37,7 @@ class ModelCards:
     def visible(self, request: Request[Any, Any, Any]) -> list[ModelCard]:
         tenant = api_state(request).tenant
         others = [
-            ModelCard(name, self.created, root=name, max_model_len=max_len)
+            ModelCard(name, self.created, root=name, max_model_len=max_len, task="embed")
             for name, max_len in self.other_models.items()
             if tenant is None or tenant.allows_model(name)
         ]

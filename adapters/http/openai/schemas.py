@@ -268,6 +268,7 @@ class ModelCard(msgspec.Struct):
     parent: str | None = None  # the base model of an adapter (None: a base model)
     max_model_len: int | None = None
     deprecation_date: str | None = None  # the day it stops being served
+    task: str = "generate"  # what it does: "generate" (completions, chat) or "embed"
 
 
 class ModelList(msgspec.Struct):

@@ -208,4 +208,5 @@ def test_minilm_through_the_sdk_equals_the_embedder(minilm: TorchEmbedder) -> No
         "parent": None,
         "max_model_len": 256,
         "deprecation_date": None,
+        "task": "embed",
     }

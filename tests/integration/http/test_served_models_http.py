@@ -61,7 +61,7 @@ def test_models_lists_every_name_with_its_root_and_deprecation(client: openai.Op
     assert list(cards) == NAMES
     for card in cards.values():
         assert (card["root"], card["parent"], card["object"]) == ("fake", None, "model")
-        assert card["max_model_len"] > 0
+        assert card["max_model_len"] > 0 and card["task"] == "generate"
     assert cards["legacy"]["deprecation_date"] == "2099-01-01"
     assert cards["smollm2"]["deprecation_date"] is None
     one = client.models.retrieve("smollm2-2026-01-01")

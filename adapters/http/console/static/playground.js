@@ -113,7 +113,7 @@ export async function mount(root, ctx) {
   const requested = ctx.takeRequestedModel ? ctx.takeRequestedModel() : null;
   try {
     const listed = await ctx.json('/v1/models');
-    const ids = (listed.data || []).map((m) => String(m.id));
+    const ids = (listed.data || []).filter((m) => m.task !== 'embed').map((m) => String(m.id)); // chat models only
     if (requested && !ids.includes(requested)) ids.push(String(requested));
     for (const id of ids) model.appendChild(el('option', { attrs: { value: id }, text: id }));
     if (requested) model.value = String(requested);

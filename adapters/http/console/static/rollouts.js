@@ -439,7 +439,7 @@ export function mount(root, ctx) {
     const data = await ctx.json('/admin/rollouts');
     let models = null;
     try {
-      models = ((await ctx.json('/v1/models')).data || []).map((m) => String(m.id));
+      models = ((await ctx.json('/v1/models')).data || []).filter((m) => m.task !== 'embed').map((m) => String(m.id));
     } catch (e) {
       form.error.textContent = `The served models are not available: ${e.message || e}`; // the form keeps those it has
     }
