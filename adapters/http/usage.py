@@ -2,7 +2,9 @@
 OpenAI usage API over the ledger.
 
 - :class:`UsageMiddleware` writes one :class:`~domain.usage.UsageRecord` per request under
-  ``/v1/`` (its tenant, model, route, status, tokens and latency; never its text) through
+  ``/v1/``, and per Tinker API call refused or failed (``/api/v1/``, 4xx / 5xx: the 429s
+  the console counts) (its tenant, model, route, status, tokens and latency; never its
+  text) through
   the :class:`~application.usage_ledger.UsageRecorder`, which stores them in the
   background.
 - ``GET /v1/organization/usage/completions`` and ``.../embeddings``: OpenAI's usage API
@@ -12,6 +14,7 @@ OpenAI usage API over the ledger.
   with the ``openai`` face its own tenant's only; an open server's is open.
 """
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -33,6 +36,9 @@ from domain.tenancy import AuthenticationError, PermissionDeniedError, Tenant
 from domain.usage import COMPLETIONS, EMBEDDINGS, UsageQuery, UsageRecord, UsageTotals
 
 RECORDED_PREFIX = "/v1/"
+# The Tinker API: its refusals and failures only (its SDK polls futures all the time; its
+# work is metered by the Tinker usage meter).
+TINKER_PREFIX, TINKER = "/api/v1/", "tinker"
 USAGE_PATH = "/v1/organization/usage"
 OTHER = "other"  # what a request that used no model's tokens is recorded as (a model list)
 # The routes whose tokens are a completion's (OpenAI's "completions" usage) or an embedding's.
@@ -65,7 +71,9 @@ class UsageMiddleware:
         self.app, self.recorder = app, recorder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(RECORDED_PREFIX):
+        path = scope["path"] if scope["type"] == "http" else ""
+        tinker = path.startswith(TINKER_PREFIX)
+        if not (path.startswith(RECORDED_PREFIX) or tinker):
             await self.app(scope, receive, send)
             return
         status: int | None = None
@@ -79,29 +87,39 @@ class UsageMiddleware:
 
         try:
             await self.app(scope, receive, send_counted)
+        except asyncio.CancelledError:  # the client went away first
+            if status is None:
+                status = 499
+            raise
         except BaseException:
             if status is None:
                 status = 500
             raise
         finally:
-            record = scope.get("state", {}).get(RECORD_KEY)
-            if not isinstance(record, RequestRecord):
-                record = RequestRecord(started_s=started)
-            self.recorder.record(
-                UsageRecord(
-                    ended_s=time.time(),
-                    request_id=record.request_id,
-                    tenant_id=record.tenant_id,
-                    model=record.model,
-                    route=scope["path"][:200],
-                    kind=kind_of(str(scope.get("method", "")), scope["path"]),
-                    status=499 if status is None else status,
-                    prompt_tokens=record.prompt_tokens,
-                    cached_tokens=record.cached_tokens,
-                    completion_tokens=record.completion_tokens,
-                    latency_ms=round((time.monotonic() - record.started_s) * 1000, 3),
-                )
+            if not (tinker and status is not None and status < 400):
+                self._record(scope, path, tinker, status, started)
+
+    def _record(
+        self, scope: Scope, path: str, tinker: bool, status: int | None, started: float
+    ) -> None:
+        record = scope.get("state", {}).get(RECORD_KEY)
+        if not isinstance(record, RequestRecord):
+            record = RequestRecord(started_s=started)
+        self.recorder.record(
+            UsageRecord(
+                ended_s=time.time(),
+                request_id=record.request_id,
+                tenant_id=record.tenant_id,
+                model=record.model,
+                route=path[:200],
+                kind=TINKER if tinker else kind_of(str(scope.get("method", "")), path),
+                status=499 if status is None else status,
+                prompt_tokens=record.prompt_tokens,
+                cached_tokens=record.cached_tokens,
+                completion_tokens=record.completion_tokens,
+                latency_ms=round((time.monotonic() - record.started_s) * 1000, 3),
             )
+        )
 
 
 def usage_middleware(recorder: UsageRecorder) -> DefineMiddleware:

@@ -29,6 +29,7 @@ from adapters.http.access import Guard
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.request_state import HeldLimits
 from application.access import Access
+from application.request_record import RECORD_KEY, RequestRecord
 from application.tinker.futures import Future
 from domain.training import InvalidTrainingRequest
 
@@ -113,8 +114,12 @@ def request_limits(keys: ApiKeyGuard, access: Access | None) -> list[Guard]:
         name = connection.url.path.partition("/api/v1/")[2].strip("/")
         if name in UNCOUNTED:
             return
-        admission = await quotas.admit(keys.resolve(connection))
+        tenant = keys.resolve(connection)
         state = connection.scope.setdefault("state", {})
+        record = state.get(RECORD_KEY)
+        if isinstance(record, RequestRecord):  # a refusal is the tenant's (the usage ledger)
+            record.tenant_id = tenant.id
+        admission = await quotas.admit(tenant)
         state[LIMITS_KEY] = WorkLimits(HeldLimits(quotas, admission))
 
     return [guard]

@@ -18,7 +18,7 @@ from entrypoints.access_flags import AccessSettings
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings
 from tests.fakes import fake_container
-from tests.support.tinker_client import Api, forward_backward_proto, post_proto
+from tests.support.tinker_client import Api, forward_backward_proto, post_proto, sample_body
 
 KEYS = {
     "ops": "sk-ops",
@@ -158,6 +158,21 @@ def test_usage_today_counts_requests_tokens_and_429s(tmp_path: Path) -> None:
             "checkpoints_saved": 0,
         }
         assert body["day_start"] <= body["now"] < body["day_start"] + 86400
+
+
+def test_tinker_refusals_count_in_the_tenants_errors(tmp_path: Path) -> None:
+    """The Tinker API's refused calls are the tenant's (its successful ones, polls
+    included, are metered by the Tinker usage meter instead)."""
+    client, container = client_for(tmp_path)
+    with client:
+        api = Api(client, {"X-API-Key": KEYS["bob"]})
+        api.session()  # a successful call: not in the request counts
+        too_big = sample_body([1, 2, 3], sampling_params={"max_tokens": 100})
+        too_big["base_model"] = base_model(container)
+        api.post("asample", too_big, status=400)  # more than bob's 40 tokens a minute
+        body = client.get("/ui/api/tenants", headers=bearer("ops")).json()
+        bob = next(t for t in body["tenants"] if t["id"] == "bob")["usage"]
+        assert (bob["requests"], bob["errors"], bob["rate_limited"]) == (1, 1, 0)
 
 
 def test_tinker_usage_today_is_listed_per_tenant(tmp_path: Path) -> None:
