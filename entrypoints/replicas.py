@@ -124,6 +124,8 @@ class EngineReplica:
 
     async def __init__(self, config_json: bytes) -> None:  # type: ignore[misc]
         config = from_json(config_json)
+        # The ingress records usage and holds the rollouts: a replica keeps none on disk.
+        config = replace(config, access=replace(config.access, usage_db=None))
         configure_logging(config.observability.log_level, config.observability.log_format)
         set_threads(config.model.threads)
         self.config = config
@@ -134,8 +136,14 @@ class EngineReplica:
         self.container.backend.embeddings.override(providers.Object(None))
         self.engine = self.container.async_engine()
         self.engine.start()  # on the replica's event loop, the thread that loaded the model
-        # The replica's own app answers the Tinker calls the ingress forwards here.
+        # The replica's own app answers the Tinker calls the ingress forwards here (run
+        # without a lifespan: what it would start is started here).
         self.app = self.container.http_app() if config.tinker.enabled else None
+        self.container.usage().start()
+        self._watches = []
+        admin = self.container.tenant_admin()
+        if admin is not None:  # its Tinker face checks keys: the admin API's changes too
+            self._watches.append(asyncio.create_task(admin.watch()))
         self.tinker = self.container.tinker()
         if self.tinker is not None:
             self.tinker.start()
