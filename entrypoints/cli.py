@@ -483,6 +483,8 @@ def _serve(args: argparse.Namespace) -> int:
         _note("API keys: none (an open server: anyone who reaches the port may call)")
     else:
         _note(f"API keys: {len(keyring.tenants)} tenants from {config.access.keys_source}")
+    ledger = getattr(container.usage().ledger, "name", "this process's memory")
+    _note(f"usage: recorded in {ledger} (GET /v1/organization/usage/completions)")
     tracing = config.observability.tracing
     if tracing.enabled:
         endpoint = tracing.resolved_endpoint() or "the console"

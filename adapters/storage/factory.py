@@ -2,14 +2,18 @@
 and the stored responses (in Redis or in memory), Tinker's checkpoint folders, and the
 usage ledger (SQLite, PostgreSQL or memory)."""
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+import structlog
 
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.keys_file import KeysFileStore
 from adapters.storage.responses import RedisResponseStore
 from adapters.storage.rollouts_sql import open_rollout_store
-from adapters.storage.usage_sql import open_ledger
+from adapters.storage.usage_sql import DEFAULT_USAGE_DB, open_ledger
 from application.access import Access
 from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
@@ -17,8 +21,11 @@ from application.rollouts import RolloutBook
 from application.served_models import ServedModels
 from application.tenant_admin import TenantAdmin
 from application.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
+from domain.errors import InvalidParameterError
 
 DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 
 def build_idempotency(ttl: float, redis_url: str | None, max_keys: int) -> IdempotencyStore | None:
@@ -50,10 +57,27 @@ def checkpoint_storage(checkpoint_dir: str | None) -> FileCheckpointStorage:
 
 def build_usage_recorder(target: str | None, retention_days: float) -> UsageRecorder:
     """The usage ledger ``target`` names (None: this process's memory), records kept
-    ``retention_days`` (0: for ever)."""
-    ledger = MemoryUsageLedger() if target is None else open_ledger(target)
+    ``retention_days`` (0: for ever). The default file that cannot be opened (a read-only
+    home) falls back to memory with a warning; another target is an error naming
+    ``--usage-db``."""
     retention = None if retention_days == 0 else retention_days * DAY_S
-    return UsageRecorder(ledger, retention_s=retention)
+    return UsageRecorder(_database(target, open_ledger, MemoryUsageLedger), retention_s=retention)
+
+
+def _database(target: str | None, open_it: Callable[[str], T], memory: Callable[[], T]) -> T:
+    if target is None:
+        return memory()
+    try:
+        return open_it(target)
+    except Exception as e:
+        if target == DEFAULT_USAGE_DB:
+            log.warning(
+                "the usage database cannot be opened; usage and rollouts kept in memory",
+                database=target,
+                error=str(e),
+            )
+            return memory()
+        raise InvalidParameterError("usage_db", f"{target!r} cannot be opened: {e}") from e
 
 
 def build_tenant_admin(keys_file: str | None, access: Access) -> TenantAdmin | None:
@@ -68,6 +92,7 @@ def build_tenant_admin(keys_file: str | None, access: Access) -> TenantAdmin | N
 def build_rollout_book(models: ServedModels, target: str | None) -> RolloutBook:
     """``models``' rollouts kept in the database ``target`` names (``--usage-db``; None:
     in memory only), the stored ones served from now on."""
-    book = RolloutBook(models, None if target is None else open_rollout_store(target))
+    store = _database(target, open_rollout_store, lambda: None)
+    book = RolloutBook(models, store)
     book.start()
     return book

@@ -185,3 +185,23 @@ def test_a_failed_append_stores_nothing(tmp_path: Path) -> None:
     ledger.append([rec(T0 + 2)])  # the connection still works
     assert [r.requests for r in ledger.totals(UsageQuery(T0, T0 + 60, 60))] == [1]
     ledger.close()
+
+
+def test_an_unopenable_database_is_a_named_error_but_the_default_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapters.storage import factory
+    from domain.errors import InvalidParameterError
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the database's folder would be
+    with pytest.raises(InvalidParameterError) as e:
+        factory.build_usage_recorder(str(blocked / "usage.sqlite3"), 90)
+    assert e.value.param == "usage_db"
+
+    def refuse(target: str) -> UsageLedger:
+        raise PermissionError("read-only home")
+
+    monkeypatch.setattr(factory, "open_ledger", refuse)
+    recorder = factory.build_usage_recorder(factory.DEFAULT_USAGE_DB, 90)
+    assert isinstance(recorder.ledger, MemoryUsageLedger)
