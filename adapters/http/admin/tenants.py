@@ -2,7 +2,6 @@
 (in the keys file); admin keys only."""
 
 import asyncio
-from dataclasses import asdict
 from typing import Any
 
 import msgspec
@@ -10,7 +9,8 @@ from litestar import Controller, Request, Response, Router, delete, get, post, p
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from adapters.http.admin.guard import ADMIN, AccessDep, admin_caller
+from adapters.http.admin.guard import AccessDep, admin_caller
+from adapters.http.console.tenants import tenant_json
 from adapters.http.errors import (
     OPENAI_ERRORS,
     ErrorRule,
@@ -61,18 +61,10 @@ ADMIN_ERRORS = ErrorTable(
 )
 
 
-def tenant_json(entry: TenantEntry) -> dict[str, Any]:
-    tenant = entry.tenant
-    return {
-        "object": "tenant",
-        "id": tenant.id,
-        "faces": sorted(tenant.faces),
-        "admin": tenant.allows_face(ADMIN),
-        "models": None if tenant.models is None else sorted(tenant.models),
-        "weight": tenant.weight,
-        "limits": asdict(tenant.limits),
-        "keys": [{"id": key_id(digest)} for digest in entry.keys],
-    }
+def entry_json(entry: TenantEntry) -> dict[str, Any]:
+    """A tenant as the console lists it, with its keys by id (never their digests)."""
+    keys = [{"id": key_id(digest)} for digest in entry.keys]
+    return {"object": "tenant", **tenant_json(entry.tenant), "keys": keys}
 
 
 def _admin(admin: TenantAdmin | None) -> TenantAdmin:
@@ -90,7 +82,7 @@ class TenantRoutes(Controller):
     ) -> dict[str, Any]:
         admin_caller(request, access)
         entries = await asyncio.to_thread(_admin(admin).entries)
-        return {"object": "list", "data": [tenant_json(e) for e in entries]}
+        return {"object": "list", "data": [entry_json(e) for e in entries]}
 
     @get("/{tenant_id:str}")
     async def get_tenant(
@@ -101,7 +93,7 @@ class TenantRoutes(Controller):
         access: AccessDep,
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        return tenant_json(await asyncio.to_thread(_admin(admin).entry, tenant_id))
+        return entry_json(await asyncio.to_thread(_admin(admin).entry, tenant_id))
 
     @put("/{tenant_id:str}", status_code=200)
     async def put_tenant(
@@ -122,7 +114,7 @@ class TenantRoutes(Controller):
             limits,
         )
         entry, created = await asyncio.to_thread(_admin(admin).put, tenant, actor)
-        return Response(tenant_json(entry), status_code=201 if created else 200)
+        return Response(entry_json(entry), status_code=201 if created else 200)
 
     @delete("/{tenant_id:str}", status_code=200)
     async def delete_tenant(
