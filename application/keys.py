@@ -18,6 +18,15 @@ def hash_key(key: str) -> str:
     return HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
 
 
+KEY_ID_PREFIX = "key_"
+
+
+def key_id(digest: str) -> str:
+    """A stored key's public name (its digest's first 16 hex digits): safe to show, log,
+    record in the usage ledger and pass back to revoke the key."""
+    return KEY_ID_PREFIX + digest.removeprefix(HASH_PREFIX)[:16]
+
+
 def new_key() -> str:
     """A new random API key (32 random bytes)."""
     return KEY_PREFIX + secrets.token_urlsafe(32)

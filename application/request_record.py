@@ -24,6 +24,7 @@ class RequestRecord:
     started_s: float = field(default_factory=time.monotonic)
     status: int | None = None
     tenant_id: str | None = None
+    key_id: str | None = None  # the caller's API key by its public id (``key_...``), never the key
     model: str | None = None
     rollout: str | None = None  # the rollout whose name was asked for (``model``: its pick)
     user: str | None = None  # the OpenAI ``user`` field, as the client sent it

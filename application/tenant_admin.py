@@ -16,24 +16,18 @@ from dataclasses import asdict, replace
 import structlog
 
 from application.access import Access
-from application.keys import HASH_PREFIX, Keyring, hash_key, new_key
+from application.keys import Keyring, hash_key, key_id, new_key
 from domain.errors import InferError, InvalidParameterError
 from domain.tenancy import Tenant, TenantEntry, TenantStore
 
 audit = structlog.get_logger("infer.audit")
 ADMIN = "admin"
-KEY_ID_PREFIX = "key_"
 MAX_KEYS_PER_TENANT = 64
 DEFAULT_WATCH_S = 2.0
 
 
 class TenantNotFoundError(InferError):
     """No tenant (or key) of that id (HTTP 404)."""
-
-
-def key_id(digest: str) -> str:
-    """A stored key's public name: safe to show, log and pass back to revoke it."""
-    return KEY_ID_PREFIX + digest.removeprefix(HASH_PREFIX)[:16]
 
 
 def keyring(entries: list[TenantEntry]) -> Keyring:

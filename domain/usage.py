@@ -15,7 +15,7 @@ from typing import Protocol
 COMPLETIONS, EMBEDDINGS = "completions", "embeddings"
 KINDS = (COMPLETIONS, EMBEDDINGS)
 # The columns totals may be grouped by.
-GROUP_COLUMNS = ("tenant_id", "model", "route")
+GROUP_COLUMNS = ("tenant_id", "model", "route", "key_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,7 @@ class UsageRecord:
     cached_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: float = 0.0
+    key_id: str | None = None  # the API key's public id (``key_...``; None: no key)
 
 
 @dataclass(frozen=True, slots=True)

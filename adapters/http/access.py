@@ -20,6 +20,7 @@ from litestar.handlers import BaseRouteHandler
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.request_state import HeldLimits, api_state
 from application.access import Access
+from application.keys import hash_key, key_id
 from domain.tenancy import AuthenticationError, PermissionDeniedError
 
 Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]
@@ -46,6 +47,7 @@ def inference_guard(access: Access, missing_message: str = BEARER_HINT) -> Guard
         state = api_state(connection)
         state.tenant = tenant
         state.record.tenant_id = tenant.id
+        state.record.key_id = key_id(hash_key(keys.key(connection)))
         state.group.context = dataclasses.replace(state.group.context, tenant_id=tenant.id)
         if access.quotas is not None:
             state.limits = HeldLimits(access.quotas, await access.quotas.admit(tenant))

@@ -9,7 +9,8 @@ OpenAI usage API over the ledger.
   background.
 - ``GET /v1/organization/usage/completions`` and ``.../embeddings``: OpenAI's usage API
   (time buckets of ``1m``, ``1h`` or ``1d`` from ``start_time``, grouped by
-  ``project_id`` (our tenant) and ``model``, filtered by ``project_ids`` / ``models``,
+  ``project_id`` (our tenant), ``model`` and ``api_key_id`` (a key's public id),
+  filtered by ``project_ids`` / ``models``,
   paged by ``limit`` / ``page``). An admin key reads every tenant's usage; another key
   with the ``openai`` face its own tenant's only; an open server's is open.
 """
@@ -53,8 +54,8 @@ _KIND_OF_ROUTE = {
 # bucket_width -> (seconds, default buckets a page, most buckets a page): OpenAI's.
 BUCKETS = {"1m": (60, 60, 1440), "1h": (3600, 24, 168), "1d": (86400, 7, 31)}
 # OpenAI's group_by values -> the ledger's columns.
-GROUPS = {"project_id": "tenant_id", "model": "model"}
-NOT_RECORDED = ("user_id", "api_key_id", "batch", "service_tier")
+GROUPS = {"project_id": "tenant_id", "model": "model", "api_key_id": "key_id"}
+NOT_RECORDED = ("user_id", "batch", "service_tier")
 ADMIN = "admin"
 
 
@@ -118,6 +119,7 @@ class UsageMiddleware:
                 cached_tokens=record.cached_tokens,
                 completion_tokens=record.completion_tokens,
                 latency_ms=round((time.monotonic() - record.started_s) * 1000, 3),
+                key_id=record.key_id,
             )
         )
 
@@ -240,7 +242,7 @@ def _result(kind: str, group_by: list[str], row: UsageTotals) -> dict[str, Any]:
         "num_model_requests": row.succeeded,
         "project_id": grouped.get("project_id"),
         "user_id": None,
-        "api_key_id": None,
+        "api_key_id": grouped.get("api_key_id"),
         "model": grouped.get("model"),
     }
     if kind == EMBEDDINGS:
@@ -292,11 +294,12 @@ def _group_by(values: list[str]) -> list[str]:
         if value in NOT_RECORDED:
             raise InvalidRequestError(
                 "group_by",
-                f"infer does not record {value} per request: group by project_id or model",
+                f"infer does not record {value} per request: "
+                "group by project_id, model or api_key_id",
             )
         if value not in GROUPS:
             raise InvalidRequestError(
-                "group_by", f"group_by takes project_id and model, got {value[:40]!r}"
+                "group_by", f"group_by takes project_id, model and api_key_id, got {value[:40]!r}"
             )
         if value not in names:
             names.append(value)

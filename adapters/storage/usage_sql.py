@@ -30,6 +30,7 @@ _COLUMNS = (
     "cached_tokens",
     "completion_tokens",
     "latency_ms",
+    "key_id",
 )
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS infer_usage (
@@ -44,8 +45,11 @@ CREATE TABLE IF NOT EXISTS infer_usage (
     prompt_tokens BIGINT NOT NULL,
     cached_tokens BIGINT NOT NULL,
     completion_tokens BIGINT NOT NULL,
-    latency_ms DOUBLE PRECISION NOT NULL
+    latency_ms DOUBLE PRECISION NOT NULL,
+    key_id TEXT
 )"""
+# Columns added since the table's first version: added to an older table at open.
+_ADDED = (("key_id", "TEXT"),)
 _INDEX = "CREATE INDEX IF NOT EXISTS infer_usage_ended_at ON infer_usage (ended_at)"
 
 
@@ -73,6 +77,13 @@ class SqlUsageLedger:
             cur.execute(_SCHEMA.format(id_type=dialect.id_type))
             cur.execute(_INDEX)
             self._conn.commit()
+            for column, kind in _ADDED:
+                try:
+                    cur.execute(f"ALTER TABLE infer_usage ADD COLUMN {column} {kind}")
+                    self._conn.commit()
+                except Exception:  # there already (a new table, or added by another server)
+                    self._conn.rollback()
+                    cur = self._conn.cursor()
 
     def append(self, records: Sequence[UsageRecord]) -> None:
         if not records:
@@ -92,6 +103,7 @@ class SqlUsageLedger:
                 r.cached_tokens,
                 r.completion_tokens,
                 r.latency_ms,
+                r.key_id,
             )
             for r in records
         ]

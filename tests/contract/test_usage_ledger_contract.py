@@ -205,3 +205,38 @@ def test_an_unopenable_database_is_a_named_error_but_the_default_falls_back(
     monkeypatch.setattr(factory, "open_ledger", refuse)
     recorder = factory.build_usage_recorder(factory.DEFAULT_USAGE_DB, 90)
     assert isinstance(recorder.ledger, MemoryUsageLedger)
+
+
+def test_an_older_table_gains_the_key_column(tmp_path: Path) -> None:
+    """A ledger file written before ``key_id`` existed opens, keeps its rows and records
+    keys from then on."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE infer_usage (id INTEGER PRIMARY KEY, ended_at DOUBLE PRECISION NOT NULL,"
+        " request_id TEXT NOT NULL, tenant_id TEXT, model TEXT, route TEXT NOT NULL,"
+        " kind TEXT NOT NULL, status INTEGER NOT NULL, prompt_tokens BIGINT NOT NULL,"
+        " cached_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL,"
+        " latency_ms DOUBLE PRECISION NOT NULL)"
+    )
+    conn.execute(
+        "INSERT INTO infer_usage VALUES (1, ?, 'r0', 'acme', 'm1', '/v1/completions',"
+        " 'completions', 200, 1, 0, 1, 1.0)",
+        (T0,),
+    )
+    conn.commit()
+    conn.close()
+    ledger = open_ledger(str(path))
+    ledger.append(
+        [
+            UsageRecord(
+                T0 + 1, "r1", "acme", "m1", "/v1/completions", COMPLETIONS, 200, key_id="key_1"
+            )
+        ]
+    )
+    rows = ledger.totals(UsageQuery(T0, T0 + 60, 60, group_by=("key_id",)))
+    assert [(r.group, r.requests) for r in rows] == [((None,), 1), (("key_1",), 1)]
+    ledger.close()
+    open_ledger(str(path)).close()  # opened again: the column is there already

@@ -29,6 +29,7 @@ from adapters.http.access import Guard
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.request_state import HeldLimits
 from application.access import Access
+from application.keys import hash_key, key_id
 from application.request_record import RECORD_KEY, RequestRecord
 from application.tinker.futures import Future
 from domain.training import InvalidTrainingRequest
@@ -119,6 +120,7 @@ def request_limits(keys: ApiKeyGuard, access: Access | None) -> list[Guard]:
         record = state.get(RECORD_KEY)
         if isinstance(record, RequestRecord):  # a refusal is the tenant's (the usage ledger)
             record.tenant_id = tenant.id
+            record.key_id = key_id(hash_key(keys.key(connection)))
         admission = await quotas.admit(tenant)
         state[LIMITS_KEY] = WorkLimits(HeldLimits(quotas, admission))
 

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.keys import hash_key
+from application.keys import hash_key, key_id
 from entrypoints.access_flags import AccessSettings
 from tests.fakes import fake_container
 
@@ -93,7 +93,7 @@ def test_usage_by_tenant_and_model_matches_what_replies_said(tmp_path: Path) -> 
         assert bob["output_tokens"] == replies[2]["usage"]["completion_tokens"]
         assert (alice["input_cached_tokens"], alice["api_key_id"], alice["batch"]) == (
             0,
-            None,
+            None,  # not grouped by key
             None,
         )
 
@@ -152,7 +152,7 @@ def test_bad_parameters_are_openai_400s(tmp_path: Path) -> None:
             ({"start_time": now - 60, "bucket_width": "1d", "limit": 32}, "limit"),
             ({"start_time": now - 60, "limit": 0}, "limit"),
             ({"start_time": now - 60, "page": -1}, "page"),
-            ({"start_time": now - 60, "group_by": "api_key_id"}, "group_by"),
+            ({"start_time": now - 60, "group_by": "user_id"}, "group_by"),
             ({"start_time": now - 60, "group_by": "colour"}, "group_by"),
             ({"start_time": str(10**30)}, "start_time"),
         ]
@@ -205,3 +205,30 @@ def test_daily_quotas_survive_a_restart_through_the_ledger(tmp_path: Path) -> No
     # In memory (no ledger file) a restart starts the day afresh.
     with client_for(tmp_path) as client:
         assert complete(client, "daily").status_code == 200
+
+
+def test_usage_by_api_key(tmp_path: Path) -> None:
+    """Two keys of one tenant (a rotation): each key's requests apart, by its public id."""
+    keys = tmp_path / "keys.json"
+    tenants = [
+        {"id": "ops", "keys": [hash_key(KEYS["ops"])], "faces": ["admin"]},
+        {"id": "alice", "keys": [hash_key("sk-old"), hash_key("sk-new")]},
+    ]
+    keys.write_text(json.dumps({"tenants": tenants}))
+    runner = FakeModelRunner(script=reply_script(ByteTokenizer(), "ok" * 10))
+    access = AccessSettings(api_keys_file=str(keys))
+    container = fake_container(runner, cache_dir=str(tmp_path), access=access)
+    with TestClient(app=container.http_app()) as client:
+        for key, times in (("sk-old", 1), ("sk-new", 2)):
+            for _ in range(times):
+                answer = client.post(
+                    "/v1/completions",
+                    json={"model": "fake", "prompt": "Hi", "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+                assert answer.status_code == 200
+        page = usage(client, "ops", group_by=["project_id", "api_key_id"]).json()
+        counted = {r["api_key_id"]: r["num_model_requests"] for r in results(page)}
+        assert counted == {key_id(hash_key("sk-old")): 1, key_id(hash_key("sk-new")): 2}
+        assert all(r["project_id"] == "alice" for r in results(page))
+        assert "sk-old" not in json.dumps(page)  # keys by their public ids only
