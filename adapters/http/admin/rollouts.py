@@ -2,7 +2,9 @@
 and removed; admin keys only; each change an audit line."""
 
 import asyncio
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 from litestar import Controller, Request, Router, delete, get, put
@@ -66,6 +68,7 @@ def _policy(body: RolloutBody) -> RollbackPolicy | None:
 
 
 _rollout_decoder = msgspec.json.Decoder(RolloutBody)
+ROLLOUTS_PATH = "/admin/rollouts"
 Book = NamedDependency[RolloutBook]
 
 
@@ -96,8 +99,14 @@ def rollout_json(rollout: Rollout, rollbacks: list[RolledBack] | None = None) ->
     }
 
 
+def _name(request: Request[Any, Any, Any]) -> str:
+    """The rollout's name as sent (it may hold ``/``, as model names do: ``org/model``)."""
+    raw = request.scope.get("raw_path") or request.scope["path"].encode()
+    return unquote(raw.decode("latin-1")).removeprefix(ROLLOUTS_PATH + "/")
+
+
 class RolloutRoutes(Controller):
-    path = "/admin/rollouts"
+    path = ROLLOUTS_PATH
 
     @get("/")
     async def list_rollouts(
@@ -107,39 +116,40 @@ class RolloutRoutes(Controller):
         listed = [rollout_json(r, book.rollbacks(r.name)) for r in book.rollouts()]
         return {"object": "list", "data": listed}
 
-    @get("/{name:str}")
+    @get("/{name:path}")
     async def get_rollout(
         self,
         request: Request[Any, Any, Any],
-        name: FromPath[str],
+        name: FromPath[Path],
         book: Book,
         access: AccessDep,
     ) -> dict[str, Any]:
         admin_caller(request, access)
+        wanted = _name(request)
         for rollout in book.rollouts():
-            if rollout.name == name:
-                return rollout_json(rollout, book.rollbacks(name))
-        raise ModelNotFoundError(f"no rollout named {name!r}")
+            if rollout.name == wanted:
+                return rollout_json(rollout, book.rollbacks(wanted))
+        raise ModelNotFoundError(f"no rollout named {wanted!r}")
 
-    @put("/{name:str}", status_code=200)
+    @put("/{name:path}", status_code=200)
     async def put_rollout(
         self,
         request: Request[Any, Any, Any],
-        name: FromPath[str],
+        name: FromPath[Path],
         book: Book,
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
         body = decode_body(_rollout_decoder, request, await request.body())
         rollout = Rollout(
-            name,
+            _name(request),
             tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
             _policy(body),
         )
         before = await asyncio.to_thread(book.set, rollout)
         audit.info(
             "rollout set",
-            rollout=name,
+            rollout=rollout.name,
             targets={t.model: t.weight for t in rollout.targets},
             pinned={t.model: sorted(t.tenants) for t in rollout.targets if t.tenants},
             before=None if before is None else {t.model: t.weight for t in before.targets},
@@ -147,26 +157,27 @@ class RolloutRoutes(Controller):
         )
         return rollout_json(rollout)
 
-    @delete("/{name:str}", status_code=200)
+    @delete("/{name:path}", status_code=200)
     async def delete_rollout(
         self,
         request: Request[Any, Any, Any],
-        name: FromPath[str],
+        name: FromPath[Path],
         book: Book,
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
-        removed = await asyncio.to_thread(book.remove, name)
+        wanted = _name(request)
+        removed = await asyncio.to_thread(book.remove, wanted)
         if removed is None:
-            raise ModelNotFoundError(f"no rollout named {name!r}")
-        audit.info("rollout removed", rollout=name, actor=actor)
-        return {"object": "rollout.deleted", "name": name, "deleted": True}
+            raise ModelNotFoundError(f"no rollout named {wanted!r}")
+        audit.info("rollout removed", rollout=wanted, actor=actor)
+        return {"object": "rollout.deleted", "name": wanted, "deleted": True}
 
 
 def rollout_router(book: RolloutBook, access: Access | None) -> Router:
     """``/admin/rollouts``: list, read, set (``PUT``: create, move weights, pin tenants,
-    roll back) and remove the rollouts ``book`` serves and stores; admin keys only (open without
-    keys), answers and errors in OpenAI's format, each change an audit line."""
+    roll back) and remove the rollouts ``book`` serves and stores; admin keys only (open
+    without keys), answers and errors in OpenAI's format, each change an audit line."""
     return Router(
         path="/",
         route_handlers=[RolloutRoutes],

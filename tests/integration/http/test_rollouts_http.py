@@ -278,3 +278,14 @@ def test_rollouts_are_kept_across_a_restart_and_shared(tmp_path: Path) -> None:
         client.delete(f"{ROLLOUTS}/support", headers=bearer("ops"))
         assert other.rollouts().sync() and chat(peer, "beta").status_code == 404
         assert not other.rollouts().sync()  # nothing new
+
+
+def test_a_rollout_name_may_hold_a_slash_as_model_names_do(tmp_path: Path) -> None:
+    with client_for(tmp_path, keyed=False) as client:
+        body = {"targets": [{"model": "v2", "weight": 1}]}
+        put = client.put(f"{ROLLOUTS}/acme/support", json=body)
+        assert put.status_code == 200 and put.json()["name"] == "acme/support"
+        assert client.get(f"{ROLLOUTS}/acme/support").json()["name"] == "acme/support"
+        assert chat(client, None, model="acme/support").json()["model"] == "v2"
+        assert client.delete(f"{ROLLOUTS}/acme/support").json()["name"] == "acme/support"
+        assert client.get(f"{ROLLOUTS}/acme/support").status_code == 404
