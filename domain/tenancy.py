@@ -62,8 +62,8 @@ def checked_tenant(
     limits: TenantLimits | None = None,
 ) -> Tenant:
     """A tenant from values a caller sent (the admin API): ``InvalidParameterError``
-    naming the field unless the id is 1 to 128 printable characters without '/', the faces known,
-    the weight positive and finite and each limit None or a positive integer."""
+    naming the field unless the id is 1 to 128 printable characters without '/', the faces
+    known, the weight positive and finite and each limit None or a positive integer."""
     if not 0 < len(tenant_id) <= MAX_TENANT_ID or not tenant_id.isprintable() or "/" in tenant_id:
         raise InvalidParameterError(
             "id", f"a tenant id is 1 to {MAX_TENANT_ID} printable characters, no '/'"
