@@ -2,9 +2,11 @@
 counted per tenant, and what tenants' weights the scheduler shares by."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
+from application.audit import Audit
 from application.keys import Keyring
 from application.quotas import Quotas, RateLimitCounters
 from domain.tenancy import Tenant
@@ -23,6 +25,7 @@ class Access:
         """``on_tenants``: told the tenants whenever the keyring is (re)placed (the
         scheduler's weights)."""
         self.keyring, self.quotas, self.on_tenants = keyring, quotas, on_tenants
+        self.audit: Audit | None = None  # where reloads are recorded (besides the log)
         if keyring is not None and on_tenants is not None:
             on_tenants(keyring.tenants)
 
@@ -51,18 +54,24 @@ class Access:
     def tenant(self, key: str) -> Tenant | None:
         return None if self.keyring is None else self.keyring.tenant(key)
 
-    def replace(self, keyring: Keyring, source: str) -> None:
-        """Swap the keyring at once (key rotation); an audit line says what changed."""
+    def replace(self, keyring: Keyring, source: str, *, audited: bool = True) -> None:
+        """Swap the keyring at once (key rotation); an audit line says what changed
+        (``audited`` False: the caller audits the change itself, as the admin API does)."""
         before = set() if self.keyring is None else {t.id for t in self.keyring.tenants}
         self.keyring = keyring
         after = {t.id for t in keyring.tenants}
         if self.on_tenants is not None:
             self.on_tenants(keyring.tenants)
-        log.info(
-            "api keys reloaded",
-            source=source,
-            tenants=len(after),
-            keys=len(keyring),
-            added=sorted(after - before),
-            removed=sorted(before - after),
-        )
+        details: dict[str, Any] = {
+            "source": source,
+            "tenants": len(after),
+            "keys": len(keyring),
+            "added": sorted(after - before),
+            "removed": sorted(before - after),
+        }
+        if not audited:
+            return
+        if self.audit is not None:
+            self.audit.record("api keys reloaded", actor=None, subject="keys", **details)
+        else:
+            log.info("api keys reloaded", **details)

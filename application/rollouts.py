@@ -15,6 +15,7 @@ import asyncio
 
 import structlog
 
+from application.audit import Audit
 from application.served_models import RolledBack, ServedModels
 from domain.errors import InvalidParameterError
 from domain.rollout import Rollout, RolloutStore
@@ -24,11 +25,12 @@ DEFAULT_WATCH_S = 2.0
 
 
 class RolloutBook:
-    def __init__(self, models: ServedModels, store: RolloutStore | None = None) -> None:
-        self.models, self.store = models, store
+    def __init__(
+        self, models: ServedModels, store: RolloutStore | None = None, audit: Audit | None = None
+    ) -> None:
+        self.models, self.store, self.audit = models, store, audit or Audit()
         self._seen: int | None = None
-        if store is not None:
-            models.on_rollback = self._rolled_back
+        models.on_rollback = self._rolled_back
 
     def start(self) -> None:
         """Serve the stored rollouts, and store the flags' that the store lacks."""
@@ -56,24 +58,49 @@ class RolloutBook:
     def rollbacks(self, name: str) -> list[RolledBack]:
         return self.models.rollbacks(name)
 
-    def set(self, rollout: Rollout) -> Rollout | None:
-        """Check ``rollout`` against the served models, store it, serve it; the one it
-        replaced (blocking: call it off the event loop)."""
+    def set(self, rollout: Rollout, actor: str | None = None) -> Rollout | None:
+        """Check ``rollout`` against the served models, store it, serve it, audit it (by
+        ``actor``); the one it replaced (blocking: call it off the event loop)."""
         self.models.check_rollout(rollout)
         if self.store is not None:
             self.store.save(rollout)
             self._seen = self.store.version()
-        return self.models.set_rollout(rollout)
+        before = self.models.set_rollout(rollout)
+        self.audit.record(
+            "rollout set",
+            actor=actor,
+            subject=f"rollout:{rollout.name}",
+            rollout=rollout.name,
+            targets={t.model: t.weight for t in rollout.targets},
+            pinned={t.model: sorted(t.tenants) for t in rollout.targets if t.tenants},
+            before=None if before is None else {t.model: t.weight for t in before.targets},
+        )
+        return before
 
-    def remove(self, name: str) -> Rollout | None:
+    def remove(self, name: str, actor: str | None = None) -> Rollout | None:
         removed = self.models.remove_rollout(name)
-        if self.store is not None and removed is not None:
-            self.store.delete(name)
-            self._seen = self.store.version()
+        if removed is not None:
+            if self.store is not None:
+                self.store.delete(name)
+                self._seen = self.store.version()
+            self.audit.record(
+                "rollout removed", actor=actor, subject=f"rollout:{name}", rollout=name
+            )
         return removed
 
-    def _rolled_back(self, rollout: Rollout) -> None:
-        assert self.store is not None
+    def _rolled_back(self, rollout: Rollout, event: RolledBack) -> None:
+        self.audit.record(
+            "rollout target rolled back",
+            actor="automatic",
+            subject=f"rollout:{rollout.name}",
+            warning=True,
+            rollout=rollout.name,
+            target=event.target,
+            error_rate=round(event.error_rate, 4),
+            requests=event.requests,
+        )
+        if self.store is None:
+            return
         try:
             self.store.save(rollout)
         except Exception as e:

@@ -211,7 +211,7 @@ class ServedModels:
         self._health: dict[tuple[str, str], deque[bool]] = {}  # (rollout, target): outcomes
         self._rolled_back: dict[str, list[RolledBack]] = {}
         # Told each rollout an automatic rollback changed (the rollout store keeps it).
-        self.on_rollback: Callable[[Rollout], None] | None = None
+        self.on_rollback: Callable[[Rollout, RolledBack], None] | None = None
         self._rollouts_lock = threading.Lock()
         for rollout in rollouts:
             try:
@@ -311,7 +311,7 @@ class ServedModels:
             event = RolledBack(name, target, rate, len(outcomes), time.time())
             self._rolled_back.setdefault(name, []).append(event)
         if self.on_rollback is not None:
-            self.on_rollback(rolled)
+            self.on_rollback(rolled, event)
         return event
 
     def rollbacks(self, name: str) -> list[RolledBack]:

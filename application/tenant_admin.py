@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 import structlog
 
 from application.access import Access
+from application.audit import Audit
 from application.keys import Keyring, hash_key, key_id, new_key
 from domain.errors import InferError, InvalidParameterError
 from domain.tenancy import Tenant, TenantEntry, TenantStore
@@ -35,8 +36,16 @@ def keyring(entries: list[TenantEntry]) -> Keyring:
 
 
 class TenantAdmin:
-    def __init__(self, store: TenantStore, access: Access, *, source: str = "admin API") -> None:
+    def __init__(
+        self,
+        store: TenantStore,
+        access: Access,
+        *,
+        source: str = "admin API",
+        audit: Audit | None = None,
+    ) -> None:
         self.store, self.access, self.source = store, access, source
+        self.audit = audit or Audit()
 
     # --- reading ------------------------------------------------------------------------
 
@@ -63,14 +72,15 @@ class TenantAdmin:
 
         entries = self._update(change)
         entry = _find(entries, tenant.id)
-        audit.info(
+        self.audit.record(
             "tenant created" if created else "tenant updated",
+            actor=actor,
+            subject=f"tenant:{tenant.id}",
             tenant=tenant.id,
             faces=sorted(tenant.faces),
             models=None if tenant.models is None else sorted(tenant.models),
             weight=tenant.weight,
             limits={k: v for k, v in _limits(tenant).items() if v is not None},
-            actor=actor,
         )
         return entry, created
 
@@ -80,7 +90,9 @@ class TenantAdmin:
             return [e for e in entries if e.tenant.id != tenant_id]
 
         self._update(change)
-        audit.info("tenant deleted", tenant=tenant_id, actor=actor)
+        self.audit.record(
+            "tenant deleted", actor=actor, subject=f"tenant:{tenant_id}", tenant=tenant_id
+        )
 
     def add_key(self, tenant_id: str, actor: str | None) -> tuple[str, str]:
         """A new key for the tenant: (its id, the key itself: shown this once)."""
@@ -96,7 +108,13 @@ class TenantAdmin:
             return _replaced(entries, replace(entry, keys=(*entry.keys, digest)))
 
         self._update(change)
-        audit.info("api key created", tenant=tenant_id, key_id=key_id(digest), actor=actor)
+        self.audit.record(
+            "api key created",
+            actor=actor,
+            subject=f"tenant:{tenant_id}",
+            tenant=tenant_id,
+            key_id=key_id(digest),
+        )
         return key_id(digest), key
 
     def revoke_key(self, tenant_id: str, revoked: str, actor: str | None) -> None:
@@ -108,7 +126,13 @@ class TenantAdmin:
             return _replaced(entries, replace(entry, keys=kept))
 
         self._update(change)
-        audit.info("api key revoked", tenant=tenant_id, key_id=revoked, actor=actor)
+        self.audit.record(
+            "api key revoked",
+            actor=actor,
+            subject=f"tenant:{tenant_id}",
+            tenant=tenant_id,
+            key_id=revoked,
+        )
 
     def _update(
         self, change: Callable[[list[TenantEntry]], list[TenantEntry]]
@@ -124,7 +148,7 @@ class TenantAdmin:
             return changed
 
         entries = self.store.update(checked)
-        self.access.replace(keyring(entries), self.source)
+        self.access.replace(keyring(entries), self.source, audited=False)
         return entries
 
     # --- watching -----------------------------------------------------------------------

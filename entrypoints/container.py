@@ -39,6 +39,7 @@ from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import Tracing
 from adapters.storage.factory import (
+    build_audit,
     build_idempotency,
     build_response_store,
     build_rollout_book,
@@ -172,8 +173,10 @@ class Container(containers.DeclarativeContainer):
     )
     # Tenants and keys changed by the admin API in the keys file (None: no keys file), the
     # file watched so that every process serving it applies a change.
+    # What admins changed, kept in the usage database (None: memory) and logged.
+    audit = providers.Singleton(build_audit, config.provided.access.usage_db, access)
     tenant_admin = providers.Singleton(
-        build_tenant_admin, config.provided.access.api_keys_file, access
+        build_tenant_admin, config.provided.access.api_keys_file, access, audit
     )
     # Every API request's usage (--usage-db: SQLite, PostgreSQL; None: memory).
     usage = providers.Singleton(
@@ -194,7 +197,7 @@ class Container(containers.DeclarativeContainer):
     )
     # The rollouts, kept in the usage ledger's database (None: memory only).
     rollouts = providers.Singleton(
-        build_rollout_book, served_models, config.provided.access.usage_db
+        build_rollout_book, served_models, config.provided.access.usage_db, audit
     )
     tool_parser = providers.Singleton(
         choose_tool_parser,
@@ -231,6 +234,7 @@ class Container(containers.DeclarativeContainer):
         usage=usage,
         tenant_admin=tenant_admin,
         rollouts=rollouts,
+        audit=audit,
         # Daily quotas counted in memory start from the ledger's last 24 hours.
         seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
         on_startup=on_startup,

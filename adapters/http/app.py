@@ -19,7 +19,7 @@ from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
-from adapters.http.admin import admin_router, rollout_router, tenant_router
+from adapters.http.admin import admin_router, audit_router, rollout_router, tenant_router
 from adapters.http.anthropic import anthropic_router
 from adapters.http.console import Timeline, console_routers, engine_info
 from adapters.http.console.data import console_data_router
@@ -35,6 +35,7 @@ from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_guard, tinker_router
 from adapters.http.usage import usage_middleware, usage_router
 from application.access import Access
+from application.audit import Audit
 from application.chat_prompts import ChatPrompts
 from application.completions import CompletionService
 from application.embeddings import EmbeddingService
@@ -121,7 +122,8 @@ class HttpServices:
     last 24 hours of the ledger into the tenants' daily quotas at start-up (their counters
     are in memory); ``tenant_admin``: tenants and keys managed at ``/admin/tenants`` (the
     keys file, watched for other processes' changes; None: 409s); ``rollouts``: the
-    rollouts of ``models`` and where they are stored (None: in memory only);
+    rollouts of ``models`` and where they are stored (None: in memory only); ``audit``:
+    where admins' changes are kept for ``/admin/audit`` (None: memory);
     ``on_startup``: called on
     the event loop before the engine starts
     (signal handlers); ``on_shutdown``: called after the engine stopped (flushing
@@ -142,6 +144,7 @@ class HttpServices:
     seed_quotas: bool = False
     tenant_admin: TenantAdmin | None = None
     rollouts: RolloutBook | None = None
+    audit: Audit | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
 
@@ -180,7 +183,8 @@ def create_app(
     interval = settings.sse_heartbeat_interval
     heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
     usage = services.usage or UsageRecorder(MemoryUsageLedger())
-    rollouts = services.rollouts or RolloutBook(models)
+    audit = services.audit or Audit()
+    rollouts = services.rollouts or RolloutBook(models, audit=audit)
     console_data = [
         console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
     ]
@@ -189,6 +193,7 @@ def create_app(
         usage_router(usage, access),
         rollout_router(rollouts, access),
         tenant_router(services.tenant_admin, access),
+        audit_router(audit, access),
     ]
     if services.replicas is not None:
         routers.append(admin_router(services.replicas, access))

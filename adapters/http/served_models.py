@@ -19,7 +19,6 @@ from datetime import UTC, date, datetime, time
 from email.utils import format_datetime
 from typing import Any
 
-import structlog
 from litestar import Request
 from litestar.connection import ASGIConnection
 
@@ -29,7 +28,6 @@ from application.served_models import ModelEntry, ServedModels
 from domain.tenancy import PermissionDeniedError
 
 CLIENT_CLOSED = 499
-audit = structlog.get_logger("infer.audit")
 # The model a rollout's name sent the request to (the reply's ``model`` in OpenAI's faces).
 ROLLOUT_HEADER = b"x-infer-model"
 # The caller's Tinker tenant (raises when its key is not a Tinker key).
@@ -81,16 +79,7 @@ class ModelNames:
         if record.status is None or record.status == CLIENT_CLOSED:
             return
         failed = record.status >= 500 or "error" in record.finish_reasons
-        rolled = self.models.rollout_outcome(rollout, target, failed)
-        if rolled is not None:
-            audit.warning(
-                "rollout target rolled back",
-                rollout=rolled.rollout,
-                target=rolled.target,
-                error_rate=round(rolled.error_rate, 4),
-                requests=rolled.requests,
-                actor="automatic",
-            )
+        self.models.rollout_outcome(rollout, target, failed)  # a rollback is audited there
 
     def visible(self, request: Request[Any, Any, Any]) -> list[ModelEntry]:
         """The models the caller may use."""

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import structlog
 
+from adapters.storage.audit_sql import open_audit_trail
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.keys_file import KeysFileStore
@@ -15,12 +16,14 @@ from adapters.storage.responses import RedisResponseStore
 from adapters.storage.rollouts_sql import open_rollout_store
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB, open_ledger
 from application.access import Access
+from application.audit import Audit, MemoryAuditTrail
 from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
 from application.responses import MemoryResponseStore, ResponseStore
 from application.rollouts import RolloutBook
 from application.served_models import ServedModels
 from application.tenant_admin import TenantAdmin
 from application.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
+from domain.audit import AuditTrail
 from domain.errors import InvalidParameterError
 
 DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
@@ -80,19 +83,34 @@ def _database(target: str | None, open_it: Callable[[str], T], memory: Callable[
         raise InvalidParameterError("usage_db", f"{target!r} cannot be opened: {e}") from e
 
 
-def build_tenant_admin(keys_file: str | None, access: Access) -> TenantAdmin | None:
+def build_audit(target: str | None, access: Access) -> Audit:
+    """The audit trail in the database ``target`` names (``--usage-db``; None: memory),
+    which ``access`` records its keys' reloads in too."""
+
+    def sql(where: str) -> AuditTrail:
+        return open_audit_trail(where)
+
+    def memory() -> AuditTrail:
+        return MemoryAuditTrail()
+
+    audit = Audit(_database(target, sql, memory))
+    access.audit = audit
+    return audit
+
+
+def build_tenant_admin(keys_file: str | None, access: Access, audit: Audit) -> TenantAdmin | None:
     """The admin API's tenants over the keys file (None: no keys file to keep them in)."""
     if keys_file is None:
         return None
     store = KeysFileStore(Path(keys_file).expanduser())
     store.load()  # what this process serves now: later changes are told apart
-    return TenantAdmin(store, access, source=keys_file)
+    return TenantAdmin(store, access, source=keys_file, audit=audit)
 
 
-def build_rollout_book(models: ServedModels, target: str | None) -> RolloutBook:
+def build_rollout_book(models: ServedModels, target: str | None, audit: Audit) -> RolloutBook:
     """``models``' rollouts kept in the database ``target`` names (``--usage-db``; None:
     in memory only), the stored ones served from now on."""
     store = _database(target, open_rollout_store, lambda: None)
-    book = RolloutBook(models, store)
+    book = RolloutBook(models, store, audit)
     book.start()
     return book

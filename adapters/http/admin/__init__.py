@@ -8,11 +8,19 @@
 - ``/admin/rollouts``: rollouts (a model name split between served models by weight and
   tenant: canaries, moved and rolled back at run time). Admin keys only (the ``admin``
   face; open without a keys file); every change an audit line (logger ``infer.audit``).
+- ``GET /admin/audit``: those changes, kept in the audit trail (admin keys only).
 """
 
+from adapters.http.admin.audit import audit_router
 from adapters.http.admin.guard import admin_caller
 from adapters.http.admin.replicas import admin_router
 from adapters.http.admin.rollouts import rollout_router
 from adapters.http.admin.tenants import tenant_router
 
-__all__ = ["admin_caller", "admin_router", "rollout_router", "tenant_router"]
+__all__ = [
+    "admin_caller",
+    "admin_router",
+    "audit_router",
+    "rollout_router",
+    "tenant_router",
+]

@@ -3,7 +3,6 @@ server; the caller's tenant noted in the request's record."""
 
 from typing import Any
 
-import structlog
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
 
@@ -17,7 +16,6 @@ from domain.tenancy import (
 )
 
 ADMIN = "admin"
-audit = structlog.get_logger("infer.audit")
 AccessDep = NamedDependency[Access | None]
 
 

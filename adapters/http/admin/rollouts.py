@@ -11,7 +11,7 @@ from litestar import Controller, Request, Router, delete, get, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from adapters.http.admin.guard import AccessDep, admin_caller, audit
+from adapters.http.admin.guard import AccessDep, admin_caller
 from adapters.http.errors import (
     OPENAI_ERRORS,
     exception_handlers,
@@ -146,15 +146,7 @@ class RolloutRoutes(Controller):
             tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
             _policy(body),
         )
-        before = await asyncio.to_thread(book.set, rollout)
-        audit.info(
-            "rollout set",
-            rollout=rollout.name,
-            targets={t.model: t.weight for t in rollout.targets},
-            pinned={t.model: sorted(t.tenants) for t in rollout.targets if t.tenants},
-            before=None if before is None else {t.model: t.weight for t in before.targets},
-            actor=actor,
-        )
+        await asyncio.to_thread(book.set, rollout, actor)
         return rollout_json(rollout)
 
     @delete("/{name:path}", status_code=200)
@@ -167,10 +159,9 @@ class RolloutRoutes(Controller):
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
         wanted = _name(request)
-        removed = await asyncio.to_thread(book.remove, wanted)
+        removed = await asyncio.to_thread(book.remove, wanted, actor)
         if removed is None:
             raise ModelNotFoundError(f"no rollout named {wanted!r}")
-        audit.info("rollout removed", rollout=wanted, actor=actor)
         return {"object": "rollout.deleted", "name": wanted, "deleted": True}
 
 

@@ -19,6 +19,7 @@ from application.keys import hash_key
 from application.tenant_admin import key_id
 from domain.tenancy import Tenant, TenantEntry
 from entrypoints.access_flags import AccessSettings
+from entrypoints.model_flags import ModelSettings
 from tests.fakes import fake_container
 from tests.support.json_logs import json_log_stream
 
@@ -218,3 +219,53 @@ def test_every_change_is_audited(tmp_path: Path) -> None:
     created = next(line for line in lines if line.get("event") == "tenant created")
     assert created["limits"] == {"tokens_per_day": 100}
     assert "sk-infer-" not in stream.getvalue()  # a minted key is never logged
+
+
+def test_the_audit_trail_lists_every_change_and_survives_a_restart(tmp_path: Path) -> None:
+    path = keys_file(tmp_path)
+    db = str(tmp_path / "usage.sqlite3")
+
+    def server() -> TestClient:
+        runner = FakeModelRunner(script=reply_script(ByteTokenizer(), "ok"))
+        access = AccessSettings(api_keys_file=str(path), usage_db=db)
+        model = ModelSettings(aliases=("v1", "v2"))
+        container = fake_container(
+            runner, cache_dir=str(tmp_path), access=access, model=model, served_model_name="b"
+        )
+        return TestClient(app=container.http_app())
+
+    with server() as client:
+        client.put(f"{TENANTS}/acme", json={"tokens_per_day": 100}, headers=ops())
+        minted = client.post(f"{TENANTS}/acme/keys", headers=ops()).json()
+        rollout = {"targets": [{"model": "v1", "weight": 1}]}
+        client.put("/admin/rollouts/support", json=rollout, headers=ops())
+        client.delete("/admin/rollouts/support", headers=ops())
+    with server() as client:
+        answer = client.get("/admin/audit", headers=ops())
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        events = [(e["event"], e["actor"], e["subject"]) for e in body["data"]]
+        assert events[:4] == [
+            ("rollout removed", "ops", "rollout:support"),
+            ("rollout set", "ops", "rollout:support"),
+            ("api key created", "ops", "tenant:acme"),
+            ("tenant created", "ops", "tenant:acme"),
+        ]
+        assert body["data"][2]["details"]["key_id"] == minted["id"]
+        assert minted["key"] not in answer.text  # a key itself never
+        assert body["data"][3]["details"]["limits"] == {"tokens_per_day": 100}
+        assert body["has_more"] is False
+        two = client.get("/admin/audit", params={"limit": 2}, headers=ops()).json()
+        assert len(two["data"]) == 2 and two["has_more"] is True
+        newest = body["data"][0]["at"]
+        later = client.get("/admin/audit", params={"since": newest + 1}, headers=ops()).json()
+        assert later["data"] == []
+        for params in ({"limit": 0}, {"limit": 1.5}, {"since": "yesterday"}, {"until": "inf"}):
+            bad = client.get("/admin/audit", params=params, headers=ops())
+            assert bad.status_code == 400, params
+        key = minted["key"]
+        assert (
+            client.get("/admin/audit", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 403
+        )
+        assert client.get("/admin/audit").status_code == 401
