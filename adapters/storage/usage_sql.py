@@ -8,6 +8,7 @@ processes may share a file. A transaction cut short (a crash, a full disk) leave
 as it was: the next start opens it as usual.
 """
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -234,7 +235,10 @@ def _redacted(url: str) -> str:
     return url.replace(f":{parsed.password}@", ":***@", 1)
 
 
-DEFAULT_USAGE_DB = "~/.cache/infer/usage.sqlite3"
+# In the cache folder the weights and kernels use (``$INFER_CACHE_DIR``, else ~/.cache/infer).
+DEFAULT_USAGE_DB = str(
+    Path(os.environ.get("INFER_CACHE_DIR") or "~/.cache/infer") / "usage.sqlite3"
+)
 MEMORY = ":memory:"
 POSTGRES = ("postgresql://", "postgres://")
 
