@@ -8,6 +8,7 @@ const TABS = [
   ['engine', 'Engine'],
   ['tenants', 'Tenants'],
   ['rollouts', 'Rollouts'],
+  ['audit', 'Audit'],
   ['training', 'Training'],
 ];
 
