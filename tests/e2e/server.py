@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
     if "--usage-db" not in flags:
         flags = (*flags, "--usage-db", ":memory:")
     device = os.environ.get("INFER_TEST_DEVICE")
+    # Its output goes to a file: a pipe nobody reads fills (64 KiB of logs) and blocks it.
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in the finally below)
     process = subprocess.Popen(
         [
             str(INFER),
@@ -41,7 +44,7 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
             *flags,
             *(["--device", device] if device else []),
         ],
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -49,7 +52,11 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            if process.poll() is not None:
+                log.seek(0)
+                raise AssertionError(
+                    f"infer serve exited {process.returncode}: {log.read()[-4000:]}"
+                )
             try:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
@@ -59,3 +66,4 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+        log.close()
