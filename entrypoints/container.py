@@ -33,6 +33,7 @@ from adapters.observability.factory import (
     shutdown_hooks,
     step_observer,
     training_observer,
+    usage_gauges,
 )
 from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
@@ -183,6 +184,7 @@ class Container(containers.DeclarativeContainer):
         build_usage_recorder,
         config.provided.access.usage_db,
         config.provided.access.usage_retention_days,
+        providers.Callable(usage_gauges, metrics),
     )
     # Where the Tinker checkpoints served by path (as models) are found: the Tinker
     # service (a fleet's ingress reads the replicas' shared folder instead).

@@ -4,6 +4,7 @@ them (the step observer, the training observer, hooks), so that no other builder
 whether they are on."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
@@ -75,6 +76,11 @@ def pending_futures_gauge(
 ) -> Callable[[Callable[[], int]], None] | None:
     """What reports Tinker's pending futures at every scrape."""
     return metrics.track_pending_futures if metrics is not None else None
+
+
+def usage_gauges(metrics: Metrics | None) -> Callable[[Any], None] | None:
+    """What reports the usage recorder's queue, drops and failed writes at every scrape."""
+    return metrics.track_usage if metrics is not None else None
 
 
 def shutdown_hooks(tracing: Tracing | None) -> tuple[Callable[[], None], ...]:

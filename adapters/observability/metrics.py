@@ -51,6 +51,7 @@ HTTP (from ``RequestRecord``): ``infer:requests_total{route,method,code}``,
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -340,6 +341,17 @@ class Metrics:
         self._pending_futures = gauge(
             "infer:tinker_pending_futures", "Tinker futures not yet resolved."
         )
+        # The usage ledger's writer (behind: records queued; a database down: failures).
+        self._usage_pending = gauge(
+            "infer:usage_records_pending", "Usage records queued, not yet in the database."
+        )
+        self._usage_dropped = gauge(
+            "infer:usage_records_dropped",
+            "Usage records dropped since the start (the queue was full: the database behind).",
+        )
+        self._usage_failures = gauge(
+            "infer:usage_write_failures", "Failed writes to the usage database since the start."
+        )
         # Step state.
         self._arrivals: dict[str, float] = {}  # requests started, before their first token
         self._last_end: float | None = None  # when the previous step that ran ended
@@ -511,6 +523,12 @@ class Metrics:
     def track_pending_futures(self, fn: Callable[[], int]) -> None:
         """Report ``fn()`` as ``infer:tinker_pending_futures`` at every scrape."""
         self._pending_futures.set_function(fn)
+
+    def track_usage(self, recorder: Any) -> None:
+        """Report the usage recorder's queue, drops and failed writes at every scrape."""
+        self._usage_pending.set_function(lambda: recorder.pending)
+        self._usage_dropped.set_function(lambda: recorder.dropped)
+        self._usage_failures.set_function(lambda: recorder.failures)
 
     # -- exposition ---------------------------------------------------------------------
 

@@ -58,13 +58,22 @@ def checkpoint_storage(checkpoint_dir: str | None) -> FileCheckpointStorage:
     return FileCheckpointStorage(Path(checkpoint_dir or DEFAULT_CHECKPOINT_DIR))
 
 
-def build_usage_recorder(target: str | None, retention_days: float) -> UsageRecorder:
+def build_usage_recorder(
+    target: str | None,
+    retention_days: float,
+    track: Callable[[UsageRecorder], None] | None = None,
+) -> UsageRecorder:
     """The usage ledger ``target`` names (None: this process's memory), records kept
     ``retention_days`` (0: for ever). The default file that cannot be opened (a read-only
     home) falls back to memory with a warning; another target is an error naming
-    ``--usage-db``."""
+    ``--usage-db``. ``track``: told the recorder (the metrics' gauges)."""
     retention = None if retention_days == 0 else retention_days * DAY_S
-    return UsageRecorder(_database(target, open_ledger, MemoryUsageLedger), retention_s=retention)
+    recorder = UsageRecorder(
+        _database(target, open_ledger, MemoryUsageLedger), retention_s=retention
+    )
+    if track is not None:
+        track(recorder)
+    return recorder
 
 
 def _database(target: str | None, open_it: Callable[[str], T], memory: Callable[[], T]) -> T:

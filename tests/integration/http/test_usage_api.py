@@ -232,3 +232,12 @@ def test_usage_by_api_key(tmp_path: Path) -> None:
         assert counted == {key_id(hash_key("sk-old")): 1, key_id(hash_key("sk-new")): 2}
         assert all(r["project_id"] == "alice" for r in results(page))
         assert "sk-old" not in json.dumps(page)  # keys by their public ids only
+
+
+def test_the_writer_is_watched_in_the_metrics(tmp_path: Path) -> None:
+    with client_for(tmp_path, keyed=False) as client:
+        assert complete(client, None).status_code == 200
+        metrics = client.get("/metrics").text
+        for name in ("usage_records_pending", "usage_records_dropped", "usage_write_failures"):
+            assert f"infer:{name}{{" in metrics, name
+        assert 'infer:usage_records_dropped{model_name="fake"} 0.0' in metrics
