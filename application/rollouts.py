@@ -58,6 +58,11 @@ class RolloutBook:
     def rollbacks(self, name: str) -> list[RolledBack]:
         return self.models.rollbacks(name)
 
+    def health(self, name: str) -> dict[str, tuple[int, int]]:
+        """Each target's (recent requests, failed) in this server (see
+        :meth:`ServedModels.rollout_health`)."""
+        return self.models.rollout_health(name)
+
     def set(self, rollout: Rollout, actor: str | None = None) -> Rollout | None:
         """Check ``rollout`` against the served models, store it, serve it, audit it (by
         ``actor``); the one it replaced (blocking: call it off the event loop)."""

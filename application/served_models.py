@@ -314,6 +314,16 @@ class ServedModels:
             self.on_rollback(rolled, event)
         return event
 
+    def rollout_health(self, name: str) -> dict[str, tuple[int, int]]:
+        """Each target's recent requests (its rollback policy's window) and how many of
+        them failed, as the policy counts them."""
+        with self._rollouts_lock:
+            return {
+                target: (len(outcomes), sum(outcomes))
+                for (rollout, target), outcomes in self._health.items()
+                if rollout == name
+            }
+
     def rollbacks(self, name: str) -> list[RolledBack]:
         """The rollout's targets rolled back by its policy since it was last set."""
         with self._rollouts_lock:

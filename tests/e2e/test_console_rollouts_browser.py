@@ -80,6 +80,7 @@ return Object.fromEntries([...document.querySelectorAll('#rollouts-list .rollout
         share: row.querySelector('td.share').textContent,
         weight: row.querySelector('input.weight-input').value,
         tenants: row.querySelector('td.tenants').textContent,
+        recent: row.querySelector('td.recent').textContent,
       }])),
     segments: [...card.querySelectorAll('.share-bar .share-seg')].map((s) => ({
       model: s.dataset.model, classes: s.className.split(' ') })),
@@ -138,6 +139,27 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
     assert support["targets"]["A"]["share"] == "90 %" and support["targets"]["B"]["share"] == "10 %"
     assert support["targets"]["A"]["weight"] == "90" and support["targets"]["B"]["weight"] == "10"
     assert support["targets"]["A"]["tenants"] == "none"
+    assert support["targets"]["A"]["recent"] == "–"  # no request through it yet
+    for _ in range(3):  # one user: one target, its latest requests counted on the page
+        answer = httpx.post(
+            f"{server}/v1/chat/completions",
+            json={
+                "model": "support",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+                "user": "u1",
+            },
+            headers={"Authorization": f"Bearer {OPS_KEY}"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+    wait_for(
+        browser,
+        lambda d: (
+            sorted(t["recent"] for t in cards(d)["support"]["targets"].values())
+            == ["0 of 3 (0 %)", "–"]
+        ),
+    )
     segments = {s["model"]: s["classes"] for s in support["segments"]}
     assert "w90" in segments["A"] and "w10" in segments["B"]  # widths by class
     assert "25 %" in support["policy"] and "100 requests" in support["policy"]

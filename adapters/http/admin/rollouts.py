@@ -72,8 +72,13 @@ ROLLOUTS_PATH = "/admin/rollouts"
 Book = NamedDependency[RolloutBook]
 
 
-def rollout_json(rollout: Rollout, rollbacks: list[RolledBack] | None = None) -> dict[str, Any]:
-    shares, policy = rollout.shares(), rollout.rollback
+def rollout_json(
+    rollout: Rollout,
+    rollbacks: list[RolledBack] | None = None,
+    health: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, Any]:
+    """``health``: each target's recent (requests, failed) on this server."""
+    shares, policy, health = rollout.shares(), rollout.rollback, health or {}
     return {
         "object": "rollout",
         "name": rollout.name,
@@ -93,6 +98,7 @@ def rollout_json(rollout: Rollout, rollbacks: list[RolledBack] | None = None) ->
                 "weight": t.weight,
                 "share": round(shares[t.model], 6),
                 "tenants": sorted(t.tenants),
+                "recent": _recent(health.get(t.model, (0, 0))),
             }
             for t in rollout.targets
         ],
@@ -105,6 +111,12 @@ def _name(request: Request[Any, Any, Any]) -> str:
     return unquote(raw.decode("latin-1")).removeprefix(ROLLOUTS_PATH + "/")
 
 
+def _recent(counts: tuple[int, int]) -> dict[str, Any]:
+    requests, failed = counts
+    rate = round(failed / requests, 4) if requests else None
+    return {"requests": requests, "failed": failed, "error_rate": rate}
+
+
 class RolloutRoutes(Controller):
     path = ROLLOUTS_PATH
 
@@ -113,7 +125,9 @@ class RolloutRoutes(Controller):
         self, request: Request[Any, Any, Any], book: Book, access: AccessDep
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        listed = [rollout_json(r, book.rollbacks(r.name)) for r in book.rollouts()]
+        listed = [
+            rollout_json(r, book.rollbacks(r.name), book.health(r.name)) for r in book.rollouts()
+        ]
         return {"object": "list", "data": listed}
 
     @get("/{name:path}")
@@ -128,7 +142,7 @@ class RolloutRoutes(Controller):
         wanted = _name(request)
         for rollout in book.rollouts():
             if rollout.name == wanted:
-                return rollout_json(rollout, book.rollbacks(wanted))
+                return rollout_json(rollout, book.rollbacks(wanted), book.health(wanted))
         raise ModelNotFoundError(f"no rollout named {wanted!r}")
 
     @put("/{name:path}", status_code=200)

@@ -84,13 +84,18 @@ def test_a_canary_is_set_served_moved_and_rolled_back(tmp_path: Path) -> None:
         assert put.status_code == 200, put.text
         body = put.json()
         assert body["object"] == "rollout" and body["name"] == "support"
+        nothing = {"requests": 0, "failed": 0, "error_rate": None}
         assert body["targets"] == [
-            {"model": "v1", "weight": 90.0, "share": 0.9, "tenants": []},
-            {"model": "v2", "weight": 10.0, "share": 0.1, "tenants": ["beta"]},
+            {"model": "v1", "weight": 90.0, "share": 0.9, "tenants": [], "recent": nothing},
+            {"model": "v2", "weight": 10.0, "share": 0.1, "tenants": ["beta"], "recent": nothing},
         ]
         listed = client.get(ROLLOUTS, headers=bearer("ops")).json()
         assert [r["name"] for r in listed["data"]] == ["support"]
         assert client.get(f"{ROLLOUTS}/support", headers=bearer("ops")).json() == body
+        for _ in range(3):
+            chat(client, "beta")
+        recent = client.get(f"{ROLLOUTS}/support", headers=bearer("ops")).json()["targets"]
+        assert recent[1]["recent"] == {"requests": 3, "failed": 0, "error_rate": 0.0}
         # The pinned tenant always lands on the canary; the model that ran is named.
         for _ in range(5):
             reply = chat(client, "beta")

@@ -112,7 +112,7 @@ class RolloutCard {
     });
     this.remove = el('button', { class: 'delete-rollout', attrs: { type: 'button' }, text: 'Delete', on: { click: () => this.delete() } });
     this.history = el('div', { class: 'rolled-back-box' });
-    const head = el('thead', {}, el('tr', {}, ...['', 'Target', 'Share', 'Weight', 'Pinned tenants', ''].map((label, i) => el('th', { class: i === 2 || i === 3 ? 'num' : null, text: label }))));
+    const head = el('thead', {}, el('tr', {}, ...['', 'Target', 'Share', 'Weight', 'Pinned tenants', 'Recent failures', ''].map((label, i) => el('th', { class: i === 2 || i === 3 || i === 5 ? 'num' : null, text: label }))));
     this.form = el(
       'form',
       { class: 'rollout-form', attrs: { novalidate: true }, on: { submit: (event) => this.submit(event) } },
@@ -173,10 +173,12 @@ class RolloutCard {
         cell('', { num: true }),
         cell(input, { num: true }),
         cell(''),
+        cell('', { num: true }),
         cell(back),
       );
       row.cells[2].classList.add('share');
       row.cells[4].classList.add('tenants');
+      row.cells[5].classList.add('recent');
       this.body.appendChild(row);
       this.fill(row, t, i);
     });
@@ -189,11 +191,15 @@ class RolloutCard {
     share.textContent = percent(target.share);
     share.dataset.share = String(target.share);
     clear(row.cells[4]).appendChild(tenantsList(target.tenants));
+    // This server's latest requests to the target, as the rollback policy counts failures.
+    const recent = target.recent || { requests: 0, failed: 0, error_rate: null };
+    row.cells[5].textContent = recent.requests ? `${recent.failed} of ${recent.requests} (${percent(recent.error_rate)})` : '–';
+    row.cells[5].title = 'failed (5xx, engine errors) of the latest requests sent to it on this server';
     const input = this.inputs.get(target.model);
     input.dataset.weight = String(target.weight);
     const editing = this.drafts.has(target.model) || document.activeElement === input;
     if (!editing) input.value = String(target.weight);
-    const back = row.cells[5].firstChild;
+    const back = row.cells[6].firstChild;
     const others = this.rollout.targets.filter((t, j) => j !== i);
     const already = target.weight > 0 && others.every((t) => t.weight === 0);
     back.disabled = already;
