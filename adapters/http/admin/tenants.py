@@ -2,7 +2,8 @@
 (in the keys file); admin keys only."""
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, Router, delete, get, post, put
@@ -22,6 +23,7 @@ from adapters.http.openai.params import decode_body
 from adapters.http.request_state import constants
 from application.access import Access
 from application.tenant_admin import TenantAdmin, TenantNotFoundError, key_id
+from domain.errors import InferError
 from domain.tenancy import (
     DEFAULT_FACES,
     LIMIT_FIELDS,
@@ -48,6 +50,7 @@ class TenantBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _tenant_decoder = msgspec.json.Decoder(TenantBody)
+T = TypeVar("T")
 Admin = NamedDependency[TenantAdmin | None]
 NO_KEYS_FILE = (
     "tenants are kept in the keys file: start the server with --api-keys-file FILE "
@@ -67,6 +70,17 @@ def entry_json(entry: TenantEntry) -> dict[str, Any]:
     return {"object": "tenant", **tenant_json(entry.tenant), "keys": keys}
 
 
+async def _call(method: Callable[..., T], *args: Any) -> T:
+    """``method(*args)`` off the event loop; the keys file unreadable or unwritable (a
+    read-only folder, a file broken by hand) is a 503 saying so, not a bare 500."""
+    try:
+        return await asyncio.to_thread(method, *args)
+    except InferError:
+        raise  # the caller's mistake (400, 404): answered as such
+    except (OSError, ValueError) as e:  # ValueError: the store's "file does not parse"
+        raise HTTPError(503, f"the keys file cannot be used: {e}", "server_error") from e
+
+
 def _admin(admin: TenantAdmin | None) -> TenantAdmin:
     if admin is None:
         raise HTTPError(409, NO_KEYS_FILE, "invalid_request_error", code="keys_file_required")
@@ -81,7 +95,7 @@ class TenantRoutes(Controller):
         self, request: Request[Any, Any, Any], admin: Admin, access: AccessDep
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        entries = await asyncio.to_thread(_admin(admin).entries)
+        entries = await _call(_admin(admin).entries)
         return {"object": "list", "data": [entry_json(e) for e in entries]}
 
     @get("/{tenant_id:str}")
@@ -93,7 +107,7 @@ class TenantRoutes(Controller):
         access: AccessDep,
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        return entry_json(await asyncio.to_thread(_admin(admin).entry, tenant_id))
+        return entry_json(await _call(_admin(admin).entry, tenant_id))
 
     @put("/{tenant_id:str}", status_code=200)
     async def put_tenant(
@@ -113,7 +127,7 @@ class TenantRoutes(Controller):
             body.weight,
             limits,
         )
-        entry, created = await asyncio.to_thread(_admin(admin).put, tenant, actor)
+        entry, created = await _call(_admin(admin).put, tenant, actor)
         return Response(entry_json(entry), status_code=201 if created else 200)
 
     @delete("/{tenant_id:str}", status_code=200)
@@ -125,7 +139,7 @@ class TenantRoutes(Controller):
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
-        await asyncio.to_thread(_admin(admin).delete, tenant_id, actor)
+        await _call(_admin(admin).delete, tenant_id, actor)
         return {"object": "tenant.deleted", "id": tenant_id, "deleted": True}
 
     @post("/{tenant_id:str}/keys", status_code=201)
@@ -137,7 +151,7 @@ class TenantRoutes(Controller):
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
-        made, key = await asyncio.to_thread(_admin(admin).add_key, tenant_id, actor)
+        made, key = await _call(_admin(admin).add_key, tenant_id, actor)
         return {"object": "api_key", "id": made, "tenant": tenant_id, "key": key}
 
     @delete("/{tenant_id:str}/keys/{key:str}", status_code=200)
@@ -150,7 +164,7 @@ class TenantRoutes(Controller):
         access: AccessDep,
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
-        await asyncio.to_thread(_admin(admin).revoke_key, tenant_id, key, actor)
+        await _call(_admin(admin).revoke_key, tenant_id, key, actor)
         return {"object": "api_key.deleted", "id": key, "deleted": True}
 
 

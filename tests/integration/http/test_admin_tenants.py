@@ -269,3 +269,14 @@ def test_the_audit_trail_lists_every_change_and_survives_a_restart(tmp_path: Pat
             == 403
         )
         assert client.get("/admin/audit").status_code == 401
+
+
+def test_a_keys_file_broken_by_hand_is_a_503_saying_so(tmp_path: Path) -> None:
+    path = keys_file(tmp_path)
+    with client_for(path) as client:
+        path.write_text("[[tenants]\n")  # broken while the server runs: the old keys stay
+        answer = client.put(f"{TENANTS}/acme", json={}, headers=ops())
+        assert answer.status_code == 503, answer.text
+        assert "keys file cannot be used" in answer.json()["error"]["message"]
+        assert client.put(f"{TENANTS}/acme", json={"weight": 0}, headers=ops()).status_code == 400
+        assert complete(client, OPS).status_code == 200  # the keys in use still work
