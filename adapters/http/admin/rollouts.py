@@ -2,8 +2,9 @@
 and removed; admin keys only; each change an audit line."""
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import msgspec
@@ -12,16 +13,13 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from adapters.http.admin.guard import AccessDep, admin_caller
-from adapters.http.errors import (
-    OPENAI_ERRORS,
-    exception_handlers,
-)
+from adapters.http.errors import OPENAI_ERRORS, HTTPError, exception_handlers
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import constants
 from application.access import Access
 from application.rollouts import RolloutBook
 from application.served_models import RolledBack
-from domain.errors import ModelNotFoundError
+from domain.errors import InferError, ModelNotFoundError
 from domain.rollout import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_REQUESTS,
@@ -68,6 +66,7 @@ def _policy(body: RolloutBody) -> RollbackPolicy | None:
 
 
 _rollout_decoder = msgspec.json.Decoder(RolloutBody)
+T = TypeVar("T")
 ROLLOUTS_PATH = "/admin/rollouts"
 Book = NamedDependency[RolloutBook]
 
@@ -109,6 +108,17 @@ def _name(request: Request[Any, Any, Any]) -> str:
     """The rollout's name as sent (it may hold ``/``, as model names do: ``org/model``)."""
     raw = request.scope.get("raw_path") or request.scope["path"].encode()
     return unquote(raw.decode("latin-1")).removeprefix(ROLLOUTS_PATH + "/")
+
+
+async def _stored(method: Callable[..., T], *args: Any) -> T:
+    """A change made off the event loop; the rollouts' database down is a 503 saying so
+    (the rollouts in memory keep serving), the caller's mistakes stay 4xx."""
+    try:
+        return await asyncio.to_thread(method, *args)
+    except InferError:
+        raise
+    except Exception as e:
+        raise HTTPError(503, f"the rollouts cannot be stored now: {e}", "server_error") from e
 
 
 def _recent(counts: tuple[int, int]) -> dict[str, Any]:
@@ -160,7 +170,7 @@ class RolloutRoutes(Controller):
             tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
             _policy(body),
         )
-        await asyncio.to_thread(book.set, rollout, actor)
+        await _stored(book.set, rollout, actor)
         return rollout_json(rollout)
 
     @delete("/{name:path}", status_code=200)
@@ -173,7 +183,7 @@ class RolloutRoutes(Controller):
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
         wanted = _name(request)
-        removed = await asyncio.to_thread(book.remove, wanted, actor)
+        removed = await _stored(book.remove, wanted, actor)
         if removed is None:
             raise ModelNotFoundError(f"no rollout named {wanted!r}")
         return {"object": "rollout.deleted", "name": wanted, "deleted": True}

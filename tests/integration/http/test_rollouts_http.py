@@ -294,3 +294,20 @@ def test_a_rollout_name_may_hold_a_slash_as_model_names_do(tmp_path: Path) -> No
         assert chat(client, None, model="acme/support").json()["model"] == "v2"
         assert client.delete(f"{ROLLOUTS}/acme/support").json()["name"] == "acme/support"
         assert client.get(f"{ROLLOUTS}/acme/support").status_code == 404
+
+
+def test_a_database_down_is_a_503_and_the_rollouts_keep_serving(tmp_path: Path) -> None:
+    container = db_container(tmp_path, str(tmp_path / "usage.sqlite3"), ("support=v1:1",))
+    with TestClient(app=container.http_app()) as client:
+        store = container.rollouts().store
+
+        def down(*_: Any) -> None:
+            raise ConnectionError("the database is down")
+
+        store.save = down  # type: ignore[method-assign]
+        answer = client.put(f"{ROLLOUTS}/support", json=CANARY, headers=bearer("ops"))
+        assert answer.status_code == 503, answer.text
+        assert "cannot be stored now" in answer.json()["error"]["message"]
+        bad = client.put(f"{ROLLOUTS}/support", json={"targets": []}, headers=bearer("ops"))
+        assert bad.status_code == 400  # the caller's mistake stays a 400
+        assert chat(client, "alice").json()["model"] == "v1"  # what was served still is
