@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from domain.audit import AuditEvent, AuditTrail
+from domain.errors import StoreUnavailableError
 
 log = structlog.get_logger("infer.audit")
 MAX_IN_MEMORY = 10_000
@@ -35,7 +36,10 @@ class Audit:
     def read(
         self, *, since: float | None = None, until: float | None = None, limit: int = 100
     ) -> list[AuditEvent]:
-        return self.trail.read(since=since, until=until, limit=limit)
+        try:
+            return self.trail.read(since=since, until=until, limit=limit)
+        except Exception as e:
+            raise StoreUnavailableError(f"the audit trail cannot be read now: {e}") from e
 
 
 class MemoryAuditTrail:

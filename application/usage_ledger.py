@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from application.access import Access
+from domain.errors import StoreUnavailableError
 from domain.usage import UsageLedger, UsageQuery, UsageRecord, UsageTotals
 
 log = structlog.get_logger("infer.usage")
@@ -125,7 +126,10 @@ class UsageRecorder:
             self.flush()
         except Exception as e:  # answer from what is stored; the writer retries
             log.warning("usage records not stored before a query", error=str(e))
-        return self.ledger.totals(query)
+        try:
+            return self.ledger.totals(query)
+        except Exception as e:
+            raise StoreUnavailableError(f"the usage database cannot be read now: {e}") from e
 
     def _run(self) -> None:
         backoff = self.flush_s

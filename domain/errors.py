@@ -61,3 +61,8 @@ class ModelNotFoundError(InvalidRequestError):
 
     def __init__(self, message: str) -> None:
         super().__init__("model", message)
+
+
+class StoreUnavailableError(InferError):
+    """A database the server keeps records in (usage, audit, rollouts) cannot be reached
+    now (HTTP 503): what is served keeps serving."""

@@ -26,6 +26,7 @@ from domain.errors import (
     ModelNotFoundError,
     PromptTooLongError,
     QueueFullError,
+    StoreUnavailableError,
 )
 from domain.tenancy import (
     AuthenticationError,
@@ -163,6 +164,8 @@ ACCESS_RULES: dict[type[Exception], ErrorRule] = {
         429, rate_limit_kind, code="rate_limit_exceeded", headers=rate_limit_headers
     ),
     LimitsUnavailableError: ErrorRule(503, "server_error", headers=RETRY_AFTER),
+    # A records database (usage, audit, rollouts) down: the admin and usage reads.
+    StoreUnavailableError: ErrorRule(503, "server_error", headers=RETRY_AFTER),
 }
 
 # The OpenAI endpoints (as OpenAI answers: invalid values are 400).

@@ -241,3 +241,22 @@ def test_the_writer_is_watched_in_the_metrics(tmp_path: Path) -> None:
         for name in ("usage_records_pending", "usage_records_dropped", "usage_write_failures"):
             assert f"infer:{name}{{" in metrics, name
         assert 'infer:usage_records_dropped{model_name="fake"} 0.0' in metrics
+
+
+def test_a_usage_database_down_is_a_503(tmp_path: Path) -> None:
+    runner = FakeModelRunner(script=reply_script(ByteTokenizer(), "ok"))
+    container = fake_container(runner, cache_dir=str(tmp_path))
+    with TestClient(app=container.http_app()) as client:
+        ledger = container.usage().ledger
+
+        def down(*_: Any) -> Any:
+            raise ConnectionError("the database is down")
+
+        ledger.totals = down
+        assert complete(client, None).status_code == 200  # serving goes on
+        answer = usage(client, None)
+        assert answer.status_code == 503, answer.text
+        assert "cannot be read now" in answer.json()["error"]["message"]
+        assert answer.headers["retry-after"] == "1"
+        container.audit().trail.read = down
+        assert client.get("/admin/audit").status_code == 503
