@@ -2,10 +2,9 @@
 (``--usage-db``): table ``infer_audit``, a row per event, its details as JSON."""
 
 import json
-import threading
 from typing import Any
 
-from adapters.storage.usage_sql import Dialect, dialect_for
+from adapters.storage.sql import Dialect, SqlDatabase, dialect_for
 from domain.audit import AuditEvent
 
 _SCHEMA = (
@@ -18,29 +17,13 @@ _INDEX = "CREATE INDEX IF NOT EXISTS infer_audit_at ON infer_audit (at)"
 
 class SqlAuditTrail:
     def __init__(self, dialect: Dialect) -> None:
-        self._dialect, self._param = dialect, dialect.param
-        self._lock = threading.Lock()
-        self._conn = dialect.connect()
-        with self._lock:
-            cur = self._conn.cursor()
-            cur.execute(_SCHEMA.format(id_type=dialect.id_type))
-            cur.execute(_INDEX)
-            self._conn.commit()
+        self.db = SqlDatabase(dialect, (_SCHEMA, _INDEX))
+        self._param = dialect.param
 
     def _run(self, sql: str, args: list[Any], fetch: bool = False) -> list[Any]:
-        with self._lock:
-            try:
-                cur = self._conn.cursor()
-                cur.execute(sql, args)
-                rows = cur.fetchall() if fetch else []
-                self._conn.commit()
-                return rows
-            except BaseException:
-                try:
-                    self._conn.rollback()
-                except Exception:  # a broken connection: a new one for the next call
-                    self._conn = self._dialect.connect()
-                raise
+        with self.db.transaction() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if fetch else []
 
     def append(self, event: AuditEvent) -> None:
         p = self._param
@@ -71,6 +54,9 @@ class SqlAuditTrail:
             AuditEvent(at, event, actor, subject, json.loads(d))
             for at, event, actor, subject, d in rows
         ]
+
+    def close(self) -> None:
+        self.db.close()
 
 
 def open_audit_trail(target: str) -> SqlAuditTrail:

@@ -4,11 +4,10 @@ targets and rollback policy as JSON) and ``infer_rollouts_version`` (one row, bu
 same transaction as every change, which the servers poll)."""
 
 import json
-import threading
 import time
 from typing import Any
 
-from adapters.storage.usage_sql import Dialect, dialect_for
+from adapters.storage.sql import Dialect, SqlDatabase, dialect_for
 from domain.rollout import RollbackPolicy, Rollout, RolloutTarget
 
 _SCHEMA = (
@@ -50,32 +49,18 @@ def rollout_of(name: str, spec: str) -> Rollout:
 
 class SqlRolloutStore:
     def __init__(self, dialect: Dialect) -> None:
-        self._dialect, self._param = dialect, dialect.param
-        self._lock = threading.Lock()
-        self._conn = dialect.connect()
-        with self._lock:
-            cur = self._conn.cursor()
-            for statement in _SCHEMA:
-                cur.execute(statement)
-            self._conn.commit()
+        self.db = SqlDatabase(dialect, _SCHEMA)
+        self._param = dialect.param
 
     def _run(self, statements: list[tuple[str, list[Any]]], fetch: bool = False) -> list[Any]:
-        with self._lock:
-            try:
-                cur = self._conn.cursor()
-                rows: list[Any] = []
-                for sql, args in statements:
-                    cur.execute(sql, args)
-                    if fetch:
-                        rows = cur.fetchall()
-                self._conn.commit()
-                return rows
-            except BaseException:
-                try:
-                    self._conn.rollback()
-                except Exception:  # a broken connection: a new one for the next call
-                    self._conn = self._dialect.connect()
-                raise
+        """``statements`` in one transaction; the last one's rows (``fetch``)."""
+        rows: list[Any] = []
+        with self.db.transaction() as cur:
+            for sql, args in statements:
+                cur.execute(sql, args)
+                if fetch:
+                    rows = cur.fetchall()
+        return rows
 
     def _bump(self) -> list[tuple[str, list[Any]]]:
         p = self._param
@@ -109,8 +94,7 @@ class SqlRolloutStore:
         return int(rows[0][0]) if rows else 0
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        self.db.close()
 
 
 def open_rollout_store(target: str) -> SqlRolloutStore:

@@ -2,21 +2,22 @@
 default) or PostgreSQL (``postgresql://...``: every process of a fleet writes to one
 database). One table, ``infer_usage``, a row per request, indexed by the time it ended.
 
-Both adapters keep one connection behind a lock (the ledger's writer thread appends, the
-usage API's worker threads read); SQLite runs in WAL mode with a busy timeout, so several
-processes may share a file. A transaction cut short (a crash, a full disk) leaves the table
-as it was: the next start opens it as usual.
+One connection behind a lock (:class:`~adapters.storage.sql.SqlDatabase`: the ledger's
+writer thread appends, the usage API's worker threads read).
 """
 
-import os
-import sqlite3
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
+from adapters.storage.sql import (
+    DEFAULT_USAGE_DB,
+    Dialect,
+    SqlDatabase,
+    check_usage_target,
+    dialect_for,
+    postgres_dialect,
+    sqlite_dialect,
+)
 from domain.usage import GROUP_COLUMNS, UsageLedger, UsageQuery, UsageRecord, UsageTotals
 
 _COLUMNS = (
@@ -54,37 +55,12 @@ _ADDED = (("key_id", "TEXT"),)
 _INDEX = "CREATE INDEX IF NOT EXISTS infer_usage_ended_at ON infer_usage (ended_at)"
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """How to reach one database and speak its SQL: ``connect()`` a DB-API connection,
-    ``param`` its placeholder, ``floor`` SQL rounding down to an integer, ``id_type`` an
-    auto-increment key, ``name`` the database for logs (no password)."""
-
-    connect: Callable[[], Any]
-    param: str
-    floor: str
-    id_type: str
-    name: str
-
-
 class SqlUsageLedger:
     def __init__(self, dialect: Dialect) -> None:
-        self._connect, self._param, self._floor = dialect.connect, dialect.param, dialect.floor
-        self.name = dialect.name
-        self._lock = threading.Lock()
-        self._conn = dialect.connect()
-        with self._lock:
-            cur = self._conn.cursor()
-            cur.execute(_SCHEMA.format(id_type=dialect.id_type))
-            cur.execute(_INDEX)
-            self._conn.commit()
-            for column, kind in _ADDED:
-                try:
-                    cur.execute(f"ALTER TABLE infer_usage ADD COLUMN {column} {kind}")
-                    self._conn.commit()
-                except Exception:  # there already (a new table, or added by another server)
-                    self._conn.rollback()
-                    cur = self._conn.cursor()
+        self.db = SqlDatabase(dialect, (_SCHEMA, _INDEX))
+        self._param, self._floor, self.name = dialect.param, dialect.floor, dialect.name
+        for column, kind in _ADDED:
+            self.db.add_column("infer_usage", column, kind)
 
     def append(self, records: Sequence[UsageRecord]) -> None:
         if not records:
@@ -108,13 +84,8 @@ class SqlUsageLedger:
             )
             for r in records
         ]
-        with self._lock:
-            try:
-                self._conn.cursor().executemany(sql, rows)
-                self._conn.commit()
-            except BaseException:
-                self._rollback()
-                raise
+        with self.db.transaction() as cur:
+            cur.executemany(sql, rows)
 
     def totals(self, query: UsageQuery) -> list[UsageTotals]:
         p = self._param
@@ -141,15 +112,9 @@ class SqlUsageLedger:
             f" FROM (SELECT {bucket} AS b, * FROM infer_usage WHERE {' AND '.join(where)}) AS u"
             f" GROUP BY {selected} ORDER BY {selected}"
         )
-        with self._lock:
-            try:
-                cur = self._conn.cursor()
-                cur.execute(sql, [query.start_s, query.bucket_s, *args])
-                rows = cur.fetchall()
-                self._conn.commit()  # ends the read transaction (PostgreSQL)
-            except BaseException:
-                self._rollback()
-                raise
+        with self.db.transaction() as cur:  # its commit ends PostgreSQL's read transaction
+            cur.execute(sql, [query.start_s, query.bucket_s, *args])
+            rows = cur.fetchall()
         n = len(groups)
         return [
             UsageTotals(
@@ -159,62 +124,12 @@ class SqlUsageLedger:
         ]
 
     def prune(self, before_s: float) -> int:
-        with self._lock:
-            try:
-                cur = self._conn.cursor()
-                cur.execute(f"DELETE FROM infer_usage WHERE ended_at < {self._param}", [before_s])
-                self._conn.commit()
-                return int(cur.rowcount or 0)
-            except BaseException:
-                self._rollback()
-                raise
+        with self.db.transaction() as cur:
+            cur.execute(f"DELETE FROM infer_usage WHERE ended_at < {self._param}", [before_s])
+            return int(cur.rowcount or 0)
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def _rollback(self) -> None:
-        try:
-            self._conn.rollback()
-        except Exception:  # a broken connection: open a new one for the next call
-            try:
-                self._conn.close()
-            finally:
-                self._conn = self._connect()
-
-
-def sqlite_dialect(path: str | Path) -> Dialect:
-    """The SQLite file ``path`` (its folder made if missing; ``:memory:``: in memory, one
-    database per connection)."""
-    if str(path) == MEMORY:
-        return Dialect(
-            lambda: sqlite3.connect(MEMORY, check_same_thread=False),
-            "?",
-            "CAST({} AS INTEGER)",
-            "INTEGER",
-            MEMORY,
-        )
-    file = Path(path).expanduser()
-    file.parent.mkdir(parents=True, exist_ok=True)
-
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(file, timeout=30.0, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return conn
-
-    # Non-negative arguments only (records from the query's start on): CAST truncates.
-    return Dialect(connect, "?", "CAST({} AS INTEGER)", "INTEGER", str(file))
-
-
-def postgres_dialect(url: str) -> Dialect:
-    """The PostgreSQL database at ``url`` (``postgresql://user@host/db``)."""
-    import psycopg  # imported only when PostgreSQL is asked for
-
-    def connect() -> Any:
-        return psycopg.connect(url, connect_timeout=10)
-
-    return Dialect(connect, "%s", "CAST(FLOOR({}) AS BIGINT)", "BIGSERIAL", _redacted(url))
+        self.db.close()
 
 
 def sqlite_ledger(path: str | Path) -> UsageLedger:
@@ -227,40 +142,9 @@ def postgres_ledger(url: str) -> UsageLedger:
     return SqlUsageLedger(postgres_dialect(url))
 
 
-def _redacted(url: str) -> str:
-    """``url`` without its password (for logs)."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    return url.replace(f":{parsed.password}@", ":***@", 1)
-
-
-# In the cache folder the weights and kernels use (``$INFER_CACHE_DIR``, else ~/.cache/infer).
-DEFAULT_USAGE_DB = str(
-    Path(os.environ.get("INFER_CACHE_DIR") or "~/.cache/infer") / "usage.sqlite3"
-)
-MEMORY = ":memory:"
-POSTGRES = ("postgresql://", "postgres://")
-
-
-def check_usage_target(target: str) -> None:
-    """Raise ``ValueError`` unless ``target`` names a ledger :func:`open_ledger` opens."""
-    if not target or ("://" in target and not target.startswith((*POSTGRES, "sqlite:///"))):
-        raise ValueError(
-            f"{target!r} is neither a file path, :memory:, sqlite:///PATH nor postgresql://..."
-        )
-
-
-def dialect_for(target: str) -> Dialect:
-    """The database ``target`` names: ``postgresql://`` / ``postgres://`` URLs are
-    PostgreSQL, ``:memory:`` a SQLite database in memory, ``sqlite:///path`` or a plain
-    path a SQLite file."""
-    check_usage_target(target)
-    if target.startswith(POSTGRES):
-        return postgres_dialect(target)
-    return sqlite_dialect(target.removeprefix("sqlite:///"))
-
-
 def open_ledger(target: str) -> UsageLedger:
     """The usage ledger in the database ``target`` names (:func:`dialect_for`)."""
     return SqlUsageLedger(dialect_for(target))
+
+
+__all__ = ["DEFAULT_USAGE_DB", "check_usage_target", "open_ledger"]
