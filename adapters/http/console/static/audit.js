@@ -10,7 +10,7 @@
 // "rolled back" stand out (.audit-row.warning). Every field is the server's string (a
 // rollout or tenant name is anyone's text): rendered as text only.
 import { el, clear } from './dom.js';
-import { cell, count, table, useStylesheet } from './console-data.js';
+import { cell, count, poll, table, useStylesheet } from './console-data.js';
 
 const REFRESH_MS = 10000;
 const PAGE = 100;
@@ -208,30 +208,13 @@ export function mount(root, ctx) {
 
   // One load at a time, every REFRESH_MS after the last, while the browser tab is visible.
   let stopped = false;
-  let running = false;
-  let timer = null;
-  async function load() {
-    if (stopped || running) return;
-    clearTimeout(timer);
-    running = true;
-    try {
-      if (!document.hidden) await tick();
-    } catch (e) {
-      if (!stopped) failed(e);
-    }
-    running = false;
-    if (!stopped) timer = setTimeout(load, REFRESH_MS);
-  }
-  const visible = () => {
-    if (!document.hidden) load();
-  };
-  document.addEventListener('visibilitychange', visible);
-  load();
+  const poller = poll(tick, REFRESH_MS, (e) => {
+    if (!stopped) failed(e);
+  });
   return {
     unmount() {
       stopped = true;
-      clearTimeout(timer);
-      document.removeEventListener('visibilitychange', visible);
+      poller.stop();
     },
   };
 }

@@ -57,19 +57,21 @@ export function relative(seconds, now = Date.now() / 1000) {
 
 /**
  * Call `tick()` now and every `intervalMs` after the previous call ended (never two at
- * once), until stop(). A tick's error goes to onError and the polling goes on.
+ * once), until stop(). A tick's error goes to onError and the polling goes on. While the
+ * browser tab is in the background no tick runs; it runs at once when the tab is shown.
  */
 export function poll(tick, intervalMs, onError = () => {}) {
   let stopped = false;
   let timer = null;
   let running = false; // one tick at a time: a now() during a tick runs right after it
   let again = false;
+  const hidden = () => typeof document !== 'undefined' && document.hidden;
   const run = async () => {
     clearTimeout(timer);
     timer = null;
     running = true;
     try {
-      await tick();
+      if (!hidden()) await tick();
     } catch (error) {
       if (!stopped) onError(error);
     }
@@ -82,21 +84,27 @@ export function poll(tick, intervalMs, onError = () => {}) {
       timer = setTimeout(run, intervalMs);
     }
   };
+  const now = () => {
+    if (stopped) return;
+    if (running) {
+      again = true;
+    } else {
+      run();
+    }
+  };
+  const shown = () => {
+    if (!hidden()) now();
+  };
+  if (typeof document !== 'undefined') document.addEventListener('visibilitychange', shown);
   run();
   return {
     stop() {
       stopped = true;
       clearTimeout(timer);
+      if (typeof document !== 'undefined') document.removeEventListener('visibilitychange', shown);
     },
     /** Run a tick now (after a click), keeping the schedule: one loop, never two. */
-    now() {
-      if (stopped) return;
-      if (running) {
-        again = true;
-      } else {
-        run();
-      }
-    },
+    now,
   };
 }
 

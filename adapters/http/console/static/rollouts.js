@@ -8,7 +8,7 @@
 // a weight being edited is not overwritten. Rollout, model and tenant names are the
 // server's strings: rendered as text only.
 import { el, clear, errorMessage } from './dom.js';
-import { cell, count, useStylesheet, when } from './console-data.js';
+import { cell, count, poll, useStylesheet, when } from './console-data.js';
 
 const REFRESH_MS = 5000;
 const COLORS = 6; // console.css: .share-seg.c0 ... .c5 (the .swatch colours)
@@ -404,6 +404,7 @@ export function mount(root, ctx) {
   const error = el('p', { class: 'error', attrs: { id: 'rollouts-error', role: 'alert' } });
   const list = el('div', { class: 'rollouts stack', attrs: { id: 'rollouts-list' } });
   const cards = new Map(); // name -> RolloutCard
+  let load = () => {}; // the poller's now(), once it runs
   const page = { ctx, names: new Set(), refresh: () => load() };
   const form = new CreateForm(page);
   form.root.hidden = true;
@@ -466,39 +467,14 @@ export function mount(root, ctx) {
   // One load at a time, every REFRESH_MS after the last, while the browser tab is visible;
   // a load asked for during another (after a change) runs as soon as that one ends.
   let stopped = false;
-  let running = false;
-  let again = false;
-  let timer = null;
-  async function load() {
-    if (stopped) return;
-    if (running) {
-      again = true;
-      return;
-    }
-    clearTimeout(timer);
-    running = true;
-    try {
-      if (!document.hidden) await tick();
-    } catch (e) {
-      if (!stopped) failed(e);
-    }
-    running = false;
-    if (stopped) return;
-    if (again) {
-      again = false;
-      load();
-    } else timer = setTimeout(load, REFRESH_MS);
-  }
-  const visible = () => {
-    if (!document.hidden) load();
-  };
-  document.addEventListener('visibilitychange', visible);
-  load();
+  const poller = poll(tick, REFRESH_MS, (e) => {
+    if (!stopped) failed(e);
+  });
+  load = () => poller.now();
   return {
     unmount() {
       stopped = true;
-      clearTimeout(timer);
-      document.removeEventListener('visibilitychange', visible);
+      poller.stop();
     },
   };
 }
