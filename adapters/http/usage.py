@@ -26,6 +26,7 @@ from litestar.di import NamedDependency
 from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from adapters.http import query_params
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.errors import OPENAI_ERRORS, exception_handlers
 from adapters.http.request_state import api_state, constants
@@ -174,30 +175,30 @@ async def _page(
     if record is not None and caller is not None:
         record.tenant_id = caller.id
     params = request.query_params
-    width = _one(params, "bucket_width") or "1d"
+    width = query_params.one(params, "bucket_width") or "1d"
     if width not in BUCKETS:
         raise InvalidRequestError(
             "bucket_width", f"bucket_width must be one of {', '.join(BUCKETS)}, got {width!r}"
         )
     bucket_s, default_limit, max_limit = BUCKETS[width]
-    start = _int(params, "start_time")
+    start = query_params.integer(params, "start_time")
     if start is None:
         raise InvalidRequestError("start_time", "start_time (unix seconds) is required")
-    end = _int(params, "end_time")
+    end = query_params.integer(params, "end_time")
     end = int(time.time()) + 1 if end is None else end  # this second's records included
     if end <= start:
         raise InvalidRequestError("end_time", "end_time must be after start_time")
-    limit = _int(params, "limit")
+    limit = query_params.integer(params, "limit")
     limit = default_limit if limit is None else limit
     if not 1 <= limit <= max_limit:
         raise InvalidRequestError(
             "limit", f"limit must be 1 to {max_limit} buckets with bucket_width {width}"
         )
-    page = _int(params, "page") or 0
+    page = query_params.integer(params, "page") or 0
     if page < 0:
         raise InvalidRequestError("page", "page is a cursor this API returned as next_page")
     group_by = _group_by(params.getall("group_by", []) + params.getall("group_by[]", []))
-    projects = _set(params, "project_ids")
+    projects = query_params.values(params, "project_ids")
     if caller is not None and not caller.allows_face(ADMIN):  # its own tenant's only
         projects = frozenset({caller.id}) if projects is None else projects & {caller.id}
     buckets = math.ceil((end - start) / bucket_s)
@@ -210,7 +211,7 @@ async def _page(
             bucket_s=bucket_s,
             group_by=tuple(GROUPS[g] for g in group_by),
             tenants=projects,
-            models=_set(params, "models"),
+            models=query_params.values(params, "models"),
             kind=kind,
         )
         totals = await recorder.totals(query)
@@ -261,31 +262,6 @@ def _result(kind: str, group_by: list[str], row: UsageTotals) -> dict[str, Any]:
         **common,
         "batch": None,
     }
-
-
-def _one(params: Any, name: str) -> str | None:
-    values = params.getall(name, [])
-    if len(values) > 1:
-        raise InvalidRequestError(name, f"{name} is given {len(values)} times")
-    return values[0] if values else None
-
-
-def _int(params: Any, name: str) -> int | None:
-    value = _one(params, name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidRequestError(name, f"{name} must be an integer, got {value[:40]!r}") from None
-    if not -(2**53) <= number <= 2**53:
-        raise InvalidRequestError(name, f"{name} is out of range")
-    return number
-
-
-def _set(params: Any, name: str) -> frozenset[str] | None:
-    values = params.getall(name, []) + params.getall(f"{name}[]", [])
-    return frozenset(values) if values else None
 
 
 def _group_by(values: list[str]) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 from litestar import Controller, Request, Router, get
 from litestar.di import NamedDependency
 
+from adapters.http import query_params
 from adapters.http.admin.guard import AccessDep, admin_caller
 from adapters.http.errors import OPENAI_ERRORS, exception_handlers
 from adapters.http.request_state import constants
@@ -18,31 +19,17 @@ MAX_LIMIT = 1000
 AuditDep = NamedDependency[Audit]
 
 
-def _number(request: Request[Any, Any, Any], name: str) -> float | None:
-    value = request.query_params.get(name)
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        raise InvalidRequestError(
-            name, f"{name} must be unix seconds, got {value[:40]!r}"
-        ) from None
-    if not -(2.0**53) <= number <= 2.0**53:
-        raise InvalidRequestError(name, f"{name} is out of range")
-    return number
-
-
 class AuditRoutes(Controller):
     @get("/admin/audit")
     async def audit(
         self, request: Request[Any, Any, Any], audit: AuditDep, access: AccessDep
     ) -> dict[str, Any]:
         admin_caller(request, access)
-        since, until = _number(request, "since"), _number(request, "until")
-        limit = _number(request, "limit")
-        count = 100 if limit is None else int(limit)
-        if limit is not None and (limit != count or not 1 <= count <= MAX_LIMIT):
+        params = request.query_params
+        since, until = query_params.number(params, "since"), query_params.number(params, "until")
+        limit = query_params.integer(params, "limit")
+        count = 100 if limit is None else limit
+        if not 1 <= count <= MAX_LIMIT:
             raise InvalidRequestError("limit", f"limit is a whole number, 1 to {MAX_LIMIT}")
         events = await asyncio.to_thread(audit.read, since=since, until=until, limit=count + 1)
         return {
