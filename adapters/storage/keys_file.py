@@ -134,6 +134,13 @@ class KeysFileStore:
             return None
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
+    def _remove_stale_temporaries(self) -> None:
+        """Temporary files of a writer killed before its rename (under the lock: none is
+        being written now)."""
+        for stale in self.path.parent.glob(f".{self.path.name}.tmp-*"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
     def load(self) -> list[TenantEntry]:
         seen = self._identity()
         entries = load_entries(self.path)
@@ -150,7 +157,8 @@ class KeysFileStore:
             entries = change(load_entries(self.path))
             keyring_of(entries, self.path)
             text = dump_entries(entries, as_json=self.path.suffix == ".json")
-            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            self._remove_stale_temporaries()
+            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent)
             try:
                 with os.fdopen(fd, "w") as out:
                     out.write(text)

@@ -280,3 +280,16 @@ def test_a_keys_file_broken_by_hand_is_a_503_saying_so(tmp_path: Path) -> None:
         assert "keys file cannot be used" in answer.json()["error"]["message"]
         assert client.put(f"{TENANTS}/acme", json={"weight": 0}, headers=ops()).status_code == 400
         assert complete(client, OPS).status_code == 200  # the keys in use still work
+
+
+def test_a_writer_killed_before_its_rename_leaves_nothing_in_the_way(tmp_path: Path) -> None:
+    path = keys_file(tmp_path)
+    stale = tmp_path / f".{path.name}.tmp-abc123"  # what a kill -9 mid-write leaves
+    kept = tmp_path / f".{path.name}.bak"  # not ours: left alone
+    kept.write_text("")
+    stale.write_text("[[tenants]\n")
+    (tmp_path / f"{path.name}.lock").write_text("")  # its lock file (the flock died with it)
+    with client_for(path) as client:
+        assert client.put(f"{TENANTS}/acme", json={}, headers=ops()).status_code == 201
+    assert not stale.exists() and kept.exists()
+    assert [e.tenant.id for e in load_entries(path)] == ["ops", "acme"]
