@@ -1,5 +1,6 @@
 """Launch a real `infer serve` process on a free port for end-to-end tests."""
 
+import json
 import os
 import socket
 import subprocess
@@ -67,3 +68,24 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+@contextmanager
+def keyed_serve(
+    folder: Path, keys: dict[str, str], *flags: str, admins: tuple[str, ...] = ("ops",)
+) -> Iterator[str]:
+    """:func:`infer_serve` with a keys file in ``folder`` (tenant id -> its key; the
+    ``admins`` with the faces openai and admin, the others openai and tinker) and the usage
+    database there too; yields its base URL."""
+    from application.keys import hash_key
+
+    tenants: list[dict[str, object]] = [
+        {"id": tenant, "keys": [hash_key(key)]}
+        | ({"faces": ["openai", "admin"]} if tenant in admins else {})
+        for tenant, key in keys.items()
+    ]
+    path = folder / "keys.json"
+    path.write_text(json.dumps({"tenants": tenants}))
+    database = ("--usage-db", str(folder / "usage.sqlite3"))
+    with infer_serve("--api-keys-file", str(path), *database, *flags) as url:
+        yield url

@@ -6,7 +6,6 @@ back past the newest 100, a hostile rollout name and details stay text, and a ke
 the admin face reads the 403's message. Screenshots go to the test artifacts
 (``tests/e2e/browser.py``)."""
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,9 +14,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from application.keys import hash_key
 from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
-from tests.e2e.server import infer_serve
+from tests.e2e.server import keyed_serve
 
 pytestmark = pytest.mark.slow
 OPS_KEY = "sk-ops-audit"  # faces openai, admin
@@ -31,21 +29,11 @@ __all__ = ["browser"]  # the fixture, used by name
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("audit")
-    keys = folder / "keys.json"
-    tenants = [
-        {"id": "ops", "keys": [hash_key(OPS_KEY)], "faces": ["openai", "admin"]},
-        {"id": "alice", "keys": [hash_key(ALICE_KEY)]},
-    ]
-    keys.write_text(json.dumps({"tenants": tenants}))
-    flags = (
-        *("--api-keys-file", str(keys), "--usage-db", str(folder / "usage.sqlite3")),
-        *("--served-model-name", "base", "A", "B"),
-        # infer_serve does not read the server's output: its pipe (64 KiB) full, the server
-        # would block on its next log line. The test's 130-odd changes and the page's calls
-        # log far more at info (an audit line, an access line, a request line each).
-        *("--log-level", "warning"),
-    )
-    with infer_serve(*flags) as url:
+    keys = {"ops": OPS_KEY, "alice": ALICE_KEY}
+    # The test's 130-odd changes log an audit, an access and a request line each: warnings
+    # only keep the server's log small.
+    flags = ("--served-model-name", "base", "A", "B", "--log-level", "warning")
+    with keyed_serve(folder, keys, *flags) as url:
         yield url
 
 

@@ -5,16 +5,14 @@ weight, rolls back to A, creates a rollout from the served models and deletes it
 API error as text, and a hostile rollout name stays text; a key without the admin face is
 refused. Screenshots go to the test artifacts (``tests/e2e/browser.py``)."""
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from application.keys import hash_key
 from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
-from tests.e2e.server import infer_serve
+from tests.e2e.server import keyed_serve
 
 pytestmark = pytest.mark.slow
 OPS_KEY = "sk-ops-rollouts"  # faces openai, admin
@@ -27,18 +25,8 @@ __all__ = ["browser"]  # the fixture, used by name
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("rollouts")
-    keys = folder / "keys.json"
-    tenants = [
-        {"id": "ops", "keys": [hash_key(OPS_KEY)], "faces": ["openai", "admin"]},
-        {"id": "alice", "keys": [hash_key(ALICE_KEY)]},
-    ]
-    keys.write_text(json.dumps({"tenants": tenants}))
-    flags = (
-        *("--api-keys-file", str(keys), "--usage-db", str(folder / "usage.sqlite3")),
-        *("--served-model-name", "base", "A", "B"),
-        *("--model-rollout", "support=A:90,B:10"),
-    )
-    with infer_serve(*flags) as url:
+    flags = ("--served-model-name", "base", "A", "B", "--model-rollout", "support=A:90,B:10")
+    with keyed_serve(folder, {"ops": OPS_KEY, "alice": ALICE_KEY}, *flags) as url:
         yield url
 
 

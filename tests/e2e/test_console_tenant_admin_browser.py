@@ -6,7 +6,6 @@ error and the lock-out refusal as text, deletes the tenant; a hostile tenant id 
 text; a server without a keys file shows the admin API's 409 instead of the controls.
 Screenshots go to the test artifacts (``tests/e2e/browser.py``)."""
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from application.keys import hash_key
 from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
-from tests.e2e.server import infer_serve
+from tests.e2e.server import infer_serve, keyed_serve
 
 pytestmark = pytest.mark.slow
 OPS_KEY = "sk-ops-tenant-admin"  # faces openai, admin: the only admin key
@@ -37,11 +35,7 @@ __all__ = ["browser"]  # the fixture, used by name
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("tenant-admin")
-    keys = folder / "keys.json"
-    tenants = [{"id": "ops", "keys": [hash_key(OPS_KEY)], "faces": ["openai", "admin"]}]
-    keys.write_text(json.dumps({"tenants": tenants}))
-    flags = ("--api-keys-file", str(keys), "--usage-db", str(folder / "usage.sqlite3"))
-    with infer_serve(*flags) as url:
+    with keyed_serve(folder, {"ops": OPS_KEY}) as url:
         yield url
 
 
