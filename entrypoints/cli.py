@@ -151,6 +151,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     kernels.add_argument("--model", default=None, help="model spec (default: the embedded one)")
     kernels.add_argument("--cache-dir", default=None, help="converted-weights cache")
+    kernels.add_argument(
+        "--retune",
+        action="store_true",
+        help="measure the kernel paths again even where a measurement is cached (after one "
+        "made while the machine was busy: a start warns of it)",
+    )
     _add_threads_arg(kernels)
     kernels.set_defaults(func=_build_kernels)
     bench = sub.add_parser(
@@ -160,7 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--model", default=None, help="model spec (default: the embedded one)")
     bench.add_argument("--cache-dir", default=None, help="converted-weights cache")
-    bench.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    bench.add_argument(
+        "--force", "--retune", action="store_true", help="measure again, ignoring the cache"
+    )
     _add_threads_arg(bench)
     bench.set_defaults(func=_bench_kernels)
     key = sub.add_parser("key", help="print a new API key and its line for --api-keys-file")
@@ -303,10 +311,10 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def _build_kernels(args: argparse.Namespace) -> int:
-    """Build (or find built) each kernel family, then measure (or find measured) the kernel
-    paths ``--dtype auto`` chooses from for the model (the embedded one by default), so
-    that its first start reads them; 0 when the portable kernels, which any CPU with a
-    compiler runs, are ready."""
+    """Build (or find built) each kernel family, then measure (or find measured; measure
+    again: ``--retune``) the kernel paths ``--dtype auto`` chooses from for the model (the
+    embedded one by default), so that its first start reads them; 0 when the portable
+    kernels, which any CPU with a compiler runs, are ready."""
     from adapters.torch.cpu.build import kernel_cache_dir
     from adapters.torch.cpu.kernels import cpu_has_kernel_isa, cpu_kernels
     from adapters.torch.cpu.portable import portable_kernels
@@ -330,9 +338,14 @@ def _build_kernels(args: argparse.Namespace) -> int:
             print(f"--dtype auto: not measured ahead ({e})")
             return 0 if portable == "ready" else 1
         shapes = linear_shapes(ModelConfig.from_folder(resolved.path))
-        tuning = tuned(shapes)
+        tuning = tuned(shapes, force=args.retune)
         print(f"--dtype auto for {resolved.name}: {tuning.dtype} ({tuning.reason})")
         print(f"kernel paths measured: {tuning_path(shapes)}")
+        if tuning.disturbed:
+            print(
+                f"  {len(tuning.disturbed)} comparisons stayed disturbed by other processes: "
+                "`infer build-kernels --retune` on a quiet machine measures them again"
+            )
     return 0 if portable == "ready" else 1
 
 
@@ -363,9 +376,16 @@ def _bench_kernels(args: argparse.Namespace) -> int:
         print("quantized kernel: not built here (the PyTorch path dequantizes per call)")
     for key, switch in (tuning.dense_from_rows or {}).items():
         weights, dtype = key.split()
+        chosen = (
+            "not timed undisturbed, the kernel's default"
+            if switch is None
+            else f"integer dot products below {switch} rows, dequantized tiles + GEMM from there"
+        )
+        print(f"quantized kernel, {weights} weights, {dtype} activations: {chosen}")
+    if tuning.disturbed:
         print(
-            f"quantized kernel, {weights} weights, {dtype} activations: integer dot products "
-            f"below {switch} rows, dequantized tiles + GEMM from there"
+            f"{len(tuning.disturbed)} comparisons stayed disturbed by other processes (left "
+            "out of the choices): `--retune` on a quiet machine measures them again"
         )
     return 0
 

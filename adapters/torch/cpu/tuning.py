@@ -11,16 +11,40 @@ int4 switch moves from 128 rows to 32 there), and the result is cached per
 CPU, torch version, thread count and shape set under ``<cache>/tuning/``. ``infer
 build-kernels`` (``make setup``) measures the default model's shapes ahead, so that its
 first start reads them; ``infer bench-kernels`` prints the table and the choices.
+
+Another process keeping the cores busy must not change the choices (one measured during a
+build timed everything ~8x slow and chose tiles from 2 rows instead of 32). So the paths
+compared with each other are timed in rounds, alternately (A B, then B A, one call each,
+per shape and row count), each round between two timings of a fixed reference GEMM. A
+round was disturbed when a reference beside it ran more than ``DISTURBED`` x the fastest
+seen (the machine's floor), or when this process's threads waited for a CPU for more than
+that share of the round (Linux's schedstat); it is discarded and its comparison measured
+again later (in the next turn over the comparisons short of ``ROUNDS`` undisturbed
+rounds; after a pause that doubles where a whole turn was disturbed) until its share of
+``BUDGET_S`` is spent. A path's time is its minimum over the undisturbed rounds, the same
+rounds as the path it is compared with. A comparison without any (a machine busy
+throughout; past ``LIMIT`` x the budget, the comparisons left are not measured at all),
+or whose rounds only agreed with a floor found lower later, is listed in the tuning's
+``disturbed`` and left out of the choices: the dtype then follows the ISA (bfloat16 with
+AVX512-BF16 or AMX), a switch is chosen from the row counts timed undisturbed on every
+shape (none: None, the kernel's default), and the table shows each path's fastest call.
+The floor is cached with the choices: a start that reads them times the reference again
+(a few ms) and warns when it now runs ``STALE`` x faster, or when comparisons were
+disturbed; ``infer build-kernels --retune`` measures again.
 """
 
 import functools
 import hashlib
+import itertools
 import json
+import math
 import os
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -32,12 +56,26 @@ from adapters.torch.cpu.isa import cpu_flags, cpuinfo
 from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.models.config import ModelConfig
 
+if TYPE_CHECKING:
+    from adapters.torch.quant import QuantizedWeight
+
 log = structlog.get_logger(__name__)
 ROWS = (1, 16, 64)  # one decode stream, a small batch, a full batch
 SWITCH_ROWS = (2, 4, 8, 16, 32, 64)  # candidates for the quantized kernel's switch
 # 2: switches per weight format and activation dtype; 3: a switch needs two row counts
-# in a row (one measured under another process's load chose 2 rows instead of 64)
-VERSION = 3
+# in a row (one measured under another process's load chose 2 rows instead of 64);
+# 4: interleaved rounds checked against a reference GEMM (its floor recorded) and CPU
+# waits, what stayed disturbed listed and left out (a switch None: the kernel's default)
+VERSION = 4
+REFERENCE = (32, 512, 512)  # rows, in, out: the float32 GEMM that gauges the machine
+ROUNDS = 3  # undisturbed rounds each comparison needs
+DISTURBED = 1.3  # a round slowed more than this (reference over floor, waits) was disturbed
+WAIT_SLACK_MS = 0.1  # our threads' wait for a CPU during a round that counts as none
+STALE = 1.5  # a cached floor this x the reference's time at a start: tuned on a busy machine
+BACKOFF_S = (0.01, 0.2)  # the pause after a turn with every round disturbed: first, most
+BUDGET_S = 20.0  # for the rounds after each comparison's first (measured up to LIMIT)
+LIMIT = 1.5  # x BUDGET_S: then comparisons left are not measured even once (a machine busy
+# throughout: a round of the LM head's can take 0.3 s there)
 
 
 @dataclass(frozen=True)
@@ -45,22 +83,28 @@ class Tuning:
     """What was measured (``timings``: path -> rows -> ms summed over the shapes) and
     chosen: ``dtype`` for the dense model; ``dense_from_rows`` for the quantized kernel,
     ``"int4 bfloat16"`` (weight format, activation dtype) -> rows (None where the kernel is
-    not built)."""
+    not built; a key's None: no row count timed undisturbed, the kernel's default).
+    ``reference_ms``: the reference GEMM's floor while measuring (0: unknown);
+    ``disturbed``: the comparisons (labels) that no undisturbed round decided, left out of
+    the choices."""
 
     cpu: str
     shapes: list[tuple[int, int]]
     timings: dict[str, dict[str, float]]
     dtype: str
-    dense_from_rows: dict[str, int] | None
+    dense_from_rows: dict[str, int | None] | None
     reason: str
+    reference_ms: float = 0.0
+    disturbed: list[str] = field(default_factory=list)
 
     def switch(self, bits: int, dtype: str) -> int | None:
         """The quantized kernel's switch for ``bits``-bit weights and ``dtype`` activations
-        (float32's where ``dtype`` was not measured)."""
+        (float32's where ``dtype`` was not measured; None: the kernel's default)."""
         if self.dense_from_rows is None:
             return None
-        found = self.dense_from_rows.get(f"int{bits} {dtype}")
-        return found if found is not None else self.dense_from_rows.get(f"int{bits} float32")
+        if f"int{bits} {dtype}" in self.dense_from_rows:
+            return self.dense_from_rows[f"int{bits} {dtype}"]
+        return self.dense_from_rows.get(f"int{bits} float32")
 
 
 def cpu_name() -> str:
@@ -101,7 +145,8 @@ _read: dict[Path, Tuning] = {}  # this process's tunings by file: read (and logg
 
 
 def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
-    """The cached tuning for these linear shapes ``(out, in)``, measured first if none."""
+    """The cached tuning for these linear shapes ``(out, in)``, measured first if none (or
+    again: ``force``); one read from the cache is checked against the machine now."""
     path = tuning_path(shapes)
     if not force and path in _read:
         return _read[path]
@@ -113,6 +158,7 @@ def tuned(shapes: list[tuple[int, int]], *, force: bool = False) -> Tuning:
         except (OSError, ValueError, TypeError):
             pass  # measured again below
         else:
+            _check_fresh(tuning, path)
             return _logged("kernel paths read from this CPU's measurement", tuning, path)
     log.info(
         "measuring this CPU's kernel paths for the model's shapes, once "
@@ -133,83 +179,465 @@ def _logged(message: str, tuning: Tuning, path: Path) -> Tuning:
     return tuning
 
 
-def measure(shapes: list[tuple[int, int]]) -> Tuning:
+RETUNE = (
+    "run `infer build-kernels --retune` (with this start's --model and --threads) on a "
+    "quiet machine"
+)
+
+
+def _check_fresh(tuning: Tuning, path: Path) -> None:
+    """A warning where cached choices look measured on a busy machine: some comparisons got
+    no undisturbed round, or the reference GEMM now runs ``STALE`` x faster than its floor
+    while tuning (timed now, a few ms; a busy machine now only hides the sign)."""
+    if tuning.disturbed:
+        log.warning(
+            "the cached kernel-path choices were measured while other processes kept the "
+            "CPU busy; " + RETUNE,
+            disturbed=len(tuning.disturbed),
+            cached=str(path),
+        )
+    elif tuning.reference_ms > 0:
+        now = reference_ms()
+        if _stale(tuning.reference_ms, now):
+            log.warning(
+                "the cached kernel-path choices look stale: a reference GEMM runs "
+                f"{tuning.reference_ms / now:.1f}x faster now than while they were measured; "
+                + RETUNE,
+                reference_ms_then=round(tuning.reference_ms, 4),
+                reference_ms_now=round(now, 4),
+                cached=str(path),
+            )
+
+
+def _stale(then_ms: float, now_ms: float) -> bool:
+    """The reference's floor while tuning against its time now: tuned on a busy machine."""
+    return then_ms > STALE * now_ms
+
+
+def measure(shapes: list[tuple[int, int]], *, budget_s: float = BUDGET_S) -> Tuning:
     """Time each path on ``shapes`` and choose: the dense dtypes first, then the quantized
-    kernel's paths with float32 activations and with the chosen dtype's."""
+    kernel's paths with float32 activations and with the chosen dtype's. ``budget_s``: the
+    time for the rounds after each comparison's first (a quiet machine needs a few s)."""
+    started = time.perf_counter()
+    kernels = portable_kernels()
+    reference = _reference()
+    calls = len(shapes) * (1 if kernels is None else 2)  # the dense stage's share: half
+    timer = Timer(reference, budget_s=budget_s, calls=calls)
+    timer.floor = min(reference() for _ in range(16))  # a first floor, before any round
+    compared: dict[str, Compared] = {}  # each shape's comparisons by label
+    dense = {f"{rows} rows": (("float32", "bfloat16"), rows) for rows in ROWS}
+    timings = _timings(timer, shapes, _dense_paths, dense, compared)
+    timer.recheck()
+    dtype, reason = _choose_dtype(timings, _unsettled(timer.disturbed, compared))
+    if kernels is not None:
+        dtypes = sorted({"float32", dtype})
+        quantized = {
+            f"int{bits} {dtype} at {rows} rows": (
+                (f"int{bits} dots {dtype}", f"int{bits} tiles {dtype}"),
+                rows,
+            )
+            for bits in (4, 8)
+            for dtype in dtypes
+            for rows in sorted({*ROWS, *SWITCH_ROWS})
+        }
+        make = functools.partial(_quantized_paths, kernels, dtypes)
+        timings |= _timings(timer, shapes, make, quantized, compared)
+    timer.recheck()
+    log.info(
+        "kernel paths timed",
+        rounds=timer.rounds,
+        disturbed_rounds=timer.again,
+        paused_s=round(timer.paused_s, 2),
+        reference_floor_ms=round(timer.floor, 4),
+        unsettled=len(timer.disturbed),
+        unmeasured=timer.unmeasured,
+        wall_s=round(time.perf_counter() - started, 1),
+    )
+    return Tuning(
+        cpu_name(),
+        shapes,
+        timings,
+        dtype,
+        _choose_switches(timings, _unsettled(timer.disturbed, compared)),
+        reason,
+        reference_ms=timer.floor,
+        disturbed=timer.disturbed,
+    )
+
+
+Linear = Callable[[Tensor], Tensor]
+Made = dict[str, tuple[Linear, torch.dtype]]  # path -> (the linear, its input dtype)
+Compared = tuple[tuple[str, ...], int]  # the paths compared, at rows
+Comparisons = Mapping[str, Compared]  # by label
+
+
+def _timings(
+    timer: "Timer",
+    shapes: list[tuple[int, int]],
+    make: Callable[[int, int], Made],
+    comparisons: Comparisons,
+    compared: dict[str, Compared],
+) -> dict[str, dict[str, float]]:
+    """Path -> rows -> ms summed over ``shapes`` (none where a shape's was not measured):
+    each comparison timed by ``timer`` per shape, one shape's linears in memory at a time;
+    ``compared`` gets each shape's comparisons by their labels in ``timer``."""
     timings: dict[str, dict[str, float]] = {}
-    for name, make in _dense_paths().items():
-        timings[name] = {str(rows): _total(make, rows, shapes) for rows in ROWS}
-    dtype, reason = _choose_dtype(timings)
-    rows_measured = sorted({*ROWS, *SWITCH_ROWS})
-    for name, make in _quantized_paths(sorted({"float32", dtype})).items():
-        timings[name] = {str(rows): _total(make, rows, shapes) for rows in rows_measured}
-    return Tuning(cpu_name(), shapes, timings, dtype, _choose_switches(timings), reason)
+    missing: set[tuple[str, int]] = set()
+    for n, k in shapes:
+        paths = make(n, k)
+        groups = {
+            f"{label}, {n}x{k}": _round_of([(name, *paths[name]) for name in names], rows, k)
+            for label, (names, rows) in comparisons.items()
+        }
+        compared |= {f"{label}, {n}x{k}": found for label, found in comparisons.items()}
+        measured = timer.measure(groups)
+        for (_, (names, rows)), times in zip(comparisons.items(), measured.values(), strict=True):
+            for name in names:
+                path = timings.setdefault(name, {})
+                if not times:  # not measured: no total for these rows
+                    missing.add((name, rows))
+                path[str(rows)] = path.get(str(rows), 0.0) + times.get(name, 0.0)
+        del paths, groups
+    for name, rows in missing:
+        del timings[name][str(rows)]
+    return timings
 
 
-def _total(make: "MakePath", rows: int, shapes: list[tuple[int, int]]) -> float:
-    """``rows`` rows through the path made for each shape, ms summed over the shapes."""
-    return sum(_time(make(n, k), rows, k) for n, k in shapes)
+def _round_of(
+    paths: list[tuple[str, Linear, torch.dtype]], rows: int, k: int
+) -> Callable[[int], dict[str, float]]:
+    """One round of ``paths`` on ``rows`` rows: one call each, in turn (reversed on odd
+    turns, so that neither always follows the other), after a warm-up call now."""
+    calls = [(name, fn, torch.randn(rows, k).to(dtype)) for name, fn, dtype in paths]
+    with torch.inference_mode():
+        for _, fn, x in calls:
+            fn(x)
+
+    def one_round(turn: int) -> dict[str, float]:
+        times = {}
+        with torch.inference_mode():
+            for name, fn, x in calls if turn % 2 == 0 else calls[::-1]:
+                start = time.perf_counter()
+                fn(x)
+                times[name] = (time.perf_counter() - start) * 1e3
+        return times
+
+    return one_round
 
 
-def _choose_dtype(timings: dict[str, dict[str, float]]) -> tuple[str, str]:
-    """bfloat16 where its linears beat float32's at one row and at 64 rows together."""
+@dataclass(frozen=True)
+class Round:
+    """One round of a comparison: each path's time (ms), the reference's before and after
+    it, and how long the calling thread and (up to the calls' time) the intra-op threads
+    waited for a CPU during its calls (ms, 0 where the kernel does not say)."""
+
+    reference: tuple[float, float]
+    times: dict[str, float]
+    waited_ms: float = 0.0
+
+
+def _disturbance(measured: Round, floor: float) -> float:
+    """How much other processes slowed ``measured``, as a factor: its reference (the
+    slower of before and after) over the machine's floor, or its calls' time with our
+    threads' wait for a CPU beyond ``WAIT_SLACK_MS`` over their time, the larger."""
+    calls = max(sum(measured.times.values()), 1e-6)
+    waited = max(0.0, measured.waited_ms - WAIT_SLACK_MS)
+    return max(max(measured.reference) / floor, 1 + waited / calls)
+
+
+def _disturbed(measured: Round, floor: float) -> bool:
+    return _disturbance(measured, floor) > DISTURBED
+
+
+def _settled(rounds: list[Round], floor: float) -> tuple[dict[str, float], bool]:
+    """A comparison's paths (path -> ms), and whether from undisturbed rounds: each path's
+    minimum over the undisturbed rounds (the same rounds for every path), else, where
+    every round was disturbed, over all of them (load only adds time: a path's fastest call
+    is its least disturbed)."""
+    undisturbed = [r for r in rounds if not _disturbed(r, floor)]
+    used = undisturbed or rounds
+    return {path: min(r.times[path] for r in used) for path in used[0].times}, bool(undisturbed)
+
+
+class Timer:
+    """Comparisons timed in rounds until each has ``ROUNDS`` undisturbed ones, within a
+    budget. ``reference``: one timing of the reference GEMM (ms); ``calls``: how many
+    :meth:`measure` calls share ``budget_s`` of their own time (what one leaves goes to the
+    next, what one overruns is taken from the next: each comparison's first round is
+    measured whatever the budget, until the calls have taken ``LIMIT`` x it; those left
+    then are not measured). ``waited``: :func:`_waited_ms` (``clock``, ``sleep`` and it
+    replaceable in tests). ``floor``: the fastest reference seen; ``history``: each
+    comparison's rounds; ``disturbed``: the comparisons no undisturbed round decided;
+    ``rounds``, ``again`` (disturbed ones), ``unmeasured`` and ``paused_s`` say how it
+    went."""
+
+    def __init__(
+        self,
+        reference: Callable[[], float],
+        *,
+        budget_s: float = BUDGET_S,
+        calls: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        waited: Callable[[], tuple[float, float]] | None = None,
+    ) -> None:
+        self.reference, self.clock, self.sleep = reference, clock, sleep
+        self.waited = waited or _waited_ms
+        self.budget_s, self.limit_s, self.calls = budget_s, LIMIT * budget_s, calls
+        self.spent_s = 0.0
+        self.floor = math.inf
+        self.history: dict[str, list[Round]] = {}
+        self.disturbed: list[str] = []
+        self.rounds = self.again = self.unmeasured = 0
+        self.paused_s = 0.0
+
+    def measure(
+        self, groups: dict[str, Callable[[int], dict[str, float]]]
+    ) -> dict[str, dict[str, float]]:
+        """Label -> path -> ms: each group's paths, as :func:`_settled` has them (none for a
+        group left unmeasured). ``groups``: label -> one round of its paths (``turn`` ->
+        path -> ms). Groups short of undisturbed rounds are measured again in the next turn
+        (later: after the other groups), with a pause (doubling) after a turn whose every
+        round was disturbed, until this call's share of the budget is spent. (A pause costs
+        more than it says on a machine busy throughout, and cools the threads: only where
+        nothing went through.)"""
+        started = self.clock()
+        deadline = started + max(0.0, self.budget_s - self.spent_s) / max(1, self.calls)
+        self.calls -= 1
+        rounds: dict[str, list[Round]] = {label: [] for label in groups}
+        self.history |= rounds
+        pause = BACKOFF_S[0]
+        for turn in itertools.count():
+            short = [
+                label
+                for label, done in rounds.items()
+                if sum(not _disturbed(r, self.floor) for r in done) < ROUNDS
+            ]
+            if not short or (turn > 0 and self.clock() > deadline):
+                break
+            disturbed, before = [], self.reference()
+            for label in short:  # one reference between two rounds: after one, before the next
+                if self.spent_s + self.clock() - started > self.limit_s:
+                    break
+                before = self._round(label, groups[label], turn, before, rounds)
+                if _disturbed(rounds[label][-1], self.floor):
+                    disturbed.append(label)
+            else:
+                if len(disturbed) < len(short):
+                    pause = BACKOFF_S[0]  # rounds went through: the next turn at once
+                    continue
+                log.debug(
+                    "kernel timings disturbed: measured again after a pause",
+                    rounds=len(disturbed),
+                    first=disturbed[0],
+                    floor_ms=round(self.floor, 4),
+                    pause_s=pause,
+                )
+                paused = self.clock()
+                self.sleep(pause)  # every round disturbed: wait for the load to pass
+                self.paused_s += self.clock() - paused
+                pause = min(2 * pause, BACKOFF_S[1])
+                continue
+            break  # out of time
+        self.spent_s += self.clock() - started
+        return self._settled(rounds)
+
+    def _settled(self, rounds: dict[str, list[Round]]) -> dict[str, dict[str, float]]:
+        """Each comparison's paths, the unsettled ones logged and listed in ``disturbed``."""
+        found, unsettled = {}, {}
+        for label, done in rounds.items():
+            found[label], settled = _settled(done, self.floor) if done else ({}, False)
+            self.unmeasured += not done
+            if not settled:
+                slowed = sorted(_disturbance(r, self.floor) for r in done)
+                unsettled[label] = [round(x, 1) for x in slowed[:ROUNDS]]
+        if unsettled:
+            self.disturbed += unsettled
+            first = next(iter(unsettled))
+            log.warning(
+                "kernel timings stayed disturbed within the budget: left out of the choices",
+                comparisons=len(unsettled),
+                unmeasured=sum(not slowed for slowed in unsettled.values()),
+                first=first,
+                slowed=unsettled[first],
+                floor_ms=round(self.floor, 4),
+            )
+        return found
+
+    def _round(
+        self,
+        label: str,
+        one_round: Callable[[int], dict[str, float]],
+        turn: int,
+        before: float,
+        rounds: dict[str, list[Round]],
+    ) -> float:
+        """One round of ``label`` after the reference ``before`` and before another,
+        kept in ``rounds``; the reference after it."""
+        own, others = self.waited()
+        times = one_round(turn)
+        own, others = (now - then for now, then in zip(self.waited(), (own, others), strict=True))
+        # the intra-op threads' wait counts up to the calls' time: a thread the calls did not
+        # use (too little work to split) may have waited meanwhile without delaying them
+        waited = own + min(others, sum(times.values()))
+        after = self.reference()
+        self.floor = min(self.floor, before, after)
+        measured = Round((before, after), times, waited)
+        rounds[label].append(measured)
+        self.rounds += 1
+        self.again += _disturbed(measured, self.floor)
+        return after
+
+    def recheck(self) -> list[str]:
+        """The comparisons settled on rounds that the floor found since shows disturbed
+        (a load that slowed everything at first: their rounds agreed with each other, not
+        with the machine), now among ``disturbed``; logged."""
+        found = [
+            label
+            for label, done in self.history.items()
+            if label not in self.disturbed and not _settled(done, self.floor)[1]
+        ]
+        if found:
+            self.disturbed += found
+            log.warning(
+                "kernel timings that looked settled were slower than the machine's floor "
+                "found later: left out of the choices",
+                comparisons=len(found),
+                first=found[0],
+                floor_ms=round(self.floor, 4),
+            )
+        return found
+
+
+def _waited_ms() -> tuple[float, float]:
+    """How long this thread, and the process's other threads together, have waited,
+    runnable, for a CPU so far (ms; the second field of Linux's per-thread schedstat; 0
+    where there is none): time another process took from a measurement."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0, 0.0
+    me, mine, others = str(threading.get_native_id()), 0, 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat", "rb") as stat:
+                waited = int(stat.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread gone, or no schedstat
+        if task == me:
+            mine = waited
+        else:
+            others += waited
+    return mine / 1e6, others / 1e6
+
+
+def _reference(samples: int = 3, limit_s: float = math.inf) -> Callable[[], float]:
+    """One timing (ms) of a fixed float32 GEMM: the fastest of ``samples`` calls, or of
+    those made within ``limit_s``: how fast this machine runs now, whatever the model."""
+    rows, k, n = REFERENCE
+    generator = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
+
+    def timed() -> float:
+        best = math.inf
+        with torch.inference_mode():
+            first = time.perf_counter()
+            for _ in range(samples):
+                start = time.perf_counter()
+                F.linear(x, w)
+                best = min(best, time.perf_counter() - start)
+                if start - first > limit_s:
+                    break
+        return best * 1e3
+
+    with torch.inference_mode():
+        F.linear(x, w)  # warm-up
+    return timed
+
+
+def reference_ms() -> float:
+    """The reference GEMM's time now (ms, the fastest of 16 calls or of those that ran in
+    50 ms: a start's check, a few ms on a quiet machine)."""
+    return _reference(samples=16, limit_s=0.05)()
+
+
+Unsettled = set[tuple[str, int]]  # (path, rows) not timed undisturbed on every shape
+
+
+def _choose_dtype(
+    timings: dict[str, dict[str, float]], unsettled: Unsettled | None = None
+) -> tuple[str, str]:
+    """bfloat16 where its linears beat float32's at one row and at 64 rows together; where
+    those were not timed undisturbed, bfloat16 where the CPU has AVX512-BF16 or AMX."""
+    if any(
+        (path, rows) in (unsettled or set()) for path in ("float32", "bfloat16") for rows in (1, 64)
+    ):
+        guess = "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(isa_flags()) else "float32"
+        return guess, "not timed undisturbed (a busy machine): bfloat16 where the ISA has bf16"
     fp32 = timings["float32"]["1"] + timings["float32"]["64"]
     bf16 = timings["bfloat16"]["1"] + timings["bfloat16"]["64"]
     faster = "bfloat16" if bf16 < fp32 else "float32"
     return faster, f"linears at 1 + 64 rows: bfloat16 {bf16:.2f} ms, float32 {fp32:.2f} ms"
 
 
-def _choose_switches(timings: dict[str, dict[str, float]]) -> dict[str, int] | None:
+def _choose_switches(
+    timings: dict[str, dict[str, float]], unsettled: Unsettled | None = None
+) -> dict[str, int | None] | None:
     """Per ``"int4 float32"`` (weight format, activation dtype) measured: the fewest rows
-    from which dequantized tiles beat integer dot products; None without the kernel."""
-    found = {
-        name.replace(" dots", ""): _choose_switch(dots, timings[name.replace("dots", "tiles")])
-        for name, dots in timings.items()
-        if " dots " in name
-    }
+    from which dequantized tiles beat integer dot products, from the row counts timed
+    undisturbed (None where none was: the kernel's default); None without the kernel."""
+    found: dict[str, int | None] = {}
+    for name, dots in timings.items():
+        if " dots " in name:
+            rows = [r for r in SWITCH_ROWS if (name, r) not in (unsettled or set())]
+            tiles = timings[name.replace("dots", "tiles")]
+            found[name.replace(" dots", "")] = _choose_switch(dots, tiles, rows) if rows else None
     return found or None
 
 
-def _choose_switch(dots: dict[str, float], tiles: dict[str, float]) -> int:
-    """The fewest rows from which tiles beat dots there and at the next count measured
-    (tiles' cost grows more slowly: once ahead they stay ahead, so a lone win is a stall of
-    the machine during the dots' measurement, not the crossing)."""
-    wins = [tiles[str(rows)] <= dots[str(rows)] for rows in SWITCH_ROWS]
-    for i, rows in enumerate(SWITCH_ROWS):
-        if wins[i] and (i + 1 == len(SWITCH_ROWS) or wins[i + 1]):
-            return rows
+def _choose_switch(
+    dots: dict[str, float], tiles: dict[str, float], rows: Sequence[int] = SWITCH_ROWS
+) -> int:
+    """The fewest of ``rows`` from which tiles beat dots there and at the next count
+    measured (tiles' cost grows more slowly: once ahead they stay ahead, so a lone win is a
+    stall of the machine during the dots' measurement, not the crossing)."""
+    wins = [tiles[str(r)] <= dots[str(r)] for r in rows]
+    for i, r in enumerate(rows):
+        if wins[i] and (i + 1 == len(rows) or wins[i + 1]):
+            return r
     return SWITCH_ROWS[-1] * 2
 
 
-Linear = Callable[[Tensor], Tensor]
+def _unsettled(labels: list[str], compared: dict[str, "Compared"]) -> Unsettled:
+    """The (path, rows) of the comparisons ``labels`` names."""
+    return {(path, compared[label][1]) for label in labels for path in compared[label][0]}
 
 
-MakePath = Callable[[int, int], tuple[Linear, torch.dtype]]  # (out, in) -> (linear, x dtype)
-Paths = dict[str, MakePath]
+def _dense_paths(n: int, k: int) -> Made:
+    """The dense linears of one shape, in each dtype."""
+    return {"float32": _dense(n, k, torch.float32), "bfloat16": _dense(n, k, torch.bfloat16)}
 
 
-def _dense_paths() -> Paths:
-    """Path name -> (out, in) -> (the linear, its input dtype)."""
-    return {
-        "float32": lambda n, k: _dense(n, k, torch.float32),
-        "bfloat16": lambda n, k: _dense(n, k, torch.bfloat16),
-    }
-
-
-def _quantized_paths(dtypes: list[str]) -> Paths:
+def _quantized_paths(kernels: object, dtypes: list[str], n: int, k: int) -> Made:
     """``"int4 dots bfloat16"`` and the like: the quantized kernel forced onto one path, per
-    weight format and activation dtype; none where the kernel is not built."""
-    kernels = portable_kernels()
-    if kernels is None:
-        return {}
-    paths: Paths = {}
+    weight format and activation dtype, on one shape's weights per format."""
+    from adapters.torch.quant import quantize_int4, quantize_int8
+
+    paths: Made = {}
     for bits in (4, 8):
+        weight = torch.randn(n, k) * 0.02
+        w = quantize_int4(weight) if bits == 4 else quantize_int8(weight)
         for dtype in dtypes:
             for path, switch in (("dots", 1 << 30), ("tiles", 1)):
-                paths[f"int{bits} {path} {dtype}"] = functools.partial(
-                    _quantized, kernels, bits=bits, switch=switch, dtype=getattr(torch, dtype)
-                )
+                op = _forced(kernels, w, bits, switch)
+                paths[f"int{bits} {path} {dtype}"] = op, getattr(torch, dtype)
     return paths
+
+
+def _forced(kernels: object, w: "QuantizedWeight", bits: int, switch: int) -> Linear:
+    """The quantized kernel on ``w``, switching to tiles from ``switch`` rows."""
+    op = kernels.quant_linear  # type: ignore[attr-defined]
+    return lambda x: op(x, w.qweight, w.scales, w.mins, bits, w.group_size, switch)
 
 
 def _dense(n: int, k: int, dtype: torch.dtype) -> tuple[Linear, torch.dtype]:
@@ -223,31 +651,3 @@ def _dense(n: int, k: int, dtype: torch.dtype) -> tuple[Linear, torch.dtype]:
     if dtype == torch.bfloat16 and can_optimize(linear):
         return PackedLinear(linear, cpu_kernels()), dtype
     return (lambda x: F.linear(x, linear.weight)), dtype
-
-
-def _quantized(
-    kernels: object, n: int, k: int, *, bits: int, switch: int, dtype: torch.dtype
-) -> tuple[Linear, torch.dtype]:
-    """int4 as GGUF Q4_1 (group 32, mins), int8 per channel as ``--quantization int8``."""
-    from adapters.torch.quant import quantize_int4, quantize_int8
-
-    weight = torch.randn(n, k) * 0.02
-    w = quantize_int4(weight) if bits == 4 else quantize_int8(weight)
-    op = kernels.quant_linear  # type: ignore[attr-defined]
-    return (lambda x: op(x, w.qweight, w.scales, w.mins, bits, w.group_size, switch)), dtype
-
-
-def _time(path: tuple[Linear, torch.dtype], rows: int, k: int) -> float:
-    """The fastest of a few calls after a warm-up, in ms: other processes' load only adds
-    time (scheduler stalls of several ms on a busy 2-core machine), so the minimum ranks
-    paths best. The weights stay in cache between calls: this ranks, it does not predict."""
-    fn, dtype = path
-    x = torch.randn(rows, k).to(dtype)
-    with torch.inference_mode():
-        fn(x)
-        samples = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn(x)
-            samples.append((time.perf_counter() - start) * 1e3)
-    return min(samples)

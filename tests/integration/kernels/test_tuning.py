@@ -1,9 +1,13 @@
 """Choices by measurement (adapters/torch/cpu/tuning.py): what is chosen from which timings,
-the per-machine cache, --dtype auto, and `infer bench-kernels`."""
+the per-machine cache, --dtype auto, `infer bench-kernels`, and timings a busy machine
+does not spoil (the scripted machine here; a real load in test_tuning_under_load.py)."""
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from adapters.torch import factory
 from adapters.torch.cpu import tuning
@@ -30,7 +34,7 @@ def _timings(bf16: float, fp32: float) -> dict[str, dict[str, float]]:
     }
 
 
-SWITCHES = {"int4 float32": 16, "int4 bfloat16": 4, "int8 float32": 128}
+SWITCHES: dict[str, int | None] = {"int4 float32": 16, "int4 bfloat16": 4, "int8 float32": 128}
 
 
 def test_the_faster_dtype_and_the_first_row_count_where_tiles_win_are_chosen() -> None:
@@ -50,16 +54,37 @@ def test_a_lone_win_measured_during_a_stall_is_not_the_switch() -> None:
     assert tuning._choose_switches(timings) == {"int4 bfloat16": 32}
 
 
+def test_what_no_undisturbed_round_timed_is_left_out_of_the_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    timings = _timings(bf16=3.0, fp32=2.0)
+    monkeypatch.setattr(tuning, "isa_flags", lambda: ["avx2", "avx512_bf16"])
+    dtype, reason = tuning._choose_dtype(timings, {("float32", 64), ("bfloat16", 64)})
+    assert dtype == "bfloat16" and "not timed undisturbed" in reason  # the ISA's guess
+    monkeypatch.setattr(tuning, "isa_flags", lambda: ["avx2"])
+    assert tuning._choose_dtype(timings, {("bfloat16", 1)})[0] == "float32"
+    assert tuning._choose_dtype(timings, {("float32", 16)})[0] == "float32"  # not used
+    # int4 float32's tiles win from 16 rows; 16 not timed undisturbed: from 32
+    unsettled = {("int4 dots float32", 16), ("int4 tiles float32", 16)}
+    unsettled |= {("int8 dots float32", r) for r in tuning.SWITCH_ROWS}
+    assert tuning._choose_switches(timings, unsettled) == SWITCHES | {
+        "int4 float32": 32,
+        "int8 float32": None,
+    }
+
+
 def test_a_switch_is_per_weight_format_and_activation_dtype() -> None:
     chosen = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "why")
     assert chosen.switch(4, "bfloat16") == 4 and chosen.switch(4, "float32") == 16
     assert chosen.switch(8, "bfloat16") == 128  # not measured in bfloat16: float32's
     assert chosen.switch(4, "float16") == 16
     assert tuning.Tuning("cpu", [], {}, "float32", None, "").switch(4, "float32") is None
+    unsettled = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES | {"int4 bfloat16": None}, "")
+    assert unsettled.switch(4, "bfloat16") is None  # the kernel's default, not float32's
 
 
 def test_measure_times_every_path_this_machine_has() -> None:
-    result = tuning.measure(SHAPES)
+    result = tuning.measure(SHAPES, budget_s=2.0)
     assert {"float32", "bfloat16"} <= set(result.timings)
     assert all(t > 0 for path in result.timings.values() for t in path.values())
     assert result.dtype in ("float32", "bfloat16")
@@ -67,7 +92,8 @@ def test_measure_times_every_path_this_machine_has() -> None:
         assert result.dense_from_rows is not None
         want = {f"int{bits} {dtype}" for bits in (4, 8) for dtype in {"float32", result.dtype}}
         assert set(result.dense_from_rows) == want
-        assert all(r in (*tuning.SWITCH_ROWS, 128) for r in result.dense_from_rows.values())
+        assert all(r in (*tuning.SWITCH_ROWS, 128, None) for r in result.dense_from_rows.values())
+    assert result.reference_ms > 0  # None above: not timed undisturbed on a busy machine
 
 
 def test_a_tuning_is_measured_once_per_machine_and_shapes(
@@ -172,3 +198,219 @@ def test_build_kernels_measures_what_the_first_load_reads(
         if "kernel paths read from this CPU's measurement" in line
     ]
     assert f"cached={cached}" in read
+
+
+class Machine:
+    """A scripted machine for :class:`tuning.Timer`: the reference GEMM takes 0.1 ms and a
+    path its quiet time, each times the slowdown of the round (1.0 once the script ends),
+    the time added spent waiting for a CPU where ``waits`` (Linux says so, not every OS);
+    the clock moves by what it measures and by the pauses."""
+
+    def __init__(self, quiet: dict[str, float], slowdowns: list[float], waits: bool = True):
+        self.quiet, self.slowdowns, self.waits = quiet, slowdowns, waits
+        self.references = 0  # two per round: before and after
+        self.now, self.waited, self.pauses = 0.0, 0.0, list[float]()
+
+    def slowdown(self) -> float:
+        i = (self.references - 1) // 2
+        return self.slowdowns[i] if i < len(self.slowdowns) else 1.0
+
+    def reference(self) -> float:
+        self.references += 1
+        return 0.1 * self.slowdown()
+
+    def one_round(self, turn: int) -> dict[str, float]:
+        times = {path: ms * self.slowdown() for path, ms in self.quiet.items()}
+        self.now += sum(times.values()) / 1e3
+        self.waited += (sum(times.values()) - sum(self.quiet.values())) * self.waits
+        return times
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+    def timer(self, budget_s: float = 10.0) -> tuning.Timer:
+        return tuning.Timer(
+            self.reference,
+            budget_s=budget_s,
+            clock=lambda: self.now,
+            sleep=self.sleep,
+            waited=lambda: (self.waited, 0.0),
+        )
+
+
+def test_a_quiet_machine_is_timed_in_the_fewest_rounds() -> None:
+    machine = Machine({"dots": 2.0, "tiles": 5.0}, [])
+    timer = machine.timer()
+    assert timer.measure({"int4 at 2 rows": machine.one_round}) == {
+        "int4 at 2 rows": {"dots": 2.0, "tiles": 5.0}
+    }
+    assert timer.rounds == tuning.ROUNDS and timer.again == 0 and machine.pauses == []
+    assert timer.floor == pytest.approx(0.1) and timer.disturbed == []
+
+
+def test_disturbed_rounds_are_measured_again_later_after_growing_pauses() -> None:
+    # The Xeon's failure: a build ran beside the first rounds and slowed everything 8x.
+    machine = Machine({"dots": 2.0, "tiles": 5.0}, [8.0, 8.0, 8.0, 1.0, 1.0, 1.0])
+    timer = machine.timer()
+    assert timer.measure({"g": machine.one_round}) == {"g": {"dots": 2.0, "tiles": 5.0}}
+    assert timer.rounds == 6 and timer.again == 3 and timer.disturbed == []
+    first, most = tuning.BACKOFF_S
+    assert machine.pauses == [first, 2 * first, min(4 * first, most)]
+
+
+def test_a_floor_found_later_flags_what_a_uniform_slowdown_hid() -> None:
+    # Slowed 2x through the first comparison, without waits to show it (another OS, or a
+    # sibling hyperthread's load): its rounds agree with each other, not with the floor.
+    machine = Machine({"dots": 2.0, "tiles": 5.0}, [2.0] * 3, waits=False)
+    timer = machine.timer()
+    assert timer.measure({"g1": machine.one_round}) == {"g1": {"dots": 4.0, "tiles": 10.0}}
+    assert timer.disturbed == [] and timer.recheck() == []
+    assert timer.measure({"g2": machine.one_round}) == {"g2": {"dots": 2.0, "tiles": 5.0}}
+    assert timer.recheck() == ["g1"] and timer.disturbed == ["g1"]
+
+
+def test_a_machine_busy_past_the_budget_gets_each_paths_fastest_call_and_says_so() -> None:
+    machine = Machine({"dots": 2.0, "tiles": 5.0}, [4.0, 3.0, 6.0] + [5.0] * 100)
+    timer = machine.timer(budget_s=0.2)
+    found = timer.measure({"g": machine.one_round})
+    assert found == {"g": {"dots": 6.0, "tiles": 15.0}}  # the round slowed least
+    assert timer.disturbed == ["g"]
+    assert 3 <= timer.rounds < 10 and machine.now < 0.2 + 2 * tuning.BACKOFF_S[1]
+
+
+def test_a_machine_busy_past_the_limit_leaves_the_last_comparisons_unmeasured() -> None:
+    machine = Machine({"dots": 2.0, "tiles": 5.0}, [50.0] * 100)  # 0.35 s a round
+    timer = machine.timer(budget_s=0.5)
+    found = timer.measure({f"g{i}": machine.one_round for i in range(5)})
+    assert found["g0"] == {"dots": 100.0, "tiles": 250.0} and found["g4"] == {}
+    assert timer.disturbed == [f"g{i}" for i in range(5)] and timer.unmeasured >= 2
+    assert machine.now < tuning.LIMIT * 0.5 + 0.35
+
+
+def test_a_row_count_not_measured_on_every_shape_has_no_total() -> None:
+    class Stub:
+        def measure(self, groups: dict[str, object]) -> dict[str, dict[str, float]]:
+            return {
+                label: {} if "64 rows, 8x8" in label else {"a": 1.0, "b": 2.0} for label in groups
+            }
+
+    def make(n: int, k: int) -> tuning.Made:
+        return {path: ((lambda x: x), torch.float32) for path in ("a", "b")}
+
+    compared: dict[str, tuning.Compared] = {}
+    comparisons = {f"{rows} rows": (("a", "b"), rows) for rows in (1, 64)}
+    timings = tuning._timings(Stub(), [(4, 8), (8, 8)], make, comparisons, compared)  # type: ignore[arg-type]
+    assert timings == {"a": {"1": 2.0}, "b": {"1": 4.0}}
+    assert compared["64 rows, 8x8"] == (("a", "b"), 64)
+
+
+def test_a_round_whose_threads_waited_for_a_cpu_is_disturbed() -> None:
+    quiet = tuning.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=0.05)
+    assert not tuning._disturbed(quiet, floor=0.1)
+    waited = tuning.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=1.5)
+    assert tuning._disturbed(waited, floor=0.1)  # 1.4 ms of 2 ms waiting
+    assert tuning._disturbed(tuning.Round((0.1, 0.2), {"dots": 1.0}), floor=0.1)
+    own, others = tuning._waited_ms()
+    assert own >= 0.0 and others >= 0.0
+    # an intra-op thread that waited 5 ms while 1 ms of calls ran without it (too little
+    # work to split) delayed them by at most 1 ms
+    waits = iter([(0.0, 0.0), (0.0, 5.0)])
+    timer = tuning.Timer(lambda: 0.1, waited=lambda: next(waits, (0.0, 5.0)))
+    timer.measure({"g": lambda turn: {"dots": 0.5, "tiles": 0.5}})
+    assert timer.history["g"][0].waited_ms == 1.0
+
+
+def test_the_switch_measured_through_a_disturbed_machine_is_the_quiet_one() -> None:
+    """The Xeon's: dots stalled at 2 and 4 rows mid-round (the references before and after
+    quiet, our threads waiting for a CPU), so that tiles "won" there; those rounds are
+    measured again and the quiet switch is found."""
+    quiet = {2: (0.6, 3.2), 4: (0.8, 3.3), 8: (1.7, 3.7), 16: (3.2, 4.1), 32: (6.2, 4.9)}
+    quiet |= {64: (11.5, 7.0)}
+    dots, tiles, again = {}, {}, 0
+    for rows, (d, t) in quiet.items():
+        machine = Machine({"dots": d, "tiles": t}, [])
+        timer = machine.timer()
+        found = timer.measure({"g": _stalling_dots(machine, [8.0, 1.0, 6.0] if rows <= 4 else [])})
+        dots[str(rows)], tiles[str(rows)] = found["g"]["dots"], found["g"]["tiles"]
+        again += timer.again
+    assert tuning._choose_switch(dots, tiles) == 32
+    assert again == 4 and (dots["2"], tiles["2"]) == quiet[2]
+
+
+def _stalling_dots(machine: Machine, stalls: list[float]) -> Callable[[int], dict[str, float]]:
+    """Rounds whose dots call is slowed by ``stalls`` in turn, the time added spent waiting
+    for a CPU; the references not slowed."""
+    script = iter(stalls)
+
+    def one_round(turn: int) -> dict[str, float]:
+        slow = next(script, 1.0)
+        machine.waited += machine.quiet["dots"] * (slow - 1)
+        return {"dots": machine.quiet["dots"] * slow, "tiles": machine.quiet["tiles"]}
+
+    return one_round
+
+
+def test_a_cached_tuning_made_on_a_busy_machine_is_warned_of_at_a_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adapters.observability.logging import configure_logging
+
+    configure_logging("info", "console")
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    busy = tuning.Tuning("cpu", SHAPES, _timings(1.0, 2.0), "bfloat16", SWITCHES, "r", 0.4)
+    monkeypatch.setattr(tuning, "measure", lambda shapes: busy)
+    tuning.tuned(SHAPES)
+    capsys.readouterr()
+
+    def warnings(reference_now: float, cached: tuning.Tuning = busy) -> list[str]:
+        tuning._read.clear()  # a new process
+        monkeypatch.setattr(tuning, "reference_ms", lambda: reference_now)
+        assert tuning.tuned(SHAPES) == cached
+        return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
+    (stale,) = warnings(0.1)  # 4x faster now
+    assert "4.0x faster now" in stale and "infer build-kernels --retune" in stale
+    assert warnings(0.35) == []  # within noise
+    assert warnings(2.0) == []  # busy now: no sign either way
+    flagged = tuning.Tuning("cpu", SHAPES, {}, "float32", None, "r", 0.1, ["int4 at 2 rows"])
+    monkeypatch.setattr(tuning, "measure", lambda shapes: flagged)
+    tuning.tuned(SHAPES, force=True)
+    (disturbed,) = warnings(0.1, flagged)
+    assert "while other processes kept the CPU busy" in disturbed and "disturbed=1" in disturbed
+
+
+def test_the_reference_check_at_a_start_takes_a_few_milliseconds() -> None:
+    tuning.reference_ms()  # torch's first GEMM
+    start = time.perf_counter()
+    assert tuning.reference_ms() > 0
+    assert time.perf_counter() - start < 0.2  # ~5 ms quiet; at most 50 ms and a call busy
+
+
+def test_build_kernels_retune_measures_again_over_a_cached_tuning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adapters.torch.cpu import kernels, portable
+
+    monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(factory, "default_device", lambda: "cpu")
+    monkeypatch.setattr(portable, "portable_kernels", lambda: object())
+    monkeypatch.setattr(kernels, "cpu_kernels", lambda: object())
+    calls = []
+
+    def fake_measure(shapes: list[tuple[int, int]]) -> tuning.Tuning:
+        calls.append(shapes)
+        disturbed = ["int4 bfloat16 at 2 rows"] if len(calls) == 1 else []
+        return tuning.Tuning("cpu", shapes, {}, "float32", SWITCHES, "r", 0.1, disturbed)
+
+    monkeypatch.setattr(tuning, "measure", fake_measure)
+    argv = ["build-kernels", "--model", "dummy:SmolLM2-135M", "--cache-dir", str(tmp_path)]
+    assert main(argv) == 0
+    assert "1 comparisons stayed disturbed" in capsys.readouterr().out
+    tuning._read.clear()
+    monkeypatch.setattr(tuning, "reference_ms", lambda: 0.1)
+    assert main(argv) == 0 and len(calls) == 1  # read, not measured
+    read = capsys.readouterr()
+    assert "stayed disturbed" in read.out and "infer build-kernels --retune" in read.err
+    assert main([*argv, "--retune"]) == 0 and len(calls) == 2
+    assert "stayed disturbed" not in capsys.readouterr().out
