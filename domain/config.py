@@ -46,6 +46,9 @@ class EngineConfig:
     # Speculative decoding (``--speculative-config``; None: off): drafts verified in the
     # step's forward, continuous batching only.
     speculative: SpeculativeConfig | None = None
+    # A row's logits do not depend on what shares its step (``--batch-invariant``): one
+    # kernel path per row whatever the step holds (the torch runner on a CPU).
+    batch_invariant: bool = False
 
     @property
     def capacity(self) -> int:

@@ -244,6 +244,8 @@ class LoraTraining(containers.DeclarativeContainer):
         model.dtype,
         config.provided.model.device,
         model.engine_config.provided.max_seq_len,
+        config.provided.model.quantization,
+        config.provided.engine.batch_invariant,
     )
     sampler = providers.Singleton(
         build_engine_sampler,

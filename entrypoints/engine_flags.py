@@ -81,6 +81,7 @@ class EngineSettings:
     prefix_caching: bool = _DEFAULTS.enable_prefix_caching
     enforce_eager: bool = _DEFAULTS.enforce_eager
     speculative_config: SpeculativeConfig | None = _DEFAULTS.speculative
+    batch_invariant: bool = _DEFAULTS.batch_invariant
 
     def __post_init__(self) -> None:
         self.engine_config()
@@ -167,6 +168,14 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         "captured at start-up)",
     )
     serve.add_argument("--batch-wait-timeout", type=float, default=0.05, help="static mode")
+    serve.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's tokens and logprobs do not depend on what shares its steps (other "
+        "requests, prefix cache hits, chunked prefill, drafts): one kernel path per row, on a "
+        "CPU (off by default: it costs throughput at many rows and prefill speed; "
+        "docs/batch-invariance.md)",
+    )
     serve.add_argument(
         "--speculative-config",
         type=speculative_config,

@@ -42,6 +42,8 @@ class GenerateResult:
     token_ids: list[int]
     finish_reason: str | None
     prompt_tokens: int
+    # each token's logprob, where ``SamplingParams.logprobs`` asked for them
+    logprobs: list[float] | None = None
 
 
 class LLM:
@@ -180,4 +182,5 @@ def _result(prompt: str | list[int], outputs: list[StepOutput]) -> GenerateResul
         token_ids=[o.token_id for o in outputs if o.token_id is not None],
         finish_reason=last.finish_reason if last else None,
         prompt_tokens=last.prompt_tokens if last else 0,
+        logprobs=[o.logprob for o in outputs if o.logprob is not None] or None,
     )

@@ -9,6 +9,7 @@ A model folder is anything with the fields of :class:`ModelFolder` (the weights 
 """
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +35,7 @@ from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.quant import QuantLinear, has_gguf_blocks
+from adapters.torch.runtime.invariant import make_batch_invariant
 from application.embeddings import EmbeddingLimits, EmbeddingService
 from application.engine_client import EngineClient
 from application.tinker.engine_sampler import EngineSampler
@@ -187,8 +189,13 @@ def build_training_backend(
     dtype: str,
     device: str | None,
     max_context: int,
+    quantization: str | None = None,
+    batch_invariant: bool = False,
 ) -> LoraTrainingBackend:
-    """LoRA training on the model's own weights, under the served names."""
+    """LoRA training on the model's own weights, under the served names. A quantized model
+    (the default GGUF) trains on the engine's weights and kernels (:func:`training_model`)."""
+    device = device or default_device()
+    method = choose_quantization(quantization, resolved, device)
     entry = BaseModelEntry(
         names[0],
         resolved.path,
@@ -196,9 +203,35 @@ def build_training_backend(
         dtype=DTYPES[dtype],
         max_context=max_context,
         random_weights=resolved.random_weights,
-        device=device or default_device(),
+        device=device,
+        loader=None
+        if method is None or resolved.random_weights
+        else partial(training_model, resolved, dtype, device, method, batch_invariant),
     )
     return LoraTrainingBackend([entry])
+
+
+def training_model(
+    resolved: ModelFolder, dtype: str, device: str, method: str, batch_invariant: bool
+) -> Transformer:
+    """The trainer's frozen model, built as the engine's is (:func:`build_model`: its
+    quantized linears, this CPU's kernels) and trainable through them
+    (``reference_grad.py``): a training forward then rounds as the engine scores a prompt,
+    whose steps run every row through the dequantized tiles (``quant.prompt_rows``), or
+    with ``batch_invariant`` as the engine's invariant steps, every row on the integer path."""
+    model = load_model(resolved.path, dtype=DTYPES[dtype], device=device, quantization=method)
+    weight_dtype = DTYPES[dtype]
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            # A training forward is prompt rows: the tiles' product, which (bf16 or float32
+            # from 8 rows) is F.linear on the dequantized weight, kept for every call and for
+            # the gradient (the memory the trainer's dense copy took before).
+            module.dense_from_rows = 1
+            if module.dense is None and not batch_invariant:
+                module.dense = module.dequantized(weight_dtype)
+    if batch_invariant:
+        make_batch_invariant(model)
+    return model
 
 
 def build_engine_sampler(

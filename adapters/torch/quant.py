@@ -17,9 +17,12 @@ dequantizes the weight for each call.
 """
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -195,29 +198,82 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.dense is not None and len(flat) >= self.dense_from_rows:
-            y = F.linear(flat.to(self.dense.dtype), self.dense).to(flat.dtype)
-        elif self.kernel is not None and flat.dtype in (torch.float32, torch.bfloat16):
-            y = self.kernel(
-                flat.contiguous(),
-                self.qweight,
-                self.scales,
-                self.mins,
-                self.bits,
-                self.group_size,
-                self.dense_from_rows,
-            )
+        # Trainable (a LoRA trainer on the engine's weights): the gradient with respect to
+        # x is dy @ W, W dequantized for the call (the weights are frozen).
+        if torch.is_grad_enabled() and flat.requires_grad:
+            y = _Trainable.apply(flat, self)
         else:
-            y = F.linear(flat, dequantize(self.weight_q, flat.dtype))
+            y = self.product(flat)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def product(self, flat: Tensor) -> Tensor:
+        """``flat @ W.T`` for ``flat`` ``[M, K]``: by the path its row count takes, or the
+        dequantized tiles' in a :func:`prompt_rows` block."""
+        switch = 1 if _PROMPT_ROWS.get() else self.dense_from_rows
+        if self.dense is not None and len(flat) >= switch:
+            return F.linear(flat.to(self.dense.dtype), self.dense).to(flat.dtype)
+        if self.kernel is not None and flat.dtype in (torch.float32, torch.bfloat16):
+            return cast(
+                Tensor,
+                self.kernel(
+                    flat.contiguous(),
+                    self.qweight,
+                    self.scales,
+                    self.mins,
+                    self.bits,
+                    self.group_size,
+                    switch,
+                ),
+            )
+        return F.linear(flat, dequantize(self.weight_q, flat.dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> Tensor:
+        """The dense ``[N, K]`` weight in ``dtype`` (the C++ op where it is built)."""
+        if self.dense is not None and self.dense.dtype == dtype:
+            return self.dense
+        op = getattr(portable_kernels(), "quant_dequantize", None)
+        if op is not None and self.qweight.device.type == "cpu":
+            w = self.weight_q
+            return cast(Tensor, op(w.qweight, w.scales, w.mins, w.bits, w.group_size, dtype))
+        return dequantize(self.weight_q, dtype)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bits={self.bits}, group_size={self.group_size}, mins={self.mins is not None}"
         )
+
+
+class _Trainable(torch.autograd.Function):
+    """A frozen quantized linear in a training forward: the serving path's product, and
+    the gradient with respect to ``x``, ``dy @ W`` (``W`` dequantized: the trainer keeps it)."""
+
+    @staticmethod
+    def forward(ctx: Any, flat: Tensor, linear: QuantLinear) -> Tensor:
+        ctx.linear = linear
+        return linear.product(flat)
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
+        return dy @ ctx.linear.dequantized(dy.dtype), None
+
+
+# Set while a step scores prompt tokens (the runner): every row through the dequantized
+# tiles, whatever their count, so that a prompt's logprobs (Tinker's compute_logprobs) round
+# as a training forward's (the trainer's linears take the tiles for every row count).
+_PROMPT_ROWS: ContextVar[bool] = ContextVar("prompt_rows", default=False)
+
+
+@contextmanager
+def prompt_rows(on: bool = True) -> Iterator[None]:
+    """Within: quantized linears take the dequantized-tiles path for any row count."""
+    token = _PROMPT_ROWS.set(on)
+    try:
+        yield
+    finally:
+        _PROMPT_ROWS.reset(token)
 
 
 def _kernel() -> Any | None:

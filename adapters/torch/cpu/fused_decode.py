@@ -30,6 +30,7 @@ from adapters.torch.models.attention_backend import CpuBf16Attention
 from adapters.torch.models.gemma3 import Gemma3Block
 from adapters.torch.models.layers import Attention, GatedMLP, PagedDecodeRows, RMSNorm, gelu_tanh
 from adapters.torch.models.llama import LlamaBlock
+from adapters.torch.models.reference_grad import through
 
 _ACTS = (F.silu, gelu_tanh)  # the gating activations the kernels have
 
@@ -66,9 +67,9 @@ class KernelRMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # A strided input (a QK-norm's heads) is copied first: the fused decode layer does
-        # the same, so both paths round alike.
+        # the same, so both paths round alike. Trainable: differentiated as the module.
         n = self.norm
-        return self.kernel(x.contiguous(), n.weight, n.eps, n.unit_offset)
+        return through(lambda t: self.kernel(t.contiguous(), n.weight, n.eps, n.unit_offset), n, x)
 
 
 class KernelGatedMLP(nn.Module):
@@ -81,7 +82,12 @@ class KernelGatedMLP(nn.Module):
         self.kernel = kernels.gelu_tanh_mul if self.gelu else kernels.silu_mul
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.kernel(self.w13(x)))
+        return self.w2(through(self.kernel, self._gated, self.w13(x)))
+
+    def _gated(self, gate_up: Tensor) -> Tensor:
+        """The gating in PyTorch ops (its gradient, for a trainer on these kernels)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return (gelu_tanh(gate) if self.gelu else F.silu(gate)) * up
 
 
 class FusedDecodeLayer:

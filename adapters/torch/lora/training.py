@@ -24,7 +24,7 @@ import gc
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, cached_property
 from itertools import pairwise
 from pathlib import Path
@@ -43,8 +43,11 @@ from adapters.torch.lora import peft
 from adapters.torch.lora.dimuon import Dimuon
 from adapters.torch.lora.losses import loss_sum
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS, LORA_ALPHA, read_lora_spec
+from adapters.torch.models.attention_backend import CpuBf16Attention
 from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.layers import Attention
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.quant import QuantLinear
 from domain.custom_loss import reduce_metrics
 from domain.training import (
     LOSS_INPUTS,
@@ -94,6 +97,10 @@ class BaseModelEntry:
     max_context: int | None = None
     random_weights: bool = False  # a config-only folder (``dummy:`` models, benchmarks)
     device: str = "cpu"  # where the base model and the adapters train ("cuda", ...)
+    # The frozen model as the serving engine builds its own (its quantized linears and
+    # CPU kernels, trainable through them: a forward's logprobs then round as a sample's
+    # prompt logprobs); None: loaded here from ``folder`` in ``dtype``, its linears plain.
+    loader: Callable[[], Transformer] | None = field(default=None, compare=False)
 
 
 class LoraLinear(nn.Module):
@@ -103,7 +110,7 @@ class LoraLinear(nn.Module):
     call: one ``(A [r, in], B [rows, r])`` per part, or None for the base linear alone.
     """
 
-    def __init__(self, base: nn.Linear, parts: tuple[str, ...]) -> None:
+    def __init__(self, base: nn.Linear | QuantLinear, parts: tuple[str, ...]) -> None:
         super().__init__()
         self.base, self.parts = base, parts
         self.lora: list[tuple[Tensor, Tensor]] | None = None
@@ -135,6 +142,13 @@ class _Base:
     def __init__(self, entry: BaseModelEntry, model: Transformer) -> None:
         self.entry, self.model, self.config = entry, model, model.config
         self.sites = _install_sites(model)
+        # Shared-prefix packing attends through masks, not the engine's prompt kernel: a
+        # model on that kernel runs each datum whole, as the engine scores a prompt.
+        self.packing = not any(
+            isinstance(m.backend, CpuBf16Attention)
+            for m in model.modules()
+            if isinstance(m, Attention)
+        )
         self.shapes: dict[str, tuple[int, int]] = {}  # PEFT name -> (in, out)
         for site in self.sites:
             rows = peft.part_rows(model.config, site.parts)
@@ -284,7 +298,8 @@ class LoraTrainingBackend(TrainingBackend):
         logprobs: list[Tensor] = [torch.empty(0)] * len(data)
         total = 0.0
         metric_sums: dict[str, float] = {}  # a custom loss's metrics, summed over data
-        for n, (group, packs) in enumerate(_micro_batches(prepared)):
+        packing = adapter.base.packing
+        for n, (group, packs) in enumerate(_micro_batches(prepared, packing=packing)):
             if n:
                 yield  # another model's turn may come here
             with self._lock:
@@ -390,12 +405,16 @@ class LoraTrainingBackend(TrainingBackend):
             served = ", ".join(e.name for e in self._models)
             raise NotFoundError(f"base_model: unknown model {name!r} (served: {served})")
         if entry.name not in self._bases:
-            model = load_model(
-                entry.folder,
-                dtype=entry.dtype,
-                prepack=False,
-                random_weights=entry.random_weights,
-                device=entry.device,
+            model = (
+                entry.loader()
+                if entry.loader is not None
+                else load_model(
+                    entry.folder,
+                    dtype=entry.dtype,
+                    prepack=False,
+                    random_weights=entry.random_weights,
+                    device=entry.device,
+                )
             )
             self._bases[entry.name] = _Base(entry, model)
         return self._bases[entry.name]
@@ -429,7 +448,7 @@ def _install_sites(model: Transformer) -> list[LoraLinear]:
     sites = []
     for path, parts in peft.site_parts(model.config.num_layers):
         base = model.get_submodule(path)
-        assert isinstance(base, nn.Linear), path
+        assert isinstance(base, nn.Linear | QuantLinear), path
         site = LoraLinear(base, parts)
         model.set_submodule(path, site)
         sites.append(site)
@@ -506,13 +525,15 @@ class _Pack:
     prefix: int
 
 
-def _micro_batches(data: Sequence[_Prepared]) -> Iterator[tuple[list[int], list[_Pack]]]:
+def _micro_batches(
+    data: Sequence[_Prepared], *, packing: bool = True
+) -> Iterator[tuple[list[int], list[_Pack]]]:
     """Indices of ``data`` in micro-batches, each with its packs (none: the data
     right-padded side by side). Packs (``_shared_prefix_packs``) go together by similar
     packed length, their packed tokens within ``TOKENS_PER_MICRO_BATCH``; the other data
     by similar length, their padded size (rows times the longest) within it. A longer pack
     or datum goes alone."""
-    packs, alone = _shared_prefix_packs(data)
+    packs, alone = _shared_prefix_packs(data) if packing else ([], list(range(len(data))))
     sizes = [prefix + sum(len(data[i].tokens) - prefix for i in m) for m, prefix in packs]
     for group in _by_size(sizes, padded=False):
         indices = [i for g in group for i in packs[g][0]]

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adapters.torch.models.paged_kv import gather
+from adapters.torch.models.reference_grad import through
 
 Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
 PagedKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
@@ -110,7 +111,13 @@ class CpuBf16Attention(PagedDecodeAttention):
 
     def __init__(self, prompt: Kernel, paged: PagedKernel, rope: RopeKernel):
         super().__init__(paged, "avx512-bf16")
-        self.prompt, self.rope = prompt, rope
+        self.prompt, self.rope_kernel = prompt, rope
+        # Trainable (a LoRA trainer runs the engine's kernels, reference_grad.py): RoPE and
+        # the prompt kernel differentiate as their PyTorch equivalents.
+        self.rope = self._rope
+
+    def _rope(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+        return through(self.rope_kernel, _rope_reference, x, cos, signed_sin)
 
     def attend(self, layer: AttnLayer, q: Tensor, k: Tensor, v: Tensor, mask: MaskLike) -> Tensor:
         if mask.tables is not None:
@@ -124,8 +131,20 @@ class CpuBf16Attention(PagedDecodeAttention):
                 # (a clone: ``contiguous()`` keeps the stride of a one-key chunk's size-1 dim)
                 k = k.clone(memory_format=torch.contiguous_format)
                 v = v.clone(memory_format=torch.contiguous_format)
-            return self.prompt(q, k, v, mask.lengths, mask.window, layer.scale)
+            lengths, window, scale = mask.lengths, mask.window, layer.scale
+            return through(
+                lambda q, k, v: self.prompt(q, k, v, lengths, window, scale),
+                lambda q, k, v: self.sdpa(layer, q, k, v, mask),
+                q,
+                k,
+                v,
+            )
         return self.sdpa(layer, q, k, v, mask)
+
+
+def _rope_reference(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """``layers.apply_rope`` (which imports this module): the rope kernel's gradient."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 SDPA = SdpaAttention()  # the default of every layer

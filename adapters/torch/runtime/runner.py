@@ -22,6 +22,7 @@ value gathered; target ids' logprobs and draws from the same rows:
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 
+import structlog
 import torch
 from torch import Tensor
 
@@ -30,13 +31,19 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import Attention, PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.quant import prompt_rows
+from adapters.torch.runtime.invariant import make_batch_invariant
 from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.min_tokens import suppress_stop_tokens
 from adapters.torch.runtime.prompt_scores import PromptScores, ScoredSpan, score_prompts
 from adapters.torch.runtime.sampler import TokenSampler, make_generator
 from adapters.torch.runtime.structured import GrammarMasks, GrammarMatchers, GrammarStep, joined
 from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
+from domain.request import Request
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
+
+log = structlog.get_logger(__name__)
 
 
 class TorchModelRunner:
@@ -89,6 +96,19 @@ class TorchModelRunner:
                 f"({model.config.vocab_size})"
             )
         self.grammar = GrammarStep(grammar) if grammar is not None else None
+        # --batch-invariant: every token a row over the pool, one kernel path per row
+        self.invariant = config.batch_invariant
+        if self.invariant:
+            if self.device.type != "cpu":
+                raise InvalidParameterError(
+                    "batch_invariant", f"the CPU kernels only (this model is on {self.device})"
+                )
+            log.info("batch-invariant: on", **make_batch_invariant(model))
+        else:
+            log.info(
+                "batch-invariant: off (a row's rounding may depend on what shares its step; "
+                "--batch-invariant for bitwise-reproducible outputs)"
+            )
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         if not batch.chunks:
@@ -165,7 +185,11 @@ class TorchModelRunner:
         chunks = []
         for chunk in prompts:
             first_row[id(chunk)] = len(tokens)
-            chunks.append((list(chunk.block_table), chunk.start, chunk.num_rows))
+            table = list(chunk.block_table)
+            if self.invariant:  # each token a row at its position, as decode rows are
+                rows_in.extend((table, chunk.start + i) for i in range(chunk.num_rows))
+            else:
+                chunks.append((table, chunk.start, chunk.num_rows))
             tokens.extend(chunk.token_ids)
             token_adapters.extend([chunk.request.adapter_id] * chunk.num_rows)
         rows = [
@@ -198,7 +222,13 @@ class TorchModelRunner:
             self.device,
             fused=not any(token_adapters),  # the fused decode kernels know no LoRA deltas
         )
-        with self._routed(token_adapters, [token_adapters[r] for r in rows]):
+        # A step scoring prompt tokens (prompt logprobs: Tinker's compute_logprobs) runs
+        # every row through the quantized linears' tiles (quant.prompt_rows), as the
+        # trainer's forward does: the same logprobs, whatever the chunk's size (a scored
+        # position is always computed, never a prefix cache hit). Batch-invariant steps
+        # take one path for every row instead.
+        dense = prompt_rows(bool(spans) and not self.invariant)
+        with self._routed(token_adapters, [token_adapters[r] for r in rows]), dense:
             logits = self.model.forward_mixed(
                 torch.tensor(tokens, device=self.device),
                 batch,
@@ -234,6 +264,25 @@ class TorchModelRunner:
         if self.lora is None or not any(token_adapters):
             return nullcontext()
         return self.lora.route(token_adapters, row_adapters)
+
+    def _generators(
+        self, requests: list[Request], outputs: list[list[int]]
+    ) -> list[torch.Generator | None]:
+        """Each sampled row's generator: its request's stream; when batch-invariant, one
+        seeded by the request's seed and the row's output position, so that a seeded
+        request draws the same number for a token whether drafts ran before it or not."""
+        if not self.invariant:
+            return [self.generators[r.request_id] for r in requests]
+        found: list[torch.Generator | None] = []
+        for request, output in zip(requests, outputs, strict=True):
+            seed = request.sampling_params.seed
+            position = len(output)
+            found.append(
+                None
+                if seed is None
+                else make_generator((seed * 0x9E3779B1 + position) % (1 << 63), self.device)
+            )
+        return found
 
     def _sample(
         self,
@@ -275,7 +324,7 @@ class TorchModelRunner:
             params,
             prompt_ids=[r.prompt_token_ids for r in requests],
             output_ids=outputs,
-            generators=[self.generators[r.request_id] for r in requests],
+            generators=self._generators(requests, outputs),
             raw_logits=logits,
         )
         output = RunnerOutput()

@@ -4,6 +4,10 @@
 #include "kernels.h"
 
 constexpr int64_t kMinSplitKeys = 128;  // keys per piece, at least, when decode splits a row's keys
+// Whether decode may split a row's keys into pieces (flash decoding) when there are fewer
+// (row, KV head) pairs than twice the threads. The split depends on how many rows share the
+// call, so a row's rounding would too: batch-invariant serving turns it off (set_split_keys).
+static bool g_split_keys = true;
 constexpr int64_t kKeyBlock = 16;  // keys per rearranged block of the prompt path
 
 // In place: s[0..n) -> exp(s - max), vectorized (the tail is padded with -inf by a mask);
@@ -345,7 +349,9 @@ void decode_attention(const uint16_t* Q, int64_t q_row, int64_t q_head, const st
   int64_t longest = 0;
   for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, window > 0 ? std::min(ends[b], window) : ends[b]);
   const int64_t s_stride = (longest + 15) / 16 * 16;
-  const int64_t splits = pairs >= 2 * threads ? 1 : std::min((2 * threads + pairs - 1) / pairs, longest / kMinSplitKeys);
+  const int64_t splits = !g_split_keys || pairs >= 2 * threads
+                             ? 1
+                             : std::min((2 * threads + pairs - 1) / pairs, longest / kMinSplitKeys);
   if (splits > 1) {
     // Fewer (row, KV head) pairs than twice the threads (one long conversation; Gemma's
     // single KV head): each pair's keys in `splits` pieces, merged as flash decoding does.
@@ -578,6 +584,12 @@ torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, c
 // [R] int64 (row r reads keys [max(0, lengths[r] - window), lengths[r]); window 0 = all).
 // Returns [R, H, 1, D] bf16, a transposed view of a contiguous [R, 1, H, D], scores, softmax
 // and P @ V in float32, block by block.
+bool set_split_keys(bool on) {
+  const bool was = g_split_keys;
+  g_split_keys = on;
+  return was;
+}
+
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                               const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,
                               double scale) {

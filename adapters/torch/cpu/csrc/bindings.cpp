@@ -19,6 +19,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope, "rotate-half RoPE in one pass (bf16)");
   m.def("argmax_rows", &argmax_rows, "per-row argmax of bf16 logits");
   m.def("paged_attention", &paged_attention, "decode attention over a bf16 paged KV pool, read through block tables");
+  m.def("set_split_keys", &set_split_keys,
+        "whether decode attention may split a row's keys across threads (off: batch-invariant)");
   m.def("write_pool", &write_pool, "one decode step's writes into a paged KV pool layer");
   m.def("decode_layer_paged", &decode_layer_paged, "one decoder layer for decode rows over a paged KV pool");
 }

@@ -14,6 +14,8 @@ torch::Tensor prompt_attention(const torch::Tensor& q, const torch::Tensor& k, c
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                               const torch::Tensor& tables, const torch::Tensor& lengths, int64_t window,
                               double scale);
+// Whether decode attention may split a row's keys across threads (returns the old setting).
+bool set_split_keys(bool on);
 void write_pool(torch::Tensor& pool, const torch::Tensor& src, const torch::Tensor& index);
 torch::Tensor pack_panels(const torch::Tensor& w);
 torch::Tensor gemm_packed(const torch::Tensor& x, const torch::Tensor& panels, int64_t n_out);
