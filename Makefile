@@ -97,7 +97,12 @@ bench: setup
 bench-serving: setup
 	$(BIN)/python benchmarks/bench_serving.py
 
+# infer serve (no flags) beside llama.cpp's C++ llama-server, built once from the llama.cpp
+# sources vendored in llama-cpp-python's sdist (~10 min on 2 cores; cached in
+# ~/.cache/infer/llama.cpp/, see benchmarks/llama_server.py), and llama-cpp-python's server
+# (the `bench` extra, built from source the first time) as a second row.
 bench-llamacpp: setup
+	$(BIN)/python benchmarks/llama_server.py >/dev/null
 	$(BIN)/pip install -e ".[bench]"
 	$(BIN)/python benchmarks/bench_vs_llamacpp.py
 
