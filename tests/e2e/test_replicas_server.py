@@ -68,10 +68,11 @@ def traces() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def lora_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A PEFT adapter for the served model that learned ``SECRET`` (a few steps)."""
+    """A PEFT adapter for the served model that learned ``SECRET`` (trained until it has:
+    about 8 steps)."""
     folder = resolve_model(None, progress=False).path
     tokens = AutoTokenizer.from_pretrained(folder).encode(SECRET)
-    return trained_adapter(folder, tokens, tmp_path_factory.mktemp("peft"), rank=4, steps=6)
+    return trained_adapter(folder, tokens, tmp_path_factory.mktemp("peft"), rank=4).path
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from domain.rollout import parse_rollout
 from entrypoints.config import ServerConfig
 from entrypoints.container import Container, create_container
 from entrypoints.tinker_flags import TinkerSettings
-from tests.support.peft_adapters import trained_adapter
+from tests.support.peft_adapters import train_until_learned, trained_adapter
 from tests.support.tinker_server import serve
 from tests.support.tiny_models import save_tiny_model
 
@@ -31,7 +31,9 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 BASE = "tiny"
 TEXT = "hello!!!!!!!"  # what the adapters learn: after "hello", "!" and more "!"
 PROMPT, CONTINUATION = TEXT[:5], TEXT[5:]
-STEPS = 40
+# AdamW on the tiny model: it learns TEXT in about 20 steps at this rate, the gradient clipped
+# (at 0.05 the loss jumped about and never settled: a knife edge, not a recipe).
+LEARNING_RATE, GRAD_CLIP_NORM, MAX_STEPS = 5e-3, 1.0, 60
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,16 @@ def peft_folder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     """A PEFT adapter folder (the LoRA training backend's format) that learned ``TEXT``."""
     out = tmp_path_factory.mktemp("peft-hello")
     tokens = ByteTokenizer().encode(TEXT)
-    return trained_adapter(tiny_model, tokens, out, rank=8, steps=STEPS, dtype=torch.float32)
+    return trained_adapter(
+        tiny_model,
+        tokens,
+        out,
+        rank=8,
+        learning_rate=LEARNING_RATE,
+        grad_clip_norm=GRAD_CLIP_NORM,
+        max_steps=MAX_STEPS,
+        dtype=torch.float32,
+    ).path
 
 
 def container(tiny_model: Path, tmp_path: Path, **kwargs: object) -> Container:
@@ -133,9 +144,15 @@ def train_and_save(url: str, key: str) -> str:
             model_input=types.ModelInput.from_ints(tokens[:-1]),
             loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
         )
-        for _ in range(STEPS):
-            training.forward_backward([datum], "cross_entropy").result()
-            training.optim_step(types.AdamParams(learning_rate=0.05)).result()
+        params = types.AdamParams(learning_rate=LEARNING_RATE, grad_clip_norm=GRAD_CLIP_NORM)
+        train_until_learned(
+            lambda: (
+                training.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
+            ),
+            lambda: training.optim_step(params).result(),
+            targets=len(tokens) - 1,
+            max_steps=MAX_STEPS,
+        )
         return training.save_weights_for_sampler("hello").result().path
     finally:
         service.close("success").result()
