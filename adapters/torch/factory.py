@@ -18,6 +18,7 @@ import torch
 
 from adapters.torch.cpu.tuning import linear_shapes, tuned
 from adapters.torch.embedder import TorchEmbedder
+from adapters.torch.install import install_trainable_kernels
 from adapters.torch.kv_sizing import (
     AUTO,
     CPU_AUTO_CAP,
@@ -219,7 +220,10 @@ def training_model(
     (``reference_grad.py``): a training forward then rounds as the engine scores a prompt,
     whose steps run every row through the dequantized tiles (``quant.prompt_rows``), or
     with ``batch_invariant`` as the engine's invariant steps, every row on the integer path."""
-    model = load_model(resolved.path, dtype=DTYPES[dtype], device=device, quantization=method)
+    model = load_model(
+        resolved.path, dtype=DTYPES[dtype], device=device, prepack=False, quantization=method
+    )
+    install_trainable_kernels(model)
     weight_dtype = DTYPES[dtype]
     for module in model.modules():
         if isinstance(module, QuantLinear):

@@ -31,6 +31,14 @@ from adapters.torch.quant import QuantLinear
 log = structlog.get_logger(__name__)
 
 
+def install_trainable_kernels(model: Transformer) -> None:
+    """The kernels a serving model's prompt path runs (the AVX512-BF16 norms, gating, RoPE
+    and prompt attention), on a model to train through them: no packed linears, no fused
+    decode layers (a training forward has no decode rows)."""
+    if model.embed_tokens.weight.device.type == "cpu" and can_optimize(model):
+        optimize_for_cpu(model, pack_linears=False)
+
+
 def install_kernels(model: Transformer, *, fused: bool = True) -> dict[str, int]:
     """Install the model's kernels (see the module); returns attention backend -> layers."""
     device = model.embed_tokens.weight.device.type

@@ -180,10 +180,13 @@ def can_optimize(model: nn.Module) -> bool:
     )
 
 
-def optimize_for_cpu(model: nn.Module) -> None:
-    """Swap in packed linears and, where available, the compiled kernels (in place)."""
+def optimize_for_cpu(model: nn.Module, *, pack_linears: bool = True) -> None:
+    """Swap in packed linears and, where available, the compiled kernels (in place).
+    ``pack_linears`` False: plain linears stay (a model to train: packed ones have no
+    gradient; the kernels here are trainable, see ``models/reference_grad.py``)."""
     kernels = cpu_kernels()
-    _swap(model, nn.Linear, lambda m: PackedLinear(m, kernels))
+    if pack_linears:
+        _swap(model, nn.Linear, lambda m: PackedLinear(m, kernels))
     if kernels is None:
         return
     _swap(model, RMSNorm, lambda m: KernelRMSNorm(m, kernels))
