@@ -43,9 +43,7 @@ from adapters.torch.lora import peft
 from adapters.torch.lora.dimuon import Dimuon
 from adapters.torch.lora.losses import loss_sum
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS, LORA_ALPHA, read_lora_spec
-from adapters.torch.models.attention_backend import CpuBf16Attention
 from adapters.torch.models.config import ModelConfig
-from adapters.torch.models.layers import Attention
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.quant import QuantLinear
 from domain.custom_loss import reduce_metrics
@@ -142,13 +140,6 @@ class _Base:
     def __init__(self, entry: BaseModelEntry, model: Transformer) -> None:
         self.entry, self.model, self.config = entry, model, model.config
         self.sites = _install_sites(model)
-        # Shared-prefix packing attends through masks, not the engine's prompt kernel: a
-        # model on that kernel runs each datum whole, as the engine scores a prompt.
-        self.packing = not any(
-            isinstance(m.backend, CpuBf16Attention)
-            for m in model.modules()
-            if isinstance(m, Attention)
-        )
         self.shapes: dict[str, tuple[int, int]] = {}  # PEFT name -> (in, out)
         for site in self.sites:
             rows = peft.part_rows(model.config, site.parts)
@@ -298,8 +289,7 @@ class LoraTrainingBackend(TrainingBackend):
         logprobs: list[Tensor] = [torch.empty(0)] * len(data)
         total = 0.0
         metric_sums: dict[str, float] = {}  # a custom loss's metrics, summed over data
-        packing = adapter.base.packing
-        for n, (group, packs) in enumerate(_micro_batches(prepared, packing=packing)):
+        for n, (group, packs) in enumerate(_micro_batches(prepared)):
             if n:
                 yield  # another model's turn may come here
             with self._lock:
@@ -525,15 +515,13 @@ class _Pack:
     prefix: int
 
 
-def _micro_batches(
-    data: Sequence[_Prepared], *, packing: bool = True
-) -> Iterator[tuple[list[int], list[_Pack]]]:
+def _micro_batches(data: Sequence[_Prepared]) -> Iterator[tuple[list[int], list[_Pack]]]:
     """Indices of ``data`` in micro-batches, each with its packs (none: the data
     right-padded side by side). Packs (``_shared_prefix_packs``) go together by similar
     packed length, their packed tokens within ``TOKENS_PER_MICRO_BATCH``; the other data
     by similar length, their padded size (rows times the longest) within it. A longer pack
     or datum goes alone."""
-    packs, alone = _shared_prefix_packs(data) if packing else ([], list(range(len(data))))
+    packs, alone = _shared_prefix_packs(data)
     sizes = [prefix + sum(len(data[i].tokens) - prefix for i in m) for m, prefix in packs]
     for group in _by_size(sizes, padded=False):
         indices = [i for g in group for i in packs[g][0]]

@@ -117,7 +117,10 @@ class Transformer(nn.Module):
         layout = PackedLayout(packs, input_ids.device)
         ropes = {s: table.gather_tokens(layout.positions) for s, table in self.rope.items()}
         # A packed view takes a paged view's place in the layers (the same two methods).
-        views = {s: cast(Cache, PackedView(layout, self._window(s))) for s in self.rope}
+        exact = self.prompt_kernel()
+        views = {
+            s: cast(Cache, PackedView(layout, self._window(s), exact=exact)) for s in self.rope
+        }
         x = self.embed(input_ids[None])
         for layer, sliding in zip(self.layers, self.sliding, strict=True):
             x = layer(x, ropes[sliding], _NO_MASK, views[sliding])
@@ -132,6 +135,11 @@ class Transformer(nn.Module):
         for layer, sliding in zip(self.layers, self.sliding, strict=True):
             x = layer(x, ropes[sliding], _NO_MASK, views[sliding])
         return self.logits(self.norm(x[0, sample_rows]))
+
+    def prompt_kernel(self) -> bool:
+        """Whether some layer attends through a prompt kernel (the AVX512-BF16 build's),
+        which rounds a prompt's rows as the engine's chunks do."""
+        return any(getattr(layer.attn.backend, "prompt", None) is not None for layer in self.layers)
 
     def windows(self) -> dict[bool, int | None]:
         """The sliding window of each kind of layer this model has (None: global)."""
@@ -156,10 +164,20 @@ class PackedLayout:
         segments: list[list[int]] = []
         own_positions: list[list[int]] = []
         at = 0
+        # Per pack: its prefix's first row and length, and each sequence's own rows after
+        # it (first row, count): the flat rows in order (PackedView's exact path).
+        self.parts: list[tuple[int, int, list[tuple[int, int]]]] = []
         for b, (prefix, counts) in enumerate(packs):
             starts.append(at)
             prefixes.append(prefix)
             positions += range(prefix)
+            own_at = at + prefix
+            owns = []
+            for n in counts:
+                if n:
+                    owns.append((own_at, n))
+                own_at += n
+            self.parts.append((at, prefix, owns))
             at += prefix
             segment = [s for s, n in enumerate(counts) for _ in range(n)]
             own_position = [i for n in counts for i in range(prefix, prefix + n)]
@@ -224,8 +242,12 @@ class PackedView:
     Stands in for a paged view as the layers' ``cache`` argument (``attend``,
     ``decode_rows``)."""
 
-    def __init__(self, layout: PackedLayout, window: int | None) -> None:
-        self.layout = layout
+    def __init__(self, layout: PackedLayout, window: int | None, *, exact: bool = False) -> None:
+        # exact: each prefix and each sequence's own rows attend in a call of their own,
+        # under the masks of a prompt chunk (after the prefix), as the engine computes
+        # that sequence's prompt: a backend's prompt kernel then rounds alike (the LoRA
+        # trainer on the serving kernels); else two batched calls per layer.
+        self.layout, self.window, self.exact = layout, window, exact
         if window is None:  # right padding: causal is right for the real rows
             self.prefix_mask = AttnMask(None, True)
         else:
@@ -248,6 +270,8 @@ class PackedView:
         attend: Callable[[Tensor, Tensor, Tensor, AttnMask], Tensor],
     ) -> Tensor:
         """``q`` ``[1, H, N, D]``, ``k, v`` ``[1, Hkv, N, D]`` -> ``[1, H, N, D]``."""
+        if self.exact:
+            return self._attend_each(q, k, v, attend)
         q, k, v, layout = q[0], k[0], v[0], self.layout
 
         def blocks(x: Tensor, index: Tensor) -> Tensor:  # [heads, N, D] -> [B, heads, L, D]
@@ -263,6 +287,33 @@ class PackedView:
             i, j = layout.own_index, layout.key_index
             outs.append(rows(attend(blocks(q, i), blocks(k, j), blocks(v, j), self.own_mask)))
         return torch.cat(outs, 1).index_select(1, layout.source)[None]
+
+    def _attend_each(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attend: Callable[[Tensor, Tensor, Tensor, AttnMask], Tensor],
+    ) -> Tensor:
+        """:meth:`attend`, a call per prefix and per sequence's own rows (the prefix's keys
+        then its own), each masked as a prompt chunk at its positions."""
+        device, window = q.device, self.window
+        outs = []
+        for start, prefix, owns in self.layout.parts:
+            end = start + prefix
+            k_prefix, v_prefix = k[:, :, start:end], v[:, :, start:end]
+            outs.append(
+                attend(
+                    q[:, :, start:end], k_prefix, v_prefix, build_mask(0, prefix, window, device)
+                )
+            )
+            for first, count in owns:
+                rows = slice(first, first + count)
+                keys = torch.cat([k_prefix, k[:, :, rows]], 2)
+                values = torch.cat([v_prefix, v[:, :, rows]], 2)
+                mask = build_mask(prefix, count, window, device)
+                outs.append(attend(q[:, :, rows], keys, values, mask))
+        return torch.cat(outs, 2)
 
     def decode_rows(self, layer: int) -> PagedDecodeRows | None:
         """None: no decode kernel applies to a packed forward."""

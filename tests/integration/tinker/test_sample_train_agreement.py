@@ -32,8 +32,13 @@ LENGTHS = (9, 23, 47)  # fewer rows than any tuned switch, and more
 
 
 def prompts() -> list[list[int]]:
+    """Three unrelated prompts, and two sharing a 24-token prefix (the trainer packs them:
+    the prefix runs once, each sequence's own rows after it, as DPO's chosen and rejected)."""
     gen = torch.Generator().manual_seed(0)
-    return [torch.randint(1, 256, (n,), generator=gen).tolist() for n in LENGTHS]
+    alone = [torch.randint(1, 256, (n,), generator=gen).tolist() for n in LENGTHS]
+    prefix = torch.randint(1, 256, (24,), generator=gen).tolist()
+    pair = [prefix + torch.randint(1, 256, (n,), generator=gen).tolist() for n in (11, 30)]
+    return alone + pair
 
 
 async def engine_logprobs(container: Any, ids: list[list[int]], together: bool) -> list[Any]:
