@@ -139,7 +139,11 @@ class Transformer(nn.Module):
     def prompt_kernel(self) -> bool:
         """Whether some layer attends through a prompt kernel (the AVX512-BF16 build's),
         which rounds a prompt's rows as the engine's chunks do."""
-        return any(getattr(layer.attn.backend, "prompt", None) is not None for layer in self.layers)
+        return any(
+            getattr(block.attn.backend, "prompt", None) is not None
+            for block in self.layers
+            if isinstance(block, Block)
+        )
 
     def windows(self) -> dict[bool, int | None]:
         """The sliding window of each kind of layer this model has (None: global)."""
