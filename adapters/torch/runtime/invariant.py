@@ -24,6 +24,7 @@ library's, whose reduction order may change with the row count: the start-up log
 import structlog
 from torch import nn
 
+from adapters.torch.cpu.fused_decode import PackedLinear
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.quant import QuantLinear
 
@@ -42,7 +43,7 @@ def make_batch_invariant(model: nn.Module) -> dict[str, int | bool]:
             module.dense_from_rows = NEVER
             module.dense = None  # the LM head's dense copy serves many rows only
             quantized += 1
-        elif isinstance(module, nn.Linear) or type(module).__name__ == "PackedLinear":
+        elif isinstance(module, nn.Linear | PackedLinear):
             dense += 1
     kernels = cpu_kernels()
     if kernels is not None and hasattr(kernels, "set_split_keys"):
