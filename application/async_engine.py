@@ -34,6 +34,7 @@ from domain.observer import StepObserver
 from domain.ports import GrammarCompiler, ModelRunner, Tokenizer
 from domain.request import Request, StepOutput
 from domain.scheduler import Scheduler
+from domain.speculation import StepCosts
 
 log = structlog.get_logger(__name__)
 LOOP_CRASHED = "internal error: the engine loop stopped (details in the server log)"
@@ -97,8 +98,9 @@ class AsyncEngine(AdmittingClient):
         clock: Callable[[], float] = time.monotonic,
         grammar: GrammarCompiler | None = None,
         draft: ModelRunner | None = None,
+        step_costs: StepCosts | None = None,
     ) -> None:
-        """``draft``: the draft model's runner (:class:`Engine`'s)."""
+        """``draft``, ``step_costs``: :class:`Engine`'s."""
         self.sink = QueueOutputSink()
         self.engine = Engine(
             config,
@@ -111,6 +113,7 @@ class AsyncEngine(AdmittingClient):
             observer=observer,
             grammar=grammar,
             draft=draft,
+            step_costs=step_costs,
         )
         self.inputs = InputProcessor(config, tokenizer, self.engine.checks)
         self._wake = asyncio.Event()

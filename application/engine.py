@@ -29,6 +29,7 @@ from domain.ports import GrammarCompiler, ModelRunner, OutputSink, Tokenizer
 from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
+from domain.speculation import StepCosts
 
 log = structlog.get_logger(__name__)
 # What a client is told when a step fails (a bug or the device, not its request).
@@ -62,13 +63,16 @@ class Engine:
         observer: StepObserver | None = None,
         grammar: GrammarCompiler | None = None,
         draft: ModelRunner | None = None,
+        step_costs: StepCosts | None = None,
     ) -> None:
         """``clock``: what requests and steps are timed on, and the static policy's batch
         wait (tests pass ``tests.fakes.ManualClock``); the step loop reads no other.
         ``observer``: receives every step's :class:`StepStats` (metrics, tracing).
         ``vocab_size`` and ``grammar``: the request checks' (:class:`RequestChecks`).
         ``draft``: the draft model's runner (``speculative.method`` ``draft_model``), with
-        a KV pool of ``config``'s blocks."""
+        a KV pool of ``config``'s blocks. ``step_costs``: what the runner's steps cost by
+        shape (the torch runner measures them), from which speculation decides per step
+        what to draft."""
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -82,17 +86,18 @@ class Engine:
         self.output = OutputProcessor(tokenizer)
         spec = config.speculative
         self.speculator = (
-            Speculator(spec, config.max_seq_len, self._draft_model(config, draft))
+            Speculator(spec, config.max_seq_len, self._draft_model(config, draft), step_costs)
             if spec is not None
             else None
         )
-        if spec is not None:  # on by default for `infer serve` on a CPU: say so at start
+        if self.speculator is not None:  # on by default for `infer serve` on a CPU: say so
             log.info(
                 "speculative decoding",
-                method=spec.method,
-                num_speculative_tokens=spec.num_speculative_tokens,
-                disable_by_batch_size=spec.disable_by_batch_size,
-                draft_model=spec.model,
+                method=self.speculator.config.method,
+                num_speculative_tokens=self.speculator.config.num_speculative_tokens,
+                disable_by_batch_size=self.speculator.config.disable_by_batch_size,
+                draft_model=self.speculator.config.model,
+                drafts=self.speculator.policy(),
                 off_with="--speculative-config none",
             )
         self._ended: list[Request] = []  # aborted or failed since the last step's stats

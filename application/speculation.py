@@ -7,7 +7,16 @@ proposer finds nothing in open text, and a request whose drafts keep being rejec
 masked per row). Under a structured-output grammar each draft row is masked by the
 grammar as it stands after the drafts before it, so a draft the grammar forbids is never
 drawn, hence rejected. None are drafted while more requests run than
-``disable_by_batch_size``: the batch fills the cores already.
+``disable_by_batch_size`` (when set).
+
+Where the runner measured what its steps cost (``StepCosts``: the torch runner, at the
+first start on a machine, cached), each step verifies the drafts that pay: a request's
+i-th draft is worth its running acceptance to the i-th power in expected tokens, and the
+step takes the likeliest drafts while the expected tokens per unit of measured time beat
+plain decoding (:func:`domain.speculation.plan_drafts`) — at one stream on a machine
+where a step of 1 + 3 rows costs 1.24x one row, from about 30 % acceptance; where rows
+cost what they read, never. Without costs (the fake runner), a request drafts until its
+acceptance falls below ``min_acceptance``.
 
 With ``method: draft_model`` the drafts come from :class:`DraftModel`: a smaller model
 with the target's tokenizer, behind the same ``ModelRunner`` port, on its own KV pool.
@@ -25,7 +34,15 @@ from domain.sampling import SamplingParams
 from domain.scheduler import RunnerOutput, SchedulerOutput
 from domain.scheduler.outputs import ScheduledChunk
 from domain.scheduler.shared_prefill import key_namespace
-from domain.speculation import Proposer, SharedSuffixes, SpeculativeConfig, drafting_pays
+from domain.speculation import (
+    Proposer,
+    SharedSuffixes,
+    SpeculativeConfig,
+    StepCosts,
+    acceptance,
+    drafting_pays,
+    plan_drafts,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -232,12 +249,19 @@ class _Shadow:
 
 class Speculator:
     def __init__(
-        self, config: SpeculativeConfig, max_seq_len: int, draft: DraftModel | None = None
+        self,
+        config: SpeculativeConfig,
+        max_seq_len: int,
+        draft: DraftModel | None = None,
+        costs: StepCosts | None = None,
     ) -> None:
-        """``draft``: the draft model (``method: draft_model``)."""
+        """``draft``: the draft model (``method: draft_model``); ``costs``: what the
+        runner's steps cost by shape (None: not measured; the draft model's drafts cost
+        forwards of their own, so they never use them)."""
         if (config.method == "draft_model") != (draft is not None):
             raise ValueError("speculative_config.model: a draft model goes with draft_model")
         self.config, self.max_seq_len, self.draft = config, max_seq_len, draft
+        self.costs = costs if draft is None else None
         self.shared = (
             SharedSuffixes(
                 config.prompt_lookup_min, config.prompt_lookup_max, config.suffix_recent_requests
@@ -246,13 +270,16 @@ class Speculator:
             else None
         )
         self._proposers: dict[str, tuple[Proposer, int]] = {}  # id -> (it, tokens indexed)
+        self._pays: dict[int, bool] = {}  # running requests -> whether drafts can pay
 
     def propose(self, requests: Iterable[Request], running: int) -> None:
         """Drafts for ``requests`` (those that sampled this step); ``running``: requests
         in the batch now."""
         limit = self.config.disable_by_batch_size
         busy = limit is not None and running > limit
+        busy = busy or (self.costs is not None and not self._may_pay(running))
         wanted: list[tuple[Request, int]] = []
+        drafting: list[Request] = []
         for request in requests:
             if request.is_done:
                 self.end(request)
@@ -261,12 +288,57 @@ class Speculator:
             k = 0 if busy else self._budget(request)
             if k > 0 and self.draft is None:
                 request.draft_token_ids = self._drafts(request, k)
+                if request.draft_token_ids:
+                    drafting.append(request)
             elif k > 0:
                 wanted.append((request, k))
+        if self.costs is not None:
+            self._plan(drafting, running)
         if wanted and self.draft is not None:
             drafted = self.draft.propose(wanted)
             for request, _ in wanted:
                 request.draft_token_ids = drafted.get(request.request_id, [])
+
+    def _may_pay(self, running: int) -> bool:
+        """Whether drafts can pay at all in a step of ``running`` requests (each with k
+        drafts kept 98 % of the time): where they cannot, nobody's are even looked up."""
+        pays = self._pays.get(running)
+        if pays is None:
+            assert self.costs is not None
+            k = self.config.num_speculative_tokens
+            pays = any(plan_drafts(self.costs, running, [(k, 0.98)] * max(running, 1)))
+            self._pays[running] = pays
+        return pays
+
+    def policy(self) -> str:
+        """What decides each step's drafts, for the start-up log."""
+        if self.draft is not None:
+            return "the draft model's, while a request's acceptance stays above min_acceptance"
+        if self.costs is None:
+            return "every request, while its acceptance stays above min_acceptance"
+        k = self.config.num_speculative_tokens
+        one = self.costs.ratio(1, k)
+        breakeven = self.costs.breakeven(k)
+        if breakeven is None:
+            return (
+                f"none: a step of 1 + {k} rows costs {one:.2f}x one row here, more than any "
+                "acceptance repays (measured; decided per step)"
+            )
+        return (
+            f"per step, where they pay at the measured step costs: one stream drafts from "
+            f"{breakeven:.0%} acceptance (1 + {k} rows cost {one:.2f}x one row)"
+        )
+
+    def _plan(self, drafting: list[Request], running: int) -> None:
+        """Cut each request's drafts to what pays at the measured step costs."""
+        if not drafting:
+            return
+        assert self.costs is not None
+        offers = [
+            (len(r.draft_token_ids), acceptance(r.num_drafted, r.num_accepted)) for r in drafting
+        ]
+        for request, count in zip(drafting, plan_drafts(self.costs, running, offers), strict=True):
+            request.draft_token_ids = request.draft_token_ids[:count]
 
     def end(self, request: Request) -> None:
         """``request`` ended: its proposer goes; its output joins the shared index when it
@@ -305,4 +377,4 @@ class Speculator:
         proposer.extend(request.token_ids_from(indexed, request.num_tokens - indexed))
         self._proposers[request.request_id] = (proposer, request.num_tokens)
         proposer.drafted, proposer.accepted = request.num_drafted, request.num_accepted
-        return proposer.propose(k)
+        return proposer.propose(k, gated=self.costs is None)

@@ -705,6 +705,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-bs8", dest="bs8", action="store_false")
     p.add_argument("--no-suffix", dest="suffix", action="store_false")
     p.add_argument(
+        "--no-ngram", dest="ngram", action="store_false", help="skip infer ngram (k = 4)"
+    )
+    p.add_argument(
         "--only-throughput",
         action="store_true",
         help="the infer servers' throughput alone (no single-stream workloads, no llama.cpp)",
@@ -742,8 +745,9 @@ def infer_configs(args: argparse.Namespace) -> list[tuple[str, dict[str, Any] | 
     configs: list[tuple[str, dict[str, Any] | None, bool]] = [
         ("infer plain", None, workloads),
         ("infer default", DEFAULT, workloads),
-        ("infer ngram", NGRAM, workloads),
     ]
+    if args.ngram:
+        configs.append(("infer ngram", NGRAM, workloads))
     if args.suffix:
         configs.append(("infer suffix", SUFFIX, workloads))
     configs += [(f"infer {label}", spec, workloads) for label, spec in args.extra_spec]

@@ -1,14 +1,17 @@
 """What this CPU can do at best on bench_vs_llamacpp's workload: the arithmetic floors.
 
-Measures the machine (float32 GEMM peak through torch, 2048^3, best of 5; memory read
-bandwidth, a 256 MiB sum, best of 5; both at the current thread count) and counts the
+Measures the machine (float32 and bfloat16 GEMM peaks through torch, 2048^3, best of 5;
+memory read bandwidth, a 256 MiB sum, and STREAM's triad ``a = b + s * c`` over three
+256 MiB float32 arrays (24 bytes moved per element), best of 5 each; all at the current
+thread count) and counts the
 work of ``bench_vs_llamacpp.py``'s levels for the model: its prompts tokenized, the FLOPs
 of every linear (2 per weight per token; the LM head only where a token is sampled) and of
 attention (4 * layers * q_size per key read), the quantized weights' bytes. Then:
 
-- the most output tok/s a level can reach: all its FLOPs at the measured GEMM peak (and at
-  twice it, an upper bound for any int8 GEMM on AVX2: ``vpmaddubsw`` + ``vpmaddwd`` retire
-  at most twice the multiply-adds of float32 FMAs per cycle);
+- the most output tok/s a level can reach: all its FLOPs at the measured GEMM peak (the
+  faster of float32 and bfloat16: what ``--dtype auto`` runs the tiles in), and at twice
+  it (an upper bound for any int8 GEMM: ``vpdpbusd`` retires at most twice the
+  multiply-adds of a bf16 ``vdpbf16ps`` per cycle);
 - the least TTFT p50 at c concurrent prompts: the k-th first token needs k prompts
   prefilled (shortest first, nothing else running);
 - the single-stream decode ceiling: the weights read once per token at the measured
@@ -41,9 +44,9 @@ from entrypoints.container import create_container  # noqa: E402
 MIB = 1 << 20
 
 
-def gemm_peak(size: int = 2048, runs: int = 5) -> float:
-    """float32 GFLOP/s of one ``size``-cubed matmul, best of ``runs``."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def gemm_peak(size: int = 2048, runs: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of one ``size``-cubed matmul in ``dtype``, best of ``runs``."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
     a @ b
     best = min(_timed(lambda: a @ b) for _ in range(runs))
     return 2 * size**3 / best / 1e9
@@ -55,6 +58,16 @@ def read_bandwidth(mib: int = 256, runs: int = 5) -> float:
     x.sum()
     best = min(_timed(x.sum) for _ in range(runs))
     return mib * MIB / best / 1e9
+
+
+def triad_bandwidth(mib: int = 256, runs: int = 5) -> float:
+    """STREAM's triad, ``a = b + 3 c`` over ``mib`` MiB float32 arrays: GB/s moved (two
+    read, one written), best of ``runs``."""
+    b, c = torch.ones(mib * MIB // 4), torch.ones(mib * MIB // 4)
+    a = torch.empty_like(b)
+    torch.add(b, c, alpha=3.0, out=a)
+    best = min(_timed(lambda: torch.add(b, c, alpha=3.0, out=a)) for _ in range(runs))
+    return 3 * mib * MIB / best / 1e9
 
 
 def _timed(fn) -> float:
@@ -121,7 +134,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="a .gguf file (default: embedded SmolLM2)")
     p.add_argument("--prompt-words", type=int, default=100)
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--max-requests", type=int, default=64)
     p.add_argument("--min-requests", type=int, default=8)
@@ -138,9 +151,14 @@ def main() -> None:
     folder = container.backend.resolved_model().path
     config = ModelConfig.from_folder(folder)
     tokenizer = container.backend.tokenizer()
-    peak, bandwidth = gemm_peak() * 1e9, read_bandwidth() * 1e9
+    fp32, bf16 = gemm_peak() * 1e9, gemm_peak(dtype=torch.bfloat16) * 1e9
+    peak = max(fp32, bf16)
+    bandwidth, triad = read_bandwidth() * 1e9, triad_bandwidth() * 1e9
     print(f"CPU: {cpu_name()}; ISA: {' '.join(isa_flags())}; {torch.get_num_threads()} threads")
-    print(f"float32 GEMM peak {peak / 1e9:.1f} GFLOP/s; memory read {bandwidth / 1e9:.1f} GB/s")
+    print(
+        f"GEMM peak: float32 {fp32 / 1e9:.1f} GFLOP/s, bfloat16 {bf16 / 1e9:.1f} GFLOP/s; "
+        f"memory: read {bandwidth / 1e9:.1f} GB/s, STREAM triad {triad / 1e9:.1f} GB/s"
+    )
     layers, head = linear_params(config)
     print(f"model {model}: {layers / 1e6:.1f} M layer weights, {head / 1e6:.1f} M LM head")
     weights = weights_read(folder, config, args.weights_mib)
@@ -149,8 +167,8 @@ def main() -> None:
         f"{bandwidth / 1e9:.1f} GB/s = {bandwidth / weights:.0f} tok/s"
     )
     print(
-        "\n| c | requests | prompt tokens (mean) | max tok/s: fp32 peak | 2x (int8 bound) "
-        "| min TTFT p50, first c: fp32 peak | 2x | min TTFT p50, all: fp32 peak | 2x |"
+        "\n| c | requests | prompt tokens (mean) | max tok/s: GEMM peak | 2x (int8 bound) "
+        "| min TTFT p50, first c: GEMM peak | 2x | min TTFT p50, all: GEMM peak | 2x |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for c in (int(x) for x in args.concurrency.split(",")):

@@ -24,8 +24,10 @@ that model greedily for ``num_speculative_tokens`` steps on its own KV
 (:class:`application.speculation.DraftModel`).
 """
 
+import heapq
+import itertools
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 METHODS = ("ngram", "suffix", "draft_model")
@@ -52,11 +54,10 @@ class SpeculativeConfig:
     suffix_min_count: int = 2
     min_acceptance: float = 0.2
     probe_tokens: int = 32
-    # vLLM's: no drafts while more requests than this run (batching fills the cores: the
-    # 2-core CPU's 4-bit kernels are compute-bound beyond 2 rows; at 4 streams of open
-    # text drafting cost 17 % of throughput with 8 here, with 1 nothing; a GPU takes more).
-    # None: always draft.
-    disable_by_batch_size: int | None = 1
+    # vLLM's: no drafts while more requests than this run. None (the default): where the
+    # runner measured what steps cost (:class:`StepCosts`, the torch runner), each step
+    # drafts what those costs say pays; elsewhere always.
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -86,6 +87,81 @@ class SpeculativeConfig:
             raise ValueError("speculative_config.disable_by_batch_size must be >= 1")
         if not 0.0 <= self.min_acceptance <= 1.0 or self.probe_tokens < 1:
             raise ValueError("speculative_config.min_acceptance in [0, 1], probe_tokens >= 1")
+
+
+# A request's acceptance before it has drafted much: ``PRIOR`` worth ``PRIOR_WEIGHT`` drafts.
+PRIOR, PRIOR_WEIGHT = 0.5, 4.0
+# Drafts are verified only where the expected tokens per unit of time beat plain decoding
+# by this much (a step's measured time varies by a few %).
+MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What a step costs on this machine by its shape, as the runner measured it: ``ms[b]``
+    lists ``(drafts, ms)`` for steps of ``b`` decode rows (one per sequence) and ``drafts``
+    draft rows shared among them, drafts ascending from 0. Steps of more sequences than
+    measured draft nothing (their cost is unknown)."""
+
+    ms: Mapping[int, Sequence[tuple[int, float]]]
+
+    def ratio(self, sequences: int, drafts: int) -> float:
+        """A step of ``sequences`` decode rows plus ``drafts`` draft rows, over one of the
+        decode rows alone (inf: not measured). Between measured sequence counts, the
+        nearest measured below with the same share of draft rows per sequence (at least
+        one: a first draft row can switch a step's kernel path); between measured draft
+        counts, linear; beyond them, the last two points' slope."""
+        if drafts <= 0:
+            return 1.0
+        below = [b for b in self.ms if b <= sequences]
+        if not below or sequences > max(self.ms):
+            return float("inf")
+        b = max(below)
+        points = self.ms[b]
+        x = max(drafts * b / sequences, float(points[1][0]))
+        for (x0, t0), (x1, t1) in itertools.pairwise(points):
+            if x <= x1:
+                return (t0 + (t1 - t0) * (x - x0) / (x1 - x0)) / points[0][1]
+        (x0, t0), (x1, t1) = points[-2], points[-1]
+        return (t1 + (t1 - t0) * (x - x1) / (x1 - x0)) / points[0][1]
+
+    def breakeven(self, k: int) -> float | None:
+        """The acceptance from which drafting pays at one stream (k drafts at most; None:
+        none below 1 does)."""
+        for step in range(1, 100):
+            a = step / 100
+            if plan_drafts(self, 1, [(k, a)]) != [0]:
+                return a
+        return None
+
+
+def acceptance(drafted: int, accepted: int) -> float:
+    """A request's estimated chance that its next draft is kept: its drafts' so far, from
+    ``PRIOR`` at the start."""
+    return (accepted + PRIOR * PRIOR_WEIGHT) / (drafted + PRIOR_WEIGHT)
+
+
+def plan_drafts(costs: StepCosts, sequences: int, offers: Sequence[tuple[int, float]]) -> list[int]:
+    """How many drafts each request verifies this step: ``offers`` ``(drafts it has,
+    acceptance)`` per request, in a step of ``sequences`` decode rows. A request's i-th
+    draft adds ``acceptance ** i`` expected tokens; the step takes the D likeliest drafts
+    overall, D chosen for the most expected tokens per unit of measured time — none
+    unless that beats plain decoding by ``MARGIN``."""
+    gains = heapq.nlargest(
+        sum(n for n, _ in offers),
+        ((a ** (i + 1), r) for r, (n, a) in enumerate(offers) for i in range(n)),
+    )
+    base = max(sequences, 1)
+    best, best_value, tokens = 0, 1.0 + MARGIN, float(base)
+    for d, (gain, _) in enumerate(gains, start=1):
+        tokens += gain
+        value = tokens / base / costs.ratio(base, d)
+        if value > best_value:
+            best, best_value = d, value
+    counts = [0] * len(offers)
+    for _, r in gains[:best]:
+        counts[r] += 1
+    return counts
 
 
 def drafting_pays(config: SpeculativeConfig, drafted: int, accepted: int) -> bool:
@@ -203,9 +279,10 @@ class Proposer:
         self.drafted += drafted
         self.accepted += accepted
 
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` drafts (none when inactive)."""
-        if k <= 0 or not self.active:
+    def propose(self, k: int, *, gated: bool = True) -> list[int]:
+        """Up to ``k`` drafts (none when inactive, unless not ``gated``: the step's
+        measured costs decide instead)."""
+        if k <= 0 or (gated and not self.active):
             return []
         drafts = self.index.propose(k)
         if self.shared is None or len(drafts) >= k:

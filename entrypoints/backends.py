@@ -25,6 +25,7 @@ provider            what it gives (None where the backend has none)
 ``runner``          the ``ModelRunner`` port
 ``draft_runner``    the draft model's ``ModelRunner`` (``--speculative-config`` naming a
                     ``model``; else None)
+``step_costs``      what the runner's steps cost by shape (``StepCosts``; None: unknown)
 ``embeddings``      ``/v1/embeddings``' service (without ``--embedding-model``: None)
 ==================  ====================================================================
 
@@ -57,12 +58,14 @@ from adapters.torch.factory import (
 )
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
+from adapters.torch.runtime.step_costs import step_costs
 from adapters.weights import ResolvedModel
 from adapters.weights.factory import model_names, resolve, resolve_embedding
 from application.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError, ModelLoadError
 from domain.ports import Tokenizer
+from domain.speculation import StepCosts
 from entrypoints.config import ServerConfig
 from entrypoints.engine_flags import EngineSettings
 
@@ -125,6 +128,16 @@ def draft_runner(
     model = build_model(resolved, dtype, settings.device, quantization)
     log.info("draft model", model=resolved.name, dtype=dtype, quantization=quantization)
     return TorchModelRunner(model, engine_config)
+
+
+def measured_step_costs(
+    runner: TorchModelRunner,
+    engine_config: EngineConfig,
+    resolved: ResolvedModel,
+    quantization: str | None,
+) -> StepCosts | None:
+    """The runner's step costs (measured at the first start on this machine, cached)."""
+    return step_costs(runner, engine_config, f"{resolved.path}|{resolved.name}|{quantization}")
 
 
 def fake_draft_runner(engine_config: EngineConfig) -> FakeModelRunner | None:
@@ -190,6 +203,14 @@ class TorchBackend(containers.DeclarativeContainer):
         providers.Singleton(RequestMatchers, grammar),
     )
     draft_runner = providers.Singleton(draft_runner, config, engine_config, tokenizer)
+    # What the runner's steps cost by shape (speculation decides per step from them).
+    step_costs = providers.Singleton(
+        measured_step_costs,
+        runner,
+        engine_config,
+        resolved_model,
+        config.provided.model.quantization,
+    )
     # The embedding model (float32) on the chat model's device.
     embeddings = providers.Singleton(
         build_embeddings,
@@ -222,6 +243,7 @@ class FakeBackend(containers.DeclarativeContainer):
     lora_serving: providers.Object[None] = providers.Object(None)
     runner = providers.Singleton(FakeModelRunner)
     draft_runner = providers.Singleton(fake_draft_runner, engine_config)
+    step_costs: providers.Object[None] = providers.Object(None)
     # A FakeEmbedder served under the --embedding-model's name.
     embeddings = providers.Singleton(
         build_fake_embeddings,

@@ -346,7 +346,33 @@ def _build_kernels(args: argparse.Namespace) -> int:
                 f"  {len(tuning.disturbed)} comparisons stayed disturbed by other processes: "
                 "`infer build-kernels --retune` on a quiet machine measures them again"
             )
+        _measure_steps(args)
     return 0 if portable == "ready" else 1
+
+
+def _measure_steps(args: argparse.Namespace) -> None:
+    """What ``infer serve``'s steps cost with its defaults (speculation decides from them),
+    measured on the loaded model (again with ``--retune``)."""
+    from adapters.torch.runtime.step_costs import step_costs
+    from entrypoints.engine_flags import MAX_NUM_SEQS, SPECULATIVE_BY_DEVICE
+
+    config = ServerConfig.for_model(
+        args.model,
+        cache_dir=args.cache_dir,
+        max_num_seqs=MAX_NUM_SEQS["cpu"],
+        speculative_config=SPECULATIVE_BY_DEVICE["cpu"],
+    )
+    backend = create_container(config).backend
+    resolved = backend.resolved_model()
+    key = f"{resolved.path}|{resolved.name}|{config.model.quantization}"
+    costs = step_costs(backend.runner(), backend.engine_config(), key, force=args.retune)
+    if costs is not None:
+        k = SPECULATIVE_BY_DEVICE["cpu"]
+        drafts = k.num_speculative_tokens if k is not None else 0
+        print(
+            f"step costs measured: 1 + {drafts} rows cost {costs.ratio(1, drafts):.2f}x one row "
+            f"(steps of up to {max(costs.ms)} sequences)"
+        )
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:

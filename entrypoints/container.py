@@ -130,6 +130,7 @@ class Container(containers.DeclarativeContainer):
         grammar=backend.grammar,
         scheduler=scheduler,
         draft=backend.draft_runner,
+        step_costs=backend.step_costs,
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink

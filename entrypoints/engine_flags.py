@@ -30,9 +30,9 @@ from entrypoints.request_flags import request_limits
 UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
 
 # ``infer serve``'s speculative decoding when --speculative-config is not given: on a CPU,
-# prompt lookup with the measured defaults (benchmarks/README.md: 1.96x a code edit, 1.85x
-# a quoted answer, 1.40x JSON, 1.11x open chat; throughput at 64 streams 1.01x); on a GPU
-# none (not measured there). ``--speculative-config none`` turns it off.
+# prompt lookup, each step drafting what pays at the step costs the runner measured on
+# this machine (docs/speculative.md); on a GPU none (not measured there).
+# ``--speculative-config none`` turns it off.
 SPECULATIVE_BY_DEVICE: dict[str, SpeculativeConfig | None] = {
     "cpu": SpeculativeConfig(),
     "cuda": None,
@@ -186,8 +186,8 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         '"prompt_lookup_max": 5}\' (prompt lookup), "method": "suffix" (also drafts '
         "from recent requests' outputs) or '{\"model\": DRAFT}' (a smaller model with the "
         "same tokenizer, method draft_model); none: off. Default: on a CPU prompt lookup "
-        '(\'{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 1}\'), '
-        "on a GPU off (docs/speculative.md)",
+        '(\'{"method": "ngram", "num_speculative_tokens": 3}\', each step drafting what '
+        "pays at this machine's measured step costs), on a GPU off (docs/speculative.md)",
     )
 
 

@@ -365,7 +365,7 @@ class Timer:
     :meth:`measure` calls share ``budget_s`` of their own time (what one leaves goes to the
     next, what one overruns is taken from the next: each comparison's first round is
     measured whatever the budget, until the calls have taken ``LIMIT`` x it; those left
-    then are not measured). ``waited``: :func:`_waited_ms` (``clock``, ``sleep`` and it
+    then are not measured). ``waited``: :func:`waited_ms` (``clock``, ``sleep`` and it
     replaceable in tests). ``floor``: the fastest reference seen; ``history``: each
     comparison's rounds; ``disturbed``: the comparisons no undisturbed round decided;
     ``rounds``, ``again`` (disturbed ones), ``unmeasured`` and ``paused_s`` say how it
@@ -382,7 +382,7 @@ class Timer:
         waited: Callable[[], tuple[float, float]] | None = None,
     ) -> None:
         self.reference, self.clock, self.sleep = reference, clock, sleep
-        self.waited = waited or _waited_ms
+        self.waited = waited or waited_ms
         self.budget_s, self.limit_s, self.calls = budget_s, LIMIT * budget_s, calls
         self.spent_s = 0.0
         self.floor = math.inf
@@ -509,7 +509,7 @@ class Timer:
         return found
 
 
-def _waited_ms() -> tuple[float, float]:
+def waited_ms() -> tuple[float, float]:
     """How long this thread, and the process's other threads together, have waited,
     runnable, for a CPU so far (ms; the second field of Linux's per-thread schedstat; 0
     where there is none): time another process took from a measurement."""

@@ -12,6 +12,7 @@ import torch
 from adapters.torch import factory
 from adapters.torch.cpu import tuning
 from adapters.weights.dummy import resolve_dummy
+from entrypoints import cli
 from entrypoints.cli import main
 
 SHAPES = [(96, 64), (64, 64)]
@@ -177,6 +178,8 @@ def test_build_kernels_measures_what_the_first_load_reads(
         calls.append(shapes)
         return tuning.Tuning("cpu", shapes, _timings(3.0, 2.0), "float32", SWITCHES, "r")
 
+    # the step costs measured on the model's runner: tests/integration/torch/test_step_costs.py
+    monkeypatch.setattr(cli, "_measure_steps", lambda args: None)
     with monkeypatch.context() as built:  # the kernels' build is test_kernel_build's
         built.setattr(portable, "portable_kernels", lambda: object())
         built.setattr(kernels, "cpu_kernels", lambda: object())
@@ -311,7 +314,7 @@ def test_a_round_whose_threads_waited_for_a_cpu_is_disturbed() -> None:
     waited = tuning.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=1.5)
     assert tuning._disturbed(waited, floor=0.1)  # 1.4 ms of 2 ms waiting
     assert tuning._disturbed(tuning.Round((0.1, 0.2), {"dots": 1.0}), floor=0.1)
-    own, others = tuning._waited_ms()
+    own, others = tuning.waited_ms()
     assert own >= 0.0 and others >= 0.0
     # an intra-op thread that waited 5 ms while 1 ms of calls ran without it (too little
     # work to split) delayed them by at most 1 ms
@@ -404,6 +407,8 @@ def test_build_kernels_retune_measures_again_over_a_cached_tuning(
         return tuning.Tuning("cpu", shapes, {}, "float32", SWITCHES, "r", 0.1, disturbed)
 
     monkeypatch.setattr(tuning, "measure", fake_measure)
+    steps: list[bool] = []  # each build-kernels' step-cost measurement: forced or not
+    monkeypatch.setattr(cli, "_measure_steps", lambda args: steps.append(args.retune))
     argv = ["build-kernels", "--model", "dummy:SmolLM2-135M", "--cache-dir", str(tmp_path)]
     assert main(argv) == 0
     assert "1 comparisons stayed disturbed" in capsys.readouterr().out
@@ -414,3 +419,4 @@ def test_build_kernels_retune_measures_again_over_a_cached_tuning(
     assert "stayed disturbed" in read.out and "infer build-kernels --retune" in read.err
     assert main([*argv, "--retune"]) == 0 and len(calls) == 2
     assert "stayed disturbed" not in capsys.readouterr().out
+    assert steps == [False, False, True]  # the step costs measured again with --retune
