@@ -15,7 +15,8 @@ first start reads them; ``infer bench-kernels`` prints the table and the choices
 Another process keeping the cores busy must not change the choices (one measured during a
 build timed everything ~8x slow and chose tiles from 2 rows instead of 32). So the paths
 compared with each other are timed in rounds, alternately (A B, then B A, one call each,
-per shape and row count), each round between two timings of a fixed reference GEMM. A
+per shape and row count), each round between two timings of a fixed reference GEMM (after
+``WARM_S`` of that reference alone: an idle core's clock ramps up first). A
 round was disturbed when a reference beside it ran more than ``DISTURBED`` x the fastest
 seen (the machine's floor), or when this process's threads waited for a CPU for more than
 that share of the round (Linux's schedstat); it is discarded and its comparison measured
@@ -73,6 +74,7 @@ DISTURBED = 1.3  # a round slowed more than this (reference over floor, waits) w
 WAIT_SLACK_MS = 0.1  # our threads' wait for a CPU during a round that counts as none
 STALE = 1.5  # a cached floor this x the reference's time at a start: tuned on a busy machine
 BACKOFF_S = (0.01, 0.2)  # the pause after a turn with every round disturbed: first, most
+WARM_S = 0.3  # the reference run before any round (clocks ramped up, caches warm)
 BUDGET_S = 20.0  # for the rounds after each comparison's first (measured up to LIMIT)
 LIMIT = 1.5  # x BUDGET_S: then comparisons left are not measured even once (a machine busy
 # throughout: a round of the LM head's can take 0.3 s there)
@@ -223,7 +225,12 @@ def measure(shapes: list[tuple[int, int]], *, budget_s: float = BUDGET_S) -> Tun
     reference = _reference()
     calls = len(shapes) * (1 if kernels is None else 2)  # the dense stage's share: half
     timer = Timer(reference, budget_s=budget_s, calls=calls)
-    timer.floor = min(reference() for _ in range(16))  # a first floor, before any round
+    # A first floor, before any round, from WARM_S of references: a core that idled runs
+    # its first milliseconds slower (its clock ramping up), and rounds timed then were
+    # flagged disturbed by the floor found later, on a quiet machine too.
+    warm_until, timer.floor = time.perf_counter() + WARM_S, math.inf
+    while time.perf_counter() < warm_until:
+        timer.floor = min(timer.floor, reference())
     compared: dict[str, Compared] = {}  # each shape's comparisons by label
     dense = {f"{rows} rows": (("float32", "bfloat16"), rows) for rows in ROWS}
     timings = _timings(timer, shapes, _dense_paths, dense, compared)
