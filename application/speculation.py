@@ -274,10 +274,15 @@ class Speculator:
 
     def propose(self, requests: Iterable[Request], running: int) -> None:
         """Drafts for ``requests`` (those that sampled this step); ``running``: requests
-        in the batch now."""
+        in the batch now. With measured costs, none while a running request did not
+        sample (its prompt is still being prefilled: the next step carries its chunk, a
+        compute-bound step the costs do not cover, whose first tokens drafts would delay)."""
+        requests = list(requests)
         limit = self.config.disable_by_batch_size
         busy = limit is not None and running > limit
-        busy = busy or (self.costs is not None and not self._may_pay(running))
+        if self.costs is not None and not busy:
+            prefilling = running > sum(not r.is_done for r in requests)
+            busy = prefilling or not self._may_pay(running)
         wanted: list[tuple[Request, int]] = []
         drafting: list[Request] = []
         for request in requests:

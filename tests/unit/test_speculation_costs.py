@@ -139,3 +139,14 @@ def test_where_no_draft_can_pay_none_is_looked_up() -> None:
     cheap = Speculator(SPEC, max_seq_len=200, costs=CHEAP)
     cheap.propose([request], running=1)
     assert request.draft_token_ids and "r" in cheap._proposers
+
+
+def test_no_drafts_while_a_running_request_is_still_prefilling() -> None:
+    # two running, one sampled: the other's prompt chunk rides in the next step
+    request = Request("r", [1, 2, 3, 4, 1, 2, 3, 4], SamplingParams(max_tokens=100), 0.0)
+    request.generated_token_ids += [1, 2]
+    speculator = Speculator(SPEC, max_seq_len=200, costs=CHEAP)
+    speculator.propose([request], running=2)
+    assert request.draft_token_ids == []
+    speculator.propose([request], running=1)  # its prompt done: drafts again
+    assert request.draft_token_ids == [3, 4, 1]
