@@ -31,6 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import bench_serving as bs  # noqa: E402
+
 QUESTIONS = [
     "What is the capital of France?",
     "Name three primary colors.",
@@ -77,7 +79,6 @@ PROBES = [
 
 
 def _install_probes(out: Path) -> None:
-    import asyncio
     import functools
     import importlib
     import inspect
@@ -140,7 +141,6 @@ def _install_probes(out: Path) -> None:
         await call(self, scope, receive, send_probed)
 
     ObservedApp.__call__ = observed  # type: ignore[method-assign]
-    del asyncio
 
 
 def _child(argv: list[str]) -> int:
@@ -151,28 +151,6 @@ def _child(argv: list[str]) -> int:
 
 
 # --- the client ----------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("server not ready")
 
 
 def _model_id(port: int) -> str:
@@ -236,17 +214,8 @@ def _probed(probe: Path, count: int, timeout: float = 10.0) -> list[list[Any]]:
 def _serve(cmd: list[str], env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
-    _wait_ready(port, proc, 600)
+    bs._wait_healthy(proc, f"http://127.0.0.1:{port}", 600, log)
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _median(xs: list[float]) -> float:
@@ -254,7 +223,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _profile_infer(chats: int, workdir: Path) -> tuple[list[float], Spans]:
-    port = _free_port()
+    port = bs._free_port()
     probe = workdir / "probe.jsonl"
     env = {**os.environ, PROBE_ENV: str(probe)}
     cmd = [sys.executable, __file__, "--child", "--host", "127.0.0.1", "--port", str(port)]
@@ -280,7 +249,7 @@ def _profile_infer(chats: int, workdir: Path) -> tuple[list[float], Spans]:
             for label, span in firsts.items():
                 stages[label].append(span)
     finally:
-        _stop(proc)
+        bs._stop(proc)
     return ttfts, stages
 
 
@@ -289,7 +258,7 @@ def _llama_server_ttft(chats: int, workdir: Path) -> list[float]:
     from benchmarks.llama_server import build
 
     binary = build() / "bin" / "llama-server"
-    port = _free_port()
+    port = bs._free_port()
     threads = str(os.cpu_count() or 1)
     cmd = [str(binary), "-m", str(default_model()), "--port", str(port), "--host", "127.0.0.1"]
     cmd += ["-np", "64", "-c", "65536", "-t", threads, "--no-webui"]
@@ -302,7 +271,7 @@ def _llama_server_ttft(chats: int, workdir: Path) -> list[float]:
             sent, _, first = _chat(port, model, f"{QUESTIONS[i % len(QUESTIONS)]} ({i})")
             out.append((first - sent) * 1e3)
     finally:
-        _stop(proc)
+        bs._stop(proc)
     return out
 
 

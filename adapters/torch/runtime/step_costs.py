@@ -4,8 +4,7 @@ step what to draft (:class:`domain.speculation.StepCosts`).
 A step of ``b`` decode rows plus ``d`` draft rows is timed on the runner itself — the
 model, its kernel choices (``adapters/torch/cpu/tuning.py``), the verification and the
 sampler, all as serving runs them — for ``b`` in 1, 2, 4, ... up to ``--max-num-seqs``
-(and 64)
-and ``d`` in 0 .. k and b, 2b, .. kb (k: ``num_speculative_tokens``), each shape in turn
+(and 64) and ``d`` in 0 .. k and b, 2b, .. kb (k: ``num_speculative_tokens``), each shape in turn
 within a round (so that a drift of the machine's speed hits every shape alike), rounds
 repeated, each shape's time its fastest. Sequences count ``CONTEXT`` positions each
 (zeroed KV in blocks of the pool, before the engine has any request). A shape measured
@@ -15,8 +14,8 @@ sequences then draft nothing.
 The result is cached — unless this process's threads waited for a CPU more than ``BUSY``
 of the time, another process keeping the cores busy (then it serves this run only and the
 next start measures again) — per CPU, torch, thread count, model, dtype, the kernel
-tuning's file and these shapes, under ``<cache>/tuning/steps-*.json``: the first start on a machine
-measures (about a second on the default model), later ones read it; ``infer
+tuning's file and these shapes, under ``<cache>/tuning/steps-*.json``: the first start
+on a machine measures (5-7 s on the default model, 2 vCPUs), later ones read it; ``infer
 build-kernels`` measures ahead and ``--retune`` again.
 """
 
