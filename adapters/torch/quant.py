@@ -9,6 +9,9 @@ blocks): a weight ``W [N, K]`` is ``qweight`` (``int8 [N, K]``, or for 4 bits
 ``uint8 [N, K/2]`` where, in each run of 32 k's, byte ``j`` holds element ``j`` in its low
 nibble and ``j + 16`` in its high one: GGUF Q4_0's layout), ``scales`` and optional
 ``mins`` (``float16 [N, K/g]``), and ``W[n, k] = q[n, k] * scales[n, k/g] + mins[n, k/g]``.
+6 bits (GGUF Q6_K's values, narrowed from the int8 the file's cache holds where the kernel
+has the 6-bit path: :func:`narrow_to_6bit`): ``uint8 [N, 3K/4]``, 96 bytes per 128 k's
+(:func:`pack_int6`), ``g`` 16, and ``W = (u - 32) * scale + min`` for the value u (0..63).
 
 :class:`QuantLinear` runs it with the portable CPU kernel (``cpu/portable/quant_linear.cpp``:
 int8 dot products against activations quantized per 32 values for a few rows, dequantized
@@ -35,6 +38,7 @@ from domain.errors import ModelLoadError
 
 METHODS = ("int8", "int4", "gguf")
 INT4_GROUP_SIZE = 32
+SIX_BIT_GROUP, SIX_BIT_RUN = 16, 128  # 6-bit: k's a scale covers, k's a 96-byte run holds
 # Rows from which the kernel dequantizes tiles for a GEMM instead of int8 dot products.
 DENSE_FROM_ROWS = 16
 # An 8-bit LM head keeps a dequantized copy up to this size (see keep_dense_head).
@@ -66,15 +70,17 @@ class QuantizedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.qweight.shape
-        return rows, cols * 2 if self.bits == 4 else cols
+        return rows, cols * 2 if self.bits == 4 else cols * 4 // 3 if self.bits == 6 else cols
 
     def check(self) -> None:
         n, k = self.shape
         g = self.group_size
-        if self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+        if self.bits not in (4, 6, 8):
+            raise ValueError(f"bits must be 4, 6 or 8, got {self.bits}")
         if k % 32 or g <= 0 or k % g or g % (32 if self.bits == 4 else 16):
             raise ValueError(f"group size {g} does not fit {self.bits}-bit rows of {k}")
+        if self.bits == 6 and (g != SIX_BIT_GROUP or k % SIX_BIT_RUN):
+            raise ValueError(f"6-bit rows take groups of 16 and whole runs of 128, not {g} / {k}")
         want = torch.int8 if self.bits == 8 else torch.uint8
         if self.qweight.dtype != want:
             raise ValueError(f"{self.bits}-bit qweight must be {want}, got {self.qweight.dtype}")
@@ -121,6 +127,42 @@ def pack_int4(q: Tensor) -> Tensor:
     return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2)
 
 
+def pack_int6(u: Tensor) -> Tensor:
+    """``uint8 [N, K]`` of values 0..63 -> ``[N, 3K/4]``: per 128 k's (four blocks of 32),
+    the blocks' low four bits as :func:`pack_int4` packs them (64 bytes), then 32 bytes of
+    their top two bits: byte ``i`` holds block ``j``'s k ``i`` in bits ``2j, 2j+1``, byte
+    ``16 + i`` its k ``16 + i`` (``cpu/portable/quant_six.h`` reads them so)."""
+    n, k = u.shape
+    runs = u.reshape(n, k // 128, 4, 2, 16)  # [n, run, block j, half, i]
+    low = runs & 15
+    nibbles = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).reshape(n, k // 128, 64)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=u.device).view(1, 1, 4, 1, 1)
+    top = ((runs >> 4) << shifts).sum(2, dtype=torch.uint8)  # [n, run, half, i]: no carries
+    return torch.cat((nibbles, top.reshape(n, k // 128, 32)), dim=2).reshape(n, k * 3 // 4)
+
+
+def unpack_int6(packed: Tensor) -> Tensor:
+    """The inverse of :func:`pack_int6`."""
+    n, cols = packed.shape
+    runs = packed.reshape(n, cols // 96, 96)
+    low = unpack_int4(runs[:, :, :64].reshape(n, -1)).reshape(n, -1, 4, 2, 16)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
+    top = (runs[:, :, 64:].reshape(n, -1, 1, 2, 16) >> shifts.view(1, 1, 4, 1, 1)) & 3
+    return (low | (top << 4)).reshape(n, cols * 4 // 3)
+
+
+def narrow_to_6bit(w: QuantizedWeight) -> QuantizedWeight:
+    """An int8 weight with groups of 16 whose values all lie in -32..31 (GGUF Q6_K's, as
+    the converted file keeps them) in 6 bits, exactly; any other weight unchanged."""
+    n, k = w.shape
+    if w.bits != 8 or w.group_size != SIX_BIT_GROUP or k % SIX_BIT_RUN or n == 0:
+        return w
+    if int(w.qweight.min()) < -32 or int(w.qweight.max()) > 31:
+        return w
+    u = (w.qweight.to(torch.int16) + 32).to(torch.uint8)
+    return QuantizedWeight(pack_int6(u), w.scales, w.mins, 6, w.group_size)
+
+
 def unpack_int4(packed: Tensor) -> Tensor:
     """The inverse of :func:`pack_int4`."""
     n, half = packed.shape
@@ -131,7 +173,10 @@ def unpack_int4(packed: Tensor) -> Tensor:
 def dequantize(w: QuantizedWeight, dtype: torch.dtype = torch.float32) -> Tensor:
     """The dense ``[N, K]`` weight."""
     n, k = w.shape
-    q = unpack_int4(w.qweight) if w.bits == 4 else w.qweight
+    if w.bits == 6:
+        q = unpack_int6(w.qweight).to(torch.int16) - 32
+    else:
+        q = unpack_int4(w.qweight) if w.bits == 4 else w.qweight
     groups = q.float().reshape(n, k // w.group_size, w.group_size) * w.scales.float()[..., None]
     if w.mins is not None:
         groups = groups + w.mins.float()[..., None]
@@ -140,13 +185,13 @@ def dequantize(w: QuantizedWeight, dtype: torch.dtype = torch.float32) -> Tensor
 
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     """The weights stacked along N (fused q/k/v, gate/up), in a format that holds them all
-    exactly: 4 bits widen to 8 (with mins), groups split to the smallest one."""
+    exactly: 4 bits widen to 6 or 8 and 6 to 8 (with mins), groups split to the smallest one."""
     if len(parts) == 1:
         return parts[0]
     bits = max(p.bits for p in parts)
     group = min(p.group_size for p in parts)
     with_mins = any(p.mins is not None for p in parts)
-    if with_mins and group % 32:  # mins need whole 32-runs: requantize (no such GGUF mix known)
+    if with_mins and group % 32 and bits != 6:  # 8-bit mins need whole 32-runs: requantize
         return quantize_int8(torch.cat([dequantize(p) for p in parts]), 32)
     same = [_widen(p, bits, group, with_mins) for p in parts]
     mins = torch.cat([p.mins for p in same if p.mins is not None]) if with_mins else None
@@ -161,8 +206,12 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
 
 def _widen(w: QuantizedWeight, bits: int, group: int, with_mins: bool) -> QuantizedWeight:
     qweight, scales, mins = w.qweight, w.scales, w.mins
-    if bits != w.bits:  # 0..15 as int8, the mins unchanged
-        qweight = unpack_int4(qweight).to(torch.int8)
+    if bits != w.bits:  # the same values in the wider format, the mins unchanged
+        values = unpack_int4(qweight) if w.bits == 4 else unpack_int6(qweight).to(torch.int16) - 32
+        if bits == 6:  # a 4-bit q is u = q + 32
+            qweight = pack_int6((values + 32).to(torch.uint8))
+        else:
+            qweight = values.to(torch.int8)
     split = w.group_size // group
     scales = scales.repeat_interleave(split, dim=1)
     if mins is not None:
@@ -330,7 +379,7 @@ def quantize_model(
 
 
 def keep_dense_head(model: Transformer, dtype: torch.dtype) -> int:
-    """Give an 8-bit LM head on the CPU kernel a dequantized copy in ``dtype`` (up to
+    """Give an 8-bit (or 6-bit: a GGUF's Q6_K) LM head on the CPU kernel a dequantized copy in ``dtype`` (up to
     :data:`DENSE_HEAD_MAX_BYTES`) for the rows the kernel's dense path takes (``rows >=
     dense_from_rows``): the same weights that path dequantizes tile by tile on every call,
     dequantized once. The head is the largest linear of a small model and the one the
@@ -339,7 +388,7 @@ def keep_dense_head(model: Transformer, dtype: torch.dtype) -> int:
     2.4 ms, a sixth of the whole decode step; one row stays on the 8-bit integer path, twice
     as fast as the copy (it reads half the bytes). Returns the copy's bytes (0: none kept)."""
     head = getattr(model, "lm_head", None)
-    if not isinstance(head, QuantLinear) or head.kernel is None or head.bits != 8:
+    if not isinstance(head, QuantLinear) or head.kernel is None or head.bits not in (6, 8):
         return 0
     nbytes = head.out_features * head.in_features * dtype.itemsize
     if nbytes > DENSE_HEAD_MAX_BYTES:
@@ -380,6 +429,10 @@ def _gguf_weights(folder: Path, model: Transformer) -> dict[str, QuantizedWeight
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ModelLoadError(f"{folder / QUANTIZATION_FILE}: unreadable ({e})") from e
     device = model.embed_tokens.weight.device
+    kernels = portable_kernels() if device.type == "cpu" else None
+    # Q6_K's values (int8 in the file's cache) in 6 bits where the kernel's 6-bit path is
+    # vector code: 7 bits a weight read per token instead of 9
+    six = kernels is not None and 6 in getattr(kernels, "fast_bits", ())
     parts: dict[str, dict[int, QuantizedWeight]] = {}
     try:
         with safe_open(str(folder / QUANTIZED_FILE), framework="pt") as f:
@@ -395,6 +448,8 @@ def _gguf_weights(folder: Path, model: Transformer) -> dict[str, QuantizedWeight
                     int(entry["group_size"]),
                 )
                 weight.check()
+                if six:
+                    weight = narrow_to_6bit(weight)
                 parts.setdefault(path, {})[index] = _to(weight, device)
     except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
         raise ModelLoadError(f"{folder / QUANTIZED_FILE}: unreadable ({e})") from e

@@ -53,7 +53,8 @@ def _isa_flags() -> list[str]:
 @functools.cache
 def portable_kernels() -> Any | None:
     """The compiled ops (``.paged_attention``, ``.quant_linear``, ``.quant_dequantize``,
-    ``.quant_decode_layer``), or None where they cannot be built."""
+    ``.quant_decode_layer``) and ``.fast_bits`` (the weight widths whose integer path has
+    vector code on this build: 6 only with AVX-512BW), or None where they cannot be built."""
     if os.environ.get("INFER_CPU_KERNELS", "1") == "0":
         return None
     cflags = ["-O3", "-fopenmp", *_isa_flags()]
@@ -71,6 +72,7 @@ def portable_kernels() -> Any | None:
             quant_linear=ops.quant_linear,
             quant_dequantize=ops.quant_dequantize,
             quant_decode_layer=ops.quant_decode_layer,
+            fast_bits=frozenset(ops.quant_fast_bits()),
         )
     except Exception as e:  # no compiler, no ninja, ...: the PyTorch path still works
         log.warning("portable cpu kernels unavailable, using PyTorch ops", error=str(e))

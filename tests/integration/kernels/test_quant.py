@@ -14,11 +14,14 @@ from adapters.torch.quant import (
     concat_rows,
     dequantize,
     keep_dense_head,
+    narrow_to_6bit,
     pack_int4,
+    pack_int6,
     quantize_int4,
     quantize_int8,
     quantize_model,
     unpack_int4,
+    unpack_int6,
 )
 from adapters.weights.dummy import resolve_dummy
 from domain.errors import ModelLoadError
@@ -40,6 +43,33 @@ def test_int4_packing_is_ggufs_q4_layout() -> None:
     assert packed[0, 0].item() == q[0, 0].item() | (q[0, 16].item() << 4)
     assert packed[0, 17].item() == q[0, 33].item() | (q[0, 49].item() << 4)
     assert torch.equal(unpack_int4(packed), q)
+
+
+def test_int6_packing_keeps_low_nibbles_as_q4_and_top_bits_by_block() -> None:
+    u = torch.randint(0, 64, (3, 256), generator=torch.Generator().manual_seed(6), dtype=torch.uint8)
+    packed = pack_int6(u)
+    assert packed.shape == (3, 192)
+    # the first 64 bytes of each 96-byte run are the run's low nibbles in the 4-bit layout
+    assert torch.equal(packed[:, :64], pack_int4(u[:, :128] & 15))
+    assert torch.equal(packed[:, 96:160], pack_int4(u[:, 128:] & 15))
+    # byte 64 + i: block j's k i top bits at 2j; byte 80 + i: its k 16 + i
+    assert packed[0, 64 + 5].item() == sum(int(u[0, 32 * j + 5] >> 4) << (2 * j) for j in range(4))
+    assert packed[1, 80 + 3].item() == sum(int(u[1, 32 * j + 19] >> 4) << (2 * j) for j in range(4))
+    assert torch.equal(unpack_int6(packed), u)
+
+
+def test_only_q6_k_like_int8_narrows_to_6_bits() -> None:
+    gen = torch.Generator().manual_seed(1)
+    scales = torch.rand(4, 16, generator=gen).half()
+    q6k = QuantizedWeight(torch.randint(-32, 32, (4, 256), generator=gen, dtype=torch.int8), scales, None, 8, 16)
+    narrow = narrow_to_6bit(q6k)
+    narrow.check()
+    assert narrow.bits == 6 and narrow.nbytes < q6k.nbytes
+    assert torch.equal(dequantize(narrow), dequantize(q6k))
+    wide_values = QuantizedWeight(q6k.qweight * 2, scales, None, 8, 16)  # -64..62: not 6 bits
+    assert narrow_to_6bit(wide_values) is wide_values
+    q8_0 = quantize_int8(_weight(4, 256), 32)  # groups of 32: Q8_0, stays int8
+    assert narrow_to_6bit(q8_0) is q8_0
 
 
 def test_int8_per_channel_error_within_half_a_step() -> None:
@@ -74,6 +104,9 @@ def test_zero_groups_quantize_to_zero() -> None:
         ("int4", "int8"),
         ("int8/16", "int8"),
         ("int8", "int8/16", "int4"),
+        ("int4", "int4", "int6"),  # Q4_K q and k, Q6_K v: a 6-bit wqkv with mins
+        ("int6", "int4"),
+        ("int6", "int8/16"),
     ],
 )
 def test_concat_rows_is_exact_across_formats(parts: tuple[str, ...]) -> None:
@@ -81,16 +114,28 @@ def test_concat_rows_is_exact_across_formats(parts: tuple[str, ...]) -> None:
         "int4": lambda w: quantize_int4(w, 32),
         "int8": lambda w: quantize_int8(w, 32),
         "int8/16": lambda w: quantize_int8(w, 16),
+        "int6": lambda w: narrow_to_6bit(_six_bit(w)),
     }
-    weights = [makers[p](_weight(16, 64, i)) for i, p in enumerate(parts)]
+    weights = [makers[p](_weight(16, 128, i)) for i, p in enumerate(parts)]
     fused = concat_rows(weights)
     fused.check()
     want = torch.cat([dequantize(w) for w in weights])
+    if "int6" in parts and "int8/16" not in parts:  # 4 bits widen exactly to 6
+        assert fused.bits == 6 and fused.group_size == 16
     if "int4" in parts and "int8/16" in parts:  # mins on 16-groups: requantized to int8/32
         assert fused.bits == 8 and fused.group_size == 32
         assert (dequantize(fused) - want).abs().max() < 0.05
     else:
         assert torch.equal(dequantize(fused), want)
+
+
+def _six_bit(w: torch.Tensor) -> QuantizedWeight:
+    """``w`` as Q6_K holds it: int8 values -32..31, one scale per 16."""
+    n, k = w.shape
+    groups = w.reshape(n, k // 16, 16)
+    scales = (groups.abs().amax(-1) / 31).half()
+    q = torch.round(groups / scales.float()[..., None]).clamp(-32, 31).to(torch.int8)
+    return QuantizedWeight(q.reshape(n, k), scales, None, 8, 16)
 
 
 def test_check_rejects_a_bad_format() -> None:
@@ -101,6 +146,9 @@ def test_check_rejects_a_bad_format() -> None:
         QuantizedWeight(w.qweight, w.scales.float(), w.mins, 4, 32).check()
     with pytest.raises(ValueError, match="qweight"):
         QuantizedWeight(w.qweight.to(torch.int8), w.scales, w.mins, 4, 32).check()
+    six = narrow_to_6bit(_six_bit(_weight(8, 256)))
+    with pytest.raises(ValueError, match="6-bit rows"):
+        QuantizedWeight(six.qweight, six.scales[:, ::2].contiguous(), None, 6, 32).check()
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

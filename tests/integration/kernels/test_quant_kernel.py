@@ -1,6 +1,7 @@
 """The portable quantized-linear kernels (``quant_linear``, ``quant_dequantize``) against a
-pure-torch dequantizer written from the format's spec (infer-quantized-v1): int8 or 4-bit
-packed (GGUF Q4_0's nibble order) weights, float16 scales and optional mins per group."""
+pure-torch dequantizer written from the format's spec (infer-quantized-v1): int8, 4-bit
+packed (GGUF Q4_0's nibble order) or 6-bit (96 bytes per 128 k's, quant_six.h) weights,
+float16 scales and optional mins per group."""
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ def reference_dequantize(
         n = qweight.shape[0]
         chunks = qweight.view(n, -1, 16).to(torch.int32)
         q = torch.cat([chunks & 0x0F, chunks >> 4], dim=2).reshape(n, -1)
+    elif bits == 6:
+        q = six_bit_values(qweight) - 32
     else:
         q = qweight.to(torch.int32)
     w = q.float() * scales.float().repeat_interleave(group, dim=1)
@@ -29,12 +32,32 @@ def reference_dequantize(
     return w
 
 
+def six_bit_values(qweight: Tensor) -> Tensor:
+    """The 6-bit format's values u (0..63), element by element from its spec: in run r of
+    128 k's (96 bytes), k = 128 r + 32 j + i takes its low bits from byte 16 j + i % 16
+    (low nibble for i < 16, high for i >= 16) and its top two from bits 2 j of byte
+    64 + 16 (i // 16) + i % 16."""
+    n, cols = qweight.shape
+    k = cols // 96 * 128
+    out = torch.empty(n, k, dtype=torch.int32)
+    q = qweight.to(torch.int32)
+    for e in range(k):
+        r, j, i = e // 128, (e % 128) // 32, e % 32
+        byte = q[:, 96 * r + 16 * j + i % 16]
+        low = byte & 0x0F if i < 16 else byte >> 4
+        top = (q[:, 96 * r + 64 + 16 * (i // 16) + i % 16] >> (2 * j)) & 0x03
+        out[:, e] = low | (top << 4)
+    return out
+
+
 def random_weight(
     n: int, k: int, bits: int, group: int, with_mins: bool, seed: int = 0
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     gen = torch.Generator().manual_seed(seed)
     if bits == 4:
         qweight = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    elif bits == 6:
+        qweight = torch.randint(0, 256, (n, k * 3 // 4), generator=gen, dtype=torch.uint8)
     else:
         low = -128 if with_mins else -127
         qweight = torch.randint(low, 128, (n, k), generator=gen, dtype=torch.int8)
@@ -52,6 +75,8 @@ FORMATS = [
     pytest.param(8, 0, False, id="int8-per-channel"),
     pytest.param(8, 16, False, id="int8-g16"),
     pytest.param(8, 32, True, id="int8-g32-mins"),
+    pytest.param(6, 16, False, id="int6-g16"),
+    pytest.param(6, 16, True, id="int6-g16-mins"),
 ]
 N, K = 37, 256  # N not a multiple of the kernel's 4-row tiles
 
@@ -84,7 +109,7 @@ def quantized_activations(x: Tensor, qmax: int) -> Tensor:
 # bits -> (activations' qmax, relative error the rounding of x leaves against x @ W.T):
 # int8 x against 4-bit weights moves the output by ~0.5 % of its norm (up to ~1.5 % on a
 # draw); int16 x against int8 weights by ~250x less
-INTEGER_ACTIVATIONS = {4: (127, 3e-2), 8: (32767, 1e-4)}
+INTEGER_ACTIVATIONS = {4: (127, 3e-2), 6: (127, 3e-2), 8: (32767, 1e-4)}
 
 
 def random_product(
@@ -161,6 +186,45 @@ def test_a_row_of_a_batch_equals_the_row_alone(
     assert relative_error(alone.float(), want) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("k", [128, 256, 640, 2048])
+@pytest.mark.parametrize("with_mins", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_of_6_bit_weights_is_the_same_among_1_to_9_rows(
+    k: int, with_mins: bool, dtype: torch.dtype
+) -> None:
+    """6-bit weights (GGUF Q6_K's values): 1 to 9 rows give the one-row results bit for bit,
+    and the one-row results are the spec's product with x rounded as the kernel rounds it
+    (int8 per block of 32, llama.cpp's Q8 against its Q6_K)."""
+    qweight, scales, mins = random_weight(13, k, 6, 16, with_mins, seed=k)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+
+    def run(rows: Tensor) -> Tensor:
+        return portable.quant_linear(rows, qweight, scales, mins, 6, 16, DENSE_NEVER)
+
+    alone = torch.cat([run(x[i : i + 1]) for i in range(9)])
+    for rows in range(2, 10):
+        assert torch.equal(run(x[:rows]), alone[:rows]), rows
+    w = reference_dequantize(qweight, scales, mins, 6, 16)
+    want = quantized_activations(x.float(), 127) @ w.T
+    assert relative_error(alone.float(), want) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_6_bit_weights_read_the_same_values_as_their_int8_widening() -> None:
+    """A Q6_K weight narrowed from int8 (what the loader does) dequantizes to the same floats
+    and multiplies like the spec; its bytes are 3/4 of int8's."""
+    from adapters.torch.quant import QuantizedWeight, narrow_to_6bit
+
+    gen = torch.Generator().manual_seed(3)
+    q8 = torch.randint(-32, 32, (24, 512), generator=gen, dtype=torch.int8)
+    scales = (torch.rand(24, 32, generator=gen) * 0.02).half()
+    wide = QuantizedWeight(q8, scales, None, 8, 16)
+    narrow = narrow_to_6bit(wide)
+    assert narrow.bits == 6 and narrow.qweight.shape == (24, 384)
+    dense = portable.quant_dequantize(q8, scales, None, 8, 16, torch.float32)
+    assert torch.equal(portable.quant_dequantize(narrow.qweight, scales, None, 6, 16, torch.float32), dense)
+    assert torch.equal(reference_dequantize(narrow.qweight, scales, None, 6, 16), dense)
+
+
 def test_int8_weights_take_int16_activations() -> None:
     """Blocks of one large value and small ones: int8 x (dx = 1 / 127) would round the small
     ones to zero, 3 % of the output; int16 x (dx = 1 / 32767) keeps them to ~1e-5."""
@@ -232,9 +296,13 @@ def test_no_rows_gives_an_empty_output() -> None:
 def bad_arguments() -> list:
     q8, s8, _ = random_weight(N, K, 8, 32, False)
     q4, s4, m4 = random_weight(N, K, 4, 32, True)
+    q6, _, _ = random_weight(N, K, 6, 16, False)
+    s6 = s8  # one scale per 32: not the 6-bit format's 16
     x = torch.randn(2, K)
     return [
-        pytest.param((x, q8, s8, None, 6, 32), "bits must be 4 or 8", id="bits"),
+        pytest.param((x, q8, s8, None, 5, 32), "bits must be 4, 6 or 8", id="bits"),
+        pytest.param((x, q4, s4, None, 6, 32), "whole 96-byte quads", id="q6-bytes"),
+        pytest.param((x, q6, s6, None, 6, 32), "group_size must be 16", id="q6-group"),
         pytest.param((x, q8.view(torch.uint8), s8, None, 8, 32), "must be int8", id="q8-dtype"),
         pytest.param((x, q4.view(torch.int8), s4, m4, 4, 32), "must be uint8", id="q4-dtype"),
         pytest.param((x[:, :128], q8, s8, None, 8, 32), "x has 128 features", id="k-mismatch"),

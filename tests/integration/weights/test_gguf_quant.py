@@ -166,6 +166,35 @@ def test_gemma_3_270m_keeps_its_k_quant_linears_quantized(tmp_path):
     assert set(entries) == layer_linears(18) | {"lm_head"}
     assert {entry["gguf_type"] for entry in entries.values()} == {"Q5_0", "Q4_K", "Q6_K", "Q8_0"}
     assert entries["lm_head"] == {"bits": 8, "group_size": 32, "gguf_type": "Q8_0"}
+    # served: the Q6_K linears (MLP down projections, K = 2,048) in 6 bits where the kernel's
+    # 6-bit path is vector code (AVX-512BW), int8 elsewhere; the same floats either way
+    import torch
+
+    from adapters.torch.cpu.portable import portable_kernels
+    from adapters.torch.loader import load_model
+    from adapters.torch.quant import QuantLinear, dequantize
+
+    kernels = portable_kernels()
+    if kernels is None:
+        return
+    folder = tmp_path / "out"
+    model = load_model(folder, dtype=torch.float32, quantization="gguf")
+    q6k = [n for n, e in entries.items() if e["gguf_type"] == "Q6_K" and n.endswith("down_proj")]
+    assert q6k
+    want_bits = 6 if 6 in kernels.fast_bits else 8
+    for name in q6k:
+        layer = int(name.split(".")[2])
+        down = model.layers[layer].mlp.w2
+        assert isinstance(down, QuantLinear) and down.bits == want_bits, name
+        with safe_open(folder / "quantized.safetensors", "pt") as f:
+            stored = f.get_tensor(f"{name}.qweight")
+        assert torch.equal(dequantize(down.weight_q), (stored.float() * f_scales(folder, name)))
+
+
+def f_scales(folder: Path, name: str) -> "torch.Tensor":
+    """The stored per-16 scales of ``name``, repeated over their k's (float32)."""
+    with safe_open(folder / "quantized.safetensors", "pt") as f:
+        return f.get_tensor(f"{name}.scales").float().repeat_interleave(16, dim=1)
 
 
 def test_auto_quantization_is_gguf_for_a_gguf_model_on_a_cpu_only(tmp_path):

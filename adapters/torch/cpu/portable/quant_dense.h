@@ -20,6 +20,7 @@
 #include <vector>
 #include <ATen/cpu/Utils.h>
 
+#include "quant_six.h"
 #include "quant_weight.h"
 
 namespace {
@@ -33,6 +34,10 @@ void dequant_row(const Weight& w, int64_t n, float* scale, float* min, float* ou
   else
     std::fill(min, min + w.groups, 0.0f);
   const uint8_t* q = w.row(n);
+  if (w.bits == 6) {
+    dequant_row6(q, scale, min, w.k, out);
+    return;
+  }
   if (w.bits == 8) {  // group % 16 == 0
     const auto* qs = reinterpret_cast<const int8_t*>(q);
     for (int64_t g = 0; g < w.groups; ++g) {

@@ -200,16 +200,14 @@ inline void prefetch_row(const Weight& w, int64_t n) {
 
 // R quantized activation rows as rows_dot_4bit reads them: row r's int8 values at q + r * k
 // (pair_layout's order at quads + r * quads_stride(k)), its per-block dx at dx + r * blocks
-// (spread four times at dx16 + r * 4 * blocks), its per-block sums of dx * q at
-// xs + r * blocks (and as rows_dot_4bit's AVX-512 loop takes them, in the first of each
-// block's four lanes, zeros in the others, at xs16 + r * 4 * blocks).
+// (spread four times at dx16 + r * 4 * blocks for AVX2's loop), its per-block sums of
+// dx * q at xs + r * blocks (per 16 k's for 6-bit weights).
 struct RowActs {
   const int8_t* quads;
   const int8_t* q;
   const float* dx16;
   const float* dx;
   const float* xs;
-  const float* xs16;
   int64_t k, blocks;
 };
 
@@ -229,17 +227,23 @@ inline float mins_dot(const at::Half* mins, const float* xs, int64_t blocks) {
 #endif
 
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
+// The first lane of each block's four: where its xs goes (zeros in the other three).
+constexpr __mmask16 kFirstLanes = 0x1111;
+
 // 4-bit weight rows n0 .. n1 - 1 with one float16 scale (and min) per block of 32 against R
 // activation rows, y[r * n + row] in T: the quads straight from the weight's scales (four
-// converted, spread over their blocks' lanes by one permute, times each row's dx16), no
-// per-tile scale buffers; each quad's weights loaded and split once for the R rows; the
-// last 1-3 blocks as one quad (masked loads, zeros past the row). The mins' part (sum over
-// blocks of min * xs) rides in the same accumulators, one FMA a quad (the mins spread like
-// the scales, xs16 holding each block's xs in one of its four lanes): a dot product of its
-// own, with a horizontal sum, for every weight row and activation row cost as much as the
-// quads at K = 576 (measured: 1.5-1.9x the time at 16 rows). Every row goes through the same
-// operations in the same order for any R, so a row's result does not depend on the rows
-// beside it.
+// converted, spread over their blocks' lanes by one permute, times each row's dx spread the
+// same way), no per-tile scale buffers; each quad's weights loaded and split once for the R
+// rows; the last 1-3 blocks as one quad (masked loads, zeros past the row). The mins' part
+// (sum over blocks of min * xs) rides in the same accumulators, one FMA a quad (the mins
+// spread like the scales, each block's xs permuted into the first of its four lanes): a dot
+// product of its own, with a horizontal sum, for every weight row and activation row cost as
+// much as the quads at K = 576 (measured: 1.5-1.9x the time at 16 rows). dx and xs are read
+// compact (4 bytes a block each) and spread in registers: copies spread in memory were 16
+// times that, 40 KiB of activations re-read from L2 for every weight row at K = 8,192, and
+// made long rows ~1.5x slower per byte. Every row goes through the same operations in the
+// same order for any R, so a row's result does not depend on the rows beside it.
+
 template <int R, typename T, bool kMins>
 inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
   static_assert(R >= 1 && R <= 4, "the horizontal sums take four rows at a time");
@@ -266,14 +270,16 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
       }
       const Quad q0(w + b * 16), q1(w + (b + 4) * 16);
       for (int r = 0; r < R; ++r) {
-        const float* dx16 = a.dx16 + r * 4 * blocks + b * 4;
+        const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a.dx + r * blocks + b));
         const int8_t* xq = a.quads + r * quads_stride(a.k) + b * 32;
-        acc[r][0] = quad_fma(q0, xq, _mm512_mul_ps(s0, _mm512_loadu_ps(dx16)), acc[r][0]);
-        acc[r][1] = quad_fma(q1, xq + 128, _mm512_mul_ps(s1, _mm512_loadu_ps(dx16 + 16)), acc[r][1]);
+        acc[r][0] = quad_fma(q0, xq, _mm512_mul_ps(s0, _mm512_permutexvar_ps(spread, dx8)), acc[r][0]);
+        acc[r][1] = quad_fma(q1, xq + 128, _mm512_mul_ps(s1, _mm512_permutexvar_ps(spread_hi, dx8)),
+                             acc[r][1]);
         if constexpr (kMins) {
-          const float* xs16 = a.xs16 + r * 4 * blocks + b * 4;
-          acc[r][0] = _mm512_fmadd_ps(m0, _mm512_loadu_ps(xs16), acc[r][0]);
-          acc[r][1] = _mm512_fmadd_ps(m1, _mm512_loadu_ps(xs16 + 16), acc[r][1]);
+          const __m512 xs8 = _mm512_castps256_ps512(_mm256_loadu_ps(a.xs + r * blocks + b));
+          acc[r][0] = _mm512_fmadd_ps(m0, _mm512_maskz_permutexvar_ps(kFirstLanes, spread, xs8), acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(m1, _mm512_maskz_permutexvar_ps(kFirstLanes, spread_hi, xs8),
+                                      acc[r][1]);
         }
       }
     }
@@ -287,11 +293,14 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins + b)))));
       const Quad q0(w + b * 16);
       for (int r = 0; r < R; ++r) {
+        const __m512 dx4 = _mm512_castps128_ps512(_mm_loadu_ps(a.dx + r * blocks + b));
         acc[r][0] = quad_fma(q0, a.quads + r * quads_stride(a.k) + b * 32,
-                             _mm512_mul_ps(s0, _mm512_loadu_ps(a.dx16 + r * 4 * blocks + b * 4)),
-                             acc[r][0]);
-        if constexpr (kMins)
-          acc[r][0] = _mm512_fmadd_ps(m0, _mm512_loadu_ps(a.xs16 + r * 4 * blocks + b * 4), acc[r][0]);
+                             _mm512_mul_ps(s0, _mm512_permutexvar_ps(spread, dx4)), acc[r][0]);
+        if constexpr (kMins) {
+          const __m512 xs4 = _mm512_castps128_ps512(_mm_loadu_ps(a.xs + r * blocks + b));
+          acc[r][0] = _mm512_fmadd_ps(m0, _mm512_maskz_permutexvar_ps(kFirstLanes, spread, xs4),
+                                      acc[r][0]);
+        }
       }
     }
     if (b < blocks) {  // the last 1-3 blocks as a quad (masked loads)
@@ -304,15 +313,18 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
         m0 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16(
                                                static_cast<__mmask8>((1u << n) - 1), mins + b))));
       const Quad q0(w + b * 16, n);
+      const __mmask16 have = static_cast<__mmask16>((1u << n) - 1);
       const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * n)) - 1);
       for (int r = 0; r < R; ++r) {
-        acc[r][0] = quad_fma(
-            q0, a.quads + r * quads_stride(a.k) + b * 32,
-            _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(lanes, a.dx16 + r * 4 * blocks + b * 4)),
-            acc[r][0]);
-        if constexpr (kMins)
+        const __m512 dxn = _mm512_maskz_loadu_ps(have, a.dx + r * blocks + b);
+        acc[r][0] = quad_fma(q0, a.quads + r * quads_stride(a.k) + b * 32,
+                             _mm512_mul_ps(s0, _mm512_maskz_permutexvar_ps(lanes, spread, dxn)),
+                             acc[r][0]);
+        if constexpr (kMins) {
+          const __m512 xsn = _mm512_maskz_loadu_ps(have, a.xs + r * blocks + b);
           acc[r][0] = _mm512_fmadd_ps(
-              m0, _mm512_maskz_loadu_ps(lanes, a.xs16 + r * 4 * blocks + b * 4), acc[r][0]);
+              m0, _mm512_maskz_permutexvar_ps(lanes & kFirstLanes, spread, xsn), acc[r][0]);
+        }
       }
     }
     // the horizontal sums four rows at once (zeros for missing ones: each row's sum takes
@@ -392,18 +404,11 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
 
 #if (defined(__AVX512BW__) && defined(__AVX512VL__)) || (defined(__AVX2__) && defined(__F16C__))
 #define INFER_ROW_DOT 1  // rows_dot_4bit exists
-// Activation rows' dx spread as rows_dot_4bit takes it: each block's dx four times.
+// Activation rows' dx spread as AVX2's rows_dot_4bit takes it: each block's dx four times
+// (the AVX-512 one spreads it in registers).
 std::vector<float> spread_dx(const float* dx, int64_t rows, int64_t blocks) {
   std::vector<float> out(rows * blocks * 4);
   for (int64_t b = 0; b < rows * blocks; ++b) std::fill_n(out.data() + b * 4, 4, dx[b]);
-  return out;
-}
-
-// Activation rows' xs as rows_dot_4bit's AVX-512 loop takes them: each block's in the first
-// of four lanes, zeros in the other three.
-std::vector<float> spread_xs(const float* xs, int64_t rows, int64_t blocks) {
-  std::vector<float> out(rows * blocks * 4);  // zeros
-  for (int64_t b = 0; b < rows * blocks; ++b) out[b * 4] = xs[b];
   return out;
 }
 
@@ -417,9 +422,8 @@ template <typename T>
 inline void rows_dot(const Weight& w, int64_t n0, int64_t n1, const RowActs& a, int64_t first,
                      int count, T* y) {
   const RowActs at{a.quads + first * quads_stride(a.k), a.q + first * a.k,
-                   a.dx16 + first * 4 * a.blocks, a.dx + first * a.blocks,
-                   a.xs + first * a.blocks,
-                   a.xs16 == nullptr ? nullptr : a.xs16 + first * 4 * a.blocks, a.k, a.blocks};
+                   a.dx16 == nullptr ? nullptr : a.dx16 + first * 4 * a.blocks,
+                   a.dx + first * a.blocks, a.xs + first * a.blocks, a.k, a.blocks};
   T* out = y + first * w.n;
   switch (count) {
     case 1: rows_dot_4bit<1>(w, n0, n1, at, out); break;
@@ -655,10 +659,9 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
       pairs = pair_layout(a.q.data(), row_dot ? rows : 1, w.k, quads_stride(w.k), row_dot);
 #endif
   const int8_t* x_pairs = pairs.empty() ? nullptr : pairs.data();
-  std::vector<float> spread, spread_sums;  // rows_dot_4bit's dx and xs
-#if defined(INFER_ROW_DOT)
+  std::vector<float> spread;  // AVX2's rows_dot_4bit's dx
+#if defined(INFER_ROW_DOT) && !(defined(__AVX512BW__) && defined(__AVX512VL__))
   if (row_dot) spread = spread_dx(a.d.data(), rows, w.k / kBlock);
-  if (row_dot && w.mins != nullptr) spread_sums = spread_xs(a.sum.data(), rows, w.k / kBlock);
 #endif
   const float* dx16 = spread.empty() ? nullptr : spread.data();
   const int64_t tiles = (w.n + kTileRows - 1) / kTileRows;
@@ -667,8 +670,7 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
 #if defined(INFER_ROW_DOT)
   if constexpr (L == Layout::kPacked4 && S == 1) if (row_dot) {
     // panels of weight rows (in L1) against kActRows activation rows at a time
-    const RowActs acts{x_pairs,        a.q.data(), dx16, a.d.data(), a.sum.data(),
-                       spread_sums.empty() ? nullptr : spread_sums.data(), w.k, w.k / kBlock};
+    const RowActs acts{x_pairs, a.q.data(), dx16, a.d.data(), a.sum.data(), w.k, w.k / kBlock};
     const int64_t panel = std::max<int64_t>(kTileRows, kPanelBytes / w.row_bytes);
     at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
       const int64_t last = std::min(end * kTileRows, w.n);

@@ -1,6 +1,6 @@
 // Linear layers over infer's quantized weights ("infer-quantized-v1": int8 [N, K] or 4-bit
 // packed [N, K/2] in GGUF Q4_0's nibble order, float16 scales and optional mins per group
-// of g consecutive k's; W[n, k] = q * scale + min). Two paths, by the caller's row threshold:
+// of g consecutive k's; W[n, k] = q * scale + min; and 6-bit [N, 3K/4], quant_six.h). Two paths, by the caller's row threshold:
 //  - few rows (decode, memory-bound): the activations are quantized per block of 32 and
 //    each block's dot product with the weights is done in integers, so the weights are read
 //    in their compact form, never widened to float: 4-bit ones are 8x smaller than float32.
@@ -37,6 +37,7 @@
 #include "quant_acts.h"
 #include "quant_dense.h"
 #include "quant_int.h"
+#include "quant_six.h"
 #include "quant_weight.h"
 
 namespace {
@@ -44,20 +45,29 @@ namespace {
 Weight check_weight(const at::Tensor& qweight, const at::Tensor& scales,
                     const std::optional<at::Tensor>& mins, int64_t bits, int64_t group,
                     std::optional<int64_t> k_from_x) {
-  TORCH_CHECK(bits == 4 || bits == 8, "quantized weights: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8,
+              "quantized weights: bits must be 4, 6 or 8, got ", bits);
   TORCH_CHECK(qweight.device().is_cpu() && scales.device().is_cpu(),
               "quantized weights: tensors must be on the CPU");
-  TORCH_CHECK(qweight.dim() == 2, "qweight must be 2-D [N, K] (bits 8) or [N, K/2] (bits 4)");
+  TORCH_CHECK(qweight.dim() == 2,
+              "qweight must be 2-D [N, K] (bits 8), [N, K/2] (bits 4) or [N, 3K/4] (bits 6)");
   const auto want = bits == 8 ? at::kChar : at::kByte;
   TORCH_CHECK(qweight.scalar_type() == want, "bits ", bits, ": qweight must be ",
               bits == 8 ? "int8" : "uint8", ", got ", qweight.scalar_type());
-  const int64_t n = qweight.size(0), k = bits == 8 ? qweight.size(1) : 2 * qweight.size(1);
+  const int64_t cols = qweight.size(1);
+  if (bits == 6) {  // 96 bytes a quad of 128 k's, one scale per 16 (quant_six.h)
+    TORCH_CHECK(cols % kQuad6Bytes == 0, "bits 6: qweight rows must be whole 96-byte quads, got ",
+                cols, " bytes");
+    TORCH_CHECK(group == kGroup6, "bits 6: group_size must be 16, got ", group);
+  }
+  const int64_t n = qweight.size(0);
+  const int64_t k = bits == 8 ? cols : bits == 6 ? cols / kQuad6Bytes * kQuad6 : 2 * cols;
   if (k_from_x)
     TORCH_CHECK(*k_from_x == k, "x has ", *k_from_x, " features but the ", bits,
                 "-bit qweight ", qweight.sizes(), " holds K = ", k);
   TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32, got ", k);
   TORCH_CHECK(group > 0 && k % group == 0, "group_size ", group, " must divide K = ", k);
-  const int64_t unit = bits == 8 ? 16 : 32;
+  const int64_t unit = bits == 4 ? 32 : 16;
   TORCH_CHECK(group % unit == 0, "bits ", bits, ": group_size must be a multiple of ", unit,
               ", got ", group);
   const int64_t groups = k / group;
@@ -100,7 +110,11 @@ at::Tensor quant_linear(at::Tensor x, at::Tensor qweight, at::Tensor scales,
   if (xc.size(0) >= dense_from_rows && xc.size(0) > 0 && w.n > 0) return dense_linear(xc, w);
   auto y = at::empty({xc.size(0), w.n}, xc.options());
   if (xc.size(0) == 0 || w.n == 0) return y;
-  if (xc.scalar_type() == at::kFloat)
+  if (w.bits == 6 && xc.scalar_type() == at::kFloat)
+    int_linear_6bit<float>(xc, w, y);
+  else if (w.bits == 6)
+    int_linear_6bit<at::BFloat16>(xc, w, y);
+  else if (xc.scalar_type() == at::kFloat)
     int_linear<float>(xc, w, y);
   else
     int_linear<at::BFloat16>(xc, w, y);
@@ -127,7 +141,18 @@ at::Tensor quant_dequantize(at::Tensor qweight, at::Tensor scales, std::optional
   return out;
 }
 
+// The weight widths whose integer path runs vector code on this build: 6 needs AVX-512BW
+// (elsewhere the loader widens Q6_K's values to int8, whose path has AVX2 code).
+std::vector<int64_t> quant_fast_bits() {
+#if defined(INFER_FAST_6BIT)
+  return {4, 6, 8};
+#else
+  return {4, 8};
+#endif
+}
+
 TORCH_LIBRARY_FRAGMENT(infer, m) {
+  m.def("quant_fast_bits() -> int[]", &quant_fast_bits);
   m.def(
       "quant_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, int bits, "
       "int group_size, int dense_from_rows) -> Tensor",
