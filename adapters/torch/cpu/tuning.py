@@ -66,8 +66,10 @@ SWITCH_ROWS = (2, 4, 8, 16, 32, 64)  # candidates for the quantized kernel's swi
 # 2: switches per weight format and activation dtype; 3: a switch needs two row counts
 # in a row (one measured under another process's load chose 2 rows instead of 64);
 # 4: interleaved rounds checked against a reference GEMM (its floor recorded) and CPU
-# waits, what stayed disturbed listed and left out (a switch None: the kernel's default)
-VERSION = 4
+# waits, what stayed disturbed listed and left out (a switch None: the kernel's default);
+# 5: the 4-bit integer path reads dx / xs compact (several rows 1.2-1.9x faster: the
+# crossover to tiles moved)
+VERSION = 5
 REFERENCE = (32, 512, 512)  # rows, in, out: the float32 GEMM that gauges the machine
 ROUNDS = 3  # undisturbed rounds each comparison needs
 DISTURBED = 1.3  # a round slowed more than this (reference over floor, waits) was disturbed

@@ -2,6 +2,7 @@
 drain, over the fake engine (in process, mostly under a real uvicorn server)."""
 
 import asyncio
+import gc
 import json
 import signal
 import threading
@@ -46,6 +47,22 @@ def _events(body: str) -> list[tuple[str, dict[str, Any]]]:
         elif line.startswith("data: "):
             pairs.append((kind, json.loads(line[6:])))
     return pairs
+
+
+# --- the collector ---------------------------------------------------------------------
+
+
+def test_the_start_up_heap_is_frozen_out_of_the_collector() -> None:
+    """What lives when the server starts (the model, the tokenizer, the app) moves to the
+    collector's permanent generation: a full collection while serving does not walk it."""
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(app=fake_container().http_app()) as client:  # type: ignore[arg-type]
+            assert gc.get_freeze_count() > 1000
+            assert client.get("/v1/models").status_code == 200
+    finally:
+        gc.unfreeze()
 
 
 # --- CORS ------------------------------------------------------------------------------
