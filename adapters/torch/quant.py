@@ -9,9 +9,14 @@ blocks): a weight ``W [N, K]`` is ``qweight`` (``int8 [N, K]``, or for 4 bits
 ``uint8 [N, K/2]`` where, in each run of 32 k's, byte ``j`` holds element ``j`` in its low
 nibble and ``j + 16`` in its high one: GGUF Q4_0's layout), ``scales`` and optional
 ``mins`` (``float16 [N, K/g]``), and ``W[n, k] = q[n, k] * scales[n, k/g] + mins[n, k/g]``.
-6 bits (GGUF Q6_K's values, narrowed from the int8 the file's cache holds where the kernel
+6 bits (GGUF Q5_0's values, narrowed from the int8 the file's cache holds where the kernel
 has the 6-bit path: :func:`narrow_to_6bit`): ``uint8 [N, 3K/4]``, 96 bytes per 128 k's
 (:func:`pack_int6`), ``g`` 16, and ``W = (u - 32) * scale + min`` for the value u (0..63).
+Super-blocks (GGUF Q4_K and Q6_K kept whole, ``g`` 256: ``cpu/portable/quant_weight.h``):
+per 256 k's a row holds the values (4-bit: 128 bytes; 6-bit: two 96-byte runs) and then
+the sub-block scales as bytes (Q4_K: 8 scales and 8 mins, u8; Q6_K: 16 int8 scales), and
+``scales`` / ``mins`` hold one float16 per super-block (Q4_K's d and -dmin, Q6_K's d):
+``W = q * d * sc + mins * m`` and ``(u - 32) * d * sc``, the file's weights to the bit.
 
 :class:`QuantLinear` runs it with the portable CPU kernel (``cpu/portable/quant_linear.cpp``:
 int8 dot products against activations quantized per 32 values for a few rows, dequantized
@@ -38,6 +43,8 @@ from domain.errors import ModelLoadError
 
 METHODS = ("int8", "int4", "gguf")
 INT4_GROUP_SIZE = 32
+SUPER_BLOCK = 256  # a K-quant super-block's k's
+SUPER_BYTES = {4: 144, 6: 208}  # a super-block's bytes in a row (values, sub-block scales)
 SIX_BIT_GROUP, SIX_BIT_RUN = 16, 128  # 6-bit: k's a scale covers, k's a 96-byte run holds
 # Rows from which the kernel dequantizes tiles for a GEMM instead of int8 dot products.
 DENSE_FROM_ROWS = 16
@@ -68,8 +75,21 @@ class QuantizedWeight:
     group_size: int
 
     @property
+    def super_blocks(self) -> bool:
+        """Whether it is a super-block format (a GGUF K-quant kept whole)."""
+        per = SUPER_BYTES.get(self.bits)
+        return (
+            self.group_size == SUPER_BLOCK
+            and per is not None
+            and self.scales.dim() == 2
+            and self.qweight.shape[-1] == self.scales.shape[1] * per
+        )
+
+    @property
     def shape(self) -> tuple[int, int]:
         rows, cols = self.qweight.shape
+        if self.super_blocks:
+            return rows, self.scales.shape[1] * SUPER_BLOCK
         return rows, cols * 2 if self.bits == 4 else cols * 4 // 3 if self.bits == 6 else cols
 
     def check(self) -> None:
@@ -79,8 +99,11 @@ class QuantizedWeight:
             raise ValueError(f"bits must be 4, 6 or 8, got {self.bits}")
         if k % 32 or g <= 0 or k % g or g % (32 if self.bits == 4 else 16):
             raise ValueError(f"group size {g} does not fit {self.bits}-bit rows of {k}")
-        if self.bits == 6 and (g != SIX_BIT_GROUP or k % SIX_BIT_RUN):
+        superb = self.super_blocks
+        if self.bits == 6 and not superb and (g != SIX_BIT_GROUP or k % SIX_BIT_RUN):
             raise ValueError(f"6-bit rows take groups of 16 and whole runs of 128, not {g} / {k}")
+        if superb and (self.mins is None) != (self.bits == 6):
+            raise ValueError("4-bit super-blocks need mins, 6-bit ones take none")
         want = torch.int8 if self.bits == 8 else torch.uint8
         if self.qweight.dtype != want:
             raise ValueError(f"{self.bits}-bit qweight must be {want}, got {self.qweight.dtype}")
@@ -151,16 +174,46 @@ def unpack_int6(packed: Tensor) -> Tensor:
     return (low | (top << 4)).reshape(n, cols * 4 // 3)
 
 
-def narrow_to_6bit(w: QuantizedWeight) -> QuantizedWeight:
-    """An int8 weight with groups of 16 whose values all lie in -32..31 (GGUF Q6_K's, as
-    the converted file keeps them) in 6 bits, exactly; any other weight unchanged."""
+def plain_blocks(w: QuantizedWeight, *, exact: bool = False) -> QuantizedWeight:
+    """A super-block weight in the block formats: 4-bit with a scale and min per 32, 6-bit
+    values as int8 with a scale per 16 (the format the kernels have AVX2 code for, and
+    fused projections mixing formats use). Their float16 scales round d * sc (the file's
+    product is exact in float32); ``exact``: float32 scales instead, for
+    :func:`dequantize` only (not a format the kernels take)."""
+    if not w.super_blocks:
+        return w
     n, k = w.shape
-    if w.bits != 8 or w.group_size != SIX_BIT_GROUP or k % SIX_BIT_RUN or n == 0:
+    supers = k // SUPER_BLOCK
+    rows = w.qweight.reshape(n, supers, SUPER_BYTES[w.bits])
+    dtype = torch.float32 if exact else torch.float16
+    d = w.scales.float()[..., None]
+    if w.bits == 4:
+        nibbles = rows[..., :128].reshape(n, k // 2)
+        sub = rows[..., 128:].float()
+        assert w.mins is not None
+        scales = (d * sub[..., :8]).reshape(n, k // 32).to(dtype)
+        mins = (w.mins.float()[..., None] * sub[..., 8:]).reshape(n, k // 32).to(dtype)
+        return QuantizedWeight(nibbles.contiguous(), scales, mins, 4, 32)
+    values = unpack_int6(rows[..., :192].reshape(n, supers * 192).contiguous())
+    sub = rows[..., 192:].contiguous().view(torch.int8).float()
+    scales = (d * sub).reshape(n, k // 16).to(dtype)
+    return QuantizedWeight((values.to(torch.int16) - 32).to(torch.int8), scales, None, 8, 16)
+
+
+def narrow_to_6bit(w: QuantizedWeight) -> QuantizedWeight:
+    """An int8 weight whose values all lie in -32..31 (GGUF Q6_K's and Q5_0's, as the
+    converted file keeps them) in 6 bits, exactly, its scales (and mins) repeated per 16
+    k's where its groups are longer; any other weight unchanged."""
+    n, k = w.shape
+    if w.bits != 8 or w.group_size % SIX_BIT_GROUP or k % SIX_BIT_RUN or n == 0:
         return w
     if int(w.qweight.min()) < -32 or int(w.qweight.max()) > 31:
         return w
     u = (w.qweight.to(torch.int16) + 32).to(torch.uint8)
-    return QuantizedWeight(pack_int6(u), w.scales, w.mins, 6, w.group_size)
+    split = w.group_size // SIX_BIT_GROUP
+    scales = w.scales.repeat_interleave(split, dim=1) if split > 1 else w.scales
+    mins = w.mins.repeat_interleave(split, dim=1) if split > 1 and w.mins is not None else w.mins
+    return QuantizedWeight(pack_int6(u), scales, mins, 6, SIX_BIT_GROUP)
 
 
 def unpack_int4(packed: Tensor) -> Tensor:
@@ -173,6 +226,8 @@ def unpack_int4(packed: Tensor) -> Tensor:
 def dequantize(w: QuantizedWeight, dtype: torch.dtype = torch.float32) -> Tensor:
     """The dense ``[N, K]`` weight."""
     n, k = w.shape
+    if w.super_blocks:
+        return dequantize(plain_blocks(w, exact=True), dtype)
     if w.bits == 6:
         q = unpack_int6(w.qweight).to(torch.int16) - 32
     else:
@@ -188,6 +243,17 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     exactly: 4 bits widen to 6 or 8 and 6 to 8 (with mins), groups split to the smallest one."""
     if len(parts) == 1:
         return parts[0]
+    first = parts[0]
+    if all(p.super_blocks and p.bits == first.bits for p in parts):  # rows stack as they are
+        stacked = [p.mins for p in parts if p.mins is not None]
+        return QuantizedWeight(
+            torch.cat([p.qweight for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat(stacked) if stacked else None,
+            first.bits,
+            first.group_size,
+        )
+    parts = [narrow_to_6bit(plain_blocks(p)) if p.super_blocks else p for p in parts]
     bits = max(p.bits for p in parts)
     group = min(p.group_size for p in parts)
     with_mins = any(p.mins is not None for p in parts)
@@ -208,10 +274,8 @@ def _widen(w: QuantizedWeight, bits: int, group: int, with_mins: bool) -> Quanti
     qweight, scales, mins = w.qweight, w.scales, w.mins
     if bits != w.bits:  # the same values in the wider format, the mins unchanged
         values = unpack_int4(qweight) if w.bits == 4 else unpack_int6(qweight).to(torch.int16) - 32
-        if bits == 6:  # a 4-bit q is u = q + 32
-            qweight = pack_int6((values + 32).to(torch.uint8))
-        else:
-            qweight = values.to(torch.int8)
+        # a 4-bit q is the 6-bit u = q + 32
+        qweight = pack_int6((values + 32).to(torch.uint8)) if bits == 6 else values.to(torch.int8)
     split = w.group_size // group
     scales = scales.repeat_interleave(split, dim=1)
     if mins is not None:
@@ -379,7 +443,8 @@ def quantize_model(
 
 
 def keep_dense_head(model: Transformer, dtype: torch.dtype) -> int:
-    """Give an 8-bit (or 6-bit: a GGUF's Q6_K) LM head on the CPU kernel a dequantized copy in ``dtype`` (up to
+    """Give an 8-bit (or 6-bit: a GGUF's Q6_K) LM head on the CPU kernel a dequantized copy
+    in ``dtype`` (up to
     :data:`DENSE_HEAD_MAX_BYTES`) for the rows the kernel's dense path takes (``rows >=
     dense_from_rows``): the same weights that path dequantizes tile by tile on every call,
     dequantized once. The head is the largest linear of a small model and the one the
@@ -430,8 +495,9 @@ def _gguf_weights(folder: Path, model: Transformer) -> dict[str, QuantizedWeight
         raise ModelLoadError(f"{folder / QUANTIZATION_FILE}: unreadable ({e})") from e
     device = model.embed_tokens.weight.device
     kernels = portable_kernels() if device.type == "cpu" else None
-    # Q6_K's values (int8 in the file's cache) in 6 bits where the kernel's 6-bit path is
-    # vector code: 7 bits a weight read per token instead of 9
+    # Where the kernel's 6-bit path is vector code (AVX-512BW), the K-quants' super-blocks as
+    # they are and Q5_0's values (int8 in the file's cache) in 6 bits (7 bits a weight read
+    # per token instead of 8.5); elsewhere the K-quants in the block formats
     six = kernels is not None and 6 in getattr(kernels, "fast_bits", ())
     parts: dict[str, dict[int, QuantizedWeight]] = {}
     try:
@@ -448,8 +514,7 @@ def _gguf_weights(folder: Path, model: Transformer) -> dict[str, QuantizedWeight
                     int(entry["group_size"]),
                 )
                 weight.check()
-                if six:
-                    weight = narrow_to_6bit(weight)
+                weight = narrow_to_6bit(weight) if six else plain_blocks(weight)
                 parts.setdefault(path, {})[index] = _to(weight, device)
     except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
         raise ModelLoadError(f"{folder / QUANTIZED_FILE}: unreadable ({e})") from e

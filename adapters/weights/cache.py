@@ -10,7 +10,7 @@ from pathlib import Path
 
 # Part of every cache key: bump it when the converters' output changes, so that folders
 # written by an older converter are redone instead of reused.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3  # 3: GGUF K-quants kept as super-blocks (gguf_quant.py)
 
 
 def default_cache_dir() -> Path:

@@ -2,8 +2,11 @@
 
 Every decoder takes a tensor's raw bytes, uint8 [rows, bytes per row] as ``ReaderTensor.data``
 holds them, and returns the same weights as (qweight, scales, mins, bits, group_size):
-W[n, k] = q[n, k] * scales[n, k // g] (+ mins[n, k // g]). The integers are kept exactly;
-only the K-quants' products (d * sub-block scale) are rounded, to float16. All work is
+W[n, k] = q[n, k] * scales[n, k // g] (+ mins[n, k // g]) for the block formats, exactly.
+The K-quants stay super-blocks of 256 (group_size 256; ``adapters/torch/quant.py`` and
+``cpu/portable/quant_six.h`` say the layouts): each row holds the values and the sub-block
+scales as bytes, ``scales`` / ``mins`` one float16 per super-block (Q4_K's d and -dmin,
+Q6_K's d), so the weights are the file's to the bit and as many bytes. All work is
 whole-tensor numpy: no Python loop runs per block.
 """
 
@@ -17,7 +20,9 @@ QK_K = 256  # elements in a K-quant super-block
 
 
 class QuantizedLinear(NamedTuple):
-    qweight: np.ndarray  # int8 [N, K] (bits 8) or uint8 [N, K // 2] (bits 4)
+    # int8 [N, K] (bits 8), uint8 [N, K // 2] (bits 4); super-blocks: uint8 [N, K // 256 * 144]
+    # (bits 4) or [N, K // 256 * 208] (bits 6)
+    qweight: np.ndarray
     scales: np.ndarray  # float16 [N, K // group_size]
     mins: np.ndarray | None  # float16 [N, K // group_size], or None
     bits: int
@@ -61,19 +66,20 @@ def q4_k(raw: np.ndarray) -> QuantizedLinear:
 
     Sub-block i (32 elements): w = d * sc[i] * q - dmin * m[i]. Its nibbles sit in the
     low (i even) or high (i odd) halves of the 32 bytes 32 * (i // 2) ..: unpacked here
-    and packed again in the Q4_0 layout of the format.
+    and packed again in the Q4_0 layout of the format (128 bytes), then the 8 scales and
+    the 8 mins as a byte each (144 bytes a super-block, as in the file); d and -dmin are the
+    weight's scales and mins.
     """
     blocks = _blocks(raw, 144)
-    d = _f16(blocks[..., 0:2]).astype(np.float32)[..., None]
-    dmin = _f16(blocks[..., 2:4]).astype(np.float32)[..., None]
+    lead = blocks.shape[:-1]
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
     sc, m = _k_scale_min(blocks[..., 4:16])
-    qs = blocks[..., 16:].reshape(*blocks.shape[:-1], 4, 1, 32)
+    qs = blocks[..., 16:].reshape(*lead, 4, 1, 32)
     values = (qs >> np.array([0, 4], dtype=np.uint8)[:, None]) & 0x0F  # [..., 4, 2, 32]
-    values = values.reshape(*blocks.shape[:-1], 8, 32)
-    packed = values[..., :16] | (values[..., 16:] << 4)  # [..., 8, 16]
-    scales = (d * sc).astype(np.float16)
-    mins = (-dmin * m).astype(np.float16)
-    return QuantizedLinear(_rows(packed, raw), _rows(scales, raw), _rows(mins, raw), 4, 32)
+    values = values.reshape(*lead, 8, 32)
+    packed = (values[..., :16] | (values[..., 16:] << 4)).reshape(*lead, 128)
+    row = np.concatenate([packed, sc, m], axis=-1)  # [..., 144]
+    return QuantizedLinear(_rows(row, raw), _rows(d, raw), _rows(-dmin, raw), 4, QK_K)
 
 
 def q6_k(raw: np.ndarray) -> QuantizedLinear:
@@ -81,7 +87,9 @@ def q6_k(raw: np.ndarray) -> QuantizedLinear:
 
     Element e = 128 h + 32 t + i (h half, t quarter, i 0..31) takes its low 4 bits from
     byte 64 h + 32 (t % 2) + i of ql (high nibble when t >= 2) and its top 2 bits from
-    bits 2 t of byte 32 h + i of qh.
+    bits 2 t of byte 32 h + i of qh. Kept as the format's 6-bit layout (two 96-byte runs of
+    128, :func:`pack_int6`) and the 16 int8 scales (208 bytes a super-block); d is the
+    weight's scale.
     """
     blocks = _blocks(raw, 210)
     lead = blocks.shape[:-1]
@@ -89,10 +97,21 @@ def q6_k(raw: np.ndarray) -> QuantizedLinear:
     low = (ql & 0x0F).reshape(*lead, 2, 4, 32)  # [h, t, i]: t = 2 * nibble + ql byte half
     qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32)
     high = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 0x03  # [h, t, i]
-    q = (low | (high << 4)).astype(np.int8) - np.int8(32)
-    d = _f16(blocks[..., 208:210]).astype(np.float32)[..., None]
-    scales = (d * blocks[..., 192:208].view(np.int8).astype(np.float32)).astype(np.float16)
-    return QuantizedLinear(_rows(q, raw), _rows(scales, raw), None, 8, 16)
+    u = (low | (high << 4)).reshape(*lead, 2, 128)  # 0..63, element order
+    row = np.concatenate([pack_int6(u).reshape(*lead, 192), blocks[..., 192:208]], axis=-1)
+    return QuantizedLinear(_rows(row, raw), _rows(_f16(blocks[..., 208:210]), raw), None, 6, QK_K)
+
+
+def pack_int6(u: np.ndarray) -> np.ndarray:
+    """[..., 128 m] values 0..63 -> [..., 96 m] bytes: per 128, the low nibbles in the 4-bit
+    layout (64 bytes), then the top two bits of the four blocks of 32, block j at bits 2 j
+    (k i of the blocks in byte i, k 16 + i in byte 16 + i)."""
+    runs = u.reshape(*u.shape[:-1], -1, 4, 2, 16)  # [..., run, block j, half, i]
+    low = runs & 0x0F
+    nibbles = (low[..., 0, :] | (low[..., 1, :] << 4)).reshape(*runs.shape[:-3], 64)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None, None]
+    top = np.bitwise_or.reduce((runs >> 4) << shifts, axis=-3).reshape(*runs.shape[:-3], 32)
+    return np.concatenate([nibbles, top], axis=-1).reshape(*u.shape[:-1], -1)
 
 
 DECODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], QuantizedLinear]] = {
@@ -130,7 +149,7 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 def _k_scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[..., 12] bytes -> the 8 sub-blocks' 6-bit scales and mins, float32 [..., 8] each.
+    """[..., 12] bytes -> the 8 sub-blocks' 6-bit scales and mins, uint8 [..., 8] each.
 
     Bytes 0-3 hold sc[0..3] (low 6 bits) and the top 2 bits of sc[4..7]; bytes 4-7 the
     same for the mins; bytes 8-11 the low 4 bits of sc[4..7] (low nibble) and m[4..7].
@@ -138,4 +157,4 @@ def _k_scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
     mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    return sc.astype(np.float32), mn.astype(np.float32)
+    return sc, mn

@@ -17,6 +17,7 @@ from adapters.torch.quant import (
     narrow_to_6bit,
     pack_int4,
     pack_int6,
+    plain_blocks,
     quantize_int4,
     quantize_int8,
     quantize_model,
@@ -46,7 +47,8 @@ def test_int4_packing_is_ggufs_q4_layout() -> None:
 
 
 def test_int6_packing_keeps_low_nibbles_as_q4_and_top_bits_by_block() -> None:
-    u = torch.randint(0, 64, (3, 256), generator=torch.Generator().manual_seed(6), dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(6)
+    u = torch.randint(0, 64, (3, 256), generator=gen, dtype=torch.uint8)
     packed = pack_int6(u)
     assert packed.shape == (3, 192)
     # the first 64 bytes of each 96-byte run are the run's low nibbles in the 4-bit layout
@@ -58,18 +60,23 @@ def test_int6_packing_keeps_low_nibbles_as_q4_and_top_bits_by_block() -> None:
     assert torch.equal(unpack_int6(packed), u)
 
 
-def test_only_q6_k_like_int8_narrows_to_6_bits() -> None:
+def test_only_int8_within_6_bits_narrows_to_6_bits() -> None:
     gen = torch.Generator().manual_seed(1)
     scales = torch.rand(4, 16, generator=gen).half()
-    q6k = QuantizedWeight(torch.randint(-32, 32, (4, 256), generator=gen, dtype=torch.int8), scales, None, 8, 16)
+    values = torch.randint(-32, 32, (4, 256), generator=gen, dtype=torch.int8)
+    q6k = QuantizedWeight(values, scales, None, 8, 16)
     narrow = narrow_to_6bit(q6k)
     narrow.check()
     assert narrow.bits == 6 and narrow.nbytes < q6k.nbytes
     assert torch.equal(dequantize(narrow), dequantize(q6k))
     wide_values = QuantizedWeight(q6k.qweight * 2, scales, None, 8, 16)  # -64..62: not 6 bits
     assert narrow_to_6bit(wide_values) is wide_values
-    q8_0 = quantize_int8(_weight(4, 256), 32)  # groups of 32: Q8_0, stays int8
+    q8_0 = quantize_int8(_weight(4, 256), 32)  # values to +-127: Q8_0, stays int8
     assert narrow_to_6bit(q8_0) is q8_0
+    q5_0 = QuantizedWeight(q6k.qweight // 2, scales[:, ::2].contiguous(), None, 8, 32)
+    five = narrow_to_6bit(q5_0)  # -16..15 in groups of 32: 6 bits, each scale twice
+    assert five.bits == 6 and five.group_size == 16
+    assert torch.equal(dequantize(five), dequantize(q5_0))
 
 
 def test_int8_per_channel_error_within_half_a_step() -> None:
@@ -127,6 +134,38 @@ def test_concat_rows_is_exact_across_formats(parts: tuple[str, ...]) -> None:
         assert (dequantize(fused) - want).abs().max() < 0.05
     else:
         assert torch.equal(dequantize(fused), want)
+
+
+def _super_blocks(n: int, k: int, bits: int, seed: int) -> QuantizedWeight:
+    """A GGUF K-quant kept whole (random bytes; 6-bit sub-block scales for Q4_K)."""
+    gen = torch.Generator().manual_seed(seed)
+    per = 144 if bits == 4 else 208
+    q = torch.randint(0, 256, (n, k // 256, per), generator=gen, dtype=torch.uint8)
+    if bits == 4:
+        q[..., 128:] &= 0x3F
+    scales = (torch.rand(n, k // 256, generator=gen) * 1e-2).half()
+    mins = -(torch.rand(n, k // 256, generator=gen) * 1e-2).half() if bits == 4 else None
+    return QuantizedWeight(q.reshape(n, -1), scales, mins, bits, 256)
+
+
+def test_super_blocks_stack_whole_and_mix_through_the_block_formats() -> None:
+    q4k, other, q6k = (_super_blocks(8, 512, b, i) for i, b in enumerate((4, 4, 6)))
+    for w in (q4k, q6k):
+        w.check()
+        assert w.super_blocks and w.shape == (8, 512)
+    gate_up = concat_rows([q4k, other])  # Q4_K and Q4_K: the rows as they are
+    assert gate_up.super_blocks and torch.equal(
+        dequantize(gate_up), torch.cat([dequantize(q4k), dequantize(other)])
+    )
+    qkv = concat_rows([q4k, other, q6k])  # Q4_K q, k and Q6_K v: 6 bits, scales per 16
+    qkv.check()
+    assert (qkv.bits, qkv.group_size, qkv.super_blocks) == (6, 16, False)
+    want = torch.cat([dequantize(w) for w in (q4k, other, q6k)])
+    # the block formats' float16 scales round d * sc: within float16's step
+    assert (dequantize(qkv) - want).abs().max() <= 2e-3 * want.abs().max()
+    wide = plain_blocks(q6k)
+    assert (wide.bits, wide.group_size) == (8, 16)
+    assert (dequantize(wide) - dequantize(q6k)).abs().max() <= 2e-3 * dequantize(q6k).abs().max()
 
 
 def _six_bit(w: torch.Tensor) -> QuantizedWeight:

@@ -209,6 +209,63 @@ def test_a_row_of_6_bit_weights_is_the_same_among_1_to_9_rows(
     assert relative_error(alone.float(), want) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+def random_super_blocks(
+    n: int, k: int, bits: int, seed: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """GGUF Q4_K / Q6_K kept whole: per 256 k's the values and the sub-block scales as bytes
+    (144 / 208), d (and -dmin) one float16 per super-block."""
+    gen = torch.Generator().manual_seed(seed)
+    per = 144 if bits == 4 else 208
+    q = torch.randint(0, 256, (n, k // 256, per), generator=gen, dtype=torch.uint8)
+    if bits == 4:
+        q[..., 128:] &= 0x3F  # 6-bit scales and mins
+    scales = (torch.rand(n, k // 256, generator=gen) * 2e-3 + 1e-4).half()
+    mins = -(torch.rand(n, k // 256, generator=gen) * 2e-3).half() if bits == 4 else None
+    return q.reshape(n, -1), scales, mins
+
+
+def super_reference(qweight: Tensor, scales: Tensor, mins: Tensor | None, bits: int) -> Tensor:
+    """The spec: Q4_K's W = q * (d * sc) + (-dmin) * m per 32 k's, Q6_K's (u - 32) * (d * sc)
+    per 16, d * sc in float32."""
+    n, s = scales.shape
+    blocks = qweight.reshape(n, s, -1)
+    d = scales.float()[..., None]
+    if bits == 4:
+        chunks = blocks[..., :128].reshape(n, s, 8, 16).to(torch.int32)
+        q = torch.cat([chunks & 0x0F, chunks >> 4], dim=-1).float()
+        sc = (d * blocks[..., 128:136].float())[..., None]
+        assert mins is not None
+        m = (mins.float()[..., None] * blocks[..., 136:144].float())[..., None]
+        return (q * sc + m).reshape(n, -1)
+    u = six_bit_values(blocks[..., :192].reshape(n, s * 192)).reshape(n, s, 16, 16)
+    sc = (d * blocks[..., 192:].contiguous().view(torch.int8).float())[..., None]
+    return ((u - 32).float() * sc).reshape(n, -1)
+
+
+@pytest.mark.parametrize("bits", [4, 6], ids=["q4_k", "q6_k"])
+@pytest.mark.parametrize("k", [256, 768, 2048])
+def test_k_quant_super_blocks_are_the_spec_and_rows_are_independent(bits: int, k: int) -> None:
+    """Super-blocks dequantize to the spec's floats bit for bit (float32, and bfloat16 as
+    float32 rounded); the integer path gives the spec's product with x rounded as the kernel
+    rounds it, each of 1-9 rows bit for bit as alone; the dense path the float product."""
+    qweight, scales, mins = random_super_blocks(11, k, bits, seed=k + bits)
+    w = super_reference(qweight, scales, mins, bits)
+    got = portable.quant_dequantize(qweight, scales, mins, bits, 256, torch.float32)
+    assert torch.equal(got, w)
+    got16 = portable.quant_dequantize(qweight, scales, mins, bits, 256, torch.bfloat16)
+    assert torch.equal(got16, w.bfloat16())
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(k))
+
+    def run(rows: Tensor, switch: int = DENSE_NEVER) -> Tensor:
+        return portable.quant_linear(rows, qweight, scales, mins, bits, 256, switch)
+
+    alone = torch.cat([run(x[i : i + 1]) for i in range(9)])
+    for rows in range(2, 10):
+        assert torch.equal(run(x[:rows]), alone[:rows]), rows
+    assert relative_error(alone, quantized_activations(x, 127) @ w.T) < 1e-5
+    assert relative_error(run(x, 1), x @ w.T) < 1e-5
+
+
 def test_6_bit_weights_read_the_same_values_as_their_int8_widening() -> None:
     """A Q6_K weight narrowed from int8 (what the loader does) dequantizes to the same floats
     and multiplies like the spec; its bytes are 3/4 of int8's."""
@@ -221,7 +278,8 @@ def test_6_bit_weights_read_the_same_values_as_their_int8_widening() -> None:
     narrow = narrow_to_6bit(wide)
     assert narrow.bits == 6 and narrow.qweight.shape == (24, 384)
     dense = portable.quant_dequantize(q8, scales, None, 8, 16, torch.float32)
-    assert torch.equal(portable.quant_dequantize(narrow.qweight, scales, None, 6, 16, torch.float32), dense)
+    six = portable.quant_dequantize(narrow.qweight, scales, None, 6, 16, torch.float32)
+    assert torch.equal(six, dense)
     assert torch.equal(reference_dequantize(narrow.qweight, scales, None, 6, 16), dense)
 
 

@@ -19,15 +19,43 @@ from adapters.weights.packaged import SMOLLM2_FILE, SMOLLM2_PACKAGE
 from tests.support.gguf_files import tiny_model, write_gguf
 
 T = gguf.GGMLQuantizationType
-EXACT = {T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1}  # the K-quants round d * sub-block scale to float16
+EXACT = {T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K}  # every decoder: to the bit
 HF_LAYER_LINEARS = [
     *(f"self_attn.{name}_proj" for name in "qkvo"),
     *(f"mlp.{name}_proj" for name in ("gate", "up", "down")),
 ]
 
 
+def six_bit_values(run: np.ndarray) -> np.ndarray:
+    """[..., 96] bytes of a 6-bit run -> its 128 values 0..63 in k order: k = 32 j + i takes
+    its low four bits from byte 16 j + i % 16 (low nibble for i < 16) and its top two from
+    bits 2 j of byte 64 + 16 (i // 16) + i % 16."""
+    k = np.arange(128)
+    j, i = k // 32, k % 32
+    byte = run[..., 16 * j + i % 16]
+    low = np.where(i < 16, byte & 0x0F, byte >> 4)
+    top = (run[..., 64 + 16 * (i // 16) + i % 16] >> (2 * j).astype(np.uint8)) & 0x03
+    return (low | (top << 4)).astype(np.int32)
+
+
 def dequantize(qweight, scales, mins, bits: int, group_size: int) -> np.ndarray:
-    """W[n, k] = q[n, k] * scales[n, k // g] + mins[n, k // g], as the spec defines it."""
+    """W[n, k] = q[n, k] * scales[n, k // g] + mins[n, k // g], as the spec defines it; the
+    super-blocks (g 256): per 256 k's the values, then the sub-block scales as bytes,
+    Q4_K's W = q * (d * sc) + (-dmin) * m per 32, Q6_K's W = (u - 32) * (d * sc) per 16."""
+    if group_size == 256 and bits in (4, 6):
+        n = qweight.shape[0]
+        supers = qweight.reshape(n, scales.shape[1], -1)
+        d = scales.astype(np.float32)[..., None]
+        if bits == 4:
+            chunks = supers[..., :128].reshape(n, -1, 8, 16)
+            q = np.concatenate([chunks & 0x0F, chunks >> 4], axis=-1).astype(np.float32)
+            sc = (d * supers[..., 128:136].astype(np.float32))[..., None]
+            m = mins.astype(np.float32)[..., None] * supers[..., 136:144].astype(np.float32)
+            m = m[..., None]
+            return (q * sc + m).reshape(n, -1)
+        u = six_bit_values(supers[..., :192].reshape(n, -1, 2, 96)).reshape(n, -1, 16, 16)
+        sc = (d * supers[..., 192:208].view(np.int8).astype(np.float32))[..., None]
+        return ((u - 32).astype(np.float32) * sc).reshape(n, -1)
     if bits == 4:
         chunks = qweight.reshape(qweight.shape[0], -1, 16)  # 16 bytes per 32 k's
         q = np.concatenate([chunks & 0x0F, chunks >> 4], axis=-1).reshape(qweight.shape[0], -1)
@@ -72,12 +100,15 @@ def test_each_decoder_gives_the_gguf_packages_weights(qtype):
     raw = raw_blocks(qtype)
     quantized = DECODERS[qtype](raw)
     rows, cols = raw.shape[0], 512
-    bits, group = {T.Q4_0: (4, 32), T.Q4_1: (4, 32), T.Q4_K: (4, 32), T.Q6_K: (8, 16)}.get(
+    bits, group = {T.Q4_0: (4, 32), T.Q4_1: (4, 32), T.Q4_K: (4, 256), T.Q6_K: (6, 256)}.get(
         qtype, (8, 32)
     )
     assert (quantized.bits, quantized.group_size) == (bits, group)
-    assert quantized.qweight.shape == (rows, cols * bits // 8)
-    assert quantized.qweight.dtype == (np.uint8 if bits == 4 else np.int8)
+    # the K-quants keep their super-blocks' bytes (Q4_K 144 a block with d, dmin outside;
+    # Q6_K 208 + d: the file's 210)
+    row_bytes = {T.Q4_K: cols // 256 * 144, T.Q6_K: cols // 256 * 208}.get(qtype, cols * bits // 8)
+    assert quantized.qweight.shape == (rows, row_bytes)
+    assert quantized.qweight.dtype == (np.int8 if bits == 8 else np.uint8)
     assert quantized.scales.shape == (rows, cols // group)
     assert quantized.scales.dtype == np.float16
     has_mins = qtype in {T.Q4_0, T.Q4_1, T.Q4_K}
@@ -166,13 +197,14 @@ def test_gemma_3_270m_keeps_its_k_quant_linears_quantized(tmp_path):
     assert set(entries) == layer_linears(18) | {"lm_head"}
     assert {entry["gguf_type"] for entry in entries.values()} == {"Q5_0", "Q4_K", "Q6_K", "Q8_0"}
     assert entries["lm_head"] == {"bits": 8, "group_size": 32, "gguf_type": "Q8_0"}
-    # served: the Q6_K linears (MLP down projections, K = 2,048) in 6 bits where the kernel's
-    # 6-bit path is vector code (AVX-512BW), int8 elsewhere; the same floats either way
+    # served: the Q6_K linears (MLP down projections, K = 2,048) as the file's super-blocks
+    # where the kernel's 6-bit path is vector code (AVX-512BW), as int8 elsewhere
     import torch
 
     from adapters.torch.cpu.portable import portable_kernels
     from adapters.torch.loader import load_model
-    from adapters.torch.quant import QuantLinear, dequantize
+    from adapters.torch.quant import QuantLinear
+    from adapters.torch.quant import dequantize as ours
 
     kernels = portable_kernels()
     if kernels is None:
@@ -181,20 +213,19 @@ def test_gemma_3_270m_keeps_its_k_quant_linears_quantized(tmp_path):
     model = load_model(folder, dtype=torch.float32, quantization="gguf")
     q6k = [n for n, e in entries.items() if e["gguf_type"] == "Q6_K" and n.endswith("down_proj")]
     assert q6k
-    want_bits = 6 if 6 in kernels.fast_bits else 8
-    for name in q6k:
-        layer = int(name.split(".")[2])
-        down = model.layers[layer].mlp.w2
-        assert isinstance(down, QuantLinear) and down.bits == want_bits, name
-        with safe_open(folder / "quantized.safetensors", "pt") as f:
-            stored = f.get_tensor(f"{name}.qweight")
-        assert torch.equal(dequantize(down.weight_q), (stored.float() * f_scales(folder, name)))
-
-
-def f_scales(folder: Path, name: str) -> "torch.Tensor":
-    """The stored per-16 scales of ``name``, repeated over their k's (float32)."""
-    with safe_open(folder / "quantized.safetensors", "pt") as f:
-        return f.get_tensor(f"{name}.scales").float().repeat_interleave(16, dim=1)
+    fast = 6 in kernels.fast_bits
+    with safe_open(folder / "quantized.safetensors", "np") as f:
+        for name in q6k:
+            down = model.get_submodule(f"layers.{name.split('.')[2]}.mlp.w2")
+            assert isinstance(down, QuantLinear), name
+            assert (down.bits, down.weight_q.super_blocks) == ((6, True) if fast else (8, False))
+            stored = f.get_tensor(f"{name}.qweight"), f.get_tensor(f"{name}.scales")
+            spec = dequantize(*stored, None, 6, 256)
+            got = ours(down.weight_q).numpy()
+            if fast:  # the file's weights to the bit
+                np.testing.assert_array_equal(got, spec)
+            else:  # scales rounded to float16 for the int8 path
+                np.testing.assert_allclose(got, spec, rtol=0, atol=2e-3 * np.abs(spec).max())
 
 
 def test_auto_quantization_is_gguf_for_a_gguf_model_on_a_cpu_only(tmp_path):

@@ -25,17 +25,18 @@
 
 namespace {
 
+// Block c's 16 bytes of nibbles in 4-bit row q (inside its super-block for Q4_K's).
+inline const uint8_t* nibbles4(const Weight& w, const uint8_t* q, int64_t c) {
+  return w.super ? q + (c / 8) * kSuper4Bytes + (c % 8) * 16 : q + c * kBlock / 2;
+}
+
 // One dequantized row of W in float32. q * s is exact in float32 (<= 8-bit q times an
 // 11-bit float16 significand), so fused or separate multiply-add give the same float.
 void dequant_row(const Weight& w, int64_t n, float* scale, float* min, float* out) {
-  halves_to_floats(w.scales + n * w.groups, scale, w.groups);
-  if (w.mins != nullptr)
-    halves_to_floats(w.mins + n * w.groups, min, w.groups);
-  else
-    std::fill(min, min + w.groups, 0.0f);
+  expand_scales(w, n, scale, min);
   const uint8_t* q = w.row(n);
   if (w.bits == 6) {
-    dequant_row6(q, scale, min, w.k, out);
+    dequant_row6(w, n, scale, min, out);
     return;
   }
   if (w.bits == 8) {  // group % 16 == 0
@@ -56,9 +57,9 @@ void dequant_row(const Weight& w, int64_t n, float* scale, float* min, float* ou
     return;
   }
   for (int64_t c = 0; c < w.k / kBlock; ++c) {  // bits 4: group % 32 == 0, one group a chunk
-    const int64_t g = c * kBlock / w.group;
+    const int64_t g = c * kBlock / w.unit();
     const float s = scale[g], m = min[g];
-    const uint8_t* b = q + c * kBlock / 2;
+    const uint8_t* b = nibbles4(w, q, c);
     float* o = out + c * kBlock;
 #if defined(__AVX2__)
     const __m256 sv = _mm256_set1_ps(s), mv = _mm256_set1_ps(m);
@@ -86,17 +87,13 @@ void dequant_row(const Weight& w, int64_t n, float* scale, float* min, float* ou
 // instead of a float32 row written and read again; the dense path's dequantization was
 // ~40 % of its time on a 16384 x 2048 weight at 100 rows).
 void dequant_row4_bf16(const Weight& w, int64_t n, float* scale, float* min, at::BFloat16* out) {
-  halves_to_floats(w.scales + n * w.groups, scale, w.groups);
-  if (w.mins != nullptr)
-    halves_to_floats(w.mins + n * w.groups, min, w.groups);
-  else
-    std::fill(min, min + w.groups, 0.0f);
+  expand_scales(w, n, scale, min);
   const uint8_t* q = w.row(n);
   const __m128i nib = _mm_set1_epi8(0x0F);
   for (int64_t c = 0; c < w.k / kBlock; ++c) {
-    const int64_t g = c * kBlock / w.group;
+    const int64_t g = c * kBlock / w.unit();
     const __m512 sv = _mm512_set1_ps(scale[g]), mv = _mm512_set1_ps(min[g]);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c * kBlock / 2));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles4(w, q, c)));
     const __m128i half[2] = {_mm_and_si128(raw, nib), _mm_and_si128(_mm_srli_epi16(raw, 4), nib)};
     for (int h = 0; h < 2; ++h) {  // low nibbles: k 0..15, high: 16..31
       const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(half[h])), sv, mv);
@@ -112,14 +109,10 @@ void dequant_row4_bf16(const Weight& w, int64_t n, float* scale, float* min, at:
 // path joins them (Quad6), each 16 widened, (u - 32) * s + m, rounded as floats_to_bf16
 // rounds (the same bits as dequant_row6 then floats_to_bf16).
 void dequant_row6_bf16(const Weight& w, int64_t n, float* scale, float* min, at::BFloat16* out) {
-  halves_to_floats(w.scales + n * w.groups, scale, w.groups);
-  if (w.mins != nullptr)
-    halves_to_floats(w.mins + n * w.groups, min, w.groups);
-  else
-    std::fill(min, min + w.groups, 0.0f);
+  expand_scales(w, n, scale, min);
   const __m512i offset = _mm512_set1_epi32(32);
   for (int64_t q = 0; q < w.k / kQuad6; ++q) {
-    const Quad6 u(w.row(n) + q * kQuad6Bytes);
+    const Quad6 u(quad6(w, n, q));
     const auto store = [&](__m128i bytes, int64_t k0) {
       const int64_t g = k0 / kGroup6;
       const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), offset));
@@ -142,7 +135,7 @@ void dequant_row6_bf16(const Weight& w, int64_t n, float* scale, float* min, at:
 // Rows [first, last) of W, dequantized into dst ([last - first, k], T).
 template <typename T>
 void dequant_rows(const Weight& w, int64_t first, int64_t last, T* dst) {
-  std::vector<float> scale(w.groups), min(w.groups), row(w.k);
+  std::vector<float> scale(w.k / w.unit()), min(w.k / w.unit()), row(w.k);
   for (int64_t n = first; n < last; ++n) {
     T* out = dst + (n - first) * w.k;
 #if defined(__AVX512F__) && defined(__AVX512BW__)

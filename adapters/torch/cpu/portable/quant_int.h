@@ -244,9 +244,18 @@ constexpr __mmask16 kFirstLanes = 0x1111;
 // made long rows ~1.5x slower per byte. Every row goes through the same operations in the
 // same order for any R, so a row's result does not depend on the rows beside it.
 
-template <int R, typename T, bool kMins>
+// A super-block's 8 sub-block scales (or mins): bytes times the super-block's float16 (exact).
+inline __m512 super_scales(const uint8_t* sub, at::Half d) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub)));
+  return _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(_cvtsh_ss(d.x))));
+}
+
+// kSuper: Q4_K's super-blocks (quant_weight.h), 8 blocks a loop as the others; K % 256 == 0,
+// so the loops after the first never run.
+template <int R, typename T, bool kMins, bool kSuper = false>
 inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
   static_assert(R >= 1 && R <= 4, "the horizontal sums take four rows at a time");
+  static_assert(kMins || !kSuper, "super-blocks have mins");
   const int64_t blocks = a.blocks;
   const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m512i spread_hi = _mm512_add_epi32(spread, _mm512_set1_epi32(4));
@@ -259,16 +268,21 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
-      const __m512 s8 = _mm512_castps256_ps512(
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
+      const uint8_t* wb = kSuper ? w + (b / 8) * kSuper4Bytes : w + b * 16;  // 8 blocks' nibbles
+      const __m512 s8 =
+          kSuper ? super_scales(wb + 128, scales[b / 8])
+                 : _mm512_castps256_ps512(
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
       const __m512 s0 = _mm512_permutexvar_ps(spread, s8), s1 = _mm512_permutexvar_ps(spread_hi, s8);
       __m512 m0 = s0, m1 = s1;
       if constexpr (kMins) {
-        const __m512 m8 = _mm512_castps256_ps512(
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + b))));
+        const __m512 m8 =
+            kSuper ? super_scales(wb + 136, mins[b / 8])
+                   : _mm512_castps256_ps512(
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + b))));
         m0 = _mm512_permutexvar_ps(spread, m8), m1 = _mm512_permutexvar_ps(spread_hi, m8);
       }
-      const Quad q0(w + b * 16), q1(w + (b + 4) * 16);
+      const Quad q0(wb), q1(wb + 64);
       for (int r = 0; r < R; ++r) {
         const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(a.dx + r * blocks + b));
         const int8_t* xq = a.quads + r * quads_stride(a.k) + b * 32;
@@ -340,7 +354,9 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
 
 template <int R, typename T>
 inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
-  if (wt.mins != nullptr)
+  if (wt.super)
+    rows_dot_4bit<R, T, true, true>(wt, n0, n1, a, y);
+  else if (wt.mins != nullptr)
     rows_dot_4bit<R, T, true>(wt, n0, n1, a, y);
   else
     rows_dot_4bit<R, T, false>(wt, n0, n1, a, y);
@@ -650,7 +666,7 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
   // one row two blocks a step, several unpacked
   bool row_dot = false;
 #if defined(INFER_ROW_DOT)
-  row_dot = L == Layout::kPacked4 && S == 1 && w.group == kBlock;
+  row_dot = L == Layout::kPacked4 && S == 1 && (w.group == kBlock || w.super);
 #endif
   std::vector<int8_t> pairs;
 #if defined(__AVX2__)
@@ -693,12 +709,45 @@ void int_path(const Weight& w, const Acts<act_t<L>>& a, int64_t rows, T* y) {
 template <Layout L, int S, typename T>
 void quantize_and_multiply(const at::Tensor& x, const Weight& w, at::Tensor& y) {
   const int64_t rows = x.size(0);
-  const auto a = quantize_acts<act_t<L>>(x.data_ptr<T>(), rows, w.k, w.group, S);
+  // super-blocks' mins are per block of 32: their sums too
+  const auto a = quantize_acts<act_t<L>>(x.data_ptr<T>(), rows, w.k, w.super ? kBlock : w.group, S);
   int_path<L, S>(w, a, rows, y.data_ptr<T>());
 }
 
+#if !(defined(__AVX512BW__) && defined(__AVX512VL__))
+// 4-bit super-blocks without AVX-512 (the loader keeps Q4_K as float16 scales per block
+// there; this serves a direct call): a plain loop, x as int8 per 32.
+template <typename T>
+void super4_loop(const at::Tensor& x, const Weight& w, at::Tensor& y) {
+  const int64_t rows = x.size(0), blocks = w.k / kBlock;
+  const auto a = quantize_acts<int8_t>(x.data_ptr<T>(), rows, w.k, kBlock, 1);
+  T* out = y.data_ptr<T>();
+  at::parallel_for(0, w.n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scale(blocks), min(blocks);
+    for (int64_t n = begin; n < end; ++n) {
+      expand_scales(w, n, scale.data(), min.data());
+      for (int64_t m = 0; m < rows; ++m) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < blocks; ++c) {
+          const uint8_t* nib = w.row(n) + (c / 8) * kSuper4Bytes + (c % 8) * 16;
+          const int8_t* xq = a.q.data() + m * w.k + c * kBlock;
+          int32_t dot = 0;
+          for (int j = 0; j < 16; ++j) dot += (nib[j] & 0x0F) * xq[j] + (nib[j] >> 4) * xq[16 + j];
+          acc += static_cast<float>(dot) * (scale[c] * a.d[m * blocks + c]) +
+                 min[c] * a.sum[m * blocks + c];
+        }
+        out[m * w.n + n] = static_cast<T>(acc);
+      }
+    }
+  });
+}
+#endif
+
 template <typename T>
 void int_linear(const at::Tensor& x, const Weight& w, at::Tensor& y) {
+#if !(defined(__AVX512BW__) && defined(__AVX512VL__))
+  if (w.super) return super4_loop<T>(x, w, y);
+#endif
   if (w.bits == 4)
     quantize_and_multiply<Layout::kPacked4, 1, T>(x, w, y);
   else if (w.group % kBlock == 0)

@@ -55,13 +55,25 @@ Weight check_weight(const at::Tensor& qweight, const at::Tensor& scales,
   TORCH_CHECK(qweight.scalar_type() == want, "bits ", bits, ": qweight must be ",
               bits == 8 ? "int8" : "uint8", ", got ", qweight.scalar_type());
   const int64_t cols = qweight.size(1);
-  if (bits == 6) {  // 96 bytes a quad of 128 k's, one scale per 16 (quant_six.h)
+  // super-blocks (quant_weight.h): group 256, each row 144 (4-bit) / 208 (6-bit) bytes per
+  // float16 scale
+  const int64_t super_bytes = bits == 4 ? kSuper4Bytes : bits == 6 ? kSuper6Bytes : 0;
+  const bool super = group == kSuper && super_bytes > 0 && scales.dim() == 2 &&
+                     cols == scales.size(1) * super_bytes;
+  if (super && bits == 4)
+    TORCH_CHECK(mins.has_value(), "4-bit super-blocks need mins (Q4_K's -dmin)");
+  if (super && bits == 6)
+    TORCH_CHECK(!mins.has_value(), "6-bit super-blocks take no mins");
+  if (bits == 6 && !super) {  // 96 bytes a quad of 128 k's, one scale per 16 (quant_six.h)
     TORCH_CHECK(cols % kQuad6Bytes == 0, "bits 6: qweight rows must be whole 96-byte quads, got ",
                 cols, " bytes");
     TORCH_CHECK(group == kGroup6, "bits 6: group_size must be 16, got ", group);
   }
   const int64_t n = qweight.size(0);
-  const int64_t k = bits == 8 ? cols : bits == 6 ? cols / kQuad6Bytes * kQuad6 : 2 * cols;
+  const int64_t k = super     ? scales.size(1) * kSuper
+                    : bits == 8 ? cols
+                    : bits == 6 ? cols / kQuad6Bytes * kQuad6
+                                : 2 * cols;
   if (k_from_x)
     TORCH_CHECK(*k_from_x == k, "x has ", *k_from_x, " features but the ", bits,
                 "-bit qweight ", qweight.sizes(), " holds K = ", k);
@@ -85,7 +97,7 @@ Weight check_weight(const at::Tensor& qweight, const at::Tensor& scales,
   return Weight{reinterpret_cast<const uint8_t*>(qweight.data_ptr()),
                 scales.data_ptr<at::Half>(),
                 mins ? mins->data_ptr<at::Half>() : nullptr,
-                n, k, bits, group, groups, qweight.size(1)};
+                n, k, bits, group, groups, qweight.size(1), super};
 }
 
 }  // namespace

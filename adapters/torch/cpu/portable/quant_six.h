@@ -41,9 +41,15 @@ constexpr int64_t kQuad6 = 128;       // k's in a 6-bit quad
 constexpr int64_t kQuad6Bytes = 96;   // its bytes
 constexpr int64_t kGroup6 = 16;       // k's a 6-bit scale covers
 
-// Value u (0..63) of element k of a 6-bit row.
-inline int six_bit(const uint8_t* w, int64_t k) {
-  const uint8_t* q = w + (k / kQuad6) * kQuad6Bytes;
+// Quad q (k's 128 q ..) of row n: 96 bytes, within its super-block's 208 for Q6_K's.
+inline const uint8_t* quad6(const Weight& w, int64_t n, int64_t q) {
+  return w.super ? w.row(n) + (q / 2) * kSuper6Bytes + (q % 2) * kQuad6Bytes
+                 : w.row(n) + q * kQuad6Bytes;
+}
+
+// Value u (0..63) of element k of row n.
+inline int six_bit(const Weight& w, int64_t n, int64_t k) {
+  const uint8_t* q = quad6(w, n, k / kQuad6);
   const int64_t j = (k % kQuad6) / kBlock, i = k % kBlock;
   const uint8_t byte = q[16 * j + i % 16];
   const int nib = i < 16 ? (byte & 0x0F) : (byte >> 4);
@@ -51,11 +57,11 @@ inline int six_bit(const uint8_t* w, int64_t k) {
   return nib | (top << 4);
 }
 
-// One dequantized 6-bit row in float32 ((u - 32) * s is exact in float32).
-inline void dequant_row6(const uint8_t* w, const float* scale, const float* min, int64_t k,
+// Row n of a 6-bit weight dequantized in float32 (scale and min per 16 k's, expand_scales).
+inline void dequant_row6(const Weight& w, int64_t n, const float* scale, const float* min,
                          float* out) {
-  for (int64_t q = 0; q < k / kQuad6; ++q) {
-    const uint8_t* nib = w + q * kQuad6Bytes;
+  for (int64_t q = 0; q < w.k / kQuad6; ++q) {
+    const uint8_t* nib = quad6(w, n, q);
     const uint8_t* top = nib + 64;
     for (int j = 0; j < 4; ++j)
       for (int i = 0; i < 16; ++i) {
@@ -106,7 +112,8 @@ inline __m512 dot6(__m512i u, const int8_t* x) {
 // block and xs per 16 k's, compact: spread over the lanes in registers, each half's xs into
 // the first lane of its block's four): y[r * n + row] in T. Every row goes through the same
 // operations in the same order for any R.
-template <int R, typename T, bool kMins>
+// kSuper: Q6_K's super-blocks, each quad's 8 scales its int8 ones times the float16 d.
+template <int R, typename T, bool kMins, bool kSuper = false>
 inline void rows_dot_6bit(const Weight& wt, int64_t n0, int64_t n1, const RowActs& a, T* y) {
   static_assert(R >= 1 && R <= 4, "the horizontal sums take four rows at a time");
   const int64_t blocks = a.blocks, quads = blocks / 4;
@@ -122,8 +129,18 @@ inline void rows_dot_6bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t q = 0; q < quads; ++q) {
-      const __m512 s8 = _mm512_castps256_ps512(
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8 * q))));
+      const uint8_t* wq = kSuper ? w + (q / 2) * kSuper6Bytes + (q % 2) * kQuad6Bytes
+                                 : w + q * kQuad6Bytes;
+      __m512 s8;
+      if constexpr (kSuper) {
+        const __m128i sub = _mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(w + (q / 2) * kSuper6Bytes + 192 + (q % 2) * 8));
+        s8 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sub)),
+                                                  _mm256_set1_ps(_cvtsh_ss(scales[q / 2].x))));
+      } else {
+        s8 = _mm512_castps256_ps512(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8 * q))));
+      }
       const __m512 s_lo = _mm512_permutexvar_ps(even, s8), s_hi = _mm512_permutexvar_ps(odd, s8);
       // min - 32 scale per 16 k's (32 scale is exact: one rounding, as a separate add's)
       __m512 c_lo = _mm512_mul_ps(minus32, s_lo), c_hi = _mm512_mul_ps(minus32, s_hi);
@@ -133,7 +150,7 @@ inline void rows_dot_6bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
         c_lo = _mm512_fmadd_ps(minus32, s_lo, _mm512_permutexvar_ps(even, m8));
         c_hi = _mm512_fmadd_ps(minus32, s_hi, _mm512_permutexvar_ps(odd, m8));
       }
-      const Quad6 u(w + q * kQuad6Bytes);
+      const Quad6 u(wq);
       for (int r = 0; r < R; ++r) {
         const __m512 d = _mm512_permutexvar_ps(
             spread, _mm512_castps128_ps512(_mm_loadu_ps(a.dx + r * blocks + q * 4)));
@@ -160,6 +177,16 @@ inline void rows_dot6(const Weight& w, int64_t n0, int64_t n1, const RowActs& a,
   const RowActs at{a.quads + first * quads_stride(a.k), a.q + first * a.k, nullptr,
                    a.dx + first * a.blocks, a.xs + first * 2 * a.blocks, a.k, a.blocks};
   T* out = y + first * w.n;
+  if (w.super) {
+    switch (count) {
+      case 1: rows_dot_6bit<1, T, false, true>(w, n0, n1, at, out); break;
+      case 2: rows_dot_6bit<2, T, false, true>(w, n0, n1, at, out); break;
+      case 3: rows_dot_6bit<3, T, false, true>(w, n0, n1, at, out); break;
+      case 4: rows_dot_6bit<4, T, false, true>(w, n0, n1, at, out); break;
+      default: TORCH_CHECK(false, "rows_dot6: ", count, " rows");
+    }
+    return;
+  }
   const bool mins = w.mins != nullptr;
   switch (count * 2 + (mins ? 1 : 0)) {
     case 2: rows_dot_6bit<1, T, false>(w, n0, n1, at, out); break;
@@ -179,7 +206,7 @@ inline void rows_dot6(const Weight& w, int64_t n0, int64_t n1, const RowActs& a,
 // the CPU lacks AVX-512BW: the loader widens Q6_K to int8 there instead).
 template <typename T>
 void int_linear_6bit(const at::Tensor& x, const Weight& w, at::Tensor& y) {
-  const int64_t rows = x.size(0), blocks = w.k / kBlock, groups = w.groups;
+  const int64_t rows = x.size(0), blocks = w.k / kBlock, groups = w.k / kGroup6;
   const auto a = quantize_acts<int8_t>(x.data_ptr<T>(), rows, w.k, kGroup6, 1);
   T* out = y.data_ptr<T>();
   const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, rows * blocks));
@@ -197,17 +224,13 @@ void int_linear_6bit(const at::Tensor& x, const Weight& w, at::Tensor& y) {
   at::parallel_for(0, w.n, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scale(groups), min(groups);
     for (int64_t n = begin; n < end; ++n) {
-      halves_to_floats(w.scales + n * groups, scale.data(), groups);
-      if (w.mins != nullptr)
-        halves_to_floats(w.mins + n * groups, min.data(), groups);
-      else
-        std::fill(min.begin(), min.end(), 0.0f);
+      expand_scales(w, n, scale.data(), min.data());
       for (int64_t m = 0; m < rows; ++m) {
         const int8_t* xq = a.q.data() + m * w.k;
         float acc = 0.0f;
         for (int64_t g = 0; g < groups; ++g) {
           int32_t dot = 0;
-          for (int64_t k = g * kGroup6; k < (g + 1) * kGroup6; ++k) dot += six_bit(w.row(n), k) * xq[k];
+          for (int64_t k = g * kGroup6; k < (g + 1) * kGroup6; ++k) dot += six_bit(w, n, k) * xq[k];
           acc += static_cast<float>(dot) * (scale[g] * a.d[m * blocks + g / 2]) +
                  (min[g] - 32.0f * scale[g]) * a.sum[m * groups + g];
         }

@@ -22,6 +22,13 @@
 namespace {
 
 constexpr int64_t kBlock = 32;  // activation quantization block (and 4-bit packing chunk)
+// Super-blocks (GGUF Q4_K / Q6_K kept whole, group_size 256): a row holds, per 256 k's, the
+// values in the 4-bit (6-bit) layout and then the sub-block scales as bytes: Q4_K 128 bytes
+// of nibbles + 8 scales + 8 mins (u8, 0..63), W = q * (d * sc) + dmin' * m with the
+// weight's scales = d and mins = dmin' = -dmin per super-block; Q6_K 192 bytes (two 6-bit
+// runs of 128, quant_six.h) + 16 int8 scales, W = (u - 32) * (d * sc). d * sc is exact in
+// float32: the file's weights to the bit, in the file's bytes.
+constexpr int64_t kSuper = 256, kSuper4Bytes = 144, kSuper6Bytes = 208;
 
 // The checked weight arguments as raw pointers.
 struct Weight {
@@ -29,9 +36,45 @@ struct Weight {
   const at::Half* scales; // [n, groups]
   const at::Half* mins;   // [n, groups] or nullptr
   int64_t n, k, bits, group, groups, row_bytes;
+  bool super = false;  // super-blocks (above)
 
   const uint8_t* row(int64_t r) const { return q + r * row_bytes; }
+  // k's one float scale covers once the sub-block scales are expanded (expand_scales)
+  int64_t unit() const { return super ? (bits == 4 ? kBlock : 16) : group; }
 };
+
+inline void halves_to_floats(const at::Half* src, float* dst, int64_t count);
+
+// Row n's scales and mins as floats, one per unit() k's (k / unit() of each): the float16
+// ones of a block format, or a super-block format's d * sub-block scale (and dmin' * m).
+inline void expand_scales(const Weight& w, int64_t n, float* scale, float* min) {
+  if (!w.super) {
+    halves_to_floats(w.scales + n * w.groups, scale, w.groups);
+    if (w.mins != nullptr)
+      halves_to_floats(w.mins + n * w.groups, min, w.groups);
+    else
+      std::fill(min, min + w.groups, 0.0f);
+    return;
+  }
+  const uint8_t* q = w.row(n);
+  for (int64_t sb = 0; sb < w.groups; ++sb) {
+    const float d = static_cast<float>(w.scales[n * w.groups + sb]);
+    if (w.bits == 4) {
+      const float dmin = static_cast<float>(w.mins[n * w.groups + sb]);
+      const uint8_t* sub = q + sb * kSuper4Bytes + 128;
+      for (int i = 0; i < 8; ++i) {
+        scale[sb * 8 + i] = d * static_cast<float>(sub[i]);
+        min[sb * 8 + i] = dmin * static_cast<float>(sub[8 + i]);
+      }
+    } else {
+      const auto* sub = reinterpret_cast<const int8_t*>(q + sb * kSuper6Bytes + 192);
+      for (int i = 0; i < 16; ++i) {
+        scale[sb * 16 + i] = d * static_cast<float>(sub[i]);
+        min[sb * 16 + i] = 0.0f;
+      }
+    }
+  }
+}
 
 // float16 -> float32 for a run of values (F16C 8 at a time where the CPU has it).
 inline void halves_to_floats(const at::Half* src, float* dst, int64_t count) {
