@@ -20,7 +20,11 @@ from adapters.torch.cpu import tuning
 # like this one its rounds stay disturbed, are flagged, and a start warns of them).
 SHAPES = [(1536, 576), (576, 1536)]
 BUDGET_S = 15.0
-TIE = 0.15  # two paths within this of each other on the quiet machine: either is right
+# Two paths within this of each other on the quiet machine: either is right. Where the
+# integer products and the dequantized tiles cross (int4 at 32 rows, int8 at 8-16 since the
+# 4-bit products read their activations compact), two quiet runs of this VM put the same
+# pair 5-18 % apart: a choice there is a tie, not a load's doing (which shows as 2-8x).
+TIE = 0.25
 
 
 @contextmanager
@@ -42,7 +46,11 @@ def busy_cores() -> Iterator[int]:
 
 
 def test_tuning_under_a_cpu_load_picks_what_it_picks_on_a_quiet_machine() -> None:
-    quiet = tuning.measure(SHAPES, budget_s=BUDGET_S)
+    # the quiet baseline twice, each timing its faster run's: a tie is judged on the
+    # machine's speed, not on one run's noise
+    first, second = (tuning.measure(SHAPES, budget_s=BUDGET_S) for _ in range(2))
+    quiet = dataclasses.replace(first, timings=_fastest(first.timings, second.timings))
+    quiet.disturbed.extend(second.disturbed)
     if quiet.disturbed:
         pytest.skip(
             f"no quiet baseline: other processes disturbed {len(quiet.disturbed)} of the "
@@ -55,6 +63,13 @@ def test_tuning_under_a_cpu_load_picks_what_it_picks_on_a_quiet_machine() -> Non
     assert different_choices(quiet, loaded) == [], (quiet, loaded)
     assert len(loaded.disturbed) <= comparisons(loaded) / 2, loaded.disturbed
     assert took < 3 * BUDGET_S
+
+
+def _fastest(
+    a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per path and row count, the smaller of two runs' timings."""
+    return {path: {r: min(t, b[path][r]) for r, t in rows.items()} for path, rows in a.items()}
 
 
 def comparisons(measured: tuning.Tuning) -> int:
