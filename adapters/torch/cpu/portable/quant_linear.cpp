@@ -1,6 +1,8 @@
 // Linear layers over infer's quantized weights ("infer-quantized-v1": int8 [N, K] or 4-bit
 // packed [N, K/2] in GGUF Q4_0's nibble order, float16 scales and optional mins per group
-// of g consecutive k's; W[n, k] = q * scale + min; and 6-bit [N, 3K/4], quant_six.h). Two paths, by the caller's row threshold:
+// of g consecutive k's; W[n, k] = q * scale + min; 6-bit [N, 3K/4], quant_six.h; GGUF
+// Q4_K / Q6_K as their super-blocks, quant_weight.h). Two paths, by the caller's row
+// threshold:
 //  - few rows (decode, memory-bound): the activations are quantized per block of 32 and
 //    each block's dot product with the weights is done in integers, so the weights are read
 //    in their compact form, never widened to float: 4-bit ones are 8x smaller than float32.
