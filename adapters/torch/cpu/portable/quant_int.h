@@ -244,6 +244,24 @@ constexpr __mmask16 kFirstLanes = 0x1111;
 // made long rows ~1.5x slower per byte. Every row goes through the same operations in the
 // same order for any R, so a row's result does not depend on the rows beside it.
 
+// Eight float16 values as the low half of a 512-bit register.
+inline __m512 halves8(const at::Half* p) {
+  return _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// R rows' two accumulators summed, each row's lanes to one float, y[r * n] = it (the
+// horizontal sums four rows at once, zeros for missing ones: each row's sum takes the same
+// additions in the same order whichever its place).
+template <int R, typename T>
+inline void store_row_sums(const __m512 (&acc)[R][2], T* y, int64_t n) {
+  __m256 h[4];
+  for (int r = 0; r < 4; ++r)
+    h[r] = r < R ? fold512(_mm512_add_ps(acc[r][0], acc[r][1])) : _mm256_setzero_ps();
+  float sums[4];
+  _mm_storeu_ps(sums, hsum4(h[0], h[1], h[2], h[3]));
+  for (int r = 0; r < R; ++r) y[r * n] = static_cast<T>(sums[r]);
+}
+
 // A super-block's 8 sub-block scales (or mins): bytes times the super-block's float16 (exact).
 inline __m512 super_scales(const uint8_t* sub, at::Half d) {
   const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub)));
@@ -270,16 +288,12 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
     for (; b + 8 <= blocks; b += 8) {
       const uint8_t* wb = kSuper ? w + (b / 8) * kSuper4Bytes : w + b * 16;  // 8 blocks' nibbles
       const __m512 s8 =
-          kSuper ? super_scales(wb + 128, scales[b / 8])
-                 : _mm512_castps256_ps512(
-                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
+          kSuper ? super_scales(wb + 128, scales[b / 8]) : halves8(scales + b);
       const __m512 s0 = _mm512_permutexvar_ps(spread, s8), s1 = _mm512_permutexvar_ps(spread_hi, s8);
       __m512 m0 = s0, m1 = s1;
       if constexpr (kMins) {
         const __m512 m8 =
-            kSuper ? super_scales(wb + 136, mins[b / 8])
-                   : _mm512_castps256_ps512(
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + b))));
+            kSuper ? super_scales(wb + 136, mins[b / 8]) : halves8(mins + b);
         m0 = _mm512_permutexvar_ps(spread, m8), m1 = _mm512_permutexvar_ps(spread_hi, m8);
       }
       const Quad q0(wb), q1(wb + 64);
@@ -341,14 +355,7 @@ inline void rows_dot_4bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
         }
       }
     }
-    // the horizontal sums four rows at once (zeros for missing ones: each row's sum takes
-    // the same additions in the same order whichever its place)
-    __m256 h[4];
-    for (int r = 0; r < 4; ++r)
-      h[r] = r < R ? fold512(_mm512_add_ps(acc[r][0], acc[r][1])) : _mm256_setzero_ps();
-    float sums[4];
-    _mm_storeu_ps(sums, hsum4(h[0], h[1], h[2], h[3]));
-    for (int r = 0; r < R; ++r) y[r * wt.n + row] = static_cast<T>(sums[r]);
+    store_row_sums<R>(acc, y + row, wt.n);
   }
 }
 

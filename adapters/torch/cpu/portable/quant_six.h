@@ -138,15 +138,13 @@ inline void rows_dot_6bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
         s8 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sub)),
                                                   _mm256_set1_ps(_cvtsh_ss(scales[q / 2].x))));
       } else {
-        s8 = _mm512_castps256_ps512(
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8 * q))));
+        s8 = halves8(scales + 8 * q);
       }
       const __m512 s_lo = _mm512_permutexvar_ps(even, s8), s_hi = _mm512_permutexvar_ps(odd, s8);
       // min - 32 scale per 16 k's (32 scale is exact: one rounding, as a separate add's)
       __m512 c_lo = _mm512_mul_ps(minus32, s_lo), c_hi = _mm512_mul_ps(minus32, s_hi);
       if constexpr (kMins) {
-        const __m512 m8 = _mm512_castps256_ps512(
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + 8 * q))));
+        const __m512 m8 = halves8(mins + 8 * q);
         c_lo = _mm512_fmadd_ps(minus32, s_lo, _mm512_permutexvar_ps(even, m8));
         c_hi = _mm512_fmadd_ps(minus32, s_hi, _mm512_permutexvar_ps(odd, m8));
       }
@@ -162,12 +160,7 @@ inline void rows_dot_6bit(const Weight& wt, int64_t n0, int64_t n1, const RowAct
         acc[r][1] = _mm512_fmadd_ps(c_hi, _mm512_maskz_permutexvar_ps(kFirstLanes, odd, xs8), acc[r][1]);
       }
     }
-    __m256 h[4];
-    for (int r = 0; r < 4; ++r)
-      h[r] = r < R ? fold512(_mm512_add_ps(acc[r][0], acc[r][1])) : _mm256_setzero_ps();
-    float sums[4];
-    _mm_storeu_ps(sums, hsum4(h[0], h[1], h[2], h[3]));
-    for (int r = 0; r < R; ++r) y[r * wt.n + row] = static_cast<T>(sums[r]);
+    store_row_sums<R>(acc, y + row, wt.n);
   }
 }
 

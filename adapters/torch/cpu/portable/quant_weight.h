@@ -43,7 +43,19 @@ struct Weight {
   int64_t unit() const { return super ? (bits == 4 ? kBlock : 16) : group; }
 };
 
-inline void halves_to_floats(const at::Half* src, float* dst, int64_t count);
+// float16 -> float32 for a run of values (F16C 8 at a time where the CPU has it).
+inline void halves_to_floats(const at::Half* src, float* dst, int64_t count) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= count; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < count; ++i) dst[i] = _cvtsh_ss(src[i].x);
+#else
+  for (; i < count; ++i) dst[i] = static_cast<float>(src[i]);
+#endif
+}
 
 // Row n's scales and mins as floats, one per unit() k's (k / unit() of each): the float16
 // ones of a block format, or a super-block format's d * sub-block scale (and dmin' * m).
@@ -74,20 +86,6 @@ inline void expand_scales(const Weight& w, int64_t n, float* scale, float* min) 
       }
     }
   }
-}
-
-// float16 -> float32 for a run of values (F16C 8 at a time where the CPU has it).
-inline void halves_to_floats(const at::Half* src, float* dst, int64_t count) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= count; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < count; ++i) dst[i] = _cvtsh_ss(src[i].x);
-#else
-  for (; i < count; ++i) dst[i] = static_cast<float>(src[i]);
-#endif
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
