@@ -125,7 +125,9 @@ def draft_runner(
     check_draft_tokenizer(spec.model, target, model_tokenizer(resolved))
     dtype = choose_dtype(settings.dtype, resolved, settings.device)
     quantization = spec.quantization or settings.quantization
-    model = build_model(resolved, dtype, settings.device, quantization)
+    model = build_model(
+        resolved, dtype, settings.device, quantization, settings.dense_weights_memory
+    )
     log.info("draft model", model=resolved.name, dtype=dtype, quantization=quantization)
     return TorchModelRunner(model, engine_config)
 
@@ -167,6 +169,7 @@ class TorchBackend(containers.DeclarativeContainer):
         dtype,
         config.provided.model.device,
         config.provided.model.quantization,
+        config.provided.model.dense_weights_memory,
     )
     model_name = resolved_model.provided.name
     served_names = providers.Singleton(

@@ -15,6 +15,12 @@ from dependency_injector import providers
 
 from adapters.observability.logging import LEVELS, configure_logging
 from adapters.torch.cpu.threads import set_threads
+from adapters.torch.kv_sizing import (
+    PANELS_AUTO_MAX,
+    PANELS_AUTO_SHARE,
+    human_size,
+    parse_kv_cache_memory,
+)
 from application.async_engine import AsyncEngine
 from application.keys import hash_key, new_key
 from application.request_ids import new_request_id
@@ -263,12 +269,38 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "in --dtype) for infer generate",
     )
     p.add_argument(
+        "--dense-weights-memory",
+        type=dense_weights_memory,
+        default=None,
+        metavar="SIZE|auto",
+        help="a quantized model on a CPU keeps bf16 copies of its weights (the AVX512-BF16 "
+        "kernels' panels) for steps of many rows, where this CPU's measurement found them "
+        "faster than the quantized kernel, if they fit in this size (512MiB, 2GiB; 0: none); "
+        f"default auto: {PANELS_AUTO_SHARE:g} of the memory available, at most "
+        f"{human_size(PANELS_AUTO_MAX)}",
+    )
+    p.add_argument(
         "--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
     )
     _add_threads_arg(p)
     p.add_argument(
         "--cache-dir", default=None, help="converted-weights cache (default ~/.cache/infer)"
     )
+
+
+def dense_weights_memory(text: str) -> int | None:
+    """``--dense-weights-memory``'s bytes (None: auto); argparse names the flag in errors."""
+    if text.strip().lower() == "auto":
+        return None
+    if text.strip() == "0":
+        return 0
+    try:
+        size = parse_kv_cache_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size.nbytes is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size (512MiB, 2GiB, bytes), not a fraction")
+    return size.nbytes
 
 
 def _add_threads_arg(p: argparse.ArgumentParser) -> None:
@@ -413,6 +445,14 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             else f"integer dot products below {switch} rows, dequantized tiles + GEMM from there"
         )
         print(f"quantized kernel, {weights} weights, {dtype} activations: {chosen}")
+    for key, switch in (tuning.panels_from_rows or {}).items():
+        weights, dtype = key.split()
+        panels = (
+            "never faster than the quantized kernel (none kept)"
+            if switch is None
+            else f"steps of {switch} rows or more (within --dense-weights-memory)"
+        )
+        print(f"bf16 panel copies of {weights} weights: {panels}")
     if tuning.disturbed:
         print(
             f"{len(tuning.disturbed)} comparisons stayed disturbed by other processes (left "

@@ -40,7 +40,8 @@ class ModelSettings:
     ``reasoning_parser``: how chats' thinking is told from their answer (``auto``: the
     ``<think>`` parser for a template that writes ``<think>``; ``none``: not at all);
     ``kv_cache_memory``: the torch runner's KV blocks fill this budget (a
-    :class:`KVCacheMemory`, ``auto``, or None: the engine's ``num_kv_blocks``)."""
+    :class:`KVCacheMemory`, ``auto``, or None: the engine's ``num_kv_blocks``);
+    ``dense_weights_memory``: ``--dense-weights-memory`` in bytes (None: auto)."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -60,6 +61,9 @@ class ModelSettings:
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
     kv_cache_memory: KVCacheMemory | str | None = None
+    # bf16 panel copies of a quantized model's weights for steps of many rows, at most this
+    # many bytes (0: none; None: auto, see adapters.torch.factory.auto_panels_memory)
+    dense_weights_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES and self.dtype != "auto":
@@ -85,6 +89,8 @@ class ModelSettings:
             raise InvalidParameterError(
                 "model_version", f"{self.model_version!r}: letters, digits, '.', '_', '-'"
             )
+        if self.dense_weights_memory is not None and self.dense_weights_memory < 0:
+            raise InvalidParameterError("dense_weights_memory", "must be >= 0 bytes")
         if self.max_loras < 1:
             raise InvalidParameterError("max_loras", f"must be at least 1, got {self.max_loras}")
         if len(self.lora_modules) > self.max_loras:
@@ -131,6 +137,7 @@ class ModelSettings:
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
             kv_cache_memory=args.kv_cache_memory,
+            dense_weights_memory=args.dense_weights_memory,
         )
 
 

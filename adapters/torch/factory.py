@@ -26,6 +26,7 @@ from adapters.torch.kv_sizing import (
     CUDA_AUTO_FRACTION,
     MIB,
     KVCacheMemory,
+    auto_panels_memory,
     bytes_per_block,
     human_size,
     size_kv_cache,
@@ -35,7 +36,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import QuantLinear, has_gguf_blocks
+from adapters.torch.quant import QuantLinear, has_gguf_blocks, keep_panels
 from adapters.torch.runtime.invariant import make_batch_invariant
 from application.embeddings import EmbeddingLimits, EmbeddingService
 from application.engine_client import EngineClient
@@ -89,11 +90,19 @@ def choose_quantization(flag: str | None, resolved: ModelFolder, device: str = "
 
 
 def build_model(
-    resolved: ModelFolder, dtype: str, device: str | None, quantization: str | None = None
+    resolved: ModelFolder,
+    dtype: str,
+    device: str | None,
+    quantization: str | None = None,
+    panels_memory: int | None = None,
 ) -> Transformer:
     """The model on ``device`` (None: CUDA when there is one) in ``dtype``, its linears
-    quantized as ``--quantization`` chooses; logs the quantized weights once."""
+    quantized as ``--quantization`` chooses, with bf16 panel copies for steps of many rows
+    within ``panels_memory`` bytes (None: :func:`auto_panels_memory`); logs the quantized
+    weights once."""
     device = device or default_device()
+    if panels_memory is None:
+        panels_memory = auto_panels_memory()
     method = choose_quantization(quantization, resolved, device)
     model = load_model(
         resolved.path,
@@ -104,7 +113,7 @@ def build_model(
     )
     if method is not None:
         linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
-        switch = _quantized_switch(model, linears, dtype)
+        switch, panels = _quantized_switch(model, linears, dtype, panels_memory)
         log.info(
             "quantized weights",
             method=method,
@@ -113,25 +122,38 @@ def build_model(
             dense_from_rows=switch,
             # an 8-bit LM head's dequantized copy for many rows (keep_dense_head)
             dense_copy_mib=round(sum(m.dense.nbytes for m in linears if m.dense is not None) / MIB),
+            # bf16 panel copies for steps of many rows (keep_panels)
+            panels_from_rows=panels or None,
+            panels_mib=round(sum(m.panels.nbytes for m in linears if m.panels is not None) / MIB),
         )
     return model
 
 
 def _quantized_switch(
-    model: Transformer, linears: list[QuantLinear], dtype: str
-) -> dict[int, int] | None:
+    model: Transformer, linears: list[QuantLinear], dtype: str, panels_memory: int
+) -> tuple[dict[int, int] | None, dict[int, int]]:
     """Give each quantized linear this CPU's measured switch from integer dot products to
     dequantized tiles for its weight format and the model's dtype (see
-    :mod:`adapters.torch.cpu.tuning`): bits -> rows, None without the kernel."""
+    :mod:`adapters.torch.cpu.tuning`): bits -> rows, None without the kernel; and, where the
+    tuning measured bf16 panel copies winning from some row count, those copies within
+    ``panels_memory`` bytes (:func:`~adapters.torch.quant.keep_panels`): bits -> rows,
+    empty where none are kept."""
     if not linears or linears[0].kernel is None:
-        return None
+        return None, {}
     tuning = tuned(linear_shapes(model.config))
     chosen: dict[int, int] = {}
+    panels: dict[int, int] = {}
     for linear in linears:
         switch = tuning.switch(linear.bits, dtype)
         if switch is not None:
             linear.dense_from_rows = chosen[linear.bits] = switch
-    return chosen or None
+        # 6-bit weights go with 8-bit's measurement (both integer dots against int8 x)
+        from_rows = tuning.panels(8 if linear.bits == 6 else linear.bits, dtype)
+        if from_rows is not None:
+            panels[linear.bits] = from_rows
+    if panels and not keep_panels(model, panels, panels_memory):
+        panels = {}
+    return chosen or None, panels
 
 
 def build_engine_config(

@@ -125,6 +125,19 @@ def cpu_available_memory() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+# --dense-weights-memory auto: bf16 panel copies of a quantized model's weights (for steps of
+# many rows) up to this size and this share of the memory available at load (SmolLM2-135M's
+# take 256 MiB; a 1B model's ~2 GiB are left out: its steps stay on the quantized kernel).
+PANELS_AUTO_MAX = 1 << 30
+PANELS_AUTO_SHARE = 0.125
+
+
+def auto_panels_memory() -> int:
+    """``--dense-weights-memory auto``'s bytes: :data:`PANELS_AUTO_SHARE` of the memory
+    available now, at most :data:`PANELS_AUTO_MAX`."""
+    return min(PANELS_AUTO_MAX, int(PANELS_AUTO_SHARE * cpu_available_memory()))
+
+
 def device_memory(device: torch.device) -> DeviceMemory:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)

@@ -25,7 +25,7 @@ dequantizes the weight for each call.
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
+from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.models.transformer import Transformer
 from domain.errors import ModelLoadError
@@ -50,6 +51,9 @@ SIX_BIT_GROUP, SIX_BIT_RUN = 16, 128  # 6-bit: k's a scale covers, k's a 96-byte
 DENSE_FROM_ROWS = 16
 # An 8-bit LM head keeps a dequantized copy up to this size (see keep_dense_head).
 DENSE_HEAD_MAX_BYTES = 512 << 20
+# A quantized linear's rows switch to its bf16 panel copy (keep_panels) from this many:
+# never, unless this CPU's tuning measured a crossover.
+NEVER = 1 << 30
 QUANTIZED_FILE = "quantized.safetensors"
 QUANTIZATION_FILE = "quantization.json"
 FORMAT = "infer-quantized-v1"
@@ -304,6 +308,10 @@ class QuantLinear(nn.Module):
         self.dense_from_rows = DENSE_FROM_ROWS
         self.kernel = _kernel() if weight.qweight.device.type == "cpu" else None
         self.dense: Tensor | None = None  # W dequantized once (keep_dense_head)
+        # W dequantized to bf16 once, in the AVX512-BF16 kernels' panels (keep_panels), for
+        # steps of panels_from_rows rows or more
+        self.panels: Tensor | None = None
+        self.panels_from_rows = NEVER
 
     @property
     def weight_q(self) -> QuantizedWeight:
@@ -324,7 +332,16 @@ class QuantLinear(nn.Module):
     def product(self, flat: Tensor) -> Tensor:
         """``flat @ W.T`` for ``flat`` ``[M, K]``: by the path its row count takes, or the
         dequantized tiles' in a :func:`prompt_rows` block."""
-        switch = 1 if _PROMPT_ROWS.get() else self.dense_from_rows
+        prompt = _PROMPT_ROWS.get()
+        if (
+            self.panels is not None
+            and len(flat) >= self.panels_from_rows
+            and flat.dtype == torch.bfloat16
+            and not prompt
+        ):
+            gemm = cast(Any, cpu_kernels()).gemm_packed
+            return cast(Tensor, gemm(flat.contiguous(), self.panels, self.out_features))
+        switch = 1 if prompt else self.dense_from_rows
         if self.dense is not None and len(flat) >= switch:
             return F.linear(flat.to(self.dense.dtype), self.dense).to(flat.dtype)
         if self.kernel is not None and flat.dtype in (torch.float32, torch.bfloat16):
@@ -459,6 +476,34 @@ def keep_dense_head(model: Transformer, dtype: torch.dtype) -> int:
     if nbytes > DENSE_HEAD_MAX_BYTES:
         return 0
     head.dense = dequantize(head.weight_q, dtype)
+    return nbytes
+
+
+def keep_panels(model: nn.Module, switches: Mapping[int, int], max_bytes: int) -> int:
+    """Give the CPU kernel's quantized linears of the formats in ``switches`` (bits -> rows)
+    a bf16 copy in the AVX512-BF16 kernels' panels, taken from that many rows on (decode
+    steps of many rows are compute-bound: there the bf16 panel GEMM beats both the integer
+    dot products and tiles dequantized on every call; SmolLM2-135M's decode step at 64 rows
+    46.5 -> 34.7 ms on a Zen 5), all of them or none: not where the copies would take more
+    than ``max_bytes``, nor without those kernels. An LM head's dense copy goes where its
+    panels take over from no more rows. Returns the copies' bytes (0: none kept)."""
+    kernels = cpu_kernels()
+    linears = [
+        m
+        for m in model.modules()
+        if isinstance(m, QuantLinear)
+        and m.kernel is not None
+        and m.bits in switches
+        and m.in_features % 2 == 0
+    ]
+    nbytes = sum(m.out_features * m.in_features * 2 for m in linears)
+    if kernels is None or not linears or nbytes > max_bytes:
+        return 0
+    for m in linears:
+        m.panels = kernels.pack_panels(m.dequantized(torch.bfloat16).contiguous())
+        m.panels_from_rows = switches[m.bits]
+        if m.dense is not None and m.panels_from_rows <= m.dense_from_rows:
+            m.dense = None
     return nbytes
 
 

@@ -91,6 +91,10 @@ class QuantDecodeLayer:
         if rows.k_pool.dtype != x.dtype:
             return None
         cos, sin = rope
+        flat = x.reshape(-1, x.shape[-1])
+        panels = self._panels(linears, len(flat))
+        if panels is not None:
+            return self._panel_layer(flat, panels, rope, rows).view(x.shape)
         y = self.kernel(
             x.reshape(-1, x.shape[-1]),
             self.norms,
@@ -106,6 +110,57 @@ class QuantDecodeLayer:
             self.eps,
         )
         return y.view(x.shape)
+
+    def _panels(self, linears: list[QuantLinear], rows: int) -> list[Tensor] | None:
+        """The four linears' bf16 panels where a step of ``rows`` rows takes them (every
+        linear's switch reached; no bias: the bf16 layer has none), else None."""
+        if not self.bf16_attention or self.shape[2] % 32:
+            return None
+        panels = []
+        for m in linears:
+            if m.panels is None or rows < m.panels_from_rows or m.bias is not None:
+                return None
+            panels.append(m.panels)
+        return panels
+
+    def _panel_layer(
+        self, x: Tensor, panels: list[Tensor], rope: tuple[Tensor, Tensor], rows: PagedDecodeRows
+    ) -> Tensor:
+        """The step as the AVX512-BF16 kernels' decode layer over the linears' bf16
+        panels (what a bf16 model's :class:`~.fused_decode.FusedDecodeLayer` runs)."""
+        n = self.norms  # input, post-attention, pre-MLP, post-MLP, q, k
+        heads, kv_heads, _, unit_offset, gelu = self.shape
+        kernels: Any = cpu_kernels()
+        return cast(
+            Tensor,
+            kernels.decode_layer_paged(
+                x,
+                n[0],
+                panels[0],
+                panels[1],
+                n[1],
+                n[2],
+                panels[2],
+                panels[3],
+                n[3],
+                n[4],
+                n[5],
+                bool(unit_offset),
+                bool(gelu),
+                panels[3].shape[1] * 2,
+                rows.k_pool,
+                rows.v_pool,
+                rows.write_index,
+                rows.tables,
+                rows.lengths,
+                rows.window,
+                *rope,
+                heads,
+                kv_heads,
+                self.scale,
+                self.eps,
+            ),
+        )
 
     def _arguments(self, linears: list[QuantLinear], window: int) -> tuple[list, list[int]]:
         """The op's linear entries and meta, rebuilt only when a module or setting changed."""

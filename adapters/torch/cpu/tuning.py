@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 import torch
@@ -58,7 +58,7 @@ from adapters.torch.cpu.portable import portable_kernels
 from adapters.torch.models.config import ModelConfig
 
 if TYPE_CHECKING:
-    from adapters.torch.quant import QuantizedWeight
+    from adapters.torch.quant import QuantizedWeight, QuantLinear
 
 log = structlog.get_logger(__name__)
 ROWS = (1, 16, 64)  # one decode stream, a small batch, a full batch
@@ -68,8 +68,9 @@ SWITCH_ROWS = (2, 4, 8, 16, 32, 64)  # candidates for the quantized kernel's swi
 # 4: interleaved rounds checked against a reference GEMM (its floor recorded) and CPU
 # waits, what stayed disturbed listed and left out (a switch None: the kernel's default);
 # 5: the 4-bit integer path reads dx / xs compact (several rows 1.2-1.9x faster: the
-# crossover to tiles moved)
-VERSION = 5
+# crossover to tiles moved); 6: bf16 panel copies of the quantized weights timed beside
+# both (panels_from_rows)
+VERSION = 6
 REFERENCE = (32, 512, 512)  # rows, in, out: the float32 GEMM that gauges the machine
 ROUNDS = 3  # undisturbed rounds each comparison needs
 DISTURBED = 1.3  # a round slowed more than this (reference over floor, waits) was disturbed
@@ -100,6 +101,15 @@ class Tuning:
     reason: str
     reference_ms: float = 0.0
     disturbed: list[str] = field(default_factory=list)
+    # "int4 bfloat16" -> the fewest rows from which a bf16 panel copy of the weights beats
+    # the quantized kernel's paths (None: it never did, or not measured undisturbed); None
+    # without the AVX512-BF16 kernels or where the chosen dtype is float32.
+    panels_from_rows: dict[str, int | None] | None = None
+
+    def panels(self, bits: int, dtype: str) -> int | None:
+        """Rows from which ``bits``-bit weights' bf16 panels win (None: never measured
+        to)."""
+        return (self.panels_from_rows or {}).get(f"int{bits} {dtype}")
 
     def switch(self, bits: int, dtype: str) -> int | None:
         """The quantized kernel's switch for ``bits``-bit weights and ``dtype`` activations
@@ -240,16 +250,22 @@ def measure(shapes: list[tuple[int, int]], *, budget_s: float = BUDGET_S) -> Tun
     dtype, reason = _choose_dtype(timings, _unsettled(timer.disturbed, compared))
     if kernels is not None:
         dtypes = sorted({"float32", dtype})
+        panels = (
+            dtype == "bfloat16"
+            and all(k % 2 == 0 for _, k in shapes)
+            and _panel_kernels() is not None
+        )
         quantized = {
             f"int{bits} {dtype} at {rows} rows": (
-                (f"int{bits} dots {dtype}", f"int{bits} tiles {dtype}"),
+                (f"int{bits} dots {dtype}", f"int{bits} tiles {dtype}")
+                + ((f"int{bits} panels {dtype}",) if panels and dtype == "bfloat16" else ()),
                 rows,
             )
             for bits in (4, 8)
             for dtype in dtypes
             for rows in sorted({*ROWS, *SWITCH_ROWS})
         }
-        make = functools.partial(_quantized_paths, kernels, dtypes)
+        make = functools.partial(_quantized_paths, kernels, dtypes, panels)
         timings |= _timings(timer, shapes, make, quantized, compared)
     timer.recheck()
     log.info(
@@ -271,6 +287,7 @@ def measure(shapes: list[tuple[int, int]], *, budget_s: float = BUDGET_S) -> Tun
         reason,
         reference_ms=timer.floor,
         disturbed=timer.disturbed,
+        panels_from_rows=_choose_panels(timings, _unsettled(timer.disturbed, compared)),
     )
 
 
@@ -617,6 +634,37 @@ def _choose_switch(
     return SWITCH_ROWS[-1] * 2
 
 
+def _choose_panels(
+    timings: dict[str, dict[str, float]], unsettled: Unsettled | None = None
+) -> dict[str, int | None] | None:
+    """Per ``"int4 bfloat16"`` timed with panels: the fewest rows from which the bf16
+    panels beat the faster of dots and tiles there and at the next count (None: never, or
+    nothing timed undisturbed); None where no panels were timed."""
+    found: dict[str, int | None] = {}
+    for name, panels in timings.items():
+        if " panels " not in name:
+            continue
+        dots = timings[name.replace("panels", "dots")]
+        tiles = timings[name.replace("panels", "tiles")]
+        rows = [
+            r
+            for r in SWITCH_ROWS
+            if not {(name, r), (name.replace("panels", "dots"), r)} & (unsettled or set())
+            and str(r) in panels
+        ]
+        best = {str(r): min(dots[str(r)], tiles[str(r)]) for r in rows}
+        switch = _choose_switch(best, panels, rows) if rows else None
+        found[name.replace(" panels", "")] = switch if switch in rows else None
+    return found or None
+
+
+def _panel_kernels() -> object | None:
+    """The AVX512-BF16 kernels (their panel GEMM), where built."""
+    from adapters.torch.cpu.kernels import cpu_kernels
+
+    return cpu_kernels()
+
+
 def _unsettled(labels: list[str], compared: dict[str, "Compared"]) -> Unsettled:
     """The (path, rows) of the comparisons ``labels`` names."""
     return {(path, compared[label][1]) for label in labels for path in compared[label][0]}
@@ -627,10 +675,11 @@ def _dense_paths(n: int, k: int) -> Made:
     return {"float32": _dense(n, k, torch.float32), "bfloat16": _dense(n, k, torch.bfloat16)}
 
 
-def _quantized_paths(kernels: object, dtypes: list[str], n: int, k: int) -> Made:
+def _quantized_paths(kernels: object, dtypes: list[str], panels: bool, n: int, k: int) -> Made:
     """``"int4 dots bfloat16"`` and the like: the quantized kernel forced onto one path, per
-    weight format and activation dtype, on one shape's weights per format."""
-    from adapters.torch.quant import quantize_int4, quantize_int8
+    weight format and activation dtype, on one shape's weights per format; with ``panels``
+    also ``"int4 panels bfloat16"``: the weights dequantized into bf16 panels."""
+    from adapters.torch.quant import QuantLinear, quantize_int4, quantize_int8
 
     paths: Made = {}
     for bits in (4, 8):
@@ -640,7 +689,16 @@ def _quantized_paths(kernels: object, dtypes: list[str], n: int, k: int) -> Made
             for path, switch in (("dots", 1 << 30), ("tiles", 1)):
                 op = _forced(kernels, w, bits, switch)
                 paths[f"int{bits} {path} {dtype}"] = op, getattr(torch, dtype)
+        if panels:
+            paths[f"int{bits} panels bfloat16"] = _panels(QuantLinear(w), n), torch.bfloat16
     return paths
+
+
+def _panels(linear: "QuantLinear", n: int) -> Linear:
+    """The AVX512-BF16 kernels' GEMM on ``linear``'s weights dequantized into bf16 panels."""
+    kernels: Any = _panel_kernels()
+    packed = kernels.pack_panels(linear.dequantized(torch.bfloat16).contiguous())
+    return lambda x: cast(Tensor, kernels.gemm_packed(x, packed, n))
 
 
 def _forced(kernels: object, w: "QuantizedWeight", bits: int, switch: int) -> Linear:

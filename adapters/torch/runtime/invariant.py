@@ -6,8 +6,9 @@ Three choices make a step's arithmetic depend on its shape, and this turns each 
 
 - the quantized linears switch from integer dot products to dequantized tiles and a GEMM
   from some row count on (:class:`~adapters.torch.quant.QuantLinear`'s
-  ``dense_from_rows``), and an 8-bit LM head keeps a dense copy for many rows: here every
-  row takes the integer path, which computes each row alone in one fixed order;
+  ``dense_from_rows``), and to bf16 panel copies (``panels_from_rows``), and an 8-bit LM
+  head keeps a dense copy for many rows: here every row takes the integer path, which
+  computes each row alone in one fixed order;
 - prompt chunks attend through the prompt kernel or SDPA (its own blocking), decode rows
   through the paged decode kernel: here every token of a step is a row over the paged pool
   (the runner lays prompt chunks out as rows; the fused decode layer writes the step's keys
@@ -42,6 +43,7 @@ def make_batch_invariant(model: nn.Module) -> dict[str, int | bool]:
         if isinstance(module, QuantLinear):
             module.dense_from_rows = NEVER
             module.dense = None  # the LM head's dense copy serves many rows only
+            module.panels, module.panels_from_rows = None, NEVER  # as do the bf16 panels
             quantized += 1
         elif isinstance(module, nn.Linear | PackedLinear):
             dense += 1

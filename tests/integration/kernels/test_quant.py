@@ -14,10 +14,12 @@ from adapters.torch.quant import (
     concat_rows,
     dequantize,
     keep_dense_head,
+    keep_panels,
     narrow_to_6bit,
     pack_int4,
     pack_int6,
     plain_blocks,
+    prompt_rows,
     quantize_int4,
     quantize_int8,
     quantize_model,
@@ -266,3 +268,51 @@ def test_gguf_quantization_needs_gguf_blocks(tmp_path: Path) -> None:
         quantize_model(model, "gguf", folder=folder)
     with pytest.raises(ValueError, match="quantization must be one of"):
         quantize_model(model, "int3")
+
+
+def _panel_kernels_or_skip() -> None:
+    from adapters.torch.cpu.kernels import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.skip("no AVX512-BF16 kernels (their panel GEMM) on this machine")
+
+
+def test_bf16_panels_take_steps_of_many_rows_not_prompt_scoring(tmp_path: Path) -> None:
+    _panel_kernels_or_skip()
+    folder = _smollm2_config(tmp_path)
+    model = load_model(folder, dtype=torch.bfloat16, random_weights=True, quantization="int4")
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    want = sum(m.out_features * m.in_features * 2 for m in linears)
+    head = model.lm_head
+    assert isinstance(head, QuantLinear) and head.dense is not None
+    assert keep_panels(model, {4: 4, 8: 2}, want) == want
+    assert all(m.panels is not None for m in linears)
+    assert head.panels_from_rows == 2 and head.dense is None  # the panels take over the copy
+    layer = linears[0]
+    assert layer.bits == 4 and layer.panels_from_rows == 4
+    x = torch.randn(6, layer.in_features, generator=torch.Generator().manual_seed(1)).bfloat16()
+    dense = F.linear(x.float(), layer.dequantized(torch.float32))
+    panels = layer(x)
+    rel = (panels.float() - dense).norm() / dense.norm()
+    assert rel < 1e-2, rel  # the same weights, in bf16
+    assert torch.equal(layer(x[:3]), layer.product(x[:3]))  # below the switch: the kernel
+    with prompt_rows():  # prompt scoring keeps the tiles, as the trainer's forward does
+        scored = layer(x)
+        panels_kept, layer.panels = layer.panels, None
+        tiles = layer(x)
+    assert torch.equal(scored, tiles) and not torch.equal(panels, tiles)
+    layer.panels = panels_kept
+
+
+def test_no_panels_past_the_memory_given_or_for_formats_not_chosen(tmp_path: Path) -> None:
+    _panel_kernels_or_skip()
+    folder = _smollm2_config(tmp_path)
+    model = load_model(folder, dtype=torch.bfloat16, random_weights=True, quantization="int4")
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    want = sum(m.out_features * m.in_features * 2 for m in linears)
+    assert keep_panels(model, {4: 4, 8: 2}, want - 1) == 0  # all or none
+    assert all(m.panels is None for m in linears)
+    assert model.lm_head.dense is not None  # the head keeps its copy
+    only_8bit = keep_panels(model, {8: 2}, want)
+    assert only_8bit == model.lm_head.out_features * model.lm_head.in_features * 2
+    assert [m for m in linears if m.panels is not None] == [model.lm_head]

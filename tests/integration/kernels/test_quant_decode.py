@@ -17,6 +17,7 @@ from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import PagedBatch
 from adapters.torch.models.transformer import Transformer
+from adapters.torch.quant import keep_panels
 from tests.support.paged_forward import PagedSequence, Pool, paged_step, rand_ids
 from tests.support.tiny_models import save_tiny_model
 
@@ -160,3 +161,41 @@ def test_the_op_rejects_a_write_outside_the_pool(tmp_path: Path) -> None:
             kernel.scale,
             kernel.eps,
         )
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 kernels")
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_decode_rows_over_bf16_panels_equal_the_modules(family: str, tmp_path: Path) -> None:
+    """From ``panels_from_rows`` rows the fused layer runs the AVX512-BF16 decode layer over
+    the linears' bf16 panel copies (keep_panels); fewer rows stay on the quantized one."""
+    model = _model(family, "int4", torch.bfloat16, tmp_path)
+    assert keep_panels(model, {4: 3, 8: 3}, 1 << 30) > 0
+    fused = _fused(model)
+    pool = Pool(model)
+    pool.cache = type(pool.cache)(model.config, 40, 4, dtype=torch.bfloat16, device="cpu")
+    seqs = [rand_ids(13, 1), rand_ids(3, 2), rand_ids(9, 3)]
+    tables = [pool.grow([], len(s) + 2) for s in seqs]
+    calls: list[bool] = []
+    for kernel in fused:
+        kernel._panel_layer = _recorded(kernel._panel_layer, calls)
+    with torch.inference_mode():
+        paged_step(model, pool.cache, [], [(t, 0, s) for t, s in zip(tables, seqs, strict=True)])
+        for step, count in ((0, 3), (1, 2)):  # 3 rows: the panels; 2: the quantized layer
+            calls.clear()
+            pairs = list(enumerate(zip(tables, seqs, strict=True)))[:count]
+            rows = [(t, len(s) + step, 7 + i) for i, (t, s) in pairs]
+            fast = paged_step(model, pool.cache, rows, [])
+            assert calls == ([True] * len(fused) if count == 3 else [])
+            _set(model, [None] * len(fused))
+            slow = paged_step(model, pool.cache, rows, [])
+            _set(model, fused)
+            assert_close(fast, slow, **TOL[torch.bfloat16])
+            assert torch.equal(fast.argmax(-1), slow.argmax(-1))
+
+
+def _recorded(fn, calls: list[bool]):  # type: ignore[no-untyped-def]
+    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(True)
+        return fn(*args, **kwargs)
+
+    return wrapped

@@ -11,6 +11,7 @@ import torch
 
 from adapters.torch import factory
 from adapters.torch.cpu import tuning
+from adapters.torch.kv_sizing import PANELS_AUTO_MAX
 from adapters.weights.dummy import resolve_dummy
 from entrypoints import cli
 from entrypoints.cli import main
@@ -84,6 +85,45 @@ def test_a_switch_is_per_weight_format_and_activation_dtype() -> None:
     assert unsettled.switch(4, "bfloat16") is None  # the kernel's default, not float32's
 
 
+def test_bf16_panels_are_chosen_from_where_they_beat_both_quantized_paths() -> None:
+    timings = _timings(1, 1)  # int4 bfloat16: dots r, tiles 3 + r / 4
+    timings["int4 panels bfloat16"] = {str(r): 1.5 + r / 8 for r in ROWS}  # wins from 2 rows
+    assert tuning._choose_panels(timings) == {"int4 bfloat16": 2}
+    timings["int4 panels bfloat16"] = {str(r): 4.0 + r / 5 for r in ROWS}  # from 32 (vs tiles)
+    assert tuning._choose_panels(timings) == {"int4 bfloat16": 32}
+    unsettled = {("int4 panels bfloat16", 32)}  # 32 not timed undisturbed: from 64
+    assert tuning._choose_panels(timings, unsettled) == {"int4 bfloat16": 64}
+    timings["int4 panels bfloat16"] = {str(r): 100.0 for r in ROWS}  # never
+    assert tuning._choose_panels(timings) == {"int4 bfloat16": None}
+    assert tuning._choose_panels(_timings(1, 1)) is None  # no panels timed
+    chosen = tuning.Tuning(
+        "cpu", [], {}, "bfloat16", SWITCHES, "", panels_from_rows={"int4 bfloat16": 8}
+    )
+    assert chosen.panels(4, "bfloat16") == 8 and chosen.panels(8, "bfloat16") is None
+    assert tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "").panels(4, "bfloat16") is None
+
+
+def test_panels_the_tuning_chose_are_kept_within_the_memory_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapters.torch.cpu.kernels import cpu_kernels
+    from adapters.torch.quant import QuantLinear
+
+    if cpu_kernels() is None:
+        pytest.skip("no AVX512-BF16 kernels")
+    resolved = resolve_dummy("SmolLM2-135M", tmp_path)
+    panels = {"int4 bfloat16": 8, "int8 bfloat16": 2}
+    fixed = tuning.Tuning("cpu", [], {}, "bfloat16", SWITCHES, "m", panels_from_rows=panels)
+    monkeypatch.setattr(factory, "tuned", lambda shapes: fixed)
+    model = factory.build_model(resolved, "bfloat16", "cpu", "int4", panels_memory=1 << 30)
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert {(m.bits, m.panels_from_rows) for m in linears} == {(4, 8), (8, 2)}
+    assert all(m.panels is not None for m in linears)
+    model = factory.build_model(resolved, "bfloat16", "cpu", "int4", panels_memory=1 << 20)
+    assert all(m.panels is None for m in model.modules() if isinstance(m, QuantLinear))
+    assert 0 < factory.auto_panels_memory() <= PANELS_AUTO_MAX
+
+
 def test_measure_times_every_path_this_machine_has() -> None:
     result = tuning.measure(SHAPES, budget_s=2.0)
     assert {"float32", "bfloat16"} <= set(result.timings)
@@ -95,6 +135,12 @@ def test_measure_times_every_path_this_machine_has() -> None:
         assert set(result.dense_from_rows) == want
         assert all(r in (*tuning.SWITCH_ROWS, 128, None) for r in result.dense_from_rows.values())
     assert result.reference_ms > 0  # None above: not timed undisturbed on a busy machine
+    from adapters.torch.cpu.kernels import cpu_kernels
+
+    if result.dtype == "bfloat16" and cpu_kernels() is not None:
+        assert result.panels_from_rows is not None
+        assert set(result.panels_from_rows) == {"int4 bfloat16", "int8 bfloat16"}
+        assert "int4 panels bfloat16" in result.timings
 
 
 def test_a_tuning_is_measured_once_per_machine_and_shapes(

@@ -115,6 +115,38 @@ inline void store16(T* p, __m512 v) {
   else
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
 }
+
+// exp of 16 float32 lanes: 2^n * p(f), n = round(x log2 e), p a degree-6 polynomial of the
+// fraction (relative error ~1e-7, as expf); below -87 the result is 0-ish, above +88 inf.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The gated MLP's activation of 16 gate values in float32: SiLU g / (1 + e^-g), or GELU
+// tanh, 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)) with u = sqrt(2/pi) (g + 0.044715 g^3).
+// (Scalar expf per value was ~9 % of a 64-row step's CPU time.)
+inline __m512 activate16(__m512 g, bool gelu) {
+  __m512 z = g;  // the exponent's argument, negated
+  if (gelu) {
+    const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+    z = _mm512_add_ps(u, u);
+  }
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
 #define INFER_VEC16 1
 #endif
 
@@ -177,11 +209,9 @@ void rope(T* x, const T* cos, const T* sin, int64_t dim, float* tmp) {
 
 // The gated MLP's activation of g in float32 (GELU tanh or SiLU); activate: rounded to T.
 inline float activate_raw(float g, bool gelu) {
-  if (gelu) {
-    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return 0.5f * g * (1.0f + std::tanh(inner));
-  }
-  return g / (1.0f + std::exp(-g));
+  float z = g;  // as activate16: GELU tanh as g / (1 + e^(-2u))
+  if (gelu) z = 2.0f * (0.7978845608028654f * (g + 0.044715f * g * g * g));
+  return g / (1.0f + std::exp(-z));
 }
 
 template <typename T>
@@ -264,12 +294,8 @@ at::Tensor decode_layer(const at::Tensor& x, const Layer& layer, const at::Tenso
       T* a = ap + r * inter;
       int64_t i = 0;
 #if defined(INFER_VEC16)
-      alignas(64) float act16[16];
-      for (; i + 16 <= inter; i += 16) {
-        _mm512_store_ps(act16, load16(g + i));
-        for (int j = 0; j < 16; ++j) act16[j] = activate_raw(act16[j], gelu);
-        store16(a + i, _mm512_mul_ps(round_t<T>(_mm512_load_ps(act16)), load16(up + i)));
-      }
+      for (; i + 16 <= inter; i += 16)
+        store16(a + i, _mm512_mul_ps(round_t<T>(activate16(load16(g + i), gelu)), load16(up + i)));
 #endif
       for (; i < inter; ++i) a[i] = static_cast<T>(activate<T>(fl(g[i]), gelu) * fl(up[i]));
     }
