@@ -303,5 +303,11 @@ def test_the_cpu_kernel_draws_what_the_tensor_pipeline_draws(
         len(params), dtype=torch.float64, generator=torch.Generator().manual_seed(6)
     )
     uniforms[[p.greedy for p in params]] = 0.0
+    logits[6:8, 900] = logits[6:8, 7] = logits[6:8].max() + 1  # ties at the top: the first id
     expected = sample_from_probs(filtered_probs(logits.float(), params), uniforms)
     assert _sample_rows(cpu_kernels(), logits, params, uniforms).tolist() == expected.tolist()
+    for r in range(len(kinds)):  # a row alone (one stream's step: the calling thread only)
+        alone = _sample_rows(
+            cpu_kernels(), logits[r : r + 1], params[r : r + 1], uniforms[r : r + 1]
+        )
+        assert alone.tolist() == expected[r : r + 1].tolist()

@@ -70,6 +70,51 @@ int64_t fixed_point_weights(const float* p, int64_t n, float keep_from, int64_t*
   return total;
 }
 
+// x[0..n) = the bf16 values of `row` widened to float32 (row null: x holds the values
+// already); returns the first index of the maximum (NaN never one; all -inf or NaN: 0) and
+// the maximum in *top, 16 lanes at a time, as the scalar scan `if (x[i] > top)` picks.
+int64_t widen_argmax(const uint16_t* row, int64_t n, float* x, float* top_out) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __m512i best_at = _mm512_setzero_si512();
+  __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  const int64_t vec_end = n / 16 * 16;
+  for (int64_t i = 0; i < vec_end; i += 16) {
+    __m512 v;
+    if (row != nullptr) {
+      v = load_bf16x16(row + i);
+      _mm512_storeu_ps(x + i, v);
+    } else {
+      v = _mm512_loadu_ps(x + i);
+    }
+    const __mmask16 better = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // strictly: first wins
+    best = _mm512_mask_mov_ps(best, better, v);
+    best_at = _mm512_mask_mov_epi32(best_at, better, at);
+    at = _mm512_add_epi32(at, step);
+  }
+  alignas(64) float values[16];
+  alignas(64) int32_t indices[16];
+  _mm512_store_ps(values, best);
+  _mm512_store_si512(indices, best_at);
+  float top = -INFINITY;
+  int64_t top_at = 0;
+  for (int lane = 0; lane < 16; ++lane) {
+    if (values[lane] > top || (values[lane] == top && top != -INFINITY && indices[lane] < top_at)) {
+      top = values[lane];
+      top_at = indices[lane];
+    }
+  }
+  for (int64_t i = vec_end; i < n; ++i) {
+    if (row != nullptr) x[i] = bf16_to_float(row[i]);
+    if (x[i] > top) {
+      top = x[i];
+      top_at = i;
+    }
+  }
+  *top_out = top;
+  return top_at;
+}
+
 // Samples one token per row from logits [B, V] (float32 or bf16, contiguous rows) with the
 // Sampler's pipeline and arithmetic (adapters/torch/runtime/sampler.py), one row per thread at a time
 // instead of ~20 whole-batch tensor passes: temperature 0 -> the first maximal id; else
@@ -97,23 +142,27 @@ torch::Tensor sample_rows(const torch::Tensor& logits, const torch::Tensor& temp
   const float* MP = min_p.data_ptr<float>();
   const double* U = uniforms.data_ptr<double>();
   int64_t* O = out.data_ptr<int64_t>();
-#pragma omp parallel
+  // One row (a single stream's step) runs on the calling thread: waking the others cost more
+  // than the row. Each thread's buffers are kept between calls (a row's ~600 KB for a 49k
+  // vocabulary were allocated, zeroed and page-faulted on every call).
+#pragma omp parallel if (rows > 1)
   {
-    std::vector<float> x(vocab), tmp;
-    std::vector<int64_t> w(vocab);
-    std::vector<std::pair<float, int64_t>> nucleus;
+    thread_local std::vector<float> x, tmp;
+    thread_local std::vector<int64_t> w;
+    thread_local std::vector<std::pair<float, int64_t>> nucleus;
+    if (static_cast<int64_t>(x.size()) < vocab) x.resize(vocab);
+    if (static_cast<int64_t>(w.size()) < vocab) w.resize(vocab);
 #pragma omp for schedule(dynamic)
     for (int64_t r = 0; r < rows; ++r) {
+      float top;
+      int64_t top_at;
       if (bf16) {
         const uint16_t* row = reinterpret_cast<const uint16_t*>(logits.data_ptr<at::BFloat16>()) + r * logits.stride(0);
-        for (int64_t i = 0; i < vocab; ++i) x[i] = bf16_to_float(row[i]);
+        top_at = widen_argmax(row, vocab, x.data(), &top);
       } else {
         std::memcpy(x.data(), logits.data_ptr<float>() + r * logits.stride(0), vocab * sizeof(float));
+        top_at = widen_argmax(nullptr, vocab, x.data(), &top);
       }
-      float top = -INFINITY;
-      int64_t top_at = 0;
-      for (int64_t i = 0; i < vocab; ++i)
-        if (x[i] > top) top = x[i], top_at = i;
       if (T[r] == 0.f || top == -INFINITY) {  // greedy (or nothing finite to sample from)
         O[r] = top_at;
         continue;
