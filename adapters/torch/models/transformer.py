@@ -73,6 +73,12 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: dict[bool, RotaryTable] = {}
+        # Every layer's decode rows in one call, installed by CPU inference optimizations:
+        # (x, ropes, batch) -> the last layer's output, or None where it does not apply to
+        # this step (the layers run). See cpu.quant_decode.QuantDecodeStack.
+        self.decode_stack: (
+            Callable[[Tensor, dict[bool, tuple[Tensor, Tensor]], PagedBatch], Tensor | None] | None
+        ) = None
 
     def setup_rope(self, dtype: torch.dtype, device: torch.device | str) -> None:
         """Build the cos/sin tables (not parameters: they are derived, never loaded)."""
@@ -130,10 +136,14 @@ class Transformer(nn.Module):
         """One continuous-batching step: ``input_ids`` ``[N]`` laid out as ``batch`` says;
         returns logits ``[S, vocab]`` of the tokens at ``sample_rows`` ``[S]``."""
         ropes = {s: table.gather_tokens(batch.positions) for s, table in self.rope.items()}
-        views = {s: batch.view(s) for s in self.rope}
         x = self.embed(input_ids[None])
-        for layer, sliding in zip(self.layers, self.sliding, strict=True):
-            x = layer(x, ropes[sliding], _NO_MASK, views[sliding])
+        stacked = self.decode_stack(x, ropes, batch) if self.decode_stack is not None else None
+        if stacked is not None:
+            x = stacked
+        else:
+            views = {s: batch.view(s) for s in self.rope}
+            for layer, sliding in zip(self.layers, self.sliding, strict=True):
+                x = layer(x, ropes[sliding], _NO_MASK, views[sliding])
         return self.logits(self.norm(x[0, sample_rows]))
 
     def prompt_kernel(self) -> bool:

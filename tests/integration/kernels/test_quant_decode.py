@@ -12,7 +12,11 @@ from torch.testing import assert_close
 
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
-from adapters.torch.cpu.quant_decode import QuantDecodeLayer, install_quant_decode
+from adapters.torch.cpu.quant_decode import (
+    QuantDecodeLayer,
+    QuantDecodeStack,
+    install_quant_decode,
+)
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import PagedBatch
@@ -95,6 +99,7 @@ def test_one_sequence_decoding_alone_equals_the_modules(family: str, tmp_path: P
 
 def test_prompt_chunks_and_lora_rows_take_the_modules(tmp_path: Path) -> None:
     model = _model("llama", "int8", torch.float32, tmp_path)
+    model.decode_stack = None  # the layers one by one (the stack: below)
     calls: list[bool] = []
     for block in model.layers:
         kernel = block.decode_kernel
@@ -169,6 +174,7 @@ def test_decode_rows_over_bf16_panels_equal_the_modules(family: str, tmp_path: P
     """From ``panels_from_rows`` rows the fused layer runs the AVX512-BF16 decode layer over
     the linears' bf16 panel copies (keep_panels); fewer rows stay on the quantized one."""
     model = _model(family, "int4", torch.bfloat16, tmp_path)
+    model.decode_stack = None  # the layers one by one (the stack: below)
     assert keep_panels(model, {4: 3, 8: 3}, 1 << 30) > 0
     fused = _fused(model)
     pool = Pool(model)
@@ -199,3 +205,62 @@ def _recorded(fn, calls: list[bool]):  # type: ignore[no-untyped-def]
         return fn(*args, **kwargs)
 
     return wrapped
+
+
+@pytest.mark.parametrize(
+    ("family", "dtype", "panels"),
+    [
+        ("llama", torch.float32, False),
+        ("gemma3", torch.float32, False),  # sliding and global layers: two views
+        ("qwen3", torch.bfloat16, False),
+        ("qwen3", torch.bfloat16, True),
+        ("gemma3", torch.bfloat16, True),
+    ],
+)
+def test_the_stack_of_layers_computes_what_the_layers_compute(
+    family: str, dtype: torch.dtype, panels: bool, tmp_path: Path
+) -> None:
+    """QuantDecodeStack runs every layer's decode rows in one call: the same ops, so the
+    same bits as the layers called one by one; it steps aside as they would."""
+    if panels and cpu_kernels() is None:
+        pytest.skip("no AVX512-BF16 kernels")
+    model = _model(family, "int4", dtype, tmp_path)
+    stack = model.decode_stack
+    assert isinstance(stack, QuantDecodeStack)
+    if panels:
+        assert keep_panels(model, {4: 3, 8: 3}, 1 << 30) > 0
+    pool = Pool(model)
+    pool.cache = type(pool.cache)(model.config, 40, 4, dtype=dtype, device="cpu")
+    seqs = [rand_ids(13, 1), rand_ids(3, 2), rand_ids(9, 3)]
+    tables = [pool.grow([], len(s) + 3) for s in seqs]
+    with torch.inference_mode():
+        paged_step(model, pool.cache, [], [(t, 0, s) for t, s in zip(tables, seqs, strict=True)])
+        for step, count in ((0, 3), (1, 2), (2, 1)):
+            pairs = list(enumerate(zip(tables, seqs, strict=True)))[:count]
+            rows = [(t, len(s) + step, 7 + i) for i, (t, s) in pairs]
+            keys = pool.cache.k.clone()
+            stacked = paged_step(model, pool.cache, rows, [])
+            k_stacked, pool.cache.k[:] = pool.cache.k.clone(), keys
+            model.decode_stack = None
+            layered = paged_step(model, pool.cache, rows, [])
+            model.decode_stack = stack
+            assert torch.equal(stacked, layered)
+            assert torch.equal(pool.cache.k, k_stacked)
+        calls: list[bool] = []
+        run = stack.__call__
+
+        def counted(*args):  # type: ignore[no-untyped-def]
+            y = run(*args)
+            calls.append(y is not None)
+            return y
+
+        model.decode_stack = counted
+        paged_step(model, pool.cache, [], [(tables[0], 0, seqs[0])])  # a prompt chunk
+        assert calls == [False]
+        lora = LoraServing(model)
+        site = lora.sites["layers.1.attn.wo"]
+        base = site.base
+        a, b = torch.zeros(4, base.in_features), torch.zeros(base.out_features, 4)
+        site.routes = [(torch.tensor([0]), a.to(dtype), b.to(dtype))]
+        paged_step(model, pool.cache, [(tables[0], len(seqs[0]), 7)], [])
+        assert calls == [False, False]  # a layer's rows use an adapter: the layers run

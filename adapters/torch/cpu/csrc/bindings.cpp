@@ -27,9 +27,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 // The op the portable library's quantized decode layer calls where this build is loaded
 // (torch.ops.infer, the namespace of the portable ops too).
+// and the whole bf16 layer its decode stack runs over bf16 panel copies of the weights.
 TORCH_LIBRARY_FRAGMENT(infer, m) {
   m.def(
       "paged_attention_bf16(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, "
       "Tensor lengths, int window, float scale) -> Tensor",
       &paged_attention);
+  m.def(
+      "decode_layer_paged_bf16(Tensor x, Tensor w_in, Tensor wqkv, Tensor wo, Tensor? w_post_attn, "
+      "Tensor w_mlp, Tensor w13, Tensor w2, Tensor? w_post_mlp, Tensor? q_norm, Tensor? k_norm, "
+      "bool unit_offset, bool gelu, int intermediate, Tensor(a!) k_pool, Tensor(b!) v_pool, "
+      "Tensor write_index, Tensor tables, Tensor lengths, int window, Tensor cos, Tensor sin, "
+      "int n_heads, int n_kv, float scale, float eps) -> Tensor",
+      &decode_layer_paged);
 }

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -355,10 +356,104 @@ at::Tensor quant_decode_layer(at::Tensor x, std::vector<std::optional<at::Tensor
                                     sin, scale);
 }
 
+namespace {
+
+// The AVX512-BF16 library's whole decode layer over bf16 panel copies of the weights
+// (csrc/decode_layer.cpp), found through the op registry as paged_attention_bf16 is.
+at::Tensor decode_layer_bf16(const at::Tensor& x, const std::vector<std::optional<at::Tensor>>& norms,
+                             const std::vector<at::Tensor>& panels, bool unit_offset, bool gelu,
+                             int64_t intermediate, at::Tensor& k_pool, at::Tensor& v_pool,
+                             const at::Tensor& write_index, const at::Tensor& tables,
+                             const at::Tensor& lengths, int64_t window, const at::Tensor& cos,
+                             const at::Tensor& sin, int64_t heads, int64_t kv_heads, double scale,
+                             double eps) {
+  using Opt = const std::optional<at::Tensor>&;
+  static const auto op = [] {
+    const auto handle =
+        c10::Dispatcher::singleton().findSchema({"infer::decode_layer_paged_bf16", ""});
+    TORCH_CHECK(handle.has_value(),
+                "DecodeStack: infer::decode_layer_paged_bf16 is not registered (the "
+                "AVX512-BF16 kernels are not loaded)");
+    return handle->typed<at::Tensor(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt,
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt, bool, bool,
+        int64_t, at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
+        const at::Tensor&, int64_t, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+        double, double)>();
+  }();
+  return op.call(x, *norms[kInput], panels[0], panels[1], norms[kPostAttention], *norms[kPreMlp],
+                 panels[2], panels[3], norms[kPostMlp], norms[kQuery], norms[kKey], unit_offset,
+                 gelu, intermediate, k_pool, v_pool, write_index, tables, lengths, window, cos,
+                 sin, heads, kv_heads, scale, eps);
+}
+
+}  // namespace
+
+// A model's decode layers held once, run in one call per step (torch.classes.infer.
+// DecodeStack): each layer as quant_decode_layer with its arguments kept here, or, for steps
+// of at least its panels_from rows, the AVX512-BF16 layer over its weights' bf16 panels. A
+// step's per-layer Python (the block, the op's argument lists: ~1 ms of a 6.5 ms one-row
+// step of SmolLM2-135M) is then paid once. `view`: which of the step's per-view tables,
+// lengths and rope tables a layer reads (Gemma 3's sliding and global layers).
+struct DecodeStack : torch::CustomClassHolder {
+  struct Entry {
+    std::vector<std::optional<at::Tensor>> norms, linears;
+    std::vector<int64_t> meta;
+    at::Tensor k_pool, v_pool;
+    int64_t view;
+    std::vector<at::Tensor> panels;
+    int64_t panels_from, intermediate;
+    double scale, eps;
+  };
+  std::vector<Entry> layers;
+
+  void add(std::vector<std::optional<at::Tensor>> norms, std::vector<std::optional<at::Tensor>> linears,
+           std::vector<int64_t> meta, at::Tensor k_pool, at::Tensor v_pool, int64_t view,
+           std::vector<at::Tensor> panels, int64_t panels_from, int64_t intermediate, double scale,
+           double eps) {
+    TORCH_CHECK(panels.empty() || panels.size() == 4, "DecodeStack.add: 4 panels or none");
+    TORCH_CHECK(view >= 0, "DecodeStack.add: view >= 0");
+    layers.push_back({std::move(norms), std::move(linears), std::move(meta), std::move(k_pool),
+                      std::move(v_pool), view, std::move(panels), panels_from, intermediate,
+                      scale, eps});
+  }
+
+  int64_t size() const { return static_cast<int64_t>(layers.size()); }
+
+  at::Tensor run(at::Tensor x, at::Tensor write_index, std::vector<at::Tensor> tables,
+                 std::vector<at::Tensor> lengths, std::vector<at::Tensor> cos,
+                 std::vector<at::Tensor> sin) {
+    const int64_t rows = x.size(0);
+    for (auto& e : layers) {
+      TORCH_CHECK(e.view < static_cast<int64_t>(tables.size()) &&
+                      e.view < static_cast<int64_t>(lengths.size()) &&
+                      e.view < static_cast<int64_t>(cos.size()) &&
+                      e.view < static_cast<int64_t>(sin.size()),
+                  "DecodeStack.run: no tables, lengths or rope for view ", e.view);
+      const auto v = static_cast<size_t>(e.view);
+      if (!e.panels.empty() && rows >= e.panels_from) {
+        x = decode_layer_bf16(x, e.norms, e.panels, e.meta[3] != 0, e.meta[4] != 0,
+                              e.intermediate, e.k_pool, e.v_pool, write_index, tables[v],
+                              lengths[v], e.meta[5], cos[v], sin[v], e.meta[0], e.meta[1],
+                              e.scale, e.eps);
+      } else {
+        x = quant_decode_layer(x, e.norms, e.linears, e.meta, e.k_pool, e.v_pool, write_index,
+                               tables[v], lengths[v], cos[v], sin[v], e.scale, e.eps);
+      }
+    }
+    return x;
+  }
+};
+
 TORCH_LIBRARY_FRAGMENT(infer, m) {
   m.def(
       "quant_decode_layer(Tensor x, Tensor?[] norms, Tensor?[] linears, int[] meta, "
       "Tensor k_pool, Tensor v_pool, Tensor write_index, Tensor tables, Tensor lengths, "
       "Tensor cos, Tensor sin, float scale, float eps) -> Tensor",
       &quant_decode_layer);
+  m.class_<DecodeStack>("DecodeStack")
+      .def(torch::init<>())
+      .def("add", &DecodeStack::add)
+      .def("size", &DecodeStack::size)
+      .def("run", &DecodeStack::run);
 }
