@@ -480,6 +480,7 @@ def _generate(args: argparse.Namespace) -> int:
             device=args.device,
             cache_dir=args.cache_dir,
             quantization=args.quantization,
+            dense_weights_memory=args.dense_weights_memory,
         )
     )
     start = time.perf_counter()

@@ -352,3 +352,15 @@ def test_speculative_config_takes_vllms_json_and_names_a_bad_field() -> None:
             serve("--speculative-config", bad)
         with pytest.raises(argparse.ArgumentTypeError, match=named):
             speculative_config(bad)
+
+
+def test_dense_weights_memory_is_a_size_auto_or_none() -> None:
+    assert serve("--device", "cpu").model.dense_weights_memory is None  # auto
+    assert serve("--dense-weights-memory", "512MiB").model.dense_weights_memory == 512 << 20
+    assert serve("--dense-weights-memory", "auto").model.dense_weights_memory is None
+    assert serve("--dense-weights-memory", "0").model.dense_weights_memory == 0
+    for bad in ("0.5", "lots", "-1"):
+        with pytest.raises(SystemExit):
+            serve("--dense-weights-memory", bad)
+    with pytest.raises(InvalidParameterError, match="dense_weights_memory"):
+        ModelSettings(dense_weights_memory=-1)
