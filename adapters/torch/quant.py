@@ -332,16 +332,16 @@ class QuantLinear(nn.Module):
     def product(self, flat: Tensor) -> Tensor:
         """``flat @ W.T`` for ``flat`` ``[M, K]``: by the path its row count takes, or the
         dequantized tiles' in a :func:`prompt_rows` block."""
-        prompt = _PROMPT_ROWS.get()
+        prompt, chunked = _PROMPT_ROWS.get(), _PROMPT_STEP.get()
         if (
             self.panels is not None
-            and len(flat) >= self.panels_from_rows
+            and (chunked or len(flat) >= self.panels_from_rows)
             and flat.dtype == torch.bfloat16
             and not prompt
         ):
             gemm = cast(Any, cpu_kernels()).gemm_packed
             return cast(Tensor, gemm(flat.contiguous(), self.panels, self.out_features))
-        switch = 1 if prompt else self.dense_from_rows
+        switch = 1 if prompt or chunked else self.dense_from_rows
         if self.dense is not None and len(flat) >= switch:
             return F.linear(flat.to(self.dense.dtype), self.dense).to(flat.dtype)
         if self.kernel is not None and flat.dtype in (torch.float32, torch.bfloat16):
@@ -394,6 +394,24 @@ class _Trainable(torch.autograd.Function):
 # tiles, whatever their count, so that a prompt's logprobs (Tinker's compute_logprobs) round
 # as a training forward's (the trainer's linears take the tiles for every row count).
 _PROMPT_ROWS: ContextVar[bool] = ContextVar("prompt_rows", default=False)
+
+
+# Set while a step runs prompt chunks (the runner): its rows take the float path (the bf16
+# panels where kept, else the tiles) whatever their count, so that a prompt's last tokens
+# computed after a cached prefix round as the same tokens computed with the whole prompt
+# (a chunk of a few rows would otherwise take the integer path, activations rounded per
+# 32: the same greedy request gave another answer the second time, from the prefix cache).
+_PROMPT_STEP: ContextVar[bool] = ContextVar("prompt_step", default=False)
+
+
+@contextmanager
+def prompt_step(on: bool = True) -> Iterator[None]:
+    """Within: quantized linears take the float path for any row count."""
+    token = _PROMPT_STEP.set(on)
+    try:
+        yield
+    finally:
+        _PROMPT_STEP.reset(token)
 
 
 @contextmanager

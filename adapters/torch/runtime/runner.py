@@ -31,7 +31,7 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import Attention, PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import prompt_rows
+from adapters.torch.quant import prompt_rows, prompt_step
 from adapters.torch.runtime.invariant import make_batch_invariant
 from adapters.torch.runtime.logits import process_logits
 from adapters.torch.runtime.min_tokens import suppress_stop_tokens
@@ -228,7 +228,10 @@ class TorchModelRunner:
         # position is always computed, never a prefix cache hit). Batch-invariant steps
         # take one path for every row instead.
         dense = prompt_rows(bool(spans) and not self.invariant)
-        with self._routed(token_adapters, [token_adapters[r] for r in rows]), dense:
+        # A step with prompt chunks runs every row on the float path (quant.prompt_step): a
+        # prompt's tail after a cached prefix rounds as the whole prompt did.
+        chunked = prompt_step(bool(chunks))
+        with self._routed(token_adapters, [token_adapters[r] for r in rows]), dense, chunked:
             logits = self.model.forward_mixed(
                 torch.tensor(tokens, device=self.device),
                 batch,
