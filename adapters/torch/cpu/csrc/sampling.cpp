@@ -2,78 +2,11 @@
 #include "common.h"
 #include "kernels.h"
 
-// Per-row argmax of bf16 logits x [B, V] (contiguous rows): the first index of the maximum,
-// as torch.argmax. PyTorch's bf16 argmax is scalar; this compares 16 lanes at a time.
-torch::Tensor argmax_rows(const torch::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 &&
-                  x.stride(1) == 1,
-              "argmax_rows: x must be a 2-d bf16 CPU tensor with contiguous rows");
-  const int64_t rows = x.size(0), vocab = x.size(1), stride = x.stride(0);
-  auto out = torch::empty({rows}, x.options().dtype(at::kLong));
-  const uint16_t* X = bits(x);
-  int64_t* O = out.data_ptr<int64_t>();
-  const int64_t vec_end = vocab / 16 * 16;
-#pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* row = X + r * stride;
-    __m512 best = _mm512_set1_ps(-INFINITY);
-    __m512i best_at = _mm512_setzero_si512();
-    __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i step = _mm512_set1_epi32(16);
-    for (int64_t i = 0; i < vec_end; i += 16) {
-      const __m512 v = load_bf16x16(row + i);
-      const __mmask16 better = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // strictly: first wins
-      best = _mm512_mask_mov_ps(best, better, v);
-      best_at = _mm512_mask_mov_epi32(best_at, better, at);
-      at = _mm512_add_epi32(at, step);
-    }
-    alignas(64) float values[16];
-    alignas(64) int32_t indices[16];
-    _mm512_store_ps(values, best);
-    _mm512_store_si512(indices, best_at);
-    float top = -INFINITY;
-    int64_t top_at = 0;
-    for (int lane = 0; lane < 16; ++lane) {
-      if (values[lane] > top || (values[lane] == top && indices[lane] < top_at)) {
-        top = values[lane];
-        top_at = indices[lane];
-      }
-    }
-    for (int64_t i = vec_end; i < vocab; ++i) {
-      const float v = bf16_to_float(row[i]);
-      if (v > top) {
-        top = v;
-        top_at = i;
-      }
-    }
-    O[r] = top_at;
-  }
-  return out;
-}
-
-// w[j] = probability p[j] in units of 2^-40 (p * 2^40 is exact in float32, then truncated, as
-// the tensor pipeline's (probs * 2**40).long()), 0 where p[j] < keep_from; returns the sum.
-int64_t fixed_point_weights(const float* p, int64_t n, float keep_from, int64_t* w) {
-  const __m512 scale = _mm512_set1_ps(1099511627776.0f);  // 2^40
-  const __m256 from = _mm256_set1_ps(keep_from);
-  __m512i sum = _mm512_setzero_si512();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_loadu_ps(p + j);
-    const __mmask8 keep = _mm256_cmp_ps_mask(v, from, _CMP_GE_OQ);
-    const __m512i wj = _mm512_maskz_cvttps_epi64(keep, _mm256_mul_ps(v, _mm512_castps512_ps256(scale)));
-    _mm512_storeu_si512(w + j, wj);
-    sum = _mm512_add_epi64(sum, wj);
-  }
-  int64_t total = _mm512_reduce_add_epi64(sum);
-  for (; j < n; ++j) total += (w[j] = p[j] >= keep_from ? static_cast<int64_t>(p[j] * 1099511627776.0f) : 0);
-  return total;
-}
-
-// x[0..n) = the bf16 values of `row` widened to float32 (row null: x holds the values
-// already); returns the first index of the maximum (NaN never one; all -inf or NaN: 0) and
-// the maximum in *top, 16 lanes at a time, as the scalar scan `if (x[i] > top)` picks.
-int64_t widen_argmax(const uint16_t* row, int64_t n, float* x, float* top_out) {
+// The first index of the maximum of `row`'s n bf16 values (row null: of x's floats; NaN
+// never one; all -inf or NaN: 0), the maximum in *top, 16 lanes at a time, as the scalar
+// scan `if (x[i] > top)` picks; with both row and x, x[0..n) also gets the values widened
+// to float32.
+static int64_t widen_argmax(const uint16_t* row, int64_t n, float* x, float* top_out) {
   __m512 best = _mm512_set1_ps(-INFINITY);
   __m512i best_at = _mm512_setzero_si512();
   __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -83,7 +16,7 @@ int64_t widen_argmax(const uint16_t* row, int64_t n, float* x, float* top_out) {
     __m512 v;
     if (row != nullptr) {
       v = load_bf16x16(row + i);
-      _mm512_storeu_ps(x + i, v);
+      if (x != nullptr) _mm512_storeu_ps(x + i, v);
     } else {
       v = _mm512_loadu_ps(x + i);
     }
@@ -105,14 +38,52 @@ int64_t widen_argmax(const uint16_t* row, int64_t n, float* x, float* top_out) {
     }
   }
   for (int64_t i = vec_end; i < n; ++i) {
-    if (row != nullptr) x[i] = bf16_to_float(row[i]);
-    if (x[i] > top) {
-      top = x[i];
+    const float v = row != nullptr ? bf16_to_float(row[i]) : x[i];
+    if (x != nullptr) x[i] = v;
+    if (v > top) {
+      top = v;
       top_at = i;
     }
   }
   *top_out = top;
   return top_at;
+}
+
+// Per-row argmax of bf16 logits x [B, V] (contiguous rows): the first index of the maximum,
+// as torch.argmax. PyTorch's bf16 argmax is scalar; this compares 16 lanes at a time.
+torch::Tensor argmax_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 &&
+                  x.stride(1) == 1,
+              "argmax_rows: x must be a 2-d bf16 CPU tensor with contiguous rows");
+  const int64_t rows = x.size(0), vocab = x.size(1), stride = x.stride(0);
+  auto out = torch::empty({rows}, x.options().dtype(at::kLong));
+  const uint16_t* X = bits(x);
+  int64_t* O = out.data_ptr<int64_t>();
+#pragma omp parallel for schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    float top;
+    O[r] = widen_argmax(X + r * stride, vocab, nullptr, &top);
+  }
+  return out;
+}
+
+// w[j] = probability p[j] in units of 2^-40 (p * 2^40 is exact in float32, then truncated, as
+// the tensor pipeline's (probs * 2**40).long()), 0 where p[j] < keep_from; returns the sum.
+int64_t fixed_point_weights(const float* p, int64_t n, float keep_from, int64_t* w) {
+  const __m512 scale = _mm512_set1_ps(1099511627776.0f);  // 2^40
+  const __m256 from = _mm256_set1_ps(keep_from);
+  __m512i sum = _mm512_setzero_si512();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(p + j);
+    const __mmask8 keep = _mm256_cmp_ps_mask(v, from, _CMP_GE_OQ);
+    const __m512i wj = _mm512_maskz_cvttps_epi64(keep, _mm256_mul_ps(v, _mm512_castps512_ps256(scale)));
+    _mm512_storeu_si512(w + j, wj);
+    sum = _mm512_add_epi64(sum, wj);
+  }
+  int64_t total = _mm512_reduce_add_epi64(sum);
+  for (; j < n; ++j) total += (w[j] = p[j] >= keep_from ? static_cast<int64_t>(p[j] * 1099511627776.0f) : 0);
+  return total;
 }
 
 // Samples one token per row from logits [B, V] (float32 or bf16, contiguous rows) with the
