@@ -27,12 +27,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import structlog
 
 from application.engine import Engine
-from application.engine_client import AdmitCall, AdmittingClient
+from application.engine_client import AdmittingClient
 from application.input_processor import InputProcessor
 from domain.config import EngineConfig
 from domain.observer import StepObserver
 from domain.ports import GrammarCompiler, ModelRunner, Tokenizer
-from domain.request import Request, StepOutput
+from domain.request import AdmitCall, Request, StepOutput
 from domain.scheduler import Scheduler
 from domain.speculation import StepCosts
 
@@ -151,14 +151,7 @@ class AsyncEngine(AdmittingClient):
         not: queue through a :class:`RequestGroup` where that can happen."""
         queues = [self.sink.open(request_id) for request_id in call.request_ids]
         try:
-            requests = self.engine.admit(
-                call.request_ids,
-                call.prompts,
-                call.params,
-                adapter_id=call.adapter_id,
-                context=call.context,
-                n=call.n,
-            )
+            requests = self.engine.admit(call)
         except Exception:
             for request_id in call.request_ids:
                 self.sink.close(request_id)

@@ -36,7 +36,7 @@ from application.request_ids import new_request_id
 from application.request_record import RequestRecord
 from domain.errors import InvalidParameterError
 from domain.ports import STRUCTURED_PARAM
-from domain.request import StepOutput
+from domain.request import AdmitCall, StepOutput
 from domain.sampling import SamplingParams, StructuredOutput
 
 Prompt = str | list[int]
@@ -282,8 +282,9 @@ class CompletionService:
         n = job.n if n is None else n
         if job.priority is not None:  # the scheduler runs a higher context priority first
             group.context = dataclasses.replace(group.context, priority=-job.priority)
-        request_ids = [new_request_id(prefix) for _ in range(len(prepared) * n)]
-        streams = group.admit(request_ids, prepared, params, n, adapter_id=job.adapter_id)
+        request_ids = tuple(new_request_id(prefix) for _ in range(len(prepared) * n))
+        call = AdmitCall(request_ids, tuple(prepared), params, n, job.adapter_id, group.context)
+        streams = group.admit(call)
         return Started(streams, prepared, params)
 
 

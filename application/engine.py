@@ -14,20 +14,12 @@ import structlog
 
 from application.output import OutputProcessor
 from application.request_checks import RequestChecks
-from application.speculation import DraftModel, Speculator
+from application.speculation import make_speculator
+from application.step_stats import StepStatsCollector
 from domain.config import EngineConfig
-from domain.observer import (
-    NullObserver,
-    RequestStart,
-    RequestStats,
-    SchedulerStats,
-    StepObserver,
-    StepRow,
-    StepStats,
-)
+from domain.observer import NullObserver, RequestStart, StepObserver, StepStats
 from domain.ports import GrammarCompiler, ModelRunner, OutputSink, Tokenizer
-from domain.request import NO_CONTEXT, Request, RequestContext, StepOutput
-from domain.sampling import SamplingParams
+from domain.request import AdmitCall, Request, StepOutput
 from domain.scheduler import Scheduler, SchedulerOutput, make_scheduler
 from domain.speculation import StepCosts
 
@@ -84,84 +76,21 @@ class Engine:
         )
         self.observer: StepObserver = observer or NullObserver()
         self.output = OutputProcessor(tokenizer)
-        spec = config.speculative
-        self.speculator = (
-            Speculator(spec, config.max_seq_len, self._draft_model(config, draft), step_costs)
-            if spec is not None
-            else None
-        )
-        if self.speculator is not None:  # on by default for `infer serve` on a CPU: say so
-            log.info(
-                "speculative decoding",
-                method=self.speculator.config.method,
-                num_speculative_tokens=self.speculator.config.num_speculative_tokens,
-                disable_by_batch_size=self.speculator.config.disable_by_batch_size,
-                draft_model=self.speculator.config.model,
-                drafts=self.speculator.policy(),
-                off_with="--speculative-config none",
-            )
-        self._ended: list[Request] = []  # aborted or failed since the last step's stats
-        self._started: list[RequestStart] = []  # queued since the last step's stats
-        self._step_start = 0.0
-        self._prefix_counts = (0, 0)  # the scheduler's cumulative prefix counters, last seen
-
-    def _draft_model(self, config: EngineConfig, runner: ModelRunner | None) -> DraftModel | None:
-        if runner is None:
-            return None
-        return DraftModel(
-            runner,
-            config.kv_blocks,
-            config.kv_block_size,
-            max_chunk=config.max_num_batched_tokens,
-            vocab_size=self.checks.vocab_size,
-        )
+        self.speculator = make_speculator(config, draft, step_costs, self.checks.vocab_size)
+        self.stats = StepStatsCollector(self.scheduler)
 
     @property
     def vocab_size(self) -> int:
         return self.checks.vocab_size
 
-    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """:meth:`RequestChecks.prepare`: the prompt's token ids, validated, nothing queued."""
-        return self.checks.prepare(prompt, params)
-
-    def check_room(self, count: int, n: int = 1) -> None:
-        """:meth:`RequestChecks.check_room`: room for ``count`` prompts of ``n`` choices."""
-        self.checks.check_room(count, n)
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-    ) -> Request:
-        """Validate, tokenize and queue a request; raises before anything is queued
-        (``QueueFullError`` when the engine is full). ``adapter_id``: a LoRA adapter the
-        runner holds, applied to this request only; ``context``: who asked (tenant,
-        priority, trace)."""
-        prompt_ids = self.prepare(prompt, params)
-        return self.admit(
-            [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
-        )[0]
-
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-        n: int = 1,
-    ) -> list[Request]:
-        """Queue prepared prompts (:meth:`prepare`'s ids) all together or none: raises what
-        :meth:`check_room` raises, with nothing queued.
-
-        ``n``: choices per prompt; ``request_ids`` has ``n`` per prompt, choice j of prompt
-        i at ``i * n + j`` with ``params.for_choice(j)``. A prompt's choices share one
-        prefill (:attr:`Request.prefill_source_id`), unless they ask for prompt logprobs."""
+    def admit(self, call: AdmitCall) -> list[Request]:
+        """Queue ``call``'s prepared prompts (:meth:`RequestChecks.prepare`'s ids) all
+        together or none: raises what :meth:`RequestChecks.check_room` raises, with nothing
+        queued. Choice j of prompt i (``request_ids[i * n + j]``) runs
+        ``params.for_choice(j)``; a prompt's choices share one prefill
+        (:attr:`Request.prefill_source_id`), unless they ask for prompt logprobs.
+        ``call.adapter_folder`` is a fleet's: the runner must hold the adapter by now."""
+        request_ids, prompts, params, n = call.request_ids, call.prompts, call.params, call.n
         assert len(request_ids) == len(prompts) * n, "n request ids per prompt"
         self.checks.check_room(len(prompts), n)
         now = self.clock()
@@ -175,8 +104,8 @@ class Engine:
                 prompt,
                 params.for_choice(choice),
                 now,
-                adapter_id=adapter_id,
-                context=context,
+                adapter_id=call.adapter_id,
+                context=call.context,
                 prefill_source_id=request_ids[i - choice] if shared and choice else None,
                 shares_prefill=shared and not choice,
             )
@@ -184,14 +113,14 @@ class Engine:
         for request in requests:
             self.scheduler.add_request(request)  # room was checked for all of them
             self.output.add(request)
-            self._started.append(
+            self.stats.started(
                 RequestStart(
                     request.request_id,
                     now,
                     len(request.prompt_token_ids),
                     request.sampling_params,
-                    context,
-                    adapter_id,
+                    call.context,
+                    call.adapter_id,
                 )
             )
         return requests
@@ -204,7 +133,7 @@ class Engine:
             if self.speculator is not None:
                 self.speculator.end(request)
             request.finished_s = self.clock()
-            self._ended.append(request)
+            self.stats.ended([request])
 
     def load(self) -> EngineLoad:
         running, waiting = self.scheduler.counts()
@@ -230,7 +159,7 @@ class Engine:
         if batch.is_empty:
             return self._observe(batch, ran=False, sampled=0)
         now = self.clock()
-        self._step_start = now
+        self.stats.step_started(now)
         for chunk in batch.chunks:
             if chunk.request.scheduled_s is None:
                 chunk.request.scheduled_s = now
@@ -263,49 +192,8 @@ class Engine:
         outputs: Sequence[StepOutput] = (),
         accepted: int = 0,
     ) -> StepStats:
-        now = self.clock()
-        first, ended = [], self._ended
-        for output in outputs:
-            if output.completion_tokens == 1:
-                first.append(output.request_id)
-        if outputs:
-            requests = {c.request.request_id: c.request for c in batch.chunks}
-            for request_id in first:
-                requests[request_id].first_token_s = now
-            ended = ended + [requests[o.request_id] for o in outputs if o.finished]
-        self._ended = []
-        started, self._started = tuple(self._started), []
-        prefill = decode = drafted = 0
-        rows = []
-        if ran:
-            for chunk in batch.chunks:
-                request = chunk.request
-                # Prefill: prompt tokens, and generated ones recomputed after a preemption.
-                prefill_end = max(request.num_prompt_tokens, request.num_recompute_tokens)
-                in_prompt = max(0, min(chunk.num_tokens, prefill_end - chunk.start))
-                prefill += in_prompt
-                decode += chunk.num_tokens - in_prompt
-                rows.append(StepRow(request.request_id, in_prompt, chunk.num_tokens - in_prompt))
-                drafted += len(chunk.drafts)
-        running, waiting = self.scheduler.counts()
-        kv = self.scheduler.kv_stats()
-        queried = kv.prefix_queried_tokens - self._prefix_counts[0]
-        hit = kv.prefix_hit_tokens - self._prefix_counts[1]
-        self._prefix_counts = (kv.prefix_queried_tokens, kv.prefix_hit_tokens)
-        stats = StepStats(
-            ran,
-            now,
-            SchedulerStats(running, waiting, prefill, decode, kv.usage, queried, hit, kv.cached),
-            sampled,
-            tuple(first),
-            tuple(_request_stats(r, now) for r in ended),
-            start_s=self._step_start if ran else None,
-            rows=tuple(rows),
-            started=started,
-            preempted=tuple(batch.preempted),
-            drafts=sum(bool(c.drafts) for c in batch.chunks) if ran else 0,
-            drafted_tokens=drafted,
-            accepted_tokens=accepted,
+        stats = self.stats.collect(
+            batch, self.clock(), ran=ran, sampled=sampled, outputs=outputs, accepted=accepted
         )
         try:
             self.observer.on_step(stats)
@@ -319,28 +207,8 @@ class Engine:
             request.fail()
             self.output.discard(request.request_id)
             self.sink.publish(StepOutput(request.request_id, None, "", finished=True, error=error))
-        self._ended.extend(failed)
+        self.stats.ended(failed)
         self.runner.release([r.request_id for r in failed])
         if self.speculator is not None:
             for request in failed:
                 self.speculator.end(request)
-
-
-def _request_stats(request: Request, now: float) -> RequestStats:
-    finished = request.finished_s if request.finished_s is not None else now
-    request.finished_s = finished
-    return RequestStats(
-        request.request_id,
-        request.arrival_time_s,
-        request.scheduled_s,
-        request.first_token_s,
-        finished,
-        request.finish_reason or "abort",
-        request.num_prompt_tokens,
-        len(request.generated_token_ids),
-        request.adapter_id,
-        request.context,
-        request.num_preemptions,
-        request.num_drafted,
-        request.num_accepted,
-    )

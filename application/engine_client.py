@@ -5,33 +5,23 @@ only, so a test or another engine (a remote one, a fake) can stand in. What come
 queueing (checks, rendering, tokenizing) is its :class:`InputProcessor`'s (``inputs``)."""
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from application.input_processor import InputProcessor
-from domain.request import NO_CONTEXT, RequestContext, StepOutput
+from domain.request import NO_CONTEXT, AdmitCall, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 
 
 class OwnedRequests(Protocol):
     """The engine requests one caller (an HTTP request) queued; ``close`` aborts the rest.
-    ``context``: who asked (tenant, priority, trace), given to every request admitted."""
+    ``context``: who asked (tenant, priority, trace), what its callers build their
+    :class:`AdmitCall` with."""
 
     context: RequestContext
 
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        n: int = 1,
-        *,
-        adapter_id: str | None = None,
-    ) -> list[AsyncIterator[StepOutput]]:
-        """Queue ``n`` choices of each prompt (``n`` request ids per prompt, choice j of
-        prompt i at ``i * n + j``), all or none; one stream per request id. ``adapter_id``:
-        the LoRA adapter they run with (None: the base model)."""
+    def admit(self, call: AdmitCall) -> list[AsyncIterator[StepOutput]]:
+        """Queue ``call`` (built with this group's ``context``), all or none; one stream per
+        request id."""
         ...
 
     def close(self) -> None: ...
@@ -71,23 +61,6 @@ class EngineClient(Protocol):
     def abort(self, request_ids: Sequence[str]) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class AdmitCall:
-    """One ``admit``: prepared prompts, ``n`` request ids each (choice j of prompt i at
-    ``i * n + j``), queued all together or none. Plain data: a fleet sends it to a replica
-    in another process."""
-
-    request_ids: tuple[str, ...]
-    prompts: tuple[list[int], ...]
-    params: SamplingParams
-    n: int = 1
-    adapter_id: str | None = None
-    context: RequestContext = NO_CONTEXT
-    # Where a fleet's replica loads the adapter from when it does not hold it (a Tinker
-    # checkpoint served by path); None: it holds it, or there is none.
-    adapter_folder: Path | None = None
-
-
 class AdmittingClient:
     """What :class:`~application.async_engine.AsyncEngine` and
     :class:`~application.remote_engine.RemoteEngine` share: ``admit``, ``stream`` and
@@ -96,22 +69,8 @@ class AdmittingClient:
 
     inputs: InputProcessor
 
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        *,
-        adapter_id: str | None = None,
-        context: RequestContext = NO_CONTEXT,
-        n: int = 1,
-    ) -> list[AsyncIterator[StepOutput]]:
-        """Queue prepared prompts all together or none (``n`` choices per prompt, with
-        ``adapter_id``'s LoRA, for ``context``'s caller); one output stream per request id."""
-        call = AdmitCall(tuple(request_ids), tuple(prompts), params, n, adapter_id, context)
-        return self.submit(call)
-
     def submit(self, call: AdmitCall) -> list[AsyncIterator[StepOutput]]:
+        """Queue ``call``'s prompts all together or none; one output stream per request id."""
         raise NotImplementedError
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -137,9 +96,8 @@ class AdmittingClient:
         """Queue a request and yield its outputs until it finishes. Validation errors raise
         before the first yield; leaving early (a client disconnect) aborts the request."""
         prompt_ids = await self.inputs.prepare(prompt, params)
-        [outputs] = self.admit(
-            [request_id], [prompt_ids], params, adapter_id=adapter_id, context=context
-        )
+        call = AdmitCall.one(request_id, prompt_ids, params, adapter_id=adapter_id, context=context)
+        [outputs] = self.submit(call)
         return outputs
 
 
@@ -155,22 +113,12 @@ class RequestGroup:
     def __init__(self, engine: AdmittingClient, context: RequestContext = NO_CONTEXT) -> None:
         self._engine = engine
         self._request_ids: list[str] = []
-        self.context = context  # who asked: every request of the group is queued with it
+        self.context = context  # who asked: the context its callers build their calls with
 
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        n: int = 1,
-        *,
-        adapter_id: str | None = None,
-    ) -> list[AsyncIterator[StepOutput]]:
-        """``engine.admit``, remembered for ``close``."""
-        streams = self._engine.admit(
-            request_ids, prompts, params, adapter_id=adapter_id, context=self.context, n=n
-        )
-        self._request_ids.extend(request_ids)
+    def admit(self, call: AdmitCall) -> list[AsyncIterator[StepOutput]]:
+        """``engine.submit(call)``, its request ids remembered for ``close``."""
+        streams = self._engine.submit(call)
+        self._request_ids.extend(call.request_ids)
         return streams
 
     def close(self) -> None:

@@ -31,13 +31,13 @@ from typing import Protocol
 
 import structlog
 
-from application.engine_client import AdmitCall, AdmittingClient, EngineClient
+from application.engine_client import AdmittingClient, EngineClient
 from application.input_processor import InputProcessor
 from application.request_checks import RequestChecks
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.ports import GrammarCompiler, Tokenizer
-from domain.request import StepOutput
+from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest, prompt_block_hashes
 from domain.scheduler.shared_prefill import key_namespace
 from domain.training import InvalidTrainingRequest, ServingAdapters
@@ -283,13 +283,7 @@ async def serve_call(
             held.enter_context(adapters.pinned(call.adapter_id))
             if call.adapter_id not in adapters:
                 adapters.load_folder(call.adapter_id, folder)
-        streams = group.admit(
-            list(call.request_ids),
-            list(call.prompts),
-            call.params,
-            call.n,
-            adapter_id=call.adapter_id,
-        )
+        streams = group.admit(call)
         async for batch in _merged(streams):
             yield batch
     finally:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from domain.config import EngineConfig
 from domain.kv_blocks import BlockManager
 from domain.ports import ModelRunner
 from domain.request import Request
@@ -245,6 +246,43 @@ class _Shadow:
         tokens.append(token)
         self.drafts.append(token)
         self.done = len(self.drafts) == self.k
+
+
+def make_speculator(
+    config: EngineConfig,
+    draft: ModelRunner | None,
+    costs: StepCosts | None,
+    vocab_size: int,
+) -> "Speculator | None":
+    """The engine's speculator for ``config.speculative`` (None: off), logged once (on by
+    default for `infer serve` on a CPU: the log says so and how to turn it off). ``draft``:
+    the draft model's runner (``method: draft_model``), with a KV pool of ``config``'s
+    blocks; ``costs``: what the runner's steps cost by shape."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    model = (
+        DraftModel(
+            draft,
+            config.kv_blocks,
+            config.kv_block_size,
+            max_chunk=config.max_num_batched_tokens,
+            vocab_size=vocab_size,
+        )
+        if draft is not None
+        else None
+    )
+    speculator = Speculator(spec, config.max_seq_len, model, costs)
+    log.info(
+        "speculative decoding",
+        method=spec.method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        disable_by_batch_size=spec.disable_by_batch_size,
+        draft_model=spec.model,
+        drafts=speculator.policy(),
+        off_with="--speculative-config none",
+    )
+    return speculator
 
 
 class Speculator:

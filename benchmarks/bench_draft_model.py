@@ -51,6 +51,7 @@ from adapters.weights.packaged import SMOLLM2_NAME  # noqa: E402
 from application.engine import Engine  # noqa: E402
 from benchmarks import bench_speculative as spec_bench  # noqa: E402
 from benchmarks.bench_vs_llamacpp import cpu_model, isa_flags  # noqa: E402
+from domain.request import AdmitCall  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 from domain.scheduler import RunnerOutput, SchedulerOutput  # noqa: E402
 from domain.speculation import SpeculativeConfig  # noqa: E402
@@ -140,7 +141,7 @@ def decode(
 ) -> tuple[float, int, int]:
     """(decode tok/s, drafted, accepted) of one greedy request run alone."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    engine.add_request(request_id, prompt, params)
+    engine.admit(AdmitCall.one(request_id, prompt, params))
     first = last = None
     drafted = accepted = 0
     while engine.has_work():

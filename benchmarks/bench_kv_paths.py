@@ -37,6 +37,7 @@ def worker(args: argparse.Namespace) -> None:
     from adapters.torch.runtime.runner import TorchModelRunner
     from application.engine import Engine
     from domain.config import EngineConfig
+    from domain.request import AdmitCall
     from domain.sampling import SamplingParams
     from entrypoints.inprocess import LLM
     from tests.fakes import ListSink
@@ -55,12 +56,12 @@ def worker(args: argparse.Namespace) -> None:
     rng = random.Random(0)
     vocab = min(10_000, tokenizer.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, ignore_eos=True)
-    engine.add_request("warm-up", [1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+    engine.admit(AdmitCall.one("warm-up", [1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True)))
     while engine.has_work():
         engine.step()
     for i in range(c):
         prompt = [rng.randrange(vocab) for _ in range(args.prompt_tokens)]
-        engine.add_request(f"r{i}", prompt, params)
+        engine.admit(AdmitCall.one(f"r{i}", prompt, params))
     decode_s, decode_tokens = 0.0, 0
     while engine.has_work():
         start = time.perf_counter()

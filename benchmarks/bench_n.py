@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from application.engine import Engine  # noqa: E402
 from benchmarks import bench_serving as bs  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
+from domain.request import AdmitCall  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 from entrypoints.config import ServerConfig  # noqa: E402
 from entrypoints.container import create_container  # noqa: E402
@@ -33,7 +34,7 @@ from entrypoints.container import create_container  # noqa: E402
 PARAMS = SamplingParams(temperature=0.8, max_tokens=1, ignore_eos=True, seed=0)
 
 
-def ttft(engine: Engine, admit: Callable[[list[str]], None], ids: list[str]) -> float:
+def ttft(engine: Engine, admit: Callable[[tuple[str, ...]], object], ids: tuple[str, ...]) -> float:
     """Seconds from queueing ``ids`` to the step where the last of them has a token."""
     start = time.perf_counter()
     admit(ids)
@@ -66,16 +67,18 @@ def main() -> None:
     prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
     counter = iter(range(10**9))
 
-    def ids(count: int) -> list[str]:
-        return [f"r{next(counter)}" for _ in range(count)]
+    def ids(count: int) -> tuple[str, ...]:
+        return tuple(f"r{next(counter)}" for _ in range(count))
 
     cases: dict[str, Callable[[], float]] = {
-        "n=1": lambda: ttft(engine, lambda i: engine.admit(i, [prompt], PARAMS), ids(1)),
+        "n=1": lambda: ttft(
+            engine, lambda i: engine.admit(AdmitCall(i, (prompt,), PARAMS)), ids(1)
+        ),
         f"n={args.n}": lambda: ttft(
-            engine, lambda i: engine.admit(i, [prompt], PARAMS, n=args.n), ids(args.n)
+            engine, lambda i: engine.admit(AdmitCall(i, (prompt,), PARAMS, args.n)), ids(args.n)
         ),
         f"{args.n} separate": lambda: ttft(
-            engine, lambda i: engine.admit(i, [prompt] * args.n, PARAMS), ids(args.n)
+            engine, lambda i: engine.admit(AdmitCall(i, (prompt,) * args.n, PARAMS)), ids(args.n)
         ),
     }
     for case in cases.values():  # warm-up

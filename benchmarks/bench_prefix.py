@@ -373,11 +373,19 @@ def worker(spec_path: str) -> None:
     def params(n: int) -> SamplingParams:
         return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
-    engine.admit(["warm-up"], [[rng.randrange(low, high) for _ in range(32)]], params(4))
+    def admit(request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        try:
+            from domain.request import AdmitCall
+        except ImportError:  # older trees: admit(request_ids, prompts, params)
+            engine.admit([request_id], [prompt], params)
+        else:
+            engine.admit(AdmitCall.one(request_id, prompt, params))
+
+    admit("warm-up", [rng.randrange(low, high) for _ in range(32)], params(4))
     while engine.has_work():
         engine.step()
     for i, (prompt, n) in enumerate(requests):
-        engine.admit([f"r{i}"], [prompt], params(n))
+        admit(f"r{i}", prompt, params(n))
     peak = steps = running_sum = preemptions = tokens = finished = 0
     start = time.perf_counter()
     deadline = start + spec["timeout_s"]

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from application.request_ids import new_request_id  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
+from domain.request import AdmitCall  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 from domain.training import Datum, ForwardBackwardInput, LoraSpec, TensorValue  # noqa: E402
 from entrypoints.config import ServerConfig  # noqa: E402
@@ -65,7 +66,7 @@ async def engine_logprobs(container, prompts: list[list[int]], together: bool) -
     try:
 
         async def one(ids: list[int]) -> list[float]:
-            [stream] = engine.admit([new_request_id("agree")], [ids], params)
+            [stream] = engine.submit(AdmitCall.one(new_request_id("agree"), ids, params))
             outs = [o async for o in stream]
             return list(outs[0].prompt_logprobs or ())
 

@@ -7,6 +7,7 @@ it, or the one newest token).
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from domain.sampling import SamplingParams
 
@@ -26,6 +27,38 @@ class RequestContext:
 
 
 NO_CONTEXT = RequestContext()
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitCall:
+    """One admission, built once by the use case and taken unchanged by every layer down to
+    ``Engine.admit``: prepared prompts, ``n`` request ids each (choice j of prompt i at
+    ``i * n + j``), queued all together or none, with ``adapter_id``'s LoRA (None: the base
+    model) for ``context``'s caller. Plain data: a fleet sends it to a replica in another
+    process."""
+
+    request_ids: tuple[str, ...]
+    prompts: tuple[list[int], ...]
+    params: SamplingParams
+    n: int = 1
+    adapter_id: str | None = None
+    context: RequestContext = NO_CONTEXT
+    # Where a fleet's replica loads the adapter from when it does not hold it (a Tinker
+    # checkpoint served by path); None: it holds it, or there is none.
+    adapter_folder: Path | None = None
+
+    @classmethod
+    def one(
+        cls,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        adapter_id: str | None = None,
+        context: RequestContext = NO_CONTEXT,
+    ) -> "AdmitCall":
+        """One prompt, one choice."""
+        return cls((request_id,), (prompt,), params, adapter_id=adapter_id, context=context)
 
 
 class RequestState(Enum):

@@ -27,7 +27,7 @@ from application.async_engine import AsyncEngine
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
-from domain.request import StepOutput
+from domain.request import AdmitCall, StepOutput
 from domain.sampling import SamplingParams
 from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
@@ -153,7 +153,7 @@ async def _generate(
             while queued < len(prepared):
                 prompt_ids, params = prepared[queued]
                 try:
-                    [stream] = engine.admit([request_ids[queued]], [prompt_ids], params)
+                    [stream] = engine.submit(AdmitCall.one(request_ids[queued], prompt_ids, params))
                 except QueueFullError:
                     if not running:
                         raise

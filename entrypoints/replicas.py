@@ -54,12 +54,11 @@ from adapters.ray.router import FleetRequestRouter
 from adapters.storage.factory import checkpoint_storage
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
-from application.engine_client import AdmitCall
 from application.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
 from application.served_models import SharedCheckpoints, check_lora_module
 from application.tinker.checkpoints import CheckpointStore
 from domain.errors import InvalidParameterError, QueueFullError
-from domain.request import StepOutput
+from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest, imbalance_for
 from entrypoints.access_flags import sighup_reloader
 from entrypoints.config import ServerConfig, from_json, to_json

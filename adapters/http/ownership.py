@@ -24,7 +24,7 @@ draining, new API requests get 503 with ``Retry-After``.
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +35,7 @@ from adapters.http.errors import HTTPError
 from adapters.http.request_state import ApiState
 from application.engine_client import EngineClient, OwnedRequests
 from application.request_record import RECORD_KEY, RequestRecord
-from domain.request import RequestContext, StepOutput
-from domain.sampling import SamplingParams
+from domain.request import AdmitCall, RequestContext, StepOutput
 
 # Not API work: served while draining, never timed out.
 PROBES = frozenset({"/health", "/ready", "/metrics"})
@@ -201,19 +200,11 @@ class RecordingGroup:
     def context(self, context: RequestContext) -> None:
         self._group.context = context
 
-    def admit(
-        self,
-        request_ids: Sequence[str],
-        prompts: Sequence[list[int]],
-        params: SamplingParams,
-        n: int = 1,
-        *,
-        adapter_id: str | None = None,
-    ) -> list[AsyncIterator[StepOutput]]:
-        streams = self._group.admit(request_ids, prompts, params, n, adapter_id=adapter_id)
-        self._record.prompt_tokens += sum(map(len, prompts))  # once per prompt, whatever n
+    def admit(self, call: AdmitCall) -> list[AsyncIterator[StepOutput]]:
+        streams = self._group.admit(call)
+        self._record.prompt_tokens += sum(map(len, call.prompts))  # once per prompt, whatever n
         # A prompt's cached tokens once, from its first choice's stream.
-        return [self._recorded(stream, i % n == 0) for i, stream in enumerate(streams)]
+        return [self._recorded(stream, i % call.n == 0) for i, stream in enumerate(streams)]
 
     def close(self) -> None:
         self._group.close()

@@ -14,9 +14,8 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from adapters.http.tinker_forward import HttpCall, HttpReply
-from application.engine_client import AdmitCall
 from application.remote_engine import ReplicaLostError, Routed
-from domain.request import StepOutput
+from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest
 
 LOST = (RayActorError, ActorUnavailableError)

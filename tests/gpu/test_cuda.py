@@ -34,6 +34,7 @@ from domain.request import StepOutput
 from domain.sampling import SamplingParams
 from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.paged_forward import PagedSequence
 from tests.support.tiny_models import VOCAB, save_tiny_model
 
@@ -118,12 +119,12 @@ def _run_engine(model, config: EngineConfig, params: list[SamplingParams]) -> di
     runner = TorchModelRunner(model, config)
     sink = ListSink()
     engine = Engine(config, runner, TOKENIZER, sink)
-    engine.add_request("r0", PROMPTS[0], params[0])
-    engine.add_request("r1", PROMPTS[1], params[1])
+    add_request(engine, "r0", PROMPTS[0], params[0])
+    add_request(engine, "r1", PROMPTS[1], params[1])
     for step in range(400):
         if step == 3:  # joins a running batch (continuous) or waits for the next (static)
-            engine.add_request("r2", PROMPTS[2], params[2])
-            engine.add_request("r3", PROMPTS[3], params[3])
+            add_request(engine, "r2", PROMPTS[2], params[2])
+            add_request(engine, "r3", PROMPTS[3], params[3])
         if not engine.has_work() and step > 3:
             break
         engine.step()
@@ -186,8 +187,8 @@ def test_seeded_sampling_is_the_same_batched_or_alone_on_cuda(folders, arch) -> 
     other = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=10, ignore_eos=True)
     sink = ListSink()
     engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink)
-    engine.add_request("seeded", PROMPTS[0], seeded)
-    engine.add_request("other", PROMPTS[1], other)
+    add_request(engine, "seeded", PROMPTS[0], seeded)
+    add_request(engine, "other", PROMPTS[1], other)
     while engine.has_work():
         engine.step()
     got = [o.token_id for o in sink.outputs if o.request_id == "seeded"]
@@ -460,7 +461,7 @@ def test_the_engine_replays_decode_steps_and_samples_seeded_alike(folders) -> No
         sink = ListSink()
         engine = Engine(config, runner, TOKENIZER, sink)
         for i, prompt in enumerate(PROMPTS):
-            engine.add_request(f"r{i}", prompt, params[i])
+            add_request(engine, f"r{i}", prompt, params[i])
         while engine.has_work():
             engine.step()
         runs[eager] = [(o.request_id, o.token_id) for o in sink.outputs]  # type: ignore[attr-defined]

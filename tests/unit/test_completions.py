@@ -16,7 +16,7 @@ from application.completions import (
 from application.request_record import RequestRecord
 from application.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError, PromptTooLongError
-from domain.request import RequestContext
+from domain.request import AdmitCall, RequestContext
 from domain.sampling import SamplingParams
 from tests.fakes import AcceptingGrammar, fake_async_engine
 
@@ -38,8 +38,8 @@ class Group:
         self.context = RequestContext()
         self.admitted: list[tuple[list[str], list[list[int]], SamplingParams, int]] = []
 
-    def admit(self, request_ids: Any, prompts: Any, params: Any, n: int = 1, **_: Any) -> list:
-        self.admitted.append((list(request_ids), list(prompts), params, n))
+    def admit(self, call: AdmitCall) -> list:
+        self.admitted.append((list(call.request_ids), list(call.prompts), call.params, call.n))
         return []
 
     def close(self) -> None: ...

@@ -23,6 +23,7 @@ from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 from tests.fakes import ListSink
 from tests.support.byte_tokenizer import byte_level_tokenizer
+from tests.support.engine_calls import add_request
 
 TOKENIZER = ByteTokenizer()
 REPLY = "The quick brown fox jumps over the lazy dog, twice: the quick brown fox."
@@ -56,7 +57,7 @@ def run(
     config = EngineConfig(speculative=SPEC if draft is not None else None)
     engine = Engine(config, target, TOKENIZER, sink, draft=draft)
     for i in range(prompts):
-        engine.add_request(f"r{i}", f"say it {i}", SamplingParams(temperature=0.0, **params))  # type: ignore[arg-type]
+        add_request(engine, f"r{i}", f"say it {i}", SamplingParams(temperature=0.0, **params))  # type: ignore[arg-type]
     steps = 0
     while engine.has_work():
         engine.step()

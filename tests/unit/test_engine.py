@@ -16,9 +16,10 @@ from domain.errors import (
     PromptTooLongError,
     QueueFullError,
 )
-from domain.request import Request, StepOutput
+from domain.request import AdmitCall, Request, StepOutput
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.engine_runs import run_to_end, wait_for
 
 TOKENIZER = ByteTokenizer()
@@ -47,7 +48,7 @@ def params(**kwargs) -> SamplingParams:
 
 def test_a_request_streams_its_text_then_finishes_with_usage() -> None:
     engine, runner, sink = make_engine("Hello")
-    engine.add_request("a", "hi", params())
+    add_request(engine, "a", "hi", params())
     run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "Hello"
@@ -61,7 +62,7 @@ def test_a_request_streams_its_text_then_finishes_with_usage() -> None:
 
 def test_a_stop_string_across_tokens_ends_the_request_without_its_text() -> None:
     engine, _, sink = make_engine("The answer is 42. END of story")
-    engine.add_request("a", "q", params(stop=("END",)))
+    add_request(engine, "a", "q", params(stop=("END",)))
     run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "The answer is 42. "
@@ -89,7 +90,7 @@ def test_the_last_output_says_which_stop_string_or_id_stopped_it(
     reply, sampling, text, finish, stop_reason
 ) -> None:
     engine, _, sink = make_engine(reply)
-    engine.add_request("a", "q", sampling)
+    add_request(engine, "a", "q", sampling)
     run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == text
@@ -99,7 +100,7 @@ def test_the_last_output_says_which_stop_string_or_id_stopped_it(
 
 def test_max_tokens_ends_with_length() -> None:
     engine, _, sink = make_engine("Hello world")
-    engine.add_request("a", "q", params(max_tokens=4))
+    add_request(engine, "a", "q", params(max_tokens=4))
     run_to_end(engine)
     outputs = sink.of("a")
     assert "".join(o.text_delta for o in outputs) == "Hell"
@@ -119,7 +120,7 @@ def test_max_tokens_ends_with_length() -> None:
 def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> None:
     engine, _, _ = make_engine(max_seq_len=64)
     with pytest.raises(error) as raised:
-        engine.add_request("a", prompt, sampling)
+        add_request(engine, "a", prompt, sampling)
     assert type(raised.value) is error
     assert not engine.has_work() and list(engine.output) == []
 
@@ -130,32 +131,32 @@ def test_token_ids_are_checked_against_the_models_vocabulary_when_given() -> Non
     sink = ListSink()
     vocab = TOKENIZER.vocab_size + 8
     engine = Engine(EngineConfig(), FakeModelRunner(), TOKENIZER, sink, vocab_size=vocab)
-    engine.add_request("in", [vocab - 1], params(max_tokens=1))
+    add_request(engine, "in", [vocab - 1], params(max_tokens=1))
     with pytest.raises(InvalidParameterError, match=f"token id {vocab} is out of vocabulary"):
-        engine.add_request("out", [1, vocab], params(max_tokens=1))
+        add_request(engine, "out", [1, vocab], params(max_tokens=1))
     assert [r.request_id for r in engine.scheduler.waiting] == ["in"]  # type: ignore[attr-defined]
 
 
 def test_a_full_engine_refuses_with_queue_full() -> None:
     """It holds max_batch_size running plus max_waiting_requests waiting."""
     engine, _, _ = make_engine(max_waiting_requests=1, max_batch_size=1)
-    engine.add_request("a", "x", params())
-    engine.add_request("b", "x", params())
+    add_request(engine, "a", "x", params())
+    add_request(engine, "b", "x", params())
     with pytest.raises(QueueFullError):
-        engine.add_request("c", "x", params())
+        add_request(engine, "c", "x", params())
     assert list(engine.output) == ["a", "b"]
     engine.step()  # "a" runs, "b" waits: still full
     with pytest.raises(QueueFullError):
-        engine.add_request("c", "x", params())
+        add_request(engine, "c", "x", params())
 
 
 def test_prompts_are_admitted_all_together_or_none() -> None:
     engine, _, _ = make_engine(max_waiting_requests=2, max_batch_size=2)
-    engine.add_request("a", "x", params())
+    add_request(engine, "a", "x", params())
     with pytest.raises(QueueFullError):
-        engine.admit(["b", "c", "d", "e"], [[5]] * 4, params())
+        engine.admit(AdmitCall(("b", "c", "d", "e"), tuple([[5]] * 4), params()))
     assert list(engine.output) == ["a"] and engine.scheduler.room() == 3
-    engine.admit(["b", "c", "d"], [[5]] * 3, params())
+    engine.admit(AdmitCall(("b", "c", "d"), tuple([[5]] * 3), params()))
     assert engine.scheduler.room() == 0
 
 
@@ -169,7 +170,9 @@ def test_prompts_are_admitted_all_together_or_none() -> None:
 def test_more_prompts_than_can_ever_fit_are_invalid_not_a_full_queue(config, count) -> None:
     engine, _, _ = make_engine(**config)
     with pytest.raises(InvalidParameterError) as error:
-        engine.admit([f"r{i}" for i in range(count)], [[5]] * count, params())
+        engine.admit(
+            AdmitCall(tuple([f"r{i}" for i in range(count)]), tuple([[5]] * count), params())
+        )
     assert error.value.param == "prompt"
     assert not engine.has_work()
 
@@ -190,14 +193,14 @@ def test_request_limits_are_refused_by_name_before_tokenizing(
     engine, _, _ = make_engine(max_prompt_bytes=10, max_stop_strings=3, max_stop_bytes=10)
     monkeypatch.setattr(engine.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
     with pytest.raises(InvalidParameterError) as error:
-        engine.prepare(prompt, params(**sampling))
+        engine.checks.prepare(prompt, params(**sampling))
     assert error.value.param == param
 
 
 def test_requests_at_the_limits_are_accepted() -> None:
     engine, _, _ = make_engine(max_prompt_bytes=10, max_stop_strings=3, max_stop_bytes=10)
     sampling = params(stop=("abcde", "fghij"), stop_token_ids=(5, 6, 7))
-    assert engine.prepare("é" * 5, sampling) == TOKENIZER.encode("é" * 5)
+    assert engine.checks.prepare("é" * 5, sampling) == TOKENIZER.encode("é" * 5)
 
 
 def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
@@ -212,15 +215,15 @@ def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
         return execute(batch)
 
     runner.execute = flaky  # type: ignore[method-assign]
-    engine.add_request("a", "x", params())
-    engine.add_request("b", "x", params())
+    add_request(engine, "a", "x", params())
+    add_request(engine, "b", "x", params())
     engine.step()
     assert [(o.request_id, o.error) for o in sink.outputs] == [
         ("a", STEP_FAILED),
         ("b", STEP_FAILED),
     ]
     assert "out of memory" not in STEP_FAILED  # no exception text reaches clients
-    engine.add_request("c", "x", params())
+    add_request(engine, "c", "x", params())
     run_to_end(engine)
     assert "".join(o.text_delta for o in sink.of("c")) == "ok"
     assert runner.live == set()
@@ -228,8 +231,8 @@ def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
 
 def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
     engine, runner, sink = make_engine("a long reply", max_batch_size=1)
-    engine.add_request("a", "x", params())
-    engine.add_request("b", "x", params())
+    add_request(engine, "a", "x", params())
+    add_request(engine, "b", "x", params())
     engine.step()
     assert runner.live == {"a"}
     engine.abort("a")
@@ -242,8 +245,8 @@ def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
 
 def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
     engine, runner, sink = make_engine("hey", batching_mode="static", batch_wait_timeout_s=0.0)
-    engine.add_request("short", "a", params())
-    engine.add_request("long", "a much longer prompt", params(max_tokens=2))
+    add_request(engine, "short", "a", params())
+    add_request(engine, "long", "a much longer prompt", params(max_tokens=2))
     run_to_end(engine)
     assert all(c.start == 0 for c in runner.steps[0].chunks)  # a new batch: whole prompts
     assert [c.num_tokens for c in runner.steps[0].chunks] == [2, 21]
@@ -334,7 +337,7 @@ async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> 
     engine.start()
     try:
         group = engine.group()
-        streams = group.admit(["a", "b", "c"], [[5], [6], [7]], params(max_tokens=400))
+        streams = group.admit(AdmitCall(("a", "b", "c"), ([5], [6], [7]), params(max_tokens=400)))
         await wait_for(lambda: len(runner.live) == 2)  # until two run
         await streams[0].aclose()  # closing a stream never started does nothing
         assert core.has_work()
@@ -371,5 +374,5 @@ async def test_prompts_are_tokenized_off_the_event_loop() -> None:
 
 def test_request_ids_are_kept_on_requests() -> None:
     engine, _, _ = make_engine()
-    request = engine.add_request("id-1", [5, 6], params())
+    request = add_request(engine, "id-1", [5, 6], params())
     assert isinstance(request, Request) and request.prompt_token_ids == [5, 6]

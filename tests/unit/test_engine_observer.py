@@ -12,6 +12,7 @@ from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.engine_runs import run_to_end
 
 TOKENIZER = ByteTokenizer()
@@ -42,7 +43,7 @@ def greedy(**kwargs) -> SamplingParams:
 
 def test_each_step_is_observed_and_returned() -> None:
     engine, observer = make()
-    engine.add_request("a", "hi", greedy())
+    add_request(engine, "a", "hi", greedy())
     first = engine.step()
     assert first.ran and observer.steps == [first]
     assert first.scheduler.prefill_tokens == 3 and first.scheduler.decode_tokens == 0
@@ -55,7 +56,7 @@ def test_each_step_is_observed_and_returned() -> None:
 
 def test_a_finished_request_reports_its_life_in_order() -> None:
     engine, observer = make("Hello")
-    engine.add_request("a", "hi", greedy())
+    add_request(engine, "a", "hi", greedy())
     run_to_end(engine, max_steps=200)
     record = observer.finished["a"]
     assert record.finish_reason == "eos"
@@ -72,14 +73,14 @@ def test_a_finished_request_reports_its_life_in_order() -> None:
 )
 def test_finish_reasons_are_reported(params: SamplingParams, reason: str) -> None:
     engine, observer = make("Hello")
-    engine.add_request("a", "hi", params)
+    add_request(engine, "a", "hi", params)
     run_to_end(engine, max_steps=200)
     assert observer.finished["a"].finish_reason == reason
 
 
 def test_a_stop_string_hit_ends_the_request_in_the_scheduler() -> None:
     engine, observer = make("Hello there")
-    engine.add_request("a", "hi", greedy(stop=("lo",)))
+    add_request(engine, "a", "hi", greedy(stop=("lo",)))
     run_to_end(engine, max_steps=200)
     request_stats = observer.finished["a"]
     assert request_stats.finish_reason == "stop"
@@ -89,7 +90,7 @@ def test_a_stop_string_hit_ends_the_request_in_the_scheduler() -> None:
 
 def test_chunked_prefill_counts_prompt_tokens_per_step() -> None:
     engine, observer = make("Hi", max_num_batched_tokens=8, max_batch_size=2)
-    engine.add_request("long", "x" * 19, greedy())  # 20 prompt tokens with <bos>
+    add_request(engine, "long", "x" * 19, greedy())  # 20 prompt tokens with <bos>
     for _ in range(3):
         engine.step()
     prefill = [s.scheduler.prefill_tokens for s in observer.steps]
@@ -99,8 +100,8 @@ def test_chunked_prefill_counts_prompt_tokens_per_step() -> None:
 
 def test_an_aborted_request_is_reported_at_the_next_step() -> None:
     engine, _ = make(max_batch_size=1)
-    engine.add_request("running", "hi", greedy())
-    engine.add_request("waiting", "hi", greedy())
+    add_request(engine, "running", "hi", greedy())
+    add_request(engine, "waiting", "hi", greedy())
     engine.step()
     engine.abort("waiting")
     engine.abort("running")
@@ -116,7 +117,7 @@ def test_an_aborted_request_is_reported_at_the_next_step() -> None:
 def test_kv_usage_is_the_share_of_kv_blocks_in_use() -> None:
     engine, _ = make(max_batch_size=4, max_seq_len=256, num_kv_blocks=16)
     for name in "ab":
-        engine.add_request(name, "hi", greedy())  # 3 tokens: one block each
+        add_request(engine, name, "hi", greedy())  # 3 tokens: one block each
     stats = engine.step().scheduler
     assert stats.kv_usage == 2 / 16
     assert (stats.prefix_queried_tokens, stats.prefix_hit_tokens) == (6, 0)
@@ -128,7 +129,7 @@ def test_a_failed_step_reports_its_requests_as_errors() -> None:
             raise RuntimeError("device lost")
 
     engine, observer = make(runner=Broken())
-    engine.add_request("a", "hi", greedy())
+    add_request(engine, "a", "hi", greedy())
     engine.step()
     assert observer.finished["a"].finish_reason == "error"
 
@@ -145,7 +146,7 @@ def test_an_observer_that_raises_does_not_break_the_engine() -> None:
         sink := ListSink(),
         observer=Raising(),
     )
-    engine.add_request("a", "hi", greedy())
+    add_request(engine, "a", "hi", greedy())
     run_to_end(engine, max_steps=200)
     assert "".join(o.text_delta for o in sink.of("a")) == "ok"
 
@@ -163,4 +164,4 @@ def test_logit_processing_ids_are_checked_against_the_vocabulary() -> None:
         greedy(allowed_token_ids=(1, 10**6)),
     ):
         with pytest.raises(InvalidParameterError):
-            engine.add_request("a", "hi", params)
+            add_request(engine, "a", "hi", params)

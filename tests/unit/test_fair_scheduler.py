@@ -15,6 +15,7 @@ from domain.request import Request, RequestContext
 from domain.sampling import SamplingParams
 from domain.scheduler import ContinuousScheduler, RunnerOutput, SchedulerOutput
 from tests.fakes import ListSink, ManualClock
+from tests.support.engine_calls import add_request
 from tests.support.engine_runs import run_to_end
 
 EOS = 0
@@ -349,7 +350,7 @@ def engine(max_batch_size: int = 2) -> tuple[Engine, KVRunner, ListSink, Recordi
 
 def add(e: Engine, request_id: str, prompt: list[int], priority: int = 0) -> None:
     e.clock.now += 1.0  # type: ignore[attr-defined]
-    e.add_request(request_id, prompt, PARAMS, context=RequestContext(priority=priority))
+    add_request(e, request_id, prompt, PARAMS, context=RequestContext(priority=priority))
 
 
 def alone(request_id: str, prompt: list[int]) -> list[int]:

@@ -13,10 +13,11 @@ from application.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.kv_blocks import BlockManager
-from domain.request import RequestContext
+from domain.request import AdmitCall, RequestContext
 from domain.sampling import SamplingParams
 from domain.scheduler import ContinuousScheduler
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 
 
 def check_counts(blocks: BlockManager, live: set[str]) -> None:
@@ -55,7 +56,7 @@ def test_a_random_run_never_leaks_or_shares_a_written_block() -> None:
             n = rng.choice([1, 1, 1, 2, 3])
             ids = [f"r{step}-{i}" for i in range(n)]
             context = RequestContext(priority=rng.choice([0, 0, 1]))
-            engine.admit(ids, [prompt], params, n=n, context=context)
+            engine.admit(AdmitCall(tuple(ids), (prompt,), params, n, context=context))
             live += ids
         if live and rng.random() < 0.05:
             engine.abort(live.pop(rng.randrange(len(live))))
@@ -79,8 +80,8 @@ def test_blocks_running_out_preempt_the_youngest_and_it_recomputes() -> None:
         config, FakeModelRunner(), ByteTokenizer(), sink := ListSink(), clock=lambda: next(ticks)
     )
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    engine.add_request("old", [7] * 10, params)
-    engine.add_request("young", [9] * 10, params)  # arrives later
+    add_request(engine, "old", [7] * 10, params)
+    add_request(engine, "young", [9] * 10, params)  # arrives later
     preempted: list[str] = []
     for _ in range(500):
         preempted += engine.step().preempted
@@ -98,7 +99,7 @@ def test_a_repeated_prompt_computes_only_its_last_block_with_prefix_caching(cach
     prompt = list(range(1, 41))  # 40 tokens: two full blocks, then 8 positions
     prefill = []
     for name in ("first", "second"):
-        engine.add_request(name, prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        add_request(engine, name, prompt, SamplingParams(max_tokens=3, ignore_eos=True))
         prefill.append(0)
         for _ in range(10):
             prefill[-1] += engine.step().scheduler.prefill_tokens
@@ -112,7 +113,7 @@ def test_a_cache_salt_shares_blocks_only_with_the_same_salt() -> None:
     prefill = {}
     for name, salt in [("open", None), ("a1", "tenant-a"), ("b1", "tenant-b"), ("a2", "tenant-a")]:
         params = SamplingParams(max_tokens=2, ignore_eos=True, cache_salt=salt)
-        engine.add_request(name, prompt, params)
+        add_request(engine, name, prompt, params)
         prefill[name] = sum(engine.step().scheduler.prefill_tokens for _ in range(6))
     # the unsalted request's blocks serve no salted one; a salt's serve only that salt
     assert prefill == {"open": 40, "a1": 40, "b1": 40, "a2": 8}
@@ -137,8 +138,8 @@ def test_identical_prompts_queued_together_compute_the_prompt_once(caching) -> N
     engine = Engine(config, FakeModelRunner(), ByteTokenizer(), sink := ListSink())
     prompt = list(range(1, 41))  # 40 tokens: two full blocks, then 8 positions
     for i in range(4):
-        engine.add_request(f"s{i}", prompt, SamplingParams(max_tokens=5, ignore_eos=True, seed=i))
-    engine.add_request("logprobs", prompt, SamplingParams(max_tokens=2, prompt_logprobs=True))
+        add_request(engine, f"s{i}", prompt, SamplingParams(max_tokens=5, ignore_eos=True, seed=i))
+    add_request(engine, "logprobs", prompt, SamplingParams(max_tokens=2, prompt_logprobs=True))
     prefill = 0
     for _ in range(60):
         prefill += engine.step().scheduler.prefill_tokens

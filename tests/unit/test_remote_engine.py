@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from application.async_engine import AsyncEngine
-from application.engine_client import AdmitCall
 from application.remote_engine import (
     CURRENT_NOTE,
     REPLICA_LOST,
@@ -24,7 +23,7 @@ from application.remote_engine import (
     serve_call,
 )
 from domain.config import EngineConfig
-from domain.request import RequestContext, StepOutput
+from domain.request import AdmitCall, RequestContext, StepOutput
 from domain.routing import ReplicaLoad, Router, RouteRequest, RouterSettings
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
@@ -101,7 +100,7 @@ async def test_each_choice_streams_what_a_local_engine_gives(fleet: LocalFleet) 
     engine = remote(fleet)
     prompt = await engine.inputs.prepare("hello there", PARAMS)
     group = engine.group()
-    streams = group.admit(["a-0", "a-1"], [prompt], PARAMS, 2)
+    streams = group.admit(AdmitCall(("a-0", "a-1"), (prompt,), PARAMS, 2))
     outputs = await asyncio.gather(*(read_all(s) for s in streams))
 
     local = fake_async_engine(kv_block_size=BLOCK)
@@ -123,7 +122,7 @@ async def test_prompts_sharing_a_prefix_go_to_the_replica_that_cached_it(
     system = "You are a careful assistant. " * 4
     for user in ["first question", "second one", "a third"]:
         prompt = await engine.inputs.prepare(system + user, PARAMS)
-        [stream] = engine.group().admit([user], [prompt], PARAMS)
+        [stream] = engine.group().admit(AdmitCall((user,), (prompt,), PARAMS))
         await read_all(stream)
     assert len({replica for replica, _ in fleet.calls}) == 1
     await engine.stop()
@@ -135,7 +134,7 @@ async def test_a_replica_lost_before_any_output_is_retried_once_elsewhere(
     engine = remote(fleet)
     fleet.lose = {"r0": "before", "r1": "before"}
     prompt = await engine.inputs.prepare("retry me", PARAMS)
-    [stream] = engine.group().admit(["x"], [prompt], PARAMS)
+    [stream] = engine.group().admit(AdmitCall(("x",), (prompt,), PARAMS))
     out = await read_all(stream)
     # Both replicas were lost once: the retry went to the other, which was lost too.
     first, second = (r for r, _ in fleet.calls)
@@ -144,7 +143,7 @@ async def test_a_replica_lost_before_any_output_is_retried_once_elsewhere(
 
     fleet.lose = {"r0": "before"}
     fleet.router = Router(RouterSettings(policy="round-robin"))  # r0 first
-    [stream] = engine.group().admit(["y"], [prompt], PARAMS)
+    [stream] = engine.group().admit(AdmitCall(("y",), (prompt,), PARAMS))
     out = await read_all(stream)
     assert out[-1].finished and out[-1].error is None
     assert [r for r, _ in fleet.calls][-2:] == ["r0", "r1"]
@@ -158,7 +157,7 @@ async def test_a_replica_lost_after_output_ends_the_stream_with_an_error(
     fleet.router = Router(RouterSettings(policy="round-robin"))
     fleet.lose = {"r0": "after"}
     prompt = await engine.inputs.prepare("half an answer", PARAMS)
-    [stream] = engine.group().admit(["z"], [prompt], PARAMS)
+    [stream] = engine.group().admit(AdmitCall(("z",), (prompt,), PARAMS))
     out = await asyncio.wait_for(read_all(stream), 10)
     assert out[0].error is None and out[-1].error == REPLICA_LOST
     assert len(fleet.calls) == 1  # not retried: the client had output already
@@ -171,8 +170,8 @@ async def test_a_full_replica_passes_the_call_to_another() -> None:
     engine = remote(fleet)
     hold = fleet.replicas["r0"].group()
     long = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    hold.admit(["held-0", "held-1"], [[1, 2, 3], [1, 2, 4]], long)
-    [stream] = engine.group().admit(["passed"], [[4, 5, 6]], PARAMS)
+    hold.admit(AdmitCall(("held-0", "held-1"), ([1, 2, 3], [1, 2, 4]), long))
+    [stream] = engine.group().admit(AdmitCall(("passed",), ([4, 5, 6],), PARAMS))
     out = await asyncio.wait_for(read_all(stream), 10)
     assert out[-1].finished and out[-1].error is None
     assert [r for r, _ in fleet.calls] == ["r0", "r1"]
@@ -187,8 +186,8 @@ async def test_a_replicas_refusal_ends_the_streams_with_its_error() -> None:
     engine = remote(fleet)
     hold = fleet.replicas["r0"].group()
     long = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    hold.admit(["held-0", "held-1"], [[1, 2, 3], [1, 2, 4]], long)
-    [stream] = engine.group().admit(["refused"], [[4, 5, 6]], PARAMS)
+    hold.admit(AdmitCall(("held-0", "held-1"), ([1, 2, 3], [1, 2, 4]), long))
+    [stream] = engine.group().admit(AdmitCall(("refused",), ([4, 5, 6],), PARAMS))
     out = await asyncio.wait_for(read_all(stream), 10)
     assert out[-1].error is not None and out[-1].error.startswith("the engine is full")
     hold.close()
@@ -200,7 +199,7 @@ async def test_closing_the_group_aborts_the_call_on_its_replica(fleet: LocalFlee
     engine = remote(fleet)
     group = engine.group()
     long = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    [stream] = group.admit(["long"], [[1, 2, 3, 4, 5]], long)
+    [stream] = group.admit(AdmitCall(("long",), ([1, 2, 3, 4, 5],), long))
     first = await anext(stream)
     assert first.error is None
     [(replica, _)] = fleet.calls
@@ -219,7 +218,7 @@ async def test_the_note_names_the_replica_each_call_went_to(fleet: LocalFleet) -
     note = ReplicaNote()
     token = CURRENT_NOTE.set(note)
     try:
-        [stream] = engine.group().admit(["n"], [[7, 8, 9]], PARAMS)
+        [stream] = engine.group().admit(AdmitCall(("n",), ([7, 8, 9],), PARAMS))
     finally:
         CURRENT_NOTE.reset(token)
     await asyncio.wait_for(note.routed.wait(), 5)
@@ -232,7 +231,7 @@ async def test_the_callers_context_and_trace_travel_with_the_call(fleet: LocalFl
     engine = remote(fleet)
     trace = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
     context = RequestContext(tenant_id="acme", priority=2, trace=trace)
-    [stream] = engine.group(context).admit(["t"], [[1, 2, 3]], PARAMS)
+    [stream] = engine.group(context).admit(AdmitCall(("t",), ([1, 2, 3],), PARAMS, context=context))
     await read_all(stream)
     [(_, call)] = fleet.calls
     assert call.context == context  # the replica's engine spans continue the caller's trace
@@ -276,7 +275,7 @@ async def test_a_call_names_its_adapters_folder_for_a_replica_to_load(
         adapters=served,
     )
     engine.start()
-    [stream] = engine.group().admit(["x"], [[1, 2, 3]], PARAMS, adapter_id="path:ckpt")
+    [stream] = engine.group().admit(AdmitCall(("x",), ([1, 2, 3],), PARAMS, adapter_id="path:ckpt"))
     assert (await read_all(stream))[-1].error is None
     [(_, call)] = fleet.calls
     assert call.adapter_folder == tmp_path

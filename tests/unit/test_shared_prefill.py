@@ -9,7 +9,7 @@ from adapters.fake.runner import FakeModelRunner
 from application.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError, QueueFullError
-from domain.request import Request, RequestContext
+from domain.request import AdmitCall, Request, RequestContext
 from domain.sampling import SamplingParams
 from domain.scheduler import ContinuousScheduler, RunnerOutput, ScheduledChunk
 from tests.fakes import ListSink
@@ -43,7 +43,7 @@ def run(e: Engine) -> int:
 
 def test_choices_wait_for_the_first_and_fork_its_prompt() -> None:
     e, runner = engine()
-    e.admit(["a", "b", "c"], [PROMPT], PARAMS, n=3)
+    e.admit(AdmitCall(("a", "b", "c"), (PROMPT,), PARAMS, 3))
     prefill = run(e)
     steps = chunks(runner)
     assert steps[0] == [("a", 0, 19)]  # all but the last token; b and c wait
@@ -59,7 +59,7 @@ def test_choices_wait_for_the_first_and_fork_its_prompt() -> None:
 
 def test_a_chunked_prefill_is_waited_for_to_its_end() -> None:
     e, runner = engine(budget=8)
-    e.admit(["a", "b"], [PROMPT], PARAMS, n=2)
+    e.admit(AdmitCall(("a", "b"), (PROMPT,), PARAMS, 2))
     run(e)
     steps = chunks(runner)
     assert steps[:3] == [
@@ -72,7 +72,7 @@ def test_a_chunked_prefill_is_waited_for_to_its_end() -> None:
 
 def test_a_choice_whose_source_ended_prefills_itself() -> None:
     e, runner = engine(budget=8)
-    e.admit(["a", "b"], [PROMPT], PARAMS, n=2)
+    e.admit(AdmitCall(("a", "b"), (PROMPT,), PARAMS, 2))
     e.step()  # a computed 8 of 20 tokens
     e.abort("a")
     prefill = run(e)
@@ -102,7 +102,7 @@ def test_a_choice_whose_source_was_preempted_prefills_itself() -> None:
 def test_choices_of_several_prompts_share_within_their_prompt() -> None:
     e, runner = engine()
     other = list(range(40, 45))
-    e.admit(["a0", "a1", "b0", "b1"], [PROMPT, other], PARAMS, n=2)
+    e.admit(AdmitCall(("a0", "a1", "b0", "b1"), (PROMPT, other), PARAMS, 2))
     prefill = run(e)
     assert ("a1", 16, 4) in chunks(runner)[1]
     assert ("b1", 0, 5) in chunks(runner)[1]  # no full block to share
@@ -114,8 +114,8 @@ def test_choices_of_several_prompts_share_within_their_prompt() -> None:
 def test_prompt_logprobs_and_one_token_prompts_are_not_shared() -> None:
     scored = SamplingParams(max_tokens=2, prompt_logprobs=True)
     e, runner = engine()
-    e.admit(["a", "b"], [PROMPT], scored, n=2)
-    e.admit(["c", "d"], [[5]], PARAMS, n=2)
+    e.admit(AdmitCall(("a", "b"), (PROMPT,), scored, 2))
+    e.admit(AdmitCall(("c", "d"), ([5],), PARAMS, 2))
     run(e)
     first: dict[str, int] = {}
     for step in chunks(runner):
@@ -126,9 +126,9 @@ def test_prompt_logprobs_and_one_token_prompts_are_not_shared() -> None:
 
 def test_seeded_choices_draw_from_seed_plus_their_index() -> None:
     e, _ = engine()
-    requests = e.admit(["a", "b", "c"], [PROMPT], SamplingParams(seed=7), n=3)
+    requests = e.admit(AdmitCall(("a", "b", "c"), (PROMPT,), SamplingParams(seed=7), 3))
     assert [r.sampling_params.seed for r in requests] == [7, 8, 9]
-    unseeded = e.admit(["d", "e"], [PROMPT], SamplingParams(), n=2)
+    unseeded = e.admit(AdmitCall(("d", "e"), (PROMPT,), SamplingParams(), 2))
     assert [r.sampling_params.seed for r in unseeded] == [None, None]
     assert SamplingParams(seed=2**63 - 1).for_choice(1).seed == -(2**63)
 
@@ -136,14 +136,14 @@ def test_seeded_choices_draw_from_seed_plus_their_index() -> None:
 def test_n_is_limited_and_counts_against_the_queue() -> None:
     e, _ = engine(batch=2, max_waiting_requests=3, max_n=4)
     with pytest.raises(InvalidParameterError) as error:
-        e.check_room(1, 5)
+        e.checks.check_room(1, 5)
     assert error.value.param == "n"
     with pytest.raises(InvalidParameterError):
-        e.check_room(1, 0)
-    e.check_room(1, 4)
-    e.admit(["a", "b"], [PROMPT], PARAMS, n=2)
+        e.checks.check_room(1, 0)
+    e.checks.check_room(1, 4)
+    e.admit(AdmitCall(("a", "b"), (PROMPT,), PARAMS, 2))
     with pytest.raises(QueueFullError):
-        e.check_room(1, 4)
+        e.checks.check_room(1, 4)
 
 
 def test_min_tokens_must_fit_in_max_tokens() -> None:
@@ -155,6 +155,6 @@ def test_min_tokens_must_fit_in_max_tokens() -> None:
 
 def test_choices_share_even_when_the_first_token_ends_every_choice() -> None:
     e, runner = engine()
-    e.admit(["a", "b"], [PROMPT], SamplingParams(max_tokens=1), n=2)
+    e.admit(AdmitCall(("a", "b"), (PROMPT,), SamplingParams(max_tokens=1), 2))
     assert run(e) == 20 + 4
     assert chunks(runner)[1] == [("a", 19, 1), ("b", 16, 4)]

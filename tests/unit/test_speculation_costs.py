@@ -20,6 +20,7 @@ from domain.speculation import (
     plan_drafts,
 )
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.engine_runs import run_to_end
 
 TOKENIZER = ByteTokenizer()
@@ -101,7 +102,7 @@ def _engine(costs: StepCosts | None) -> tuple[Engine, ListSink, list[int]]:
 @pytest.mark.parametrize("costs", [CHEAP, LINEAR, None])
 def test_the_engine_drafts_only_where_costs_say_it_pays(costs: StepCosts | None) -> None:
     engine, sink, drafted = _engine(costs)
-    engine.add_request("r", f"Rewrite:\n{CODE}", SamplingParams(temperature=0.0, max_tokens=60))
+    add_request(engine, "r", f"Rewrite:\n{CODE}", SamplingParams(temperature=0.0, max_tokens=60))
     run_to_end(engine, max_steps=500)
     text = "".join(o.text_delta for o in sink.of("r"))
     assert text == EDIT  # the same output whatever was drafted

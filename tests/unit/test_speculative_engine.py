@@ -14,10 +14,11 @@ from application.speculation import Speculator
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.observer import StepStats
-from domain.request import Request, StepOutput
+from domain.request import AdmitCall, Request, StepOutput
 from domain.sampling import SamplingParams, StructuredOutput
 from domain.speculation import SpeculativeConfig
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.engine_runs import run_to_end
 
 TOKENIZER = ByteTokenizer()
@@ -58,7 +59,7 @@ def run(
     **params: object,
 ) -> tuple[list[StepOutput], int, Engine, Stats]:
     engine, runner, sink, stats = engine_for(text, spec)
-    engine.add_request("a", prompt, SamplingParams(temperature=0.0, **params))  # type: ignore[arg-type]
+    add_request(engine, "a", prompt, SamplingParams(temperature=0.0, **params))  # type: ignore[arg-type]
     for _ in range(500):
         if not engine.has_work():
             break
@@ -132,7 +133,7 @@ def test_a_preempted_request_goes_on_with_the_same_output() -> None:
         )
         for name in ("low", "high"):
             greedy = SamplingParams(temperature=0.0, max_tokens=120)
-            engine.add_request(name, f"Rewrite:\n{CODE}", greedy)
+            add_request(engine, name, f"Rewrite:\n{CODE}", greedy)
         run_to_end(engine, max_steps=1000)
         outputs[spec and spec.method] = [text_of(sink.of(n)) for n in ("low", "high")]
         if spec is not None:
@@ -143,7 +144,9 @@ def test_a_preempted_request_goes_on_with_the_same_output() -> None:
 def test_every_choice_of_n_drafts_and_matches() -> None:
     engine, _, sink, _ = engine_for(EDIT, SPEC)
     prompt = TOKENIZER.encode(f"Rewrite:\n{CODE}")
-    engine.admit(["c0", "c1"], [prompt], SamplingParams(temperature=0.0, max_tokens=200), n=2)
+    engine.admit(
+        AdmitCall(("c0", "c1"), (prompt,), SamplingParams(temperature=0.0, max_tokens=200), 2)
+    )
     run_to_end(engine, max_steps=500)
     assert text_of(sink.of("c0")) == text_of(sink.of("c1")) == EDIT
 
@@ -152,8 +155,8 @@ def test_no_drafts_while_the_batch_is_busier_than_the_limit() -> None:
     busy = SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=1)
     engine, _, sink, stats = engine_for(EDIT, busy)
     for name in ("a", "b"):
-        engine.add_request(
-            name, f"Rewrite:\n{CODE}", SamplingParams(temperature=0.0, max_tokens=20)
+        add_request(
+            engine, name, f"Rewrite:\n{CODE}", SamplingParams(temperature=0.0, max_tokens=20)
         )
     engine.step()
     engine.step()
@@ -182,7 +185,7 @@ def test_suffix_drafts_a_reply_from_an_earlier_requests_output() -> None:
     for spec, want_drafts in ((SPEC, False), (suffix, True)):
         engine, _, sink, stats = engine_for(EDIT, spec)
         for name in ("first", "second"):
-            engine.add_request(name, "Go.", SamplingParams(temperature=0.0, max_tokens=200))
+            add_request(engine, name, "Go.", SamplingParams(temperature=0.0, max_tokens=200))
             run_to_end(engine, max_steps=500)
             assert text_of(sink.of(name)) == EDIT
         accepted = sum(s.accepted_tokens for s in stats.steps)

@@ -16,7 +16,7 @@ from application.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.ports import Tokenizer
-from domain.request import StepOutput
+from domain.request import AdmitCall, StepOutput
 from domain.sampling import SamplingParams
 
 
@@ -74,7 +74,7 @@ def stream_generate(
         outputs,
         vocab_size=model.config.vocab_size,
     )
-    engine.admit(["generate"], [prompt_ids], params)
+    engine.admit(AdmitCall.one("generate", prompt_ids, params))
     while engine.has_work():
         engine.step()
         for output in outputs:

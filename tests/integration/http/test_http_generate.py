@@ -12,6 +12,7 @@ from adapters.http import create_app
 from application.async_engine import LOOP_CRASHED, AsyncEngine
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
+from tests.support.engine_calls import add_request
 
 MODEL = "test/fake-model"
 TOKENIZER = ByteTokenizer()
@@ -110,7 +111,7 @@ async def test_a_full_queue_answers_503_at_once_with_retry_after_and_queues_noth
     runner.step_latency_s = 0.01
     for name in ("a", "b", "c"):
         occupant = SamplingParams(max_tokens=200, ignore_eos=True)
-        engine.engine.add_request(name, [1, 2], occupant)
+        add_request(engine.engine, name, [1, 2], occupant)
     tokenized: list[str] = []
     encode = TOKENIZER.encode
     monkeypatch.setattr(

@@ -30,6 +30,7 @@ from adapters.http import create_app
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
 from tests.support.asgi import leave_right_after_sending
+from tests.support.engine_calls import add_request
 from tests.support.engine_leftovers import EngineLeftovers
 from tests.support.uvicorn_thread import running
 
@@ -58,7 +59,7 @@ class Stack(EngineLeftovers):
         """``count`` requests that run for a long time."""
         for i in range(count):
             params = SamplingParams(max_tokens=1500, ignore_eos=True)
-            self.core.add_request(f"occupant-{i}", [5], params)
+            add_request(self.core, f"occupant-{i}", [5], params)
 
 
 def body_for(path: str, **fields: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine import Engine
 from domain.config import EngineConfig
+from domain.request import AdmitCall
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink, torch_async_engine
 from tests.support.tiny_models import save_tiny_model
@@ -56,7 +57,7 @@ def test_n_choices_prefill_once_and_each_equals_its_seeded_request_alone(model) 
     params = SamplingParams(temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
     prompt = TOKENIZER.encode(PROMPT)
     ids = [f"c{j}" for j in range(4)]
-    sink, prefill = run(model, lambda e: e.admit(ids, [prompt], params, n=4))
+    sink, prefill = run(model, lambda e: e.admit(AdmitCall(tuple(ids), (prompt,), params, 4)))
     # The prompt once, then per sibling what follows the full blocks it shares (16 each).
     shared = (len(prompt) - 1) // 16 * 16
     assert shared and prefill == len(prompt) + 3 * (len(prompt) - shared)
@@ -79,7 +80,7 @@ def test_logprobs_are_log_softmax_of_the_processed_logits(model, temperature) ->
     params = SamplingParams(
         temperature=temperature, seed=1, max_tokens=1, logit_bias=bias, logprobs=5
     )
-    sink, _ = run(model, lambda e: e.admit(["r"], [prompt], params))
+    sink, _ = run(model, lambda e: e.admit(AdmitCall(("r",), (prompt,), params)))
     [out] = sink.of("r")
     logits = _last_logits(model, prompt)
     logits[40] += 4.0
@@ -108,9 +109,9 @@ def test_min_tokens_holds_off_eos_and_stop_ids(model) -> None:
     sink, _ = run(
         model,
         lambda e: [
-            e.admit(["eager"], [prompt], eager),
-            e.admit(["held"], [prompt], held),
-            e.admit(["stop"], [prompt], stop),
+            e.admit(AdmitCall(("eager",), (prompt,), eager)),
+            e.admit(AdmitCall(("held",), (prompt,), held)),
+            e.admit(AdmitCall(("stop",), (prompt,), stop)),
         ],
     )
     assert tokens(sink, "eager") == [EOS_ID]

@@ -21,6 +21,7 @@ from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
 from application.request_ids import new_request_id
 from domain.config import EngineConfig
+from domain.request import AdmitCall
 from domain.sampling import SamplingParams
 from domain.training import Datum, ForwardBackwardInput, LoraSpec, TensorValue
 from entrypoints.config import ServerConfig
@@ -48,7 +49,7 @@ async def engine_logprobs(container: Any, ids: list[list[int]], together: bool) 
     try:
 
         async def one(p: list[int]) -> list[float]:
-            [stream] = engine.admit([new_request_id("agree")], [p], params)
+            [stream] = engine.submit(AdmitCall((new_request_id("agree"),), (p,), params))
             outputs = [o async for o in stream]
             return list(outputs[0].prompt_logprobs or ())
 

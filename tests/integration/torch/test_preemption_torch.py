@@ -15,6 +15,7 @@ from domain.config import EngineConfig
 from domain.request import RequestContext
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink, ManualClock
+from tests.support.engine_calls import add_request
 from tests.support.tiny_models import save_tiny_model
 
 TOKENIZER = ByteTokenizer()
@@ -44,7 +45,7 @@ def tokens(sink: ListSink, request_id: str) -> list[int | None]:
 
 def alone(model, prompt: str, params: SamplingParams) -> list[int | None]:
     e, _, sink = engine(model, 1)
-    e.add_request("alone", prompt, params)
+    add_request(e, "alone", prompt, params)
     while e.has_work():
         e.step()
     return tokens(sink, "alone")
@@ -53,12 +54,12 @@ def alone(model, prompt: str, params: SamplingParams) -> list[int | None]:
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_preempted_request_ends_with_the_tokens_it_has_alone(model, params) -> None:
     e, runner, sink = engine(model, max_batch_size=1)
-    e.add_request("low", "A low priority prompt", params)
+    add_request(e, "low", "A low priority prompt", params)
     for _ in range(6):
         e.step()
     assert len(sink.of("low")) == 6
     e.clock.now += 1.0  # type: ignore[attr-defined]
-    e.add_request("high", "Urgent!", GREEDY, context=HIGH)
+    add_request(e, "high", "Urgent!", GREEDY, context=HIGH)
     stats = e.step()
     assert stats.preempted == ("low",)
     assert "low" not in runner.generators and "high" in runner.generators
@@ -74,13 +75,13 @@ def test_preemption_in_a_shared_batch_keeps_every_output(model) -> None:
     slot; both low-priority requests, and the high one, end as they do alone."""
     prompts = {"old": "An old request", "young": "A young one", "vip": "VIP"}
     e, runner, sink = engine(model, max_batch_size=2)
-    e.add_request("old", prompts["old"], GREEDY)
+    add_request(e, "old", prompts["old"], GREEDY)
     e.clock.now += 1.0  # type: ignore[attr-defined]
-    e.add_request("young", prompts["young"], GREEDY)
+    add_request(e, "young", prompts["young"], GREEDY)
     for _ in range(4):
         e.step()
     e.clock.now += 1.0  # type: ignore[attr-defined]
-    e.add_request("vip", prompts["vip"], GREEDY, context=HIGH)
+    add_request(e, "vip", prompts["vip"], GREEDY, context=HIGH)
     assert e.step().preempted == ("young",)
     while e.has_work():
         e.step()

@@ -20,6 +20,7 @@ from domain.observer import StepStats
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.tiny_models import save_tiny_model
 
 TOKENIZER = ByteTokenizer()
@@ -73,7 +74,7 @@ def run(model, spec, prompts, params, max_batch_size: int = 8, draft=None, **con
     while pending or engine.has_work():
         while pending and engine.scheduler.room() > 0:  # as many as the engine holds
             i, (prompt, p) = pending.pop()
-            engine.add_request(f"r{i}", prompt, p)
+            add_request(engine, f"r{i}", prompt, p)
         engine.step()
     if draft is not None:  # every request's draft KV went back
         speculator = engine.speculator

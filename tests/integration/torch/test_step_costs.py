@@ -18,6 +18,7 @@ from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, StepCosts
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.engine_runs import run_to_end
 from tests.support.tiny_models import save_tiny_model
 
@@ -59,7 +60,7 @@ def test_every_shape_is_measured_and_the_runner_is_left_clean(model, cache) -> N
     # the engine serves on the same runner with the measured costs
     sink = ListSink()
     engine = Engine(config, runner, ByteTokenizer(), sink, vocab_size=256, step_costs=costs)
-    engine.add_request("r", "abc abc abc", SamplingParams(temperature=0.0, max_tokens=12))
+    add_request(engine, "r", "abc abc abc", SamplingParams(temperature=0.0, max_tokens=12))
     run_to_end(engine)
     assert sum(1 for o in sink.of("r") if o.token_id is not None) == 12
 

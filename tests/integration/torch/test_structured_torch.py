@@ -28,6 +28,7 @@ from domain.request import RequestContext
 from domain.sampling import SamplingParams, StructuredOutput
 from domain.speculation import SpeculativeConfig
 from tests.fakes import ListSink, ManualClock, fake_async_engine
+from tests.support.engine_calls import add_request
 from tests.support.tiny_models import VOCAB, save_tiny_model
 
 TOKENIZER = ByteTokenizer()
@@ -89,7 +90,7 @@ def test_random_weights_still_produce_valid_documents(model, compiler) -> None:
     }
     for request_id, (schema, kwargs) in cases.items():
         params = json_params(schema, **kwargs) if schema else SamplingParams(**kwargs)
-        e.add_request(request_id, "Some JSON please", params)
+        add_request(e, request_id, "Some JSON please", params)
     while e.has_work():
         e.step()
     for request_id, (schema, _) in cases.items():
@@ -111,7 +112,7 @@ def test_random_weights_still_produce_valid_documents(model, compiler) -> None:
 def test_every_kind_of_constraint_holds(model, compiler, structured, check) -> None:
     e, _, sink = engine(model, compiler)
     params = SamplingParams(max_tokens=120, temperature=1.0, seed=5, structured=structured)
-    e.add_request("r", "go", params)
+    add_request(e, "r", "go", params)
     while e.has_work():
         e.step()
     assert sink.of("r")[-1].finish_reason == "eos" and check(text(sink, "r")), text(sink, "r")
@@ -123,7 +124,7 @@ def test_the_grammar_composes_with_logit_bias(model, compiler) -> None:
     e, _, sink = engine(model, compiler)
     close = TOKENIZER.encode("}", add_special_tokens=False)[0]
     structured = StructuredOutput("json_object")
-    e.add_request("r", "go", SamplingParams(structured=structured, logit_bias=((close, 100.0),)))
+    add_request(e, "r", "go", SamplingParams(structured=structured, logit_bias=((close, 100.0),)))
     while e.has_work():
         e.step()
     assert text(sink, "r") == "{}"
@@ -135,7 +136,7 @@ def test_a_grammar_decides_the_end_even_with_min_tokens(model, compiler) -> None
     e, _, sink = engine(model, compiler)
     structured = StructuredOutput("choice", '["ok"]')
     params = SamplingParams(max_tokens=20, min_tokens=10, temperature=0.0, structured=structured)
-    e.add_request("r", "go", params)
+    add_request(e, "r", "go", params)
     while e.has_work():
         e.step()
     assert text(sink, "r") == "ok" and sink.of("r")[-1].finish_reason == "eos"
@@ -144,7 +145,7 @@ def test_a_grammar_decides_the_end_even_with_min_tokens(model, compiler) -> None
 
 def test_aborting_a_request_frees_its_matcher(model, compiler) -> None:
     e, matchers, _ = engine(model, compiler)
-    e.add_request("r", "go", json_params(RECORD, temperature=0.0))
+    add_request(e, "r", "go", json_params(RECORD, temperature=0.0))
     e.step()
     e.step()
     assert len(matchers) == 1
@@ -158,17 +159,21 @@ def test_a_preempted_request_resumes_its_grammar(model, compiler) -> None:
     recomputed, and still ends with the document it makes alone."""
     params = json_params(RECORD, temperature=1.0, seed=11)
     alone, _, alone_sink = engine(model, compiler, max_batch_size=1)
-    alone.add_request("low", "A document", params)
+    add_request(alone, "low", "A document", params)
     while alone.has_work():
         alone.step()
 
     e, matchers, sink = engine(model, compiler, max_batch_size=1)
-    e.add_request("low", "A document", params)
+    add_request(e, "low", "A document", params)
     for _ in range(8):
         e.step()
     e.clock.now += 1.0  # type: ignore[attr-defined]
-    e.add_request(
-        "high", "Urgent", json_params(CHOICE, temperature=0.0), context=RequestContext(priority=1)
+    add_request(
+        e,
+        "high",
+        "Urgent",
+        json_params(CHOICE, temperature=0.0),
+        context=RequestContext(priority=1),
     )
     assert e.step().preempted == ("low",)
     while e.has_work():
@@ -182,7 +187,7 @@ def test_a_preempted_request_resumes_its_grammar(model, compiler) -> None:
 def test_an_invalid_constraint_is_refused_when_prepared(model, compiler) -> None:
     e, _, _ = engine(model, compiler)
     with pytest.raises(InvalidParameterError) as error:
-        e.prepare("hi", SamplingParams(structured=StructuredOutput("regex", "(")))
+        e.checks.prepare("hi", SamplingParams(structured=StructuredOutput("regex", "(")))
     assert error.value.param == "response_format"
 
 
@@ -276,7 +281,7 @@ def test_drafts_under_a_grammar_keep_the_output_and_its_validity(model, compiler
             config, runner, TOKENIZER, sink, grammar=compiler, observer=_Steps(seen), draft=draft
         )
         params = json_params(RECORD, temperature=0.0, max_tokens=150)
-        e.add_request("r", f"Like this: {example}", params)
+        add_request(e, "r", f"Like this: {example}", params)
         while e.has_work():
             e.step()
         outputs[name], drafts[name] = text(sink, "r"), seen

@@ -12,8 +12,10 @@ from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine import Engine
 from domain.config import EngineConfig
+from domain.request import AdmitCall
 from domain.sampling import SamplingParams
 from tests.fakes import ListSink
+from tests.support.engine_calls import add_request
 from tests.support.tiny_models import save_tiny_model
 
 TOKENIZER = ByteTokenizer()
@@ -62,12 +64,12 @@ def test_batched_greedy_outputs_equal_each_request_alone(model, mode, budget) ->
     engine = Engine(config, runner, TOKENIZER, sink)
     lengths = [12, 20, 7, 15]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
-    engine.add_request("r0", PROMPTS[0], params[0])
-    engine.add_request("r1", PROMPTS[1], params[1])
+    add_request(engine, "r0", PROMPTS[0], params[0])
+    add_request(engine, "r1", PROMPTS[1], params[1])
     for step in range(200):
         if step == 3:  # joins a running batch (continuous) or waits for the next (static)
-            engine.add_request("r2", PROMPTS[2], params[2])
-            engine.add_request("r3", PROMPTS[3], params[3])
+            add_request(engine, "r2", PROMPTS[2], params[2])
+            add_request(engine, "r3", PROMPTS[3], params[3])
         if not engine.has_work() and step > 3:
             break
         engine.step()
@@ -89,7 +91,7 @@ def test_a_cached_prefix_is_reused_with_the_same_greedy_output(model) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prefill, hits = {}, {}
     for name, prompt in prompts.items():
-        engine.add_request(name, prompt, params)
+        add_request(engine, name, prompt, params)
         prefill[name] = hits[name] = 0
         while engine.has_work():
             stats = engine.step().scheduler
@@ -131,10 +133,10 @@ def test_n_greedy_choices_and_a_cached_prompt_decode_what_the_prompt_alone_does(
 
     model.forward_mixed = recording
     try:
-        engine.admit(["c0", "c1", "c2"], [ids], params, n=3)
+        engine.admit(AdmitCall(("c0", "c1", "c2"), (ids,), params, 3))
         while engine.has_work():
             engine.step()
-        engine.add_request("later", ids, params)  # its first 16 positions cached
+        add_request(engine, "later", ids, params)  # its first 16 positions cached
         while engine.has_work():
             engine.step()
     finally:
@@ -160,10 +162,10 @@ def test_prompt_logprobs_are_computed_in_full_even_when_the_prefix_is_cached(mod
     for caching in (True, False):
         config = EngineConfig(max_batch_size=2, max_seq_len=128, enable_prefix_caching=caching)
         engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, ListSink())
-        engine.add_request("warm", prompt, dataclasses.replace(params, prompt_logprobs=False))
+        add_request(engine, "warm", prompt, dataclasses.replace(params, prompt_logprobs=False))
         while engine.has_work():
             engine.step()
-        request = engine.add_request("scored", prompt, params)
+        request = add_request(engine, "scored", prompt, params)
         hits = 0
         while engine.has_work():
             hits += engine.step().scheduler.prefix_hit_tokens
@@ -181,8 +183,8 @@ def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
     engine = Engine(config, runner, TOKENIZER, sink)
     seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
     other = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
-    engine.add_request("seeded", PROMPTS[0], seeded)
-    engine.add_request("other", PROMPTS[1], other)
+    add_request(engine, "seeded", PROMPTS[0], seeded)
+    add_request(engine, "other", PROMPTS[1], other)
     while engine.has_work():
         engine.step()
     got = [o.token_id for o in sink.outputs if o.request_id == "seeded"]
@@ -194,7 +196,7 @@ def _run_all(model, requests: dict[str, tuple[str, SamplingParams]]) -> dict[str
     sink = ListSink()
     engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink)
     for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params)
+        add_request(engine, request_id, prompt, params)
     while engine.has_work():
         engine.step()
     return {request_id: sink.of(request_id) for request_id in requests}
