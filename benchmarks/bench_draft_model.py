@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from adapters.weights.packaged import SMOLLM2_NAME  # noqa: E402
-from application.engine import Engine  # noqa: E402
+from application.engine.engine import Engine  # noqa: E402
 from benchmarks import bench_speculative as spec_bench  # noqa: E402
 from benchmarks.bench_vs_llamacpp import cpu_model, isa_flags  # noqa: E402
 from domain.request import AdmitCall  # noqa: E402

@@ -60,18 +60,18 @@ PROBES = [
     ("auth (API key)", "adapters.http.auth", "ApiKeyGuard.resolve"),
     (
         "chat template + tokenize (thread pool)",
-        "application.input_processor",
+        "application.engine.input_processor",
         "InputProcessor.render_chat",
     ),
     ("chat template (jinja)", "jinja2.environment", "Template.render"),
     ("tokenize", "adapters.hf_tokenizer.tokenizer", "_PlainTextTwin.encode_marked"),
-    ("admit (checks, queue)", "application.async_engine", "AsyncEngine.submit"),
-    ("engine step", "application.engine", "Engine.step"),
+    ("admit (checks, queue)", "application.engine.async_engine", "AsyncEngine.submit"),
+    ("engine step", "application.engine.engine", "Engine.step"),
     ("schedule", "domain.scheduler.continuous", "ContinuousScheduler.schedule"),
     ("forward (prefill)", "adapters.torch.runtime.runner", "TorchModelRunner._forward"),
     ("sample", "adapters.torch.runtime.runner", "TorchModelRunner._sample"),
-    ("detokenize + stop checks", "application.output", "OutputProcessor.process"),
-    ("speculation (next drafts)", "application.speculation", "Speculator.propose"),
+    ("detokenize + stop checks", "application.engine.output", "OutputProcessor.process"),
+    ("speculation (next drafts)", "application.engine.speculation", "Speculator.propose"),
 ]
 
 

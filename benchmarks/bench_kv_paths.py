@@ -35,7 +35,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from adapters.torch.runtime.runner import TorchModelRunner
-    from application.engine import Engine
+    from application.engine.engine import Engine
     from domain.config import EngineConfig
     from domain.request import AdmitCall
     from domain.sampling import SamplingParams

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from application.engine import Engine  # noqa: E402
+from application.engine.engine import Engine  # noqa: E402
 from benchmarks import bench_serving as bs  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
 from domain.request import AdmitCall  # noqa: E402

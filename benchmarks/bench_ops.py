@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from application.keys import hash_key
+from application.access.keys import hash_key
 from benchmarks import bench_serving as bs
 
 KEY = "sk-bench"

@@ -322,7 +322,7 @@ def worker(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     sys.path.insert(0, spec["tree"])
     import domain
-    from application.engine import Engine
+    from application.engine.engine import Engine
     from domain.config import EngineConfig
     from domain.sampling import SamplingParams
     from entrypoints.container import create_container

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from application.request_ids import new_request_id  # noqa: E402
+from application.engine.request_ids import new_request_id  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
 from domain.request import AdmitCall  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402

@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from adapters.storage.usage_sql import open_ledger  # noqa: E402
-from application.usage_ledger import MemoryUsageLedger, UsageRecorder  # noqa: E402
+from application.access.usage_ledger import MemoryUsageLedger, UsageRecorder  # noqa: E402
 from domain.usage import COMPLETIONS, UsageLedger, UsageQuery, UsageRecord  # noqa: E402
 
 DAY = 86400.0

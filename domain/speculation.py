@@ -21,7 +21,7 @@ proposal O(prompt_lookup_max + drafts).
 
 The third, ``draft_model`` (``model``: a smaller model with the target's tokenizer), runs
 that model greedily for ``num_speculative_tokens`` steps on its own KV
-(:class:`application.speculation.DraftModel`).
+(:class:`application.engine.speculation.DraftModel`).
 """
 
 import heapq

@@ -14,11 +14,11 @@ import structlog
 from adapters.storage.keys_file import KeysFileError, load_keyring
 from adapters.storage.rate_limits import storage_uri
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB, check_usage_target
-from application.access import Access
-from application.idempotency import DEFAULT_TTL_S
-from application.keys import Keyring, hash_key
-from application.responses import DEFAULT_MAX_STORED_RESPONSES, DEFAULT_RESPONSES_TTL_S
-from application.usage_ledger import DEFAULT_RETENTION_DAYS
+from application.access.access import Access
+from application.access.idempotency import DEFAULT_TTL_S
+from application.access.keys import Keyring, hash_key
+from application.access.usage_ledger import DEFAULT_RETENTION_DAYS
+from application.serving.responses import DEFAULT_MAX_STORED_RESPONSES, DEFAULT_RESPONSES_TTL_S
 from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
 from entrypoints.flag_fields import from_flags

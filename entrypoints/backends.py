@@ -61,7 +61,7 @@ from adapters.torch.runtime.sampler import TokenSampler
 from adapters.torch.runtime.step_costs import step_costs
 from adapters.weights import ResolvedModel
 from adapters.weights.factory import model_names, resolve, resolve_embedding
-from application.async_engine import AsyncEngine
+from application.engine.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError, ModelLoadError
 from domain.ports import Tokenizer

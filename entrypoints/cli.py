@@ -21,9 +21,9 @@ from adapters.torch.kv_sizing import (
     human_size,
     parse_kv_cache_memory,
 )
-from application.async_engine import AsyncEngine
-from application.keys import hash_key, new_key
-from application.request_ids import new_request_id
+from application.access.keys import hash_key, new_key
+from application.engine.async_engine import AsyncEngine
+from application.engine.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams

@@ -49,10 +49,10 @@ from adapters.storage.factory import (
     checkpoint_storage,
 )
 from adapters.storage.rate_limits import LimitsCounters
-from application.access import Access
-from application.async_engine import AsyncEngine
-from application.reasoning import parser_for
-from application.served_models import ServedModels
+from application.access.access import Access
+from application.engine.async_engine import AsyncEngine
+from application.serving.reasoning import parser_for
+from application.serving.served_models import ServedModels
 from application.tinker.service import tinker_service
 from domain.scheduler import TenantShares, make_scheduler
 from entrypoints.access_flags import AccessSettings

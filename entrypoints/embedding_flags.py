@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from adapters.weights.embedding import MINILM_NAME
-from application.embeddings import EmbeddingLimits
+from application.serving.embeddings import EmbeddingLimits
 
 _DEFAULTS = EmbeddingLimits()
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from adapters.torch.cpu.threads import set_threads
-from application.async_engine import AsyncEngine
-from application.request_ids import new_request_id
+from application.engine.async_engine import AsyncEngine
+from application.engine.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.request import AdmitCall, StepOutput

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from adapters.torch.kv_sizing import KVCacheMemory
 from adapters.torch.quant import METHODS
-from application.reasoning import PARSERS
-from application.served_models import LoraModule
-from application.tool_parsers import FORMATS
+from application.serving.reasoning import PARSERS
+from application.serving.served_models import LoraModule
+from application.serving.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError
 from domain.rollout import Rollout, parse_rollout
 

@@ -4,7 +4,7 @@
   container from the one :class:`ServerConfig` (carried as JSON) and runs its
   :class:`AsyncEngine` (on the replica's own event loop) with the ``--lora-modules``
   loaded; a call (``generate``) queues one :class:`AdmitCall` and streams its outputs back
-  in batches (:func:`application.remote_engine.serve_call`). Every second it reports its
+  in batches (:func:`application.engine.remote_engine.serve_call`). Every second it reports its
   load to the fleet registry and, through ``record_routing_stats``, to the request router.
 - **ingress** (:class:`FleetIngress`, this process, a Ray driver): the same Litestar app
   as one process (auth, limits, parsing, chat rendering, tokenizing), served by the same
@@ -54,8 +54,8 @@ from adapters.ray.router import FleetRequestRouter
 from adapters.storage.factory import checkpoint_storage
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
-from application.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
-from application.served_models import SharedCheckpoints, check_lora_module
+from application.engine.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
+from application.serving.served_models import SharedCheckpoints, check_lora_module
 from application.tinker.checkpoints import CheckpointStore
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import AdmitCall, StepOutput

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.fake.runner import FakeModelRunner
 from adapters.fake.tokenizer import ByteTokenizer
-from application.async_engine import AsyncEngine
+from application.engine.async_engine import AsyncEngine
 from domain.config import EngineConfig
 from domain.observer import StepObserver
 from domain.ports import GrammarCompiler, ModelRunner, Tokenizer

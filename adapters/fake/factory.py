@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from adapters.fake.embedder import FakeEmbedder
 from adapters.fake.toy_backend import ToyBackend
-from application.embeddings import EmbeddingLimits, EmbeddingService
+from application.serving.embeddings import EmbeddingLimits, EmbeddingService
 from domain.custom_loss import CustomLossGradient
 
 

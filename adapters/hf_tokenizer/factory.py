@@ -1,7 +1,7 @@
 """What the composition root takes from the model's tokenizer: the tool-call format its
 chat template writes."""
 
-from application.tool_parsers import detect_format
+from application.serving.tool_parsers import detect_format
 
 
 def choose_tool_parser(flag: str | None, chat_template: str | None) -> str:

@@ -19,8 +19,8 @@ from litestar.handlers import BaseRouteHandler
 
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.request_state import HeldLimits, api_state
-from application.access import Access
-from application.keys import hash_key, key_id
+from application.access.access import Access
+from application.access.keys import hash_key, key_id
 from domain.tenancy import AuthenticationError, PermissionDeniedError
 
 Guard = Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]

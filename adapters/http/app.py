@@ -34,21 +34,24 @@ from adapters.http.responses import responses_router
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S, heartbeat_middleware
 from adapters.http.tinker import tinker_guard, tinker_router
-from adapters.http.usage import usage_middleware, usage_router
-from application.access import Access
-from application.audit import Audit
-from application.chat_prompts import ChatPrompts
-from application.completions import CompletionService
-from application.embeddings import EmbeddingService
-from application.engine_client import EngineClient
-from application.idempotency import DEFAULT_TTL_S, IdempotencyStore
-from application.responses import MemoryResponseStore, ResponseStore
-from application.rollouts import RolloutBook
-from application.served_models import ServedModels
-from application.tenant_admin import TenantAdmin
+from adapters.http.usage.middleware import usage_middleware
+from adapters.http.usage.routes import usage_router
+from application.access.access import Access
+from application.access.audit import Audit
+from application.access.idempotency import DEFAULT_TTL_S
+from application.access.tenant_admin import TenantAdmin
+from application.access.usage_ledger import MemoryUsageLedger, UsageRecorder, seed_daily_quotas
+from application.engine.engine_client import EngineClient
+from application.serving.chat_prompts import ChatPrompts
+from application.serving.completions import CompletionService
+from application.serving.embeddings import EmbeddingService
+from application.serving.responses import MemoryResponseStore
+from application.serving.rollouts import RolloutBook
+from application.serving.served_models import ServedModels
+from application.serving.tool_parsers import FORMATS
 from application.tinker.service import TinkerService
-from application.tool_parsers import FORMATS
-from application.usage_ledger import MemoryUsageLedger, UsageRecorder, seed_daily_quotas
+from domain.idempotency import IdempotencyStore
+from domain.responses import ResponseStore
 
 log = structlog.get_logger(__name__)
 

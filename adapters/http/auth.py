@@ -1,7 +1,7 @@
 """API keys: who is calling, as one Litestar dependency per face.
 
 An :class:`ApiKeyGuard` is configured per face: the headers a key may come in, and either
-an :class:`~application.access.Access` whose keyring maps keys to tenants (with the faces
+an :class:`~application.access.access.Access` whose keyring maps keys to tenants (with the faces
 each may use: another face is a 403), or the prefix keys must have and the keys accepted
 (None: any key with the prefix, each its own tenant, whose id is a hash of the key). How
 the face answers a refused key (401) or a forbidden face (403) is its own error format.
@@ -20,7 +20,7 @@ from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 
 from adapters.http.request_state import api_state
-from application.access import Access
+from application.access.access import Access
 from domain.tenancy import Tenant as TenantRecord
 
 BEARER = "Bearer "

@@ -29,8 +29,8 @@ from adapters.http.request_state import RequestCaller, provide
 from adapters.http.schemas import DoneEvent, ErrorEvent, GenerateRequest, GenerateUsage, TokenEvent
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import sse_event
-from application.access import Access
-from application.completions import CompletionService, PromptJob
+from application.access.access import Access
+from application.serving.completions import CompletionService, PromptJob
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
 

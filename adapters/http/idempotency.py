@@ -17,7 +17,8 @@ import structlog
 
 from adapters.http.errors import anthropic_error_body, is_anthropic
 from adapters.http.schemas import ErrorDetail, ErrorResponse
-from application.idempotency import DEFAULT_TTL_S, IdempotencyStore, StoredReply
+from application.access.idempotency import DEFAULT_TTL_S
+from domain.idempotency import IdempotencyStore, StoredReply
 
 log = structlog.get_logger(__name__)
 HEADER = b"idempotency-key"

@@ -33,8 +33,8 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.http.errors import HTTPError
 from adapters.http.request_state import ApiState
-from application.engine_client import EngineClient, OwnedRequests
-from application.request_record import RECORD_KEY, RequestRecord
+from application.engine.engine_client import EngineClient, OwnedRequests
+from application.serving.request_record import RECORD_KEY, RequestRecord
 from domain.request import AdmitCall, RequestContext, StepOutput
 
 # Not API work: served while draining, never timed out.

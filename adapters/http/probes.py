@@ -12,9 +12,9 @@ from litestar.di import NamedDependency
 
 from adapters.http.ownership import Draining
 from adapters.http.request_state import provide
-from application.engine_client import EngineClient
-from application.generation_probe import GenerationProbe
-from application.served_models import ServedModels
+from application.engine.engine_client import EngineClient
+from application.engine.generation_probe import GenerationProbe
+from application.serving.served_models import ServedModels
 from domain.errors import ModelNotFoundError
 
 # Whether the engine loop runs (a protocol is no dependency type: Litestar checks values).

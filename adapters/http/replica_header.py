@@ -1,5 +1,5 @@
 """``x-infer-replica``: which engine replica served a response, when the engine is a fleet
-(:class:`~application.remote_engine.RemoteEngine`). An ASGI wrapper gives each HTTP request
+(:class:`~application.engine.remote_engine.RemoteEngine`). An ASGI wrapper gives each HTTP request
 a :class:`ReplicaNote` (in :data:`CURRENT_NOTE`, which the engine's calls fill as they are
 routed) and, when the response starts, waits for the calls sent so far to be routed (a few
 milliseconds; at most ``wait_s``) and names their replicas, comma-separated. A replica id
@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from application.remote_engine import CURRENT_NOTE, ReplicaNote
+from application.engine.remote_engine import CURRENT_NOTE, ReplicaNote
 
 HEADER = b"x-infer-replica"
 

@@ -19,10 +19,10 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 
-from application.completions import Caller
-from application.engine_client import OwnedRequests
-from application.quotas import Admission, Quotas
-from application.request_record import RequestRecord
+from application.access.quotas import Admission, Quotas
+from application.engine.engine_client import OwnedRequests
+from application.serving.completions import Caller
+from application.serving.request_record import RequestRecord
 from domain.tenancy import Tenant
 
 log = structlog.get_logger(__name__)

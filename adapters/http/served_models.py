@@ -1,4 +1,4 @@
-"""Model names on the inference faces (:mod:`application.served_models` on the wire).
+"""Model names on the inference faces (:mod:`application.serving.served_models` on the wire).
 
 :class:`ModelNames` answers which model a request's ``model`` names (``ModelNotFoundError``:
 404 in OpenAI's format, ``model_not_found``, when none), whether the caller's key may use
@@ -23,8 +23,8 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 
 from adapters.http.request_state import api_state
-from application.request_record import RequestRecord
-from application.served_models import ModelEntry, ServedModels
+from application.serving.request_record import RequestRecord
+from application.serving.served_models import ModelEntry, ServedModels
 from domain.tenancy import PermissionDeniedError
 
 CLIENT_CLOSED = 499

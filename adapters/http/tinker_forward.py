@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.http.errors import tinker_error_body
-from application.remote_engine import ReplicaLostError
+from application.engine.remote_engine import ReplicaLostError
 from domain.routing import RouteRequest
 
 PREFIX = "/api/v1/"

@@ -10,7 +10,7 @@ from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.timeline import EngineTimeline
 from adapters.observability.tracing import Tracing, build_tracer_provider
-from application.observers import ObserverGroup, TrainingObserverGroup
+from application.engine.observers import ObserverGroup, TrainingObserverGroup
 from domain.config import EngineConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import structlog
 
 from adapters.observability.tracing import Tracing
-from application.request_record import RECORD_KEY, RequestRecord
+from application.serving.request_record import RECORD_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 # The status logged for a request whose handler was cancelled before it answered: the

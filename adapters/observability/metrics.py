@@ -62,7 +62,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from application.request_record import RequestRecord
+from application.serving.request_record import RequestRecord
 from domain.observer import RequestStats, StepStats, TrainingOpStats
 
 # vLLM's buckets (v1 loggers), a few finer ones first for small models and CPUs.

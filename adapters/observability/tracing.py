@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from application.request_record import RequestRecord
+from application.serving.request_record import RequestRecord
 from domain.observer import RequestStart, RequestStats, StepStats, TrainingOpStats
 
 PROTOCOLS = ("http/protobuf", "grpc")

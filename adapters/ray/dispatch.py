@@ -1,4 +1,4 @@
-"""The ingress's :class:`~application.remote_engine.Dispatch` over a Ray Serve deployment
+"""The ingress's :class:`~application.engine.remote_engine.Dispatch` over a Ray Serve deployment
 handle: each call is one streaming ``generate`` call on the engine deployment, placed by
 its request router (:mod:`adapters.ray.router`). The replica's first item is its id with
 the first batch of outputs (or its refusal of the call), the rest are batches. A replica
@@ -14,7 +14,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from adapters.http.tinker_forward import HttpCall, HttpReply
-from application.remote_engine import ReplicaLostError, Routed
+from application.engine.remote_engine import ReplicaLostError, Routed
 from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest
 

@@ -15,16 +15,18 @@ from adapters.storage.keys_file import KeysFileStore
 from adapters.storage.responses import RedisResponseStore
 from adapters.storage.rollouts_sql import open_rollout_store
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB, open_ledger
-from application.access import Access
-from application.audit import Audit, MemoryAuditTrail
-from application.idempotency import IdempotencyStore, MemoryIdempotencyStore
-from application.responses import MemoryResponseStore, ResponseStore
-from application.rollouts import RolloutBook
-from application.served_models import ServedModels
-from application.tenant_admin import TenantAdmin
-from application.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
+from application.access.access import Access
+from application.access.audit import Audit, MemoryAuditTrail
+from application.access.idempotency import MemoryIdempotencyStore
+from application.access.tenant_admin import TenantAdmin
+from application.access.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
+from application.serving.responses import MemoryResponseStore
+from application.serving.rollouts import RolloutBook
+from application.serving.served_models import ServedModels
 from domain.audit import AuditTrail
 from domain.errors import InvalidParameterError
+from domain.idempotency import IdempotencyStore
+from domain.responses import ResponseStore
 
 DEFAULT_CHECKPOINT_DIR = "~/.cache/infer/tinker"
 T = TypeVar("T")

@@ -6,7 +6,7 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from application.idempotency import Begin, StoredReply
+from domain.idempotency import Begin, StoredReply
 
 
 class RedisIdempotencyStore:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from application.keys import Keyring
+from application.access.keys import Keyring
 from domain.tenancy import DEFAULT_FACES, FACES, Tenant, TenantEntry, TenantLimits
 
 _LIMITS = (

@@ -6,7 +6,7 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from application.responses import StoredResponse
+from domain.responses import StoredResponse
 
 
 class RedisResponseStore:

@@ -38,8 +38,8 @@ from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.quant import QuantLinear, has_gguf_blocks, keep_panels
 from adapters.torch.runtime.invariant import make_batch_invariant
-from application.embeddings import EmbeddingLimits, EmbeddingService
-from application.engine_client import EngineClient
+from application.engine.engine_client import EngineClient
+from application.serving.embeddings import EmbeddingLimits, EmbeddingService
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 

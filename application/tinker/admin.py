@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from application.tinker.audit import user_urn
+from application.tinker.activity_log import user_urn
+from application.tinker.billing import UsageEvent, UsageMeter
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.sessions import Session, SessionManager
-from application.tinker.usage import UsageEvent, UsageMeter
 from domain.training import InvalidTrainingRequest, NotFoundError
 
 DEFAULT_PROJECT = "default"

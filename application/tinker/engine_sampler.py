@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from application.engine_client import EngineClient
-from application.request_ids import new_request_id
+from application.engine.engine_client import EngineClient
+from application.engine.request_ids import new_request_id
 from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import RequestContext, StepOutput

@@ -15,9 +15,10 @@ from typing import Any
 
 import structlog
 
-from application.observers import TrainingObserverGroup
+from application.engine.observers import TrainingObserverGroup
+from application.tinker.activity_log import AuditedCheckpoints, AuditedSessions, AuditLog
 from application.tinker.admin import TinkerAdmin
-from application.tinker.audit import AuditedCheckpoints, AuditedSessions, AuditLog
+from application.tinker.billing import UsageMeter
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.completions import Completions, Retrieved
 from application.tinker.custom_losses import CustomLossCreated, CustomLossStore
@@ -29,7 +30,6 @@ from application.tinker.sessions import Session, SessionManager
 from application.tinker.stability import SequenceRecords
 from application.tinker.traces import SessionTraces
 from application.tinker.training import ModelReady, TrainingController, run_id_of
-from application.tinker.usage import UsageMeter
 from domain.custom_loss import RawNode, parse_custom_loss
 from domain.observer import TrainingObserver
 from domain.training import (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from adapters.storage.audit_sql import open_audit_trail
-from application.audit import Audit, MemoryAuditTrail
+from application.access.audit import Audit, MemoryAuditTrail
 from domain.audit import AuditEvent, AuditTrail
 from tests.support.postgres import postgres_bin, postgres_server
 

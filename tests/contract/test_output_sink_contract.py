@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from application.async_engine import QueueOutputSink
+from application.engine.async_engine import QueueOutputSink
 from domain.ports import OutputSink
 from domain.request import StepOutput
 from tests.fakes import ListSink

@@ -18,7 +18,7 @@ from adapters.torch.lora import training as lora_module
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.async_engine import AsyncEngine
+from application.engine.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.training import (

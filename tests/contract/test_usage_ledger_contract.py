@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from adapters.storage.usage_sql import open_ledger
-from application.usage_ledger import MemoryUsageLedger
+from application.access.usage_ledger import MemoryUsageLedger
 from domain.usage import COMPLETIONS, EMBEDDINGS, UsageLedger, UsageQuery, UsageRecord
 from tests.support.postgres import postgres_bin, postgres_server
 

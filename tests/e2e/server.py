@@ -77,7 +77,7 @@ def keyed_serve(
     """:func:`infer_serve` with a keys file in ``folder`` (tenant id -> its key; the
     ``admins`` with the faces openai and admin, the others openai and tinker) and the usage
     database there too; yields its base URL."""
-    from application.keys import hash_key
+    from application.access.keys import hash_key
 
     tenants: list[dict[str, object]] = [
         {"id": tenant, "keys": [hash_key(key)]}

@@ -24,7 +24,7 @@ from dependency_injector import providers
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http.console.security import CONTENT_SECURITY_POLICY
-from application.keys import hash_key
+from application.access.keys import hash_key
 from tests.e2e.browser import console_errors, save_screenshot, wait_for
 from tests.e2e.server import infer_serve
 from tests.fakes import fake_container

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from application.keys import hash_key
+from application.access.keys import hash_key
 from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
 from tests.e2e.server import infer_serve
 from tests.support.tinker_client import Api

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from application.keys import hash_key
+from application.access.keys import hash_key
 from tests.e2e.server import infer_serve
 
 pytestmark = pytest.mark.slow

@@ -27,8 +27,8 @@ from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.async_engine import AsyncEngine
-from application.engine import Engine
+from application.engine.async_engine import AsyncEngine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.request import StepOutput
 from domain.sampling import SamplingParams

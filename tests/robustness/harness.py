@@ -18,7 +18,7 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.http import HttpServices, create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
-from application.async_engine import AsyncEngine
+from application.engine.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
 from entrypoints.server import ConnectionLimits, LimitedServer, server_config
 from tests.fakes import fake_async_engine

@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import load_entries
-from application.keys import hash_key
+from application.access.keys import hash_key
 from entrypoints.access_flags import AccessSettings
 from entrypoints.model_flags import ModelSettings
 from tests.fakes import fake_container

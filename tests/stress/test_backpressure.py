@@ -11,7 +11,7 @@ import uvicorn
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
-from application.async_engine import AsyncEngine
+from application.engine.async_engine import AsyncEngine
 from tests.fakes import fake_async_engine
 from tests.support.engine_runs import wait_for
 from tests.support.uvicorn_thread import running

@@ -1,8 +1,8 @@
-"""Queueing one request on a synchronous :class:`~application.engine.Engine` the way the
+"""Queueing one request on a synchronous :class:`~application.engine.engine.Engine` the way the
 use case does: its checks prepare the prompt (validated, tokenized), one
 :class:`~domain.request.AdmitCall` queues it."""
 
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.request import NO_CONTEXT, AdmitCall, Request, RequestContext
 from domain.sampling import SamplingParams
 

@@ -5,7 +5,7 @@ import time
 from typing import Any
 
 from adapters.fake.runner import FakeModelRunner
-from application.async_engine import AsyncEngine
+from application.engine.async_engine import AsyncEngine
 
 
 class EngineLeftovers:

@@ -4,7 +4,7 @@ a bounded wait for a running :class:`AsyncEngine` to reach a state."""
 import asyncio
 from collections.abc import Callable
 
-from application.engine import Engine
+from application.engine.engine import Engine
 
 
 def run_to_end(engine: Engine, max_steps: int = 100) -> None:

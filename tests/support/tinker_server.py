@@ -17,8 +17,8 @@ from adapters.torch.custom_loss import custom_loss_gradient
 from adapters.torch.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from application.access import Access
-from application.async_engine import AsyncEngine
+from application.access.access import Access
+from application.engine.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from application.completions import BestOf, PromptJob
-from application.input_processor import InputProcessor
-from application.request_checks import RequestChecks
+from application.engine.input_processor import InputProcessor
+from application.engine.request_checks import RequestChecks
+from application.serving.completions import BestOf, PromptJob
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput

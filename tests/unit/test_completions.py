@@ -5,16 +5,16 @@ from typing import Any
 
 import pytest
 
-from application.chat_prompts import ChatPrompts, ToolRequest
-from application.completions import (
+from application.serving.chat_prompts import ChatPrompts, ToolRequest
+from application.serving.completions import (
     UNSET_MAX_TOKENS_RESERVE,
     Caller,
     ChatJob,
     CompletionService,
     PromptJob,
 )
-from application.request_record import RequestRecord
-from application.tool_parsers import FORMATS
+from application.serving.request_record import RequestRecord
+from application.serving.tool_parsers import FORMATS
 from domain.errors import InvalidParameterError, PromptTooLongError
 from domain.request import AdmitCall, RequestContext
 from domain.sampling import SamplingParams

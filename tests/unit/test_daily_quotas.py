@@ -17,9 +17,9 @@ from adapters.fake.tokenizer import ByteTokenizer
 from adapters.http.tinker import tinker_router
 from adapters.storage.keys_file import KeysFileError, load_keyring
 from adapters.storage.rate_limits import LimitsCounters
-from application.access import Access
-from application.keys import Keyring, hash_key
-from application.quotas import DAY, MINUTE, Quotas
+from application.access.access import Access
+from application.access.keys import Keyring, hash_key
+from application.access.quotas import DAY, MINUTE, Quotas
 from domain.tenancy import RateLimitedError, Tenant, TenantLimits, WindowState
 from tests.fakes import ManualClock, fake_container
 from tests.support.tinker_client import Api, forward_backward_proto, post_proto

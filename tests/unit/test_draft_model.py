@@ -10,8 +10,8 @@ import pytest
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, next_token, reply_script
-from application.engine import Engine
-from application.speculation import DraftModel
+from application.engine.engine import Engine
+from application.engine.speculation import DraftModel
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.request import Request, StepOutput

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from adapters.fake.embedder import CLS_ID, SEP_ID, FakeEmbedder
-from application.embeddings import EmbeddingLimits, EmbeddingService
+from application.serving.embeddings import EmbeddingLimits, EmbeddingService
 from domain.errors import InvalidParameterError, QueueFullError
 
 

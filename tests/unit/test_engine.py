@@ -7,8 +7,8 @@ import pytest
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.async_engine import AsyncEngine, QueueOutputSink
-from application.engine import STEP_FAILED, Engine
+from application.engine.async_engine import AsyncEngine, QueueOutputSink
+from application.engine.engine import STEP_FAILED, Engine
 from domain.config import EngineConfig
 from domain.errors import (
     EmptyPromptError,

@@ -7,7 +7,7 @@ import pytest
 from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.sampling import SamplingParams

@@ -8,7 +8,7 @@ import pytest
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.request import Request, RequestContext

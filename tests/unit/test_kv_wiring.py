@@ -9,7 +9,7 @@ import pytest
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.kv_blocks import BlockManager

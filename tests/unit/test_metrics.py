@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.observability.metrics import Metrics
-from application.request_record import RequestRecord
+from application.serving.request_record import RequestRecord
 from domain.observer import (
     RequestStart,
     RequestStats,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from application.served_models import LoraModule
+from application.serving.served_models import LoraModule
 from domain.errors import InvalidParameterError
 from entrypoints.cli import _parser
 from entrypoints.model_flags import ModelSettings

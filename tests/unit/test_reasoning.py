@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from adapters.torch.runtime.structured import GrammarStep
-from application.reasoning import Reasoning, parser_for, reasoning_for
+from application.serving.reasoning import Reasoning, parser_for, reasoning_for
 from domain.request import Request
 from domain.sampling import SamplingParams, StructuredOutput
 

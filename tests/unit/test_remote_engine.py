@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from application.async_engine import AsyncEngine
-from application.remote_engine import (
+from application.engine.async_engine import AsyncEngine
+from application.engine.remote_engine import (
     CURRENT_NOTE,
     REPLICA_LOST,
     RemoteEngine,

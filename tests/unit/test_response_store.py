@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from application.responses import MemoryResponseStore, StoredResponse
+from application.serving.responses import MemoryResponseStore
 from domain.errors import InvalidParameterError
+from domain.responses import StoredResponse
 
 
 def stored(n: int) -> StoredResponse:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from application.served_models import ServedModels
+from application.serving.served_models import ServedModels
 from domain.errors import InvalidParameterError, ModelNotFoundError
 from domain.rollout import RollbackPolicy, Rollout, RolloutTarget, parse_rollout
 
@@ -184,7 +184,7 @@ class ListStore:
 
 
 def test_the_book_serves_the_store_over_the_flags_and_stores_rollbacks() -> None:
-    from application.rollouts import RolloutBook
+    from application.serving.rollouts import RolloutBook
 
     flag = Rollout("support", (RolloutTarget("v1", 1),))
     other_flag = Rollout("other", (RolloutTarget("v2", 1),))

@@ -11,7 +11,7 @@ import pytest
 
 from adapters.fake.toy_backend import ToyBackend
 from adapters.storage.checkpoints import FileCheckpointStorage
-from application.served_models import LoraModule, ServedModels
+from application.serving.served_models import LoraModule, ServedModels
 from application.tinker.service import TinkerService
 from domain.errors import InvalidParameterError, ModelNotFoundError
 from domain.training import InvalidTrainingRequest, LoraSpec, RunRecord

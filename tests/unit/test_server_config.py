@@ -17,10 +17,10 @@ from adapters.storage.usage_sql import DEFAULT_USAGE_DB
 from adapters.torch.kv_sizing import KVCacheMemory
 from adapters.weights.factory import model_names
 from adapters.weights.packaged import SMOLLM2_NAME
-from application.embeddings import EmbeddingLimits
-from application.idempotency import DEFAULT_TTL_S
-from application.keys import hash_key
-from application.served_models import LoraModule
+from application.access.idempotency import DEFAULT_TTL_S
+from application.access.keys import hash_key
+from application.serving.embeddings import EmbeddingLimits
+from application.serving.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.speculation import SpeculativeConfig

@@ -9,8 +9,8 @@ import pytest
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.engine import Engine
-from application.speculation import Speculator
+from application.engine.engine import Engine
+from application.engine.speculation import Speculator
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.observer import StepStats

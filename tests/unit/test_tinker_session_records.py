@@ -7,13 +7,13 @@ from datetime import date
 
 import pytest
 
-from application.tinker.audit import AuditLog
+from application.tinker.activity_log import AuditLog
+from application.tinker.billing import HOUR_S, UsageMeter
 from application.tinker.completions import CLONE_SPAN, Completions
 from application.tinker.downloads import LinkRefusedError
 from application.tinker.futures import FutureStore
 from application.tinker.sampling import SamplerRecord
 from application.tinker.traces import SessionTraces
-from application.tinker.usage import HOUR_S, UsageMeter
 from domain.observer import TrainingOpStats
 from domain.training import InvalidTrainingRequest, NotFoundError, WeightsSource
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from application.tool_parsers import (
+from application.serving.tool_parsers import (
     FORMATS,
     NamedCallParser,
     StreamingToolParser,

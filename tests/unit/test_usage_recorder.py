@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from application.usage_ledger import MemoryUsageLedger, UsageRecorder
+from application.access.usage_ledger import MemoryUsageLedger, UsageRecorder
 from domain.usage import COMPLETIONS, UsageQuery, UsageRecord, UsageTotals
 
 

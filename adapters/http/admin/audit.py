@@ -11,8 +11,8 @@ from adapters.http import query_params
 from adapters.http.admin.guard import AccessDep, admin_caller
 from adapters.http.errors import OPENAI_ERRORS, exception_handlers
 from adapters.http.request_state import constants
-from application.access import Access
-from application.audit import Audit
+from application.access.access import Access
+from application.access.audit import Audit
 from domain.errors import InvalidRequestError
 
 MAX_LIMIT = 1000

@@ -9,7 +9,7 @@ from litestar.di import NamedDependency
 from adapters.http.access import BEARER_HINT
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.request_state import api_state
-from application.access import Access
+from application.access.access import Access
 from domain.tenancy import (
     AuthenticationError,
     PermissionDeniedError,

@@ -8,7 +8,7 @@ from litestar.di import NamedDependency
 
 from adapters.http.access import guards
 from adapters.http.request_state import provide
-from application.access import Access
+from application.access.access import Access
 
 Replicas = NamedDependency[Callable[[], Awaitable[list[dict[str, Any]]]]]
 

@@ -21,8 +21,8 @@ from adapters.http.errors import (
 )
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import constants
-from application.access import Access
-from application.tenant_admin import TenantAdmin, TenantNotFoundError, key_id
+from application.access.access import Access
+from application.access.tenant_admin import TenantAdmin, TenantNotFoundError, key_id
 from domain.errors import InferError
 from domain.tenancy import (
     DEFAULT_FACES,

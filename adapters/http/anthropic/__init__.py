@@ -3,7 +3,7 @@
 
 A message request is translated into the chat it asks for (``params``) and run by the
 same completion service as ``/v1/chat/completions`` — one copy of rendering, tools,
-grammar and limits; its choice is split by :mod:`application.chat_output` and written as
+grammar and limits; its choice is split by :mod:`application.serving.chat_output` and written as
 content blocks or Anthropic's events (``replies``). Keys come in ``x-api-key`` (or
 ``Authorization: Bearer``) under the inference guard, with the same keys file, scopes
 and limits as the OpenAI face; every error is in Anthropic's format (``errors``).
@@ -16,8 +16,8 @@ from adapters.http.anthropic.controllers import MessageRoutes
 from adapters.http.anthropic.errors import ANTHROPIC_HANDLERS
 from adapters.http.request_state import provide
 from adapters.http.served_models import ModelNames
-from application.access import Access
-from application.completions import CompletionService
+from application.access.access import Access
+from application.serving.completions import CompletionService
 
 MISSING_KEY = "missing API key: send it in the x-api-key header"
 

@@ -16,7 +16,7 @@ from adapters.http.errors import PROMPT_FIELD
 from adapters.http.openai.deps import Completions, Names
 from adapters.http.request_state import RequestCaller
 from adapters.http.streaming import SSE_PING
-from application.chat_prompts import tool_texts
+from application.serving.chat_prompts import tool_texts
 
 _messages_decoder = msgspec.json.Decoder(MessagesRequest)
 _count_decoder = msgspec.json.Decoder(CountTokensRequest)

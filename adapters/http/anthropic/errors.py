@@ -28,7 +28,7 @@ from adapters.http.errors import (
     anthropic_error_body,
 )
 from adapters.http.errors import anthropic_type as error_type
-from application.chat_output import ChoiceError
+from application.serving.chat_output import ChoiceError
 from domain.errors import (
     InvalidParameterError,
     InvalidRequestError,

@@ -42,7 +42,7 @@ from adapters.http.errors import HTTPError, check_content_type, decode_json
 from adapters.http.openai.params import chat_job
 from adapters.http.openai.schemas import ChatCompletionRequest
 from adapters.http.openai.tools import NAME
-from application.completions import ChatJob
+from application.serving.completions import ChatJob
 
 B = TypeVar("B", bound=PromptBody)
 TOOL_KEYS = {

@@ -1,6 +1,6 @@
 """The Messages face's replies: a message whole, or its stream of Anthropic's events.
 
-A choice is split once, by :mod:`application.chat_output`, into thinking, answer text and
+A choice is split once, by :mod:`application.serving.chat_output`, into thinking, answer text and
 tool calls; here they become content blocks: a ``thinking`` block first when the model
 thought (its ``signature`` empty: there is nothing to verify), then ``text``, then one
 ``tool_use`` block per call (its ``input`` the arguments object). Whitespace-only text
@@ -50,7 +50,7 @@ from adapters.http.anthropic.schemas import (
     Usage,
 )
 from adapters.http.streaming import unless_disconnected
-from application.chat_output import (
+from application.serving.chat_output import (
     ChoiceEnd,
     ChoiceError,
     ChoiceEvents,
@@ -60,9 +60,9 @@ from application.chat_output import (
     collect_choice,
     tool_parser,
 )
-from application.chat_prompts import ToolRequest
-from application.reasoning import Reasoning
-from application.tool_parsers import ToolFormat
+from application.serving.chat_prompts import ToolRequest
+from application.serving.reasoning import Reasoning
+from application.serving.tool_parsers import ToolFormat
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()

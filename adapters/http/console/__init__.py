@@ -22,7 +22,7 @@ from adapters.http.console.security import (
 )
 from adapters.http.ownership import Draining
 from adapters.http.request_state import api_state
-from application.access import Access
+from application.access.access import Access
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",

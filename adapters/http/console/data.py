@@ -13,10 +13,10 @@ from adapters.http.console.training import TrainingRoutes
 from adapters.http.console.viewer import ConsoleViewers
 from adapters.http.errors import ACCESS_RULES, ErrorRule, ErrorTable, exception_handlers
 from adapters.http.request_state import constants
-from application.access import Access
-from application.served_models import ServedModels
+from application.access.access import Access
+from application.access.usage_ledger import UsageRecorder
+from application.serving.served_models import ServedModels
 from application.tinker.service import TinkerService
-from application.usage_ledger import UsageRecorder
 from domain.training import NotFoundError
 
 CONSOLE_ERRORS = ErrorTable(

@@ -13,7 +13,7 @@ from litestar import Request, Response, get
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 
-from application.access import Access
+from application.access.access import Access
 
 STATIC = Path(__file__).with_name("static")
 CONTENT_TYPES = {

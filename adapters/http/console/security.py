@@ -20,7 +20,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.errors import HTTPError
 from adapters.http.request_state import api_state
-from application.access import Access
+from application.access.access import Access
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -17,10 +17,10 @@ from litestar import Controller, Request, get
 from litestar.di import NamedDependency
 
 from adapters.http.console.viewer import ADMIN, ConsoleViewers
-from application.access import Access
+from application.access.access import Access
+from application.access.usage_ledger import DAY_S, UsageRecorder
+from application.tinker.billing import HOUR_S, UsageMeter
 from application.tinker.service import TinkerService
-from application.tinker.usage import HOUR_S, UsageMeter
-from application.usage_ledger import DAY_S, UsageRecorder
 from domain.tenancy import Tenant
 from domain.usage import UsageQuery, UsageTotals
 

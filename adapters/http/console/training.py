@@ -19,7 +19,7 @@ from litestar.params import FromPath, Parameter
 
 from adapters.http.console.tenants import NO_STORE, TinkerDep, Viewers
 from adapters.http.console.viewer import Viewer
-from application.served_models import ServedModels
+from application.serving.served_models import ServedModels
 from application.tinker.curves import CurvePoint
 from application.tinker.service import TinkerService
 from domain.training import CheckpointRecord, NotFoundError, RunRecord

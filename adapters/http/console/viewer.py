@@ -17,7 +17,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 
 from adapters.http.auth import ApiKeyGuard
-from application.access import Access
+from application.access.access import Access
 from domain.tenancy import AuthenticationError, PermissionDeniedError
 
 ADMIN = "admin"

@@ -22,9 +22,9 @@ from adapters.http.openai.tokenize import TokenizeRoutes
 from adapters.http.openai.tools import ToolReplies
 from adapters.http.request_state import provide
 from adapters.http.served_models import ModelNames
-from application.access import Access
-from application.completions import CompletionService
-from application.embeddings import EmbeddingService
+from application.access.access import Access
+from application.serving.completions import CompletionService
+from application.serving.embeddings import EmbeddingService
 
 
 def openai_router(

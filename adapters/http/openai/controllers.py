@@ -17,9 +17,9 @@ from adapters.http.openai.schemas import ChatCompletionRequest, CompletionReques
 from adapters.http.request_state import RequestCaller
 from adapters.http.served_models import ModelNames
 from adapters.http.streaming import sse
-from application.completions import Caller
-from application.request_ids import new_request_id
-from application.served_models import ModelEntry
+from application.engine.request_ids import new_request_id
+from application.serving.completions import Caller
+from application.serving.served_models import ModelEntry
 from domain.request import StepOutput
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)

@@ -5,9 +5,9 @@ from litestar.di import NamedDependency
 
 from adapters.http.openai.tools import ToolReplies
 from adapters.http.served_models import ModelNames
-from application.completions import CompletionService
-from application.embeddings import EmbeddingService
-from application.input_processor import InputProcessor
+from application.engine.input_processor import InputProcessor
+from application.serving.completions import CompletionService
+from application.serving.embeddings import EmbeddingService
 
 Inputs = NamedDependency[InputProcessor]
 Completions = NamedDependency[CompletionService]

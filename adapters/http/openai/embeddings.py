@@ -21,7 +21,7 @@ from adapters.http.openai.deps import Embeddings
 from adapters.http.openai.params import decode_body
 from adapters.http.openai.replies import json_response
 from adapters.http.request_state import RequestCaller
-from application.embeddings import EmbeddingInput
+from application.serving.embeddings import EmbeddingInput
 from domain.errors import ModelNotFoundError
 
 

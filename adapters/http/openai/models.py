@@ -17,7 +17,7 @@ from adapters.http.openai.replies import json_response
 from adapters.http.openai.schemas import ModelCard, ModelList
 from adapters.http.request_state import api_state
 from adapters.http.served_models import ModelNames
-from application.served_models import ModelEntry
+from application.serving.served_models import ModelEntry
 from domain.errors import ModelNotFoundError
 
 MODELS_PATH = "/v1/models"

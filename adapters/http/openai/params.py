@@ -11,7 +11,7 @@ from adapters.http.errors import HTTPError, check_content_type, decode_json, err
 from adapters.http.openai.schemas import ChatCompletionRequest, CompletionRequest
 from adapters.http.openai.structured import Body, structured_output
 from adapters.http.openai.tools import tool_request
-from application.completions import ChatJob, Prompt, PromptJob
+from application.serving.completions import ChatJob, Prompt, PromptJob
 from domain.ports import STRUCTURED_PARAM
 from domain.sampling import MAX_LOGPROBS, SamplingParams, StructuredOutput
 

@@ -53,7 +53,7 @@ from adapters.http.openai.schemas import (
 )
 from adapters.http.openai.tools import CallIds, ToolReplies, new_call_id
 from adapters.http.streaming import merge_streams, unless_disconnected
-from application.chat_output import (
+from application.serving.chat_output import (
     ChoiceEnd,
     ChoiceEvents,
     ChoiceResult,
@@ -62,9 +62,9 @@ from application.chat_output import (
     ToolCallDelta,
     split_choice,
 )
-from application.chat_prompts import ToolRequest
-from application.reasoning import Reasoning
-from application.tool_parsers import StreamingToolParser
+from application.serving.chat_prompts import ToolRequest
+from application.serving.reasoning import Reasoning
+from application.serving.tool_parsers import StreamingToolParser
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()

@@ -1,5 +1,5 @@
 """Tools on /v1/chat/completions, on the wire: the request's tools and ``tool_choice``
-checked (as a :class:`~application.chat_prompts.ToolRequest`, which the completion service
+checked (as a :class:`~application.serving.chat_prompts.ToolRequest`, which the completion service
 renders and constrains), and the output parsed into ``tool_calls``, whole or streamed.
 
 ``tool_choice``: ``none`` parses nothing; ``auto`` (the default with tools) parses calls
@@ -18,9 +18,9 @@ from adapters.http.openai.schemas import (
     FunctionDeltaOut,
     ToolCallDeltaOut,
 )
-from application.chat_output import tool_parser
-from application.chat_prompts import ToolRequest
-from application.tool_parsers import StreamingToolParser, ToolCallDelta, ToolFormat
+from application.serving.chat_output import tool_parser
+from application.serving.chat_prompts import ToolRequest
+from application.serving.tool_parsers import StreamingToolParser, ToolCallDelta, ToolFormat
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")

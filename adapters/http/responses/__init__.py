@@ -19,9 +19,9 @@ from adapters.http.request_state import provide
 from adapters.http.responses.controllers import ResponseRoutes
 from adapters.http.responses.history import ResponseHistory
 from adapters.http.served_models import ModelNames
-from application.access import Access
-from application.completions import CompletionService
-from application.responses import ResponseStore
+from application.access.access import Access
+from application.serving.completions import CompletionService
+from domain.responses import ResponseStore
 
 
 def responses_router(

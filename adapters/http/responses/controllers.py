@@ -24,7 +24,7 @@ from adapters.http.responses.schemas import (
     ResponseRequest,
 )
 from adapters.http.streaming import unless_disconnected
-from application.chat_output import ChoiceError, collect_choice
+from application.serving.chat_output import ChoiceError, collect_choice
 from domain.errors import InvalidParameterError
 
 _decoder = msgspec.json.Decoder(ResponseRequest)

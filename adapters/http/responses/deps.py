@@ -6,7 +6,7 @@ from litestar.di import NamedDependency
 from adapters.http.openai.tools import ToolReplies
 from adapters.http.responses.history import ResponseHistory
 from adapters.http.served_models import ModelNames
-from application.completions import CompletionService
+from application.serving.completions import CompletionService
 
 Completions = NamedDependency[CompletionService]
 Names = NamedDependency[ModelNames]

@@ -10,7 +10,8 @@ from litestar import Request
 from adapters.http.errors import HTTPError
 from adapters.http.request_state import api_state
 from adapters.http.responses.schemas import ResponseObject
-from application.responses import OPEN_TENANT, ResponseStore, StoredResponse
+from application.serving.responses import OPEN_TENANT
+from domain.responses import ResponseStore, StoredResponse
 
 log = structlog.get_logger(__name__)
 

@@ -26,9 +26,9 @@ from adapters.http.errors import HTTPError
 from adapters.http.openai.params import chat_job
 from adapters.http.openai.schemas import ChatCompletionRequest
 from adapters.http.responses.schemas import ResponseObject, ResponseRequest
-from application.completions import ChatJob
-from application.responses import StoredResponse
-from application.tool_parsers import is_json_object
+from application.serving.completions import ChatJob
+from application.serving.tool_parsers import is_json_object
+from domain.responses import StoredResponse
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")

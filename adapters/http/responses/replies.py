@@ -60,7 +60,7 @@ from adapters.http.responses.schemas import (
     TextDelta,
     TextDone,
 )
-from application.chat_output import (
+from application.serving.chat_output import (
     ChoiceEnd,
     ChoiceError,
     ChoiceEvents,
@@ -69,8 +69,8 @@ from application.chat_output import (
     Thinking,
     ToolCallDelta,
 )
-from application.reasoning import CLOSE, Reasoning
-from application.tool_parsers import StreamingToolParser
+from application.serving.reasoning import CLOSE, Reasoning
+from application.serving.tool_parsers import StreamingToolParser
 from domain.request import StepOutput
 
 _encoder = msgspec.json.Encoder()

@@ -31,7 +31,7 @@ from adapters.http.tinker.session_futures import SessionFutureRoutes
 from adapters.http.tinker.sessions import SessionRoutes
 from adapters.http.tinker.training import TrainingRoutes
 from adapters.http.tinker.weights import WeightRoutes
-from application.access import Access
+from application.access.access import Access
 from application.tinker.service import TinkerService
 from domain.training import TrainingError
 

@@ -17,8 +17,8 @@ from litestar.params import FromPath
 from adapters.http.auth import Tenant
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import iso, ok
-from application.tinker.audit import org_urn, user_urn
-from application.tinker.usage import HOUR_S
+from application.tinker.activity_log import org_urn, user_urn
+from application.tinker.billing import HOUR_S
 from domain.training import InvalidTrainingRequest
 
 # Flags the SDK re-reads while it runs: abandoned samples are cancelled on the server.

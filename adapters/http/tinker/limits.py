@@ -28,9 +28,9 @@ from litestar.handlers import BaseRouteHandler
 from adapters.http.access import Guard
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.request_state import HeldLimits
-from application.access import Access
-from application.keys import hash_key, key_id
-from application.request_record import RECORD_KEY, RequestRecord
+from application.access.access import Access
+from application.access.keys import hash_key, key_id
+from application.serving.request_record import RECORD_KEY, RequestRecord
 from application.tinker.futures import Future
 from domain.training import InvalidTrainingRequest
 

@@ -1,6 +1,6 @@
 """Single-request generation as one engine request: a streaming iterator of text deltas.
 
-:func:`stream_generate` builds a small engine (:class:`~application.engine.Engine` over a
+:func:`stream_generate` builds a small engine (:class:`~application.engine.engine.Engine` over a
 :class:`TorchModelRunner`: one request, a KV pool of its length) for each call and steps it
 until the request ends, so a script, a test or a benchmark baseline gets exactly what the
 engine serves (same paged KV, kernels, sampling and stop rules), with no event loop.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.ports import Tokenizer

@@ -11,7 +11,7 @@ from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.torch.custom_loss import custom_loss_gradient
-from application.keys import hash_key
+from application.access.keys import hash_key
 from entrypoints.backends import FakeBackend, LoraTraining, TorchBackend, ToyTraining
 from entrypoints.config import ServerConfig
 from entrypoints.container import create_container

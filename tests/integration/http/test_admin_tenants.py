@@ -15,8 +15,8 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import KeysFileStore, load_entries
-from application.keys import hash_key
-from application.tenant_admin import key_id
+from application.access.keys import hash_key
+from application.access.tenant_admin import key_id
 from domain.tenancy import Tenant, TenantEntry
 from entrypoints.access_flags import AccessSettings
 from entrypoints.model_flags import ModelSettings

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http.console.security import CONTENT_SECURITY_POLICY
-from application.keys import hash_key
+from application.access.keys import hash_key
 from entrypoints.access_flags import AccessSettings
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings

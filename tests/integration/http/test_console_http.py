@@ -20,7 +20,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http.console.pages import STATIC
 from adapters.http.console.security import CONTENT_SECURITY_POLICY
-from application.keys import hash_key
+from application.access.keys import hash_key
 from entrypoints.cli import _parser
 from entrypoints.config import ServerConfig
 from entrypoints.transport_flags import TransportSettings

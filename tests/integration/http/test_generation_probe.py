@@ -11,7 +11,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.generation_probe import TOKENS, GenerationProbe
+from application.engine.generation_probe import TOKENS, GenerationProbe
 from domain.rollout import parse_rollout
 from entrypoints.model_flags import ModelSettings
 from tests.fakes import fake_container

@@ -16,7 +16,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import KeysFileError, load_keyring
-from application.keys import hash_key
+from application.access.keys import hash_key
 from entrypoints.tinker_flags import TinkerSettings
 from tests.fakes import fake_container
 

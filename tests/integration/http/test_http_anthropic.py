@@ -23,9 +23,9 @@ from adapters.http.anthropic.replies import MessageReply
 from adapters.http.errors import HTTPError
 from adapters.observability.http import ObservedApp
 from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
-from application.idempotency import MemoryIdempotencyStore
-from application.keys import hash_key
-from application.tool_parsers import FORMATS
+from application.access.idempotency import MemoryIdempotencyStore
+from application.access.keys import hash_key
+from application.serving.tool_parsers import FORMATS
 from domain.errors import QueueFullError
 from domain.request import StepOutput
 from tests.fakes import AcceptingGrammar, fake_async_engine, fake_container

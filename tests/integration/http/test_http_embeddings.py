@@ -16,8 +16,8 @@ from adapters.fake.embedder import FakeEmbedder
 from adapters.http import HttpServices, create_app
 from adapters.torch.embedder import TorchEmbedder
 from adapters.weights.embedding import MINILM_NAME, resolve_minilm
-from application.embeddings import EmbeddingLimits, EmbeddingService
-from application.keys import hash_key
+from application.access.keys import hash_key
+from application.serving.embeddings import EmbeddingLimits, EmbeddingService
 from entrypoints.embedding_flags import EmbeddingSettings
 from tests.fakes import fake_async_engine, fake_container
 

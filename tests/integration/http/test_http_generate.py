@@ -9,7 +9,7 @@ from litestar.testing import AsyncTestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http import create_app
-from application.async_engine import LOOP_CRASHED, AsyncEngine
+from application.engine.async_engine import LOOP_CRASHED, AsyncEngine
 from domain.sampling import SamplingParams
 from tests.fakes import fake_async_engine
 from tests.support.engine_calls import add_request

@@ -10,7 +10,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import reply_script
 from adapters.http import create_app
-from application.input_processor import InputProcessor
+from application.engine.input_processor import InputProcessor
 from tests.fakes import fake_async_engine
 
 MODEL = "test/fake-model"

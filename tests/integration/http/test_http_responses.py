@@ -26,8 +26,8 @@ from adapters.http.responses.replies import response_events
 from adapters.http.responses.schemas import ResponseObject
 from adapters.observability.http import ObservedApp
 from adapters.observability.tracing import Tracing, TracingSettings, build_tracer_provider
-from application.idempotency import MemoryIdempotencyStore
-from application.keys import hash_key
+from application.access.idempotency import MemoryIdempotencyStore
+from application.access.keys import hash_key
 from domain.request import StepOutput
 from tests.fakes import AcceptingGrammar, fake_async_engine, fake_container
 from tests.support.json_logs import json_log_stream

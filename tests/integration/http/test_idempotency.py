@@ -12,7 +12,8 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner
 from adapters.storage.idempotency import RedisIdempotencyStore
-from application.idempotency import IdempotencyStore, MemoryIdempotencyStore, StoredReply
+from application.access.idempotency import MemoryIdempotencyStore
+from domain.idempotency import IdempotencyStore, StoredReply
 from tests.fakes import fake_container
 
 

@@ -15,7 +15,7 @@ from litestar.testing import TestClient
 from tinker import types
 
 from adapters.fake import ByteTokenizer
-from application.served_models import LoraModule
+from application.serving.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.rollout import parse_rollout

@@ -17,7 +17,7 @@ from adapters.http import create_app
 from adapters.torch.loader import load_model
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.request import AdmitCall
 from domain.sampling import SamplingParams

@@ -5,7 +5,7 @@ memory and in a real Redis shared by two "replicas"."""
 import pytest
 
 from adapters.storage.rate_limits import LimitsCounters, storage_uri
-from application.quotas import Quotas
+from application.access.quotas import Quotas
 from domain.tenancy import RateLimitedError, Tenant, TenantLimits
 
 

@@ -110,8 +110,8 @@ def test_a_bad_level_or_format_is_refused() -> None:
 
 
 def test_a_key_reload_writes_an_audit_line(log_stream) -> None:
-    from application.access import Access
-    from application.keys import Keyring, hash_key
+    from application.access.access import Access
+    from application.access.keys import Keyring, hash_key
     from domain.tenancy import Tenant
 
     access = Access(Keyring([(hash_key("a"), Tenant("alice")), (hash_key("b"), Tenant("bob"))]))

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.keys import hash_key
+from application.access.keys import hash_key
 from entrypoints.access_flags import AccessSettings
 from entrypoints.model_flags import ModelSettings
 from entrypoints.observability_flags import ObservabilitySettings

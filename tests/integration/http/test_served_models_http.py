@@ -14,8 +14,8 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.keys import hash_key
-from application.served_models import LoraModule
+from application.access.keys import hash_key
+from application.serving.served_models import LoraModule
 from domain.errors import InvalidParameterError
 from entrypoints.model_flags import ModelSettings
 from tests.fakes import fake_container

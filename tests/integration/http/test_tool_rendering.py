@@ -11,9 +11,9 @@ import pytest
 from adapters.fake import ByteTokenizer
 from adapters.hf_tokenizer.factory import choose_tool_parser
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
-from application.chat_prompts import ChatPrompts, ToolRequest, probe_template
-from application.reasoning import parser_for
-from application.tool_parsers import FORMATS, detect_format
+from application.serving.chat_prompts import ChatPrompts, ToolRequest, probe_template
+from application.serving.reasoning import parser_for
+from application.serving.tool_parsers import FORMATS, detect_format
 from tests.support.byte_tokenizer import byte_level_tokenizer
 
 # SmolLM2-135M-Instruct's template, as its tokenizer_config.json has it.

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from application.chat_prompts import ToolRequest, required_schema
+from application.serving.chat_prompts import ToolRequest, required_schema
 
 llguidance = pytest.importorskip("llguidance")
 

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
-from application.keys import hash_key, key_id
+from application.access.keys import hash_key, key_id
 from entrypoints.access_flags import AccessSettings
 from tests.fakes import fake_container
 

@@ -19,7 +19,7 @@ import torch
 
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
-from application.request_ids import new_request_id
+from application.engine.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.request import AdmitCall
 from domain.sampling import SamplingParams

@@ -14,9 +14,9 @@ from adapters.fake.toy_backend import ToyBackend
 from adapters.http.tinker import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.rate_limits import LimitsCounters
-from application.access import Access
-from application.keys import Keyring, hash_key
-from application.quotas import Quotas
+from application.access.access import Access
+from application.access.keys import Keyring, hash_key
+from application.access.quotas import Quotas
 from application.tinker.service import TinkerService
 from domain.tenancy import Tenant, TenantLimits
 from tests.support.tinker_client import SEQ, Api, forward_backward_proto, post_proto, sample_body

@@ -10,7 +10,7 @@ import torch
 from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.request import RequestContext
 from domain.sampling import SamplingParams

@@ -14,7 +14,7 @@ import torch
 from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.observer import StepStats
 from domain.sampling import SamplingParams

@@ -13,7 +13,7 @@ from adapters.fake import ByteTokenizer
 from adapters.torch.loader import load_model
 from adapters.torch.runtime import step_costs as sc
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.engine import Engine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, StepCosts

@@ -20,8 +20,8 @@ from adapters.grammar.factory import byte_grammar
 from adapters.http import create_app
 from adapters.torch.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
-from application.async_engine import AsyncEngine
-from application.engine import Engine
+from application.engine.async_engine import AsyncEngine
+from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.request import RequestContext

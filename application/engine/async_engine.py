@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import structlog
 
-from application.engine import Engine
-from application.engine_client import AdmittingClient
-from application.input_processor import InputProcessor
+from application.engine.engine import Engine
+from application.engine.engine_client import AdmittingClient
+from application.engine.input_processor import InputProcessor
 from domain.config import EngineConfig
 from domain.observer import StepObserver
 from domain.ports import GrammarCompiler, ModelRunner, Tokenizer

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from application.engine_client import EngineClient
-from application.request_ids import new_request_id
+from application.engine.engine_client import EngineClient
+from application.engine.request_ids import new_request_id
 from domain.sampling import SamplingParams
 
 PROMPT = "The capital of France is"

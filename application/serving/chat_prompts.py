@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from application.tool_parsers import ToolFormat, is_json_object
+from application.serving.tool_parsers import ToolFormat, is_json_object
 from domain.errors import InvalidRequestError
 from domain.ports import ChatMessage
 from domain.sampling import SamplingParams, StructuredOutput

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from application.tool_parsers.calls import CallDeltas, Event, JsonCallStream
+from application.serving.tool_parsers.calls import CallDeltas, Event, JsonCallStream
 
 PYTHON_TAG = "<|python_tag|>"
 ARGUMENT_KEYS = ("parameters", "arguments")

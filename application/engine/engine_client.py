@@ -1,13 +1,13 @@
 """EngineClient: what the driving adapters (HTTP faces, the Tinker sampler) need from the
 engine loop: queue prepared requests, stream their outputs, abort them.
-:class:`application.async_engine.AsyncEngine` implements it; faces depend on this protocol
+:class:`application.engine.async_engine.AsyncEngine` implements it; faces depend on this protocol
 only, so a test or another engine (a remote one, a fake) can stand in. What comes before
 queueing (checks, rendering, tokenizing) is its :class:`InputProcessor`'s (``inputs``)."""
 
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from application.input_processor import InputProcessor
+from application.engine.input_processor import InputProcessor
 from domain.request import NO_CONTEXT, AdmitCall, RequestContext, StepOutput
 from domain.sampling import SamplingParams
 
@@ -62,8 +62,8 @@ class EngineClient(Protocol):
 
 
 class AdmittingClient:
-    """What :class:`~application.async_engine.AsyncEngine` and
-    :class:`~application.remote_engine.RemoteEngine` share: ``admit``, ``stream`` and
+    """What :class:`~application.engine.async_engine.AsyncEngine` and
+    :class:`~application.engine.remote_engine.RemoteEngine` share: ``admit``, ``stream`` and
     ``group`` over their own ``submit`` (one :class:`AdmitCall` queued, one output stream
     per request id), ``abort`` and ``fail``."""
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from application.tool_parsers import hermes, json_calls, pythonic
-from application.tool_parsers.calls import (
+from application.serving.tool_parsers import hermes, json_calls, pythonic
+from application.serving.tool_parsers.calls import (
     CallDeltas,
     Event,
     StreamingToolParser,

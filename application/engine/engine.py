@@ -2,7 +2,7 @@
 
 ``step()`` never blocks on I/O; output leaves through the OutputSink port, statistics
 through the StepObserver port. Token-level stops (EOS, stop ids, length) are the
-scheduler's; text and stop strings are the output stage's (:mod:`application.output`),
+scheduler's; text and stop strings are the output stage's (:mod:`application.engine.output`),
 which hands stop-string hits back to the scheduler.
 """
 
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from application.output import OutputProcessor
-from application.request_checks import RequestChecks
-from application.speculation import make_speculator
-from application.step_stats import StepStatsCollector
+from application.engine.output import OutputProcessor
+from application.engine.request_checks import RequestChecks
+from application.engine.speculation import make_speculator
+from application.engine.step_stats import StepStatsCollector
 from domain.config import EngineConfig
 from domain.observer import NullObserver, RequestStart, StepObserver, StepStats
 from domain.ports import GrammarCompiler, ModelRunner, OutputSink, Tokenizer

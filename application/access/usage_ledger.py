@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from application.access import Access
+from application.access.access import Access
 from domain.errors import StoreUnavailableError
 from domain.usage import UsageLedger, UsageQuery, UsageRecord, UsageTotals
 

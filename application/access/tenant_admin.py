@@ -2,7 +2,7 @@
 keys file watched so that every process serving it applies a change within seconds.
 
 Every change goes through the :class:`~domain.tenancy.TenantStore` (the keys file, locked
-and replaced whole), is applied to this process's :class:`~application.access.Access` at
+and replaced whole), is applied to this process's :class:`~application.access.access.Access` at
 once and written as an audit line (logger ``infer.audit``: what changed, by which admin
 tenant). A new key is returned once and stored only as its SHA-256 digest; keys are named
 by ``key_`` + the first 16 hex digits of that digest. No change may leave the file without
@@ -15,9 +15,9 @@ from dataclasses import asdict, replace
 
 import structlog
 
-from application.access import Access
-from application.audit import Audit
-from application.keys import Keyring, hash_key, key_id, new_key
+from application.access.access import Access
+from application.access.audit import Audit
+from application.access.keys import Keyring, hash_key, key_id, new_key
 from domain.errors import InferError, InvalidParameterError
 from domain.tenancy import Tenant, TenantEntry, TenantStore
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from application.tool_parsers.calls import CallDeltas, Event
+from application.serving.tool_parsers.calls import CallDeltas, Event
 
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 _JSON_NAMES = {"true": True, "false": False, "null": None}

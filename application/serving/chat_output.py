@@ -1,7 +1,7 @@
 """A chat choice's output as every face reads it: thinking, answer text, tool calls, its end.
 
 The engine streams text; a chat's text is split in this order — the thinking from the
-answer (:mod:`application.reasoning`), then tool calls from the answer's text (the
+answer (:mod:`application.serving.reasoning`), then tool calls from the answer's text (the
 server's tool format, or the JSON a constrained ``tool_choice`` makes the model write).
 Chat completions, Responses and Messages each write these events in their own wire form,
 so the split is written once.
@@ -10,9 +10,9 @@ so the split is written once.
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from application.chat_prompts import ToolRequest
-from application.reasoning import Reasoning, ReasoningStream, Split
-from application.tool_parsers import (
+from application.serving.chat_prompts import ToolRequest
+from application.serving.reasoning import Reasoning, ReasoningStream, Split
+from application.serving.tool_parsers import (
     NamedCallParser,
     StreamingToolParser,
     ToolCall,

@@ -9,46 +9,24 @@ continuation's conversation is its previous response's conversation, that respon
 output, then its own input, so every stored response stands alone: one expiring or being
 deleted never breaks another.
 
-The store is a port: in this process (:class:`MemoryResponseStore`, bounded in count, the
-oldest dropped first), or in Redis (``adapters/storage/responses.py``) when replicas share
-it. Each entry expires ``ttl_s`` after it was stored. Ids are scoped to the tenant that
-made them: another tenant's id reads as unknown.
+The store is a port (:class:`domain.responses.ResponseStore`): in this process
+(:class:`MemoryResponseStore`, bounded in count, the oldest dropped first), or in Redis
+(``adapters/storage/responses.py``) when replicas share it. Each entry expires ``ttl_s``
+after it was stored. Ids are scoped to the tenant that made them: another tenant's id reads
+as unknown.
 """
 
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+
+from domain.responses import StoredResponse
 
 DEFAULT_RESPONSES_TTL_S = 24 * 3600.0
 DEFAULT_MAX_STORED_RESPONSES = 10_000
 # The tenant of an open server's callers (no API keys).
 OPEN_TENANT = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredResponse:
-    """``response``: the response object as answered (JSON data); ``conversation``: the
-    items it answered, in order (JSON data). Treated as immutable."""
-
-    response: dict[str, Any]
-    conversation: list[dict[str, Any]]
-
-
-class ResponseStore(Protocol):
-    async def put(self, tenant: str, response_id: str, stored: StoredResponse) -> None:
-        """Keep ``stored`` under ``tenant``'s ``response_id`` (replacing any)."""
-        ...
-
-    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        """The response ``tenant`` stored as ``response_id`` (None: unknown, expired,
-        deleted, or another tenant's)."""
-        ...
-
-    async def delete(self, tenant: str, response_id: str) -> bool:
-        """Forget it; False when there was nothing to forget."""
-        ...
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""RolloutBook: the rollouts a server serves (:class:`~application.served_models.
+"""RolloutBook: the rollouts a server serves (:class:`~application.serving.served_models.
 ServedModels`) kept in a :class:`~domain.rollout.RolloutStore` — the usage ledger's
 database — so that a restart keeps them and the servers sharing the database serve the
 same ones.
@@ -15,8 +15,8 @@ import asyncio
 
 import structlog
 
-from application.audit import Audit
-from application.served_models import RolledBack, ServedModels
+from application.access.audit import Audit
+from application.serving.served_models import RolledBack, ServedModels
 from domain.errors import InvalidParameterError
 from domain.rollout import Rollout, RolloutStore
 

@@ -5,7 +5,7 @@
 The costly steps (tokenizing, rendering, compiling a grammar) run on a small thread pool
 (``EngineConfig.prepare_threads``), never on the event loop the engine steps on: a
 megabyte prompt costs its own request time, not every stream's (the tokenizer releases
-the GIL while it encodes). The engine client (:mod:`application.engine_client`) queues
+the GIL while it encodes). The engine client (:mod:`application.engine.engine_client`) queues
 what this prepared.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from application.request_checks import RequestChecks
+from application.engine.request_checks import RequestChecks
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.ports import STRUCTURED_PARAM, ChatMessage, Tokenizer

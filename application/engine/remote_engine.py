@@ -31,9 +31,9 @@ from typing import Protocol
 
 import structlog
 
-from application.engine_client import AdmittingClient, EngineClient
-from application.input_processor import InputProcessor
-from application.request_checks import RequestChecks
+from application.engine.engine_client import AdmittingClient, EngineClient
+from application.engine.input_processor import InputProcessor
+from application.engine.request_checks import RequestChecks
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.ports import GrammarCompiler, Tokenizer
@@ -111,7 +111,7 @@ CURRENT_NOTE: ContextVar[ReplicaNote | None] = ContextVar("infer_replica_note", 
 
 
 class RemoteEngine(AdmittingClient):
-    """:class:`~application.engine_client.EngineClient` over ``replicas`` engine replicas
+    """:class:`~application.engine.engine_client.EngineClient` over ``replicas`` engine replicas
     (see the module), each configured as ``config``; requests are checked here as a
     replica would (``vocab_size``, ``grammar``: as :class:`RequestChecks` takes them), the
     fleet's room being every replica's capacity less the requests in flight."""

@@ -6,9 +6,9 @@ from typing import Any
 
 import structlog
 
-from application.audit import Audit
-from application.keys import Keyring
-from application.quotas import Quotas, RateLimitCounters
+from application.access.audit import Audit
+from application.access.keys import Keyring
+from application.access.quotas import Quotas, RateLimitCounters
 from domain.tenancy import Tenant
 
 log = structlog.get_logger("infer.audit")

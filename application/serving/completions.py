@@ -28,12 +28,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from application.chat_prompts import ChatPrompts, ToolRequest, constrain, tool_texts
-from application.engine_client import OwnedRequests
-from application.input_processor import InputProcessor
-from application.reasoning import CLOSE, Reasoning, closes_thinking, reasoning_for
-from application.request_ids import new_request_id
-from application.request_record import RequestRecord
+from application.engine.engine_client import OwnedRequests
+from application.engine.input_processor import InputProcessor
+from application.engine.request_ids import new_request_id
+from application.serving.chat_prompts import ChatPrompts, ToolRequest, constrain, tool_texts
+from application.serving.reasoning import CLOSE, Reasoning, closes_thinking, reasoning_for
+from application.serving.request_record import RequestRecord
 from domain.errors import InvalidParameterError
 from domain.ports import STRUCTURED_PARAM
 from domain.request import AdmitCall, StepOutput

@@ -1,21 +1,10 @@
-"""Usage: every API request under ``/v1/`` recorded in the ledger when it ends, and the
-OpenAI usage API over the ledger.
+"""OpenAI's usage API over the ledger: ``GET /v1/organization/usage/completions`` and
+``.../embeddings`` (time buckets of ``1m``, ``1h`` or ``1d`` from ``start_time``, grouped
+by ``project_id`` (our tenant), ``model`` and ``api_key_id`` (a key's public id), filtered
+by ``project_ids`` / ``models``, paged by ``limit`` / ``page``). An admin key reads every
+tenant's usage; another key with the ``openai`` face its own tenant's only; an open
+server's is open. What it reads is written by :mod:`adapters.http.usage.middleware`."""
 
-- :class:`UsageMiddleware` writes one :class:`~domain.usage.UsageRecord` per request under
-  ``/v1/``, and per Tinker API call refused or failed (``/api/v1/``, 4xx / 5xx: the 429s
-  the console counts) (its tenant, model, route, status, tokens and latency; never its
-  text) through
-  the :class:`~application.usage_ledger.UsageRecorder`, which stores them in the
-  background.
-- ``GET /v1/organization/usage/completions`` and ``.../embeddings``: OpenAI's usage API
-  (time buckets of ``1m``, ``1h`` or ``1d`` from ``start_time``, grouped by
-  ``project_id`` (our tenant), ``model`` and ``api_key_id`` (a key's public id),
-  filtered by ``project_ids`` / ``models``,
-  paged by ``limit`` / ``page``). An admin key reads every tenant's usage; another key
-  with the ``openai`` face its own tenant's only; an open server's is open.
-"""
-
-import asyncio
 import math
 import time
 from typing import Any
@@ -23,110 +12,24 @@ from typing import Any
 from litestar import Controller, Request, Router, get
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
-from litestar.middleware import DefineMiddleware
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.http import query_params
 from adapters.http.auth import ApiKeyGuard
 from adapters.http.errors import OPENAI_ERRORS, exception_handlers
 from adapters.http.request_state import api_state, constants
-from application.access import Access
-from application.request_record import RECORD_KEY, RequestRecord
-from application.usage_ledger import UsageRecorder
+from application.access.access import Access
+from application.access.usage_ledger import UsageRecorder
 from domain.errors import InvalidRequestError
 from domain.tenancy import AuthenticationError, PermissionDeniedError, Tenant
-from domain.usage import COMPLETIONS, EMBEDDINGS, UsageQuery, UsageRecord, UsageTotals
+from domain.usage import COMPLETIONS, EMBEDDINGS, UsageQuery, UsageTotals
 
-RECORDED_PREFIX = "/v1/"
-# The Tinker API: its refusals and failures only (its SDK polls futures all the time; its
-# work is metered by the Tinker usage meter).
-TINKER_PREFIX, TINKER = "/api/v1/", "tinker"
 USAGE_PATH = "/v1/organization/usage"
-OTHER = "other"  # what a request that used no model's tokens is recorded as (a model list)
-# The routes whose tokens are a completion's (OpenAI's "completions" usage) or an embedding's.
-_KIND_OF_ROUTE = {
-    "/v1/chat/completions": COMPLETIONS,
-    "/v1/completions": COMPLETIONS,
-    "/v1/responses": COMPLETIONS,
-    "/v1/messages": COMPLETIONS,
-    "/v1/generate": COMPLETIONS,
-    "/v1/embeddings": EMBEDDINGS,
-}
 # bucket_width -> (seconds, default buckets a page, most buckets a page): OpenAI's.
 BUCKETS = {"1m": (60, 60, 1440), "1h": (3600, 24, 168), "1d": (86400, 7, 31)}
 # OpenAI's group_by values -> the ledger's columns.
 GROUPS = {"project_id": "tenant_id", "model": "model", "api_key_id": "key_id"}
 NOT_RECORDED = ("user_id", "batch", "service_tier")
 ADMIN = "admin"
-
-
-def kind_of(method: str, path: str) -> str:
-    kind = _KIND_OF_ROUTE.get(path)
-    return kind if kind is not None and method == "POST" else OTHER
-
-
-class UsageMiddleware:
-    """Records every request under ``/v1/`` when it ends, with its status and the tenant,
-    model and tokens its record holds (the faces fill the record in)."""
-
-    def __init__(self, app: ASGIApp, recorder: UsageRecorder) -> None:
-        self.app, self.recorder = app, recorder
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"] if scope["type"] == "http" else ""
-        tinker = path.startswith(TINKER_PREFIX)
-        if not (path.startswith(RECORDED_PREFIX) or tinker):
-            await self.app(scope, receive, send)
-            return
-        status: int | None = None
-        started = time.monotonic()
-
-        async def send_counted(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_counted)
-        except asyncio.CancelledError:  # the client went away first
-            if status is None:
-                status = 499
-            raise
-        except BaseException:
-            if status is None:
-                status = 500
-            raise
-        finally:
-            if not (tinker and status is not None and status < 400):
-                self._record(scope, path, tinker, status, started)
-
-    def _record(
-        self, scope: Scope, path: str, tinker: bool, status: int | None, started: float
-    ) -> None:
-        record = scope.get("state", {}).get(RECORD_KEY)
-        if not isinstance(record, RequestRecord):
-            record = RequestRecord(started_s=started)
-        self.recorder.record(
-            UsageRecord(
-                ended_s=time.time(),
-                request_id=record.request_id,
-                tenant_id=record.tenant_id,
-                model=record.model,
-                route=path[:200],
-                kind=TINKER if tinker else kind_of(str(scope.get("method", "")), path),
-                status=499 if status is None else status,
-                prompt_tokens=record.prompt_tokens,
-                cached_tokens=record.cached_tokens,
-                completion_tokens=record.completion_tokens,
-                latency_ms=round((time.monotonic() - record.started_s) * 1000, 3),
-                key_id=record.key_id,
-            )
-        )
-
-
-def usage_middleware(recorder: UsageRecorder) -> DefineMiddleware:
-    return DefineMiddleware(UsageMiddleware, recorder=recorder)
 
 
 Recorder = NamedDependency[UsageRecorder]
@@ -289,6 +192,3 @@ def usage_router(recorder: UsageRecorder, access: Access | None) -> Router:
         dependencies=constants({"recorder": recorder, "access": access}),
         exception_handlers=exception_handlers(OPENAI_ERRORS),
     )
-
-
-__all__ = ["UsageMiddleware", "kind_of", "usage_middleware", "usage_router"]

@@ -1,0 +1,1 @@
+"""Usage: the recording middleware and the usage API over the ledger."""
