@@ -19,7 +19,7 @@ import time
 import torch
 from sentence_transformers import SentenceTransformer
 
-from adapters.torch.embedder import FORWARD_BATCH, TorchEmbedder
+from adapters.torch.embeddings.embedder import FORWARD_BATCH, TorchEmbedder
 from adapters.weights.embedding import resolve_minilm
 from benchmarks import bench_serving as bs
 

@@ -76,7 +76,7 @@ def rl_batch(shape: tuple[int, int, int, int], vocab: int, seed: int) -> list[Sa
 
 def our_data(batch: list[Sample]) -> list[Any]:
     """The batch as the Tinker face hands it to the backend (stable_reinforce inputs)."""
-    from domain.training import Datum, TensorValue
+    from domain.tinker.values import Datum, TensorValue
 
     data = []
     for prompt, sampled, logprobs, advantage in batch:
@@ -98,7 +98,8 @@ def make_ours(folder: Path, rank: int, lr: float) -> Any:
 
     import adapters.torch.lora.training as lora
     from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-    from domain.training import AdamParams, ForwardBackwardInput, LoraSpec
+    from domain.tinker.batch import ForwardBackwardInput
+    from domain.tinker.values import AdamParams, LoraSpec
 
     backend = LoraTrainingBackend([BaseModelEntry("base", folder, dtype=torch.bfloat16)])
     backend.create("bench", "base", LoraSpec(rank=rank, seed=0))

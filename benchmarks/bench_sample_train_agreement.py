@@ -26,7 +26,8 @@ from application.engine.request_ids import new_request_id  # noqa: E402
 from domain.config import EngineConfig  # noqa: E402
 from domain.request import AdmitCall  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
-from domain.training import Datum, ForwardBackwardInput, LoraSpec, TensorValue  # noqa: E402
+from domain.tinker.batch import ForwardBackwardInput  # noqa: E402
+from domain.tinker.values import Datum, LoraSpec, TensorValue  # noqa: E402
 from entrypoints.config import ServerConfig  # noqa: E402
 from entrypoints.container import create_container  # noqa: E402
 

@@ -45,7 +45,6 @@ from adapters.fake.tokenizer import ByteTokenizer
 from adapters.grammar import LLGuidanceCompiler, RequestMatchers
 from adapters.grammar.factory import byte_grammar, tokenizer_json_grammar
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
-from adapters.torch.custom_loss import custom_loss_gradient
 from adapters.torch.factory import (
     build_embeddings,
     build_engine_config,
@@ -56,6 +55,7 @@ from adapters.torch.factory import (
     choose_dtype,
     kv_pool_bytes,
 )
+from adapters.torch.lora.custom_loss import custom_loss_gradient
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.torch.runtime.step_costs import step_costs

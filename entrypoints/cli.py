@@ -15,7 +15,7 @@ from dependency_injector import providers
 
 from adapters.observability.logging import LEVELS, configure_logging
 from adapters.torch.cpu.threads import set_threads
-from adapters.torch.kv_sizing import (
+from adapters.torch.runtime.kv_sizing import (
     PANELS_AUTO_MAX,
     PANELS_AUTO_SHARE,
     human_size,
@@ -29,9 +29,11 @@ from domain.errors import InferError, InvalidParameterError
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, sighup_reloader
 from entrypoints.config import ServerConfig
+from entrypoints.connection_flags import add_connection_args
 from entrypoints.container import create_container
 from entrypoints.embedding_flags import add_embedding_args
 from entrypoints.engine_flags import add_engine_args, speculation, speculative_config
+from entrypoints.kernel_commands import bench_kernels, build_kernels
 from entrypoints.model_flags import (
     DTYPE_NAMES,
     QUANTIZATIONS,
@@ -42,7 +44,7 @@ from entrypoints.model_flags import (
 from entrypoints.observability_flags import add_observability_args
 from entrypoints.replica_flags import add_replica_args
 from entrypoints.request_flags import add_request_limit_args
-from entrypoints.server import add_connection_args, serve_configured
+from entrypoints.server import serve_configured
 from entrypoints.tinker_flags import add_tinker_limit_args
 from entrypoints.transport_flags import add_address_args, add_transport_args
 
@@ -122,6 +124,13 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="infer", description=DESCRIPTION)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    for add in (_add_generate, _add_build_kernels, _add_bench_kernels, _add_key, _add_serve):
+        add(sub)
+    return parser
+
+
+def _add_generate(sub: Any) -> None:
+    """`infer generate`."""
     gen = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
     gen.add_argument("prompt", help="prompt text ('-' reads standard input)")
     _add_model_args(gen)
@@ -150,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
         help="debug log lines too (--log-level debug)",
     )
     gen.set_defaults(func=_generate)
+
+
+def _add_build_kernels(sub: Any) -> None:
+    """`infer build-kernels`."""
     kernels = sub.add_parser(
         "build-kernels",
         help="compile the CPU kernels this machine can run and measure what --dtype auto "
@@ -164,7 +177,11 @@ def _parser() -> argparse.ArgumentParser:
         "made while the machine was busy: a start warns of it)",
     )
     _add_threads_arg(kernels)
-    kernels.set_defaults(func=_build_kernels)
+    kernels.set_defaults(func=build_kernels)
+
+
+def _add_bench_kernels(sub: Any) -> None:
+    """`infer bench-kernels`."""
     bench = sub.add_parser(
         "bench-kernels",
         help="time this CPU's kernel paths on a model's linear shapes and print what "
@@ -176,10 +193,18 @@ def _parser() -> argparse.ArgumentParser:
         "--force", "--retune", action="store_true", help="measure again, ignoring the cache"
     )
     _add_threads_arg(bench)
-    bench.set_defaults(func=_bench_kernels)
+    bench.set_defaults(func=bench_kernels)
+
+
+def _add_key(sub: Any) -> None:
+    """`infer key`."""
     key = sub.add_parser("key", help="print a new API key and its line for --api-keys-file")
     key.add_argument("existing", nargs="?", help="hash this key instead of making one")
     key.set_defaults(func=_key)
+
+
+def _add_serve(sub: Any) -> None:
+    """`infer serve`: every group of its flags."""
     serve = sub.add_parser(
         "serve", help="serve the OpenAI-compatible API, /v1/generate and the Tinker API"
     )
@@ -216,6 +241,12 @@ def _parser() -> argparse.ArgumentParser:
     add_observability_args(serve)
     add_access_args(serve)
     add_replica_args(serve)
+    _add_tinker_args(serve)
+    serve.set_defaults(func=_serve)
+
+
+def _add_tinker_args(serve: argparse.ArgumentParser) -> None:
+    """`infer serve`'s Tinker flags."""
     tinker = serve.add_argument_group("Tinker fine-tuning API (/api/v1)")
     tinker.add_argument(
         "--no-tinker", dest="tinker", action="store_false", help="do not serve the Tinker API"
@@ -240,8 +271,6 @@ def _parser() -> argparse.ArgumentParser:
         "by default: clients would believe the server hosts that model)",
     )
     add_tinker_limit_args(tinker)
-    serve.set_defaults(func=_serve)
-    return parser
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -340,129 +369,6 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed,
         stop=tuple(args.stop),
     )
-
-
-def _build_kernels(args: argparse.Namespace) -> int:
-    """Build (or find built) each kernel family, then measure (or find measured; measure
-    again: ``--retune``) the kernel paths ``--dtype auto`` chooses from for the model (the
-    embedded one by default), so that its first start reads them; 0 when the portable
-    kernels, which any CPU with a compiler runs, are ready."""
-    from adapters.torch.cpu.build import kernel_cache_dir
-    from adapters.torch.cpu.kernels import cpu_has_kernel_isa, cpu_kernels
-    from adapters.torch.cpu.portable import portable_kernels
-    from adapters.torch.cpu.tuning import linear_shapes, tuned, tuning_path
-    from adapters.torch.factory import default_device
-    from adapters.torch.models.config import ModelConfig
-    from domain.errors import ModelLoadError
-
-    configure_logging("info", "console")
-    set_threads(args.threads)  # the tuning is per thread count: serve's default
-    portable = _ready(portable_kernels() is not None)
-    avx512 = _ready(cpu_kernels() is not None) if cpu_has_kernel_isa() else "not for this CPU"
-    print(f"portable kernels (paged attention, quantized linears): {portable}")
-    print(f"AVX512-BF16 kernels (bf16 linears, fused decode): {avx512}")
-    print(f"cache: {kernel_cache_dir()}")
-    if default_device() == "cpu":
-        try:
-            config = ServerConfig.for_model(args.model, cache_dir=args.cache_dir)
-            resolved = create_container(config).backend.resolved_model()
-        except ModelLoadError as e:  # e.g. the default model's wheel is not installed
-            print(f"--dtype auto: not measured ahead ({e})")
-            return 0 if portable == "ready" else 1
-        shapes = linear_shapes(ModelConfig.from_folder(resolved.path))
-        tuning = tuned(shapes, force=args.retune)
-        print(f"--dtype auto for {resolved.name}: {tuning.dtype} ({tuning.reason})")
-        print(f"kernel paths measured: {tuning_path(shapes)}")
-        if tuning.disturbed:
-            print(
-                f"  {len(tuning.disturbed)} comparisons stayed disturbed by other processes: "
-                "`infer build-kernels --retune` on a quiet machine measures them again"
-            )
-        try:
-            _measure_steps(args)
-        except Exception as e:  # the first start measures them instead: setup goes on
-            print(f"step costs: not measured ahead ({type(e).__name__}: {e})")
-    return 0 if portable == "ready" else 1
-
-
-def _measure_steps(args: argparse.Namespace) -> None:
-    """What ``infer serve``'s steps cost with its defaults (speculation decides from them),
-    measured on the loaded model (again with ``--retune``)."""
-    from adapters.torch.runtime.step_costs import step_costs
-    from entrypoints.engine_flags import MAX_NUM_SEQS, SPECULATIVE_BY_DEVICE
-
-    config = ServerConfig.for_model(  # infer serve's defaults on a CPU
-        args.model,
-        cache_dir=args.cache_dir,
-        quantization="auto",
-        kv_cache_memory="auto",
-        max_num_seqs=MAX_NUM_SEQS["cpu"],
-        speculative_config=SPECULATIVE_BY_DEVICE["cpu"],
-    )
-    backend = create_container(config).backend
-    resolved = backend.resolved_model()
-    key = f"{resolved.path}|{resolved.name}|{config.model.quantization}"
-    costs = step_costs(backend.runner(), backend.engine_config(), key, force=args.retune)
-    if costs is not None:
-        k = SPECULATIVE_BY_DEVICE["cpu"]
-        drafts = k.num_speculative_tokens if k is not None else 0
-        print(
-            f"step costs measured: 1 + {drafts} rows cost {costs.ratio(1, drafts):.2f}x one row "
-            f"(steps of up to {max(costs.ms)} sequences)"
-        )
-
-
-def _bench_kernels(args: argparse.Namespace) -> int:
-    import torch
-
-    from adapters.torch.cpu.tuning import isa_flags, linear_shapes, tuned
-    from adapters.torch.models.config import ModelConfig
-
-    configure_logging("info", "console")
-    set_threads(args.threads)
-    container = create_container(ServerConfig.for_model(args.model, cache_dir=args.cache_dir))
-    resolved = container.backend.resolved_model()
-    tuning = tuned(linear_shapes(ModelConfig.from_folder(resolved.path)), force=args.force)
-    print(
-        f"CPU: {tuning.cpu}; ISA: {' '.join(isa_flags()) or 'baseline'}; "
-        f"{torch.get_num_threads()} threads; torch {torch.__version__}"
-    )
-    print(f"model {resolved.name}: linear shapes (out, in) {tuning.shapes}")
-    rows = sorted({int(r) for timings in tuning.timings.values() for r in timings})
-    print("\n| path | " + " | ".join(f"{r} rows (ms)" for r in rows) + " |")
-    print("|---|" + "---|" * len(rows))
-    for path, timings in tuning.timings.items():
-        cells = [f"{timings[str(r)]:.2f}" if str(r) in timings else "" for r in rows]
-        print(f"| {path} | " + " | ".join(cells) + " |")
-    print(f"\n--dtype auto: {tuning.dtype} ({tuning.reason})")
-    if tuning.dense_from_rows is None:
-        print("quantized kernel: not built here (the PyTorch path dequantizes per call)")
-    for key, switch in (tuning.dense_from_rows or {}).items():
-        weights, dtype = key.split()
-        chosen = (
-            "not timed undisturbed, the kernel's default"
-            if switch is None
-            else f"integer dot products below {switch} rows, dequantized tiles + GEMM from there"
-        )
-        print(f"quantized kernel, {weights} weights, {dtype} activations: {chosen}")
-    for key, switch in (tuning.panels_from_rows or {}).items():
-        weights, dtype = key.split()
-        panels = (
-            "never faster than the quantized kernel (none kept)"
-            if switch is None
-            else f"steps of {switch} rows or more (within --dense-weights-memory)"
-        )
-        print(f"bf16 panel copies of {weights} weights: {panels}")
-    if tuning.disturbed:
-        print(
-            f"{len(tuning.disturbed)} comparisons stayed disturbed by other processes (left "
-            "out of the choices): `--retune` on a quiet machine measures them again"
-        )
-    return 0
-
-
-def _ready(ok: bool) -> str:
-    return "ready" if ok else "unavailable (PyTorch ops are used instead)"
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ group              holds (module)
                    ``request_flags.py``)
 ``http``           :class:`TransportSettings`: address, CORS, TLS, SSE heartbeat, request
                    deadline, drain (``transport_flags.py``)
-``connections``    :class:`ConnectionLimits`: per-connection limits (``server.py``)
+``connections``    :class:`ConnectionLimits`: per-connection limits (``connection_flags.py``)
 ``tinker``         :class:`TinkerSettings`: the Tinker API, its keys and per-key limits
                    (``tinker_flags.py``)
 ``access``         :class:`AccessSettings`: API keys, Redis, idempotency
@@ -58,15 +58,15 @@ from typing import Any
 import msgspec
 
 from adapters.observability.settings import ObservabilitySettings
-from adapters.torch.kv_sizing import AUTO
+from adapters.torch.runtime.kv_sizing import AUTO
 from domain.config import EngineConfig
 from entrypoints import observability_flags
 from entrypoints.access_flags import AccessSettings
+from entrypoints.connection_flags import ConnectionLimits
 from entrypoints.embedding_flags import EmbeddingSettings
 from entrypoints.engine_flags import ENGINE_CONFIG_NAMES, EngineSettings
 from entrypoints.model_flags import ModelSettings
 from entrypoints.replica_flags import ReplicaSettings
-from entrypoints.server import ConnectionLimits
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, fields
 from dataclasses import fields as dataclass_fields
 
-from adapters.torch.kv_sizing import (
+from adapters.torch.runtime.kv_sizing import (
     AUTO,
     CPU_AUTO_CAP,
     CPU_AUTO_FRACTION,

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from adapters.torch.kv_sizing import KVCacheMemory
 from adapters.torch.quant import METHODS
+from adapters.torch.runtime.kv_sizing import KVCacheMemory
 from application.serving.reasoning import PARSERS
 from application.serving.served_models import LoraModule
 from application.serving.tool_parsers import FORMATS

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from domain.errors import InvalidParameterError
-from domain.training import TinkerLimits
+from domain.tinker.values import TinkerLimits
 
 TRAINING_BACKENDS = ("lora", "toy")
 _DEFAULTS = TinkerLimits()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from adapters.fake.embedder import FakeEmbedder
 from adapters.fake.toy_backend import ToyBackend
 from application.serving.embeddings import EmbeddingLimits, EmbeddingService
-from domain.custom_loss import CustomLossGradient
+from domain.tinker.custom_loss import CustomLossGradient
 
 
 def build_toy_backend(

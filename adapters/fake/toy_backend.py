@@ -19,33 +19,28 @@ from typing import Literal
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from domain.custom_loss import CustomLossGradient, reduce_metrics
-from domain.training import (
+from domain.tinker.batch import ForwardBackwardInput, ForwardBackwardResult
+from domain.tinker.checks import check_data, loss_config
+from domain.tinker.custom_loss import CustomLossGradient, reduce_metrics
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError, UnsupportedFeatureError
+from domain.tinker.ports import Steps, TrainingBackend
+from domain.tinker.values import (
     LOSS_INPUTS,
     STABLE_REINFORCE_TRUST,
     AdamParams,
     BaseModelInfo,
     Datum,
     DimuonParams,
-    ForwardBackwardInput,
-    ForwardBackwardResult,
-    InvalidTrainingRequest,
     LoraSpec,
-    NotFoundError,
     OptimizerFamily,
     PromptAltTokens,
     SampledSequence,
     SampleRequest,
-    Steps,
     TensorValue,
     TinkerSampleResult,
     TinkerSamplingParams,
     TopK,
-    TrainingBackend,
-    UnsupportedFeatureError,
     WeightsSource,
-    check_data,
-    loss_config,
     optimizer_of,
 )
 

@@ -141,44 +141,58 @@ class Metrics:
         self._kv_cache_bytes = kv_cache_bytes
         self._max_tenants = max_tenants
         self._clock = clock
+        self._engine_metrics()
+        self._engine_histograms(max_batch_size)
+        self._tenant_metrics()
+        self._http_metrics()
+        self._tinker_metrics()
+        # Step state.
+        self._arrivals: dict[str, float] = {}  # requests started, before their first token
+        self._last_end: float | None = None  # when the previous step that ran ended
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ("model_name",), registry=self.registry).labels(self.model_name)
+
+    def _counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, ("model_name",), registry=self.registry).labels(self.model_name)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(
+            name, doc, ("model_name",), registry=self.registry, buckets=buckets
+        ).labels(self.model_name)
+
+    def _engine_metrics(self) -> None:
+        """The engine's scheduler state, tokens and events."""
         reg = self.registry
-        model = ("model_name",)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, model, registry=reg).labels(model_name)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, model, registry=reg).labels(model_name)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, model, registry=reg, buckets=buckets).labels(model_name)
-
+        model_name = self.model_name
         # Engine: scheduler state after the latest step.
-        self._running = gauge("infer:num_requests_running", "Requests holding a batch slot.")
-        self._waiting = gauge("infer:num_requests_waiting", "Requests queued for a batch slot.")
-        self._kv_usage = gauge(
+        self._running = self._gauge("infer:num_requests_running", "Requests holding a batch slot.")
+        self._waiting = self._gauge(
+            "infer:num_requests_waiting", "Requests queued for a batch slot."
+        )
+        self._kv_usage = self._gauge(
             "infer:kv_cache_usage_perc", "Fraction of the KV cache in use (0..1)."
         )
-        self._kv_bytes = gauge("infer:kv_cache_bytes", "Bytes of the KV cache in use.")
-        self._prefix_queries = counter(
+        self._kv_bytes = self._gauge("infer:kv_cache_bytes", "Bytes of the KV cache in use.")
+        self._prefix_queries = self._counter(
             "infer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
-        self._prefix_hits = counter(
+        self._prefix_hits = self._counter(
             "infer:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)."
         )
         # Engine: tokens and events.
-        self._prompt_tokens = counter("infer:prompt_tokens", "Prompt (prefill) tokens run.")
-        self._generation_tokens = counter("infer:generation_tokens", "Tokens sampled.")
-        self._preemptions = counter(
+        self._prompt_tokens = self._counter("infer:prompt_tokens", "Prompt (prefill) tokens run.")
+        self._generation_tokens = self._counter("infer:generation_tokens", "Tokens sampled.")
+        self._preemptions = self._counter(
             "infer:num_preemptions", "Requests put back to the queue (their KV recomputed)."
         )
-        self._spec_drafts = counter(
+        self._spec_drafts = self._counter(
             "infer:spec_decode_num_drafts", "Requests' steps that verified speculative drafts."
         )
-        self._spec_draft_tokens = counter(
+        self._spec_draft_tokens = self._counter(
             "infer:spec_decode_num_draft_tokens", "Speculative draft tokens verified."
         )
-        self._spec_accepted = counter(
+        self._spec_accepted = self._counter(
             "infer:spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."
         )
         self._success = Counter(
@@ -190,52 +204,61 @@ class Metrics:
         self._success_by_reason = {
             reason: self._success.labels(model_name, reason) for reason in FINISH_REASONS
         }
+
+    def _engine_histograms(self, max_batch_size: int) -> None:
+        """The engine's per-request and per-step histograms."""
         # Engine: per-request histograms.
-        self._ttft = histogram(
+        self._ttft = self._histogram(
             "infer:time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
         )
-        self._itl = histogram(
+        self._itl = self._histogram(
             "infer:inter_token_latency_seconds",
             "Time between a decoding request's consecutive tokens (step to step).",
             ITL_BUCKETS,
         )
-        self._e2e = histogram(
+        self._e2e = self._histogram(
             "infer:e2e_request_latency_seconds", "Arrival to end.", REQUEST_LATENCY_BUCKETS
         )
-        self._queue = histogram(
+        self._queue = self._histogram(
             "infer:request_queue_time_seconds",
             "Arrival to first scheduled (waiting).",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._prefill = histogram(
+        self._prefill = self._histogram(
             "infer:request_prefill_time_seconds",
             "First scheduled to first token (prefill).",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._decode = histogram(
+        self._decode = self._histogram(
             "infer:request_decode_time_seconds",
             "First token to end (decode).",
             REQUEST_LATENCY_BUCKETS,
         )
-        self._request_prompt = histogram(
+        self._request_prompt = self._histogram(
             "infer:request_prompt_tokens", "Prompt tokens of an ended request.", token_buckets()
         )
-        self._request_generation = histogram(
+        self._request_generation = self._histogram(
             "infer:request_generation_tokens",
             "Generated tokens of an ended request.",
             token_buckets(),
         )
         # Engine: per-step histograms.
-        self._iteration_tokens = histogram(
+        self._iteration_tokens = self._histogram(
             "infer:iteration_tokens_total",
             "Tokens run in one step (prefill + decode).",
             ITERATION_TOKENS_BUCKETS,
         )
         sizes = batch_buckets(max_batch_size)
-        self._batch_prefill = histogram(
+        self._batch_prefill = self._histogram(
             "infer:batch_size_prefill", "Rows of a step running prompt tokens.", sizes
         )
-        self._batch_decode = histogram("infer:batch_size_decode", "Rows of a step decoding.", sizes)
+        self._batch_decode = self._histogram(
+            "infer:batch_size_decode", "Rows of a step decoding.", sizes
+        )
+
+    def _tenant_metrics(self) -> None:
+        """Per-tenant counters (bounded label values)."""
+        reg = self.registry
         # Tenants (bounded label values).
         tenant = ("model_name", "tenant")
         self._tenant_requests = Counter(
@@ -261,6 +284,10 @@ class Metrics:
         )
         self._tenants: dict[str | None, str] = {None: NO_TENANT}
         self._tenant_children: dict[str, tuple[Counter, Counter, Counter]] = {}
+
+    def _http_metrics(self) -> None:
+        """The API's requests, rollouts' targets and rate limits."""
+        reg = self.registry
         # HTTP.
         self._requests = Counter(
             "infer:requests",
@@ -281,12 +308,14 @@ class Metrics:
             registry=reg,
             buckets=HTTP_DURATION_BUCKETS,
         )
-        self._active_requests = gauge("infer:active_requests", "API requests being served.")
-        self._active_streams = gauge(
+        self._active_requests = self._gauge("infer:active_requests", "API requests being served.")
+        self._active_streams = self._gauge(
             "infer:active_streams", "API requests streaming a response (SSE)."
         )
-        self._tokens_input = counter("infer:tokens_input", "Prompt tokens of API requests.")
-        self._tokens_output = counter("infer:tokens_output", "Completion tokens of API requests.")
+        self._tokens_input = self._counter("infer:tokens_input", "Prompt tokens of API requests.")
+        self._tokens_output = self._counter(
+            "infer:tokens_output", "Completion tokens of API requests."
+        )
         self._routes: set[str] = set()
         self._streams: set[int] = set()  # id() of the records that started a stream
         # Rollouts: each target's requests, errors and latency (a canary's health).
@@ -318,6 +347,10 @@ class Metrics:
             ("model_name", "limit"),
             registry=reg,
         )
+
+    def _tinker_metrics(self) -> None:
+        """Tinker's operations and the usage ledger's writer."""
+        reg = self.registry
         # Tinker.
         self._tinker_ops = Counter(
             "infer:tinker_operations",
@@ -338,23 +371,20 @@ class Metrics:
             registry=reg,
             buckets=TINKER_SECONDS_BUCKETS,
         )
-        self._pending_futures = gauge(
+        self._pending_futures = self._gauge(
             "infer:tinker_pending_futures", "Tinker futures not yet resolved."
         )
         # The usage ledger's writer (behind: records queued; a database down: failures).
-        self._usage_pending = gauge(
+        self._usage_pending = self._gauge(
             "infer:usage_records_pending", "Usage records queued, not yet in the database."
         )
-        self._usage_dropped = gauge(
+        self._usage_dropped = self._gauge(
             "infer:usage_records_dropped",
             "Usage records dropped since the start (the queue was full: the database behind).",
         )
-        self._usage_failures = gauge(
+        self._usage_failures = self._gauge(
             "infer:usage_write_failures", "Failed writes to the usage database since the start."
         )
-        # Step state.
-        self._arrivals: dict[str, float] = {}  # requests started, before their first token
-        self._last_end: float | None = None  # when the previous step that ran ended
 
     # -- engine -------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from domain.training import SEGMENTS, CheckpointKind, CheckpointRecord, LoraSpec, RunRecord
+from domain.tinker.values import SEGMENTS, CheckpointKind, CheckpointRecord, LoraSpec, RunRecord
 
 METADATA = "metadata.json"
 VERSIONS = "@versions"

@@ -17,9 +17,16 @@ import structlog
 import torch
 
 from adapters.torch.cpu.tuning import linear_shapes, tuned
-from adapters.torch.embedder import TorchEmbedder
-from adapters.torch.install import install_trainable_kernels
-from adapters.torch.kv_sizing import (
+from adapters.torch.embeddings.embedder import TorchEmbedder
+from adapters.torch.loading.install import install_trainable_kernels
+from adapters.torch.loading.loader import load_model
+from adapters.torch.lora.serving import LoraServing
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
+from adapters.torch.models.config import ModelConfig
+from adapters.torch.models.transformer import Transformer
+from adapters.torch.quant import QuantLinear, has_gguf_blocks, keep_panels
+from adapters.torch.runtime.invariant import make_batch_invariant
+from adapters.torch.runtime.kv_sizing import (
     AUTO,
     CPU_AUTO_CAP,
     CPU_AUTO_FRACTION,
@@ -31,13 +38,6 @@ from adapters.torch.kv_sizing import (
     human_size,
     size_kv_cache,
 )
-from adapters.torch.loader import load_model
-from adapters.torch.lora.serving import LoraServing
-from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from adapters.torch.models.config import ModelConfig
-from adapters.torch.models.transformer import Transformer
-from adapters.torch.quant import QuantLinear, has_gguf_blocks, keep_panels
-from adapters.torch.runtime.invariant import make_batch_invariant
 from application.engine.engine_client import EngineClient
 from application.serving.embeddings import EmbeddingLimits, EmbeddingService
 from application.tinker.engine_sampler import EngineSampler

@@ -40,7 +40,8 @@ from domain.ports import GrammarCompiler, Tokenizer
 from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest, prompt_block_hashes
 from domain.scheduler.shared_prefill import key_namespace
-from domain.training import InvalidTrainingRequest, ServingAdapters
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.ports import ServingAdapters
 
 log = structlog.get_logger(__name__)
 
@@ -326,7 +327,7 @@ async def _merged(streams: Sequence[AsyncIterator[StepOutput]]) -> AsyncIterator
 
 
 class ReplicaAdapters:
-    """The ingress's :class:`~domain.training.ServingAdapters`: the LoRA adapters live on
+    """The ingress's :class:`~domain.tinker.ports.ServingAdapters`: the LoRA adapters live on
     the replicas, each of which loads the ``--lora-modules`` folders at its start under the
     ids the served models give them. Here a load only notes the id (the folder was checked
     by the caller); a request names its adapter by id and its replica applies it."""

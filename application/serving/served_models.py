@@ -30,7 +30,8 @@ from application.tinker.checkpoints import CheckpointStore
 from application.tinker.engine_sampler import checkpoint_adapter_id
 from domain.errors import InvalidParameterError, ModelNotFoundError
 from domain.rollout import Rollout
-from domain.training import ServingAdapters, TrainingError
+from domain.tinker.errors import TrainingError
+from domain.tinker.ports import ServingAdapters
 
 TINKER_SCHEME = "tinker://"
 _LORA_PREFIX = "lora-module:"

@@ -20,14 +20,9 @@ from typing import Any
 
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.sessions import Session, SessionManager
-from domain.training import (
-    CheckpointRecord,
-    CheckpointRef,
-    CheckpointStorage,
-    InvalidTrainingRequest,
-    RunRecord,
-    checkpoint_id,
-)
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.ports import CheckpointStorage
+from domain.tinker.values import CheckpointRecord, CheckpointRef, RunRecord, checkpoint_id
 
 MAX_ENTRIES = 10_000
 MAX_TENANTS = 1024

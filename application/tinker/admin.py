@@ -17,7 +17,7 @@ from application.tinker.activity_log import user_urn
 from application.tinker.billing import UsageEvent, UsageMeter
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.sessions import Session, SessionManager
-from domain.training import InvalidTrainingRequest, NotFoundError
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
 
 DEFAULT_PROJECT = "default"
 MAX_LIMIT = 200

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from domain.observer import TrainingOpStats
-from domain.training import InvalidTrainingRequest, RunRecord
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import RunRecord
 
 UsageKind = Literal["training", "sampling_prefill", "sampling_sample", "checkpoint"]
 

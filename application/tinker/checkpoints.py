@@ -12,13 +12,12 @@ from pathlib import Path
 
 import structlog
 
-from domain.training import (
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
+from domain.tinker.ports import CheckpointStorage
+from domain.tinker.values import (
     CheckpointKind,
     CheckpointRecord,
     CheckpointRef,
-    CheckpointStorage,
-    InvalidTrainingRequest,
-    NotFoundError,
     RunRecord,
     checkpoint_id,
 )

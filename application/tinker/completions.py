@@ -23,7 +23,7 @@ import structlog
 
 from application.tinker.futures import Future, FutureStore
 from application.tinker.sampling import SamplerRecord
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 log = structlog.get_logger(__name__)
 

@@ -9,8 +9,8 @@ graph it is a conflict. One key holds at most ``max_per_key`` losses at once.
 
 from dataclasses import dataclass
 
-from domain.custom_loss import MAX_LOSSES_PER_KEY, CustomLoss
-from domain.training import InvalidTrainingRequest, NotFoundError, SequenceConflictError
+from domain.tinker.custom_loss import MAX_LOSSES_PER_KEY, CustomLoss
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError, SequenceConflictError
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,15 +14,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from application.tinker.checkpoints import CheckpointStore
-from domain.training import (
-    CheckpointRecord,
-    CheckpointRef,
-    CheckpointStorage,
-    NotFoundError,
-    TrainingError,
-    check_checkpoint_name,
-    checkpoint_id,
-)
+from domain.tinker.checks import check_checkpoint_name
+from domain.tinker.errors import NotFoundError, TrainingError
+from domain.tinker.ports import CheckpointStorage
+from domain.tinker.values import CheckpointRecord, CheckpointRef, checkpoint_id
 
 URL_TTL_S = 3600
 # Files never offered as links: the catalog's own, and the optimizer state (not weights).
@@ -31,7 +26,7 @@ UNLISTED = frozenset({"metadata.json", "optimizer.safetensors"})
 
 class CheckpointFiles(Protocol):
     """Reading a checkpoint's files (the storage adapter implements it with
-    :class:`~domain.training.CheckpointStorage`)."""
+    :class:`~domain.tinker.ports.CheckpointStorage`)."""
 
     def files(self, record: CheckpointRecord) -> list[str]:
         """The names of the files ``record`` holds, sorted (its metadata file left out)."""

@@ -4,7 +4,7 @@ Tinker samples run as ordinary engine requests — continuous batching with ever
 the server serves — each naming the LoRA adapter it runs with. A saved checkpoint's
 adapter is loaded once by folder and kept (least recently used evicted); a live run's
 current weights are copied in for the one call. The adapters are the runner's, behind the
-:class:`~domain.training.ServingAdapters` port (no tensors here). ``num_samples`` are that
+:class:`~domain.tinker.ports.ServingAdapters` port (no tensors here). ``num_samples`` are that
 many requests (seeds ``seed``, ``seed + 1``, ...); the first also scores the prompt when
 asked: prompt logprobs, top-k alternatives, the logprobs of target ids and the draws of
 ``prompt_alt_k``, all from the logits of its one prefill.
@@ -27,15 +27,13 @@ from application.tinker.fair import FairSlots
 from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import RequestContext, StepOutput
 from domain.sampling import SamplingParams
-from domain.training import (
-    BackendFailure,
-    InvalidTrainingRequest,
-    NotFoundError,
+from domain.tinker.errors import BackendFailure, InvalidTrainingRequest, NotFoundError
+from domain.tinker.ports import ServingAdapters
+from domain.tinker.values import (
     PromptAltTokens,
     PromptTable,
     SampledSequence,
     SampleRequest,
-    ServingAdapters,
     TinkerSampleResult,
     TinkerSamplingParams,
     TopK,

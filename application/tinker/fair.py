@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from domain.training import Steps
+from domain.tinker.ports import Steps
 
 T = TypeVar("T")
 

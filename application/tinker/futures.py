@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from domain.observer import TrainingObserver, TrainingOpStats
-from domain.training import BackendFailure, NotFoundError, TrainingError
+from domain.tinker.errors import BackendFailure, NotFoundError, TrainingError
 
 log = structlog.get_logger(__name__)
 

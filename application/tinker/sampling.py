@@ -14,12 +14,11 @@ from application.tinker.checkpoints import CheckpointStore
 from application.tinker.futures import Future, FutureStore
 from application.tinker.training import TrainingController
 from domain.sampling import MAX_PROMPT_TARGETS
-from domain.training import (
-    InvalidTrainingRequest,
-    NotFoundError,
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
+from domain.tinker.ports import SamplingBackend
+from domain.tinker.values import (
     PromptTable,
     SampleRequest,
-    SamplingBackend,
     TinkerSampleResult,
     TinkerSamplingParams,
     TopK,

@@ -30,19 +30,18 @@ from application.tinker.sessions import Session, SessionManager
 from application.tinker.stability import SequenceRecords
 from application.tinker.traces import SessionTraces
 from application.tinker.training import ModelReady, TrainingController, run_id_of
-from domain.custom_loss import RawNode, parse_custom_loss
 from domain.observer import TrainingObserver
-from domain.training import (
+from domain.tinker.custom_loss import RawNode, parse_custom_loss
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.ports import SamplingBackend, TrainingBackend
+from domain.tinker.values import (
     BaseModelInfo,
     CheckpointRecord,
-    InvalidTrainingRequest,
     LoraSpec,
     OptimizerFamily,
     RunRecord,
-    SamplingBackend,
     TinkerLimits,
     TinkerSampleResult,
-    TrainingBackend,
     WeightsSource,
 )
 

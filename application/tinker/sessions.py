@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from domain.training import InvalidTrainingRequest, NotFoundError, SessionClosedError
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError, SessionClosedError
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from domain.training import InvalidTrainingRequest, RecordedSequence, TinkerSampleResult
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import RecordedSequence, TinkerSampleResult
 
 DAY_S = 24 * 3600.0
 

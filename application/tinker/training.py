@@ -8,7 +8,7 @@ the first. Backend work runs through the :class:`FairScheduler`, one request per
 time, tenants (API keys) taking turns piece by piece (a long forward/backward runs in
 micro-batches), so one tenant's long step does not hold up the others'.
 
-Per-key limits (:class:`~domain.training.TinkerLimits`): live runs, LoRA rank, tokens per
+Per-key limits (:class:`~domain.tinker.values.TinkerLimits`): live runs, LoRA rank, tokens per
 forward/backward, requests (and their bytes) waiting per run, and how far ahead of the
 next expected ``seq_id`` a request may be numbered.
 """
@@ -28,27 +28,8 @@ from application.tinker.custom_losses import CustomLossStore
 from application.tinker.fair import FairScheduler
 from application.tinker.futures import Future, FutureStore
 from application.tinker.stability import SequenceRecords
-from domain.custom_loss import check_custom_data, split_loss_config
-from domain.training import (
-    AdamParams,
-    BaseModelInfo,
-    CheckpointKind,
-    CheckpointRecord,
-    Datum,
-    DimuonParams,
-    ForwardBackwardInput,
-    ForwardBackwardResult,
-    InvalidTrainingRequest,
-    LoraSpec,
-    NotFoundError,
-    OptimizerFamily,
-    RetryLaterError,
-    RunRecord,
-    SequenceConflictError,
-    SessionClosedError,
-    Steps,
-    TinkerLimits,
-    TrainingBackend,
+from domain.tinker.batch import ForwardBackwardInput, ForwardBackwardResult
+from domain.tinker.checks import (
     check_adam,
     check_checkpoint_name,
     check_data,
@@ -56,9 +37,29 @@ from domain.training import (
     data_bytes,
     data_tokens,
     loss_config,
-    one_step,
+)
+from domain.tinker.custom_loss import check_custom_data, split_loss_config
+from domain.tinker.errors import (
+    InvalidTrainingRequest,
+    NotFoundError,
+    RetryLaterError,
+    SequenceConflictError,
+    SessionClosedError,
+)
+from domain.tinker.ports import Steps, TrainingBackend, one_step
+from domain.tinker.provenance import resolve_provenance
+from domain.tinker.values import (
+    AdamParams,
+    BaseModelInfo,
+    CheckpointKind,
+    CheckpointRecord,
+    Datum,
+    DimuonParams,
+    LoraSpec,
+    OptimizerFamily,
+    RunRecord,
+    TinkerLimits,
     optimizer_of,
-    resolve_provenance,
 )
 
 log = structlog.get_logger(__name__)

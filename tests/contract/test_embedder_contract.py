@@ -6,7 +6,7 @@ import math
 import pytest
 
 from adapters.fake.embedder import FakeEmbedder
-from adapters.torch.embedder import TorchEmbedder
+from adapters.torch.embeddings.embedder import TorchEmbedder
 from adapters.weights.embedding import resolve_minilm
 from domain.ports import Embedder
 

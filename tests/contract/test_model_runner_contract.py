@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adapters.fake.runner import FakeModelRunner
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
 from domain.config import EngineConfig
 from domain.ports import ModelRunner

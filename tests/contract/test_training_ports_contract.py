@@ -13,22 +13,21 @@ import torch
 
 from adapters.fake import ByteTokenizer
 from adapters.fake.toy_backend import ToyBackend
-from adapters.torch.loader import load_model
-from adapters.torch.lora import training as lora_module
+from adapters.torch.loading.loader import load_model
+from adapters.torch.lora import forward as lora_module
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
-from domain.training import (
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
+from domain.tinker.values import (
     AdamParams,
     Datum,
     DimuonParams,
-    ForwardBackwardInput,
-    InvalidTrainingRequest,
     LoraSpec,
-    NotFoundError,
     SampleRequest,
     TensorValue,
     TinkerSamplingParams,

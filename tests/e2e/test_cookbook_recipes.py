@@ -2,8 +2,8 @@
 model: RL (``rl_loop`` with its default stable_reinforce loss, ``math_rl`` on arithmetic),
 DPO, on-policy distillation, and the supervised loop stopped and resumed. Each runs a few
 steps in a subprocess (``tests/support/cookbook.py``) on tiny data the test ships in the
-shape of the hub dataset the recipe loads (``tests/e2e/data/``), the hub off; see the
-README's "Running the cookbook against infer"."""
+shape of the hub dataset the recipe loads (``tests/e2e/data/``), the hub off; see
+docs/tinker.md's "Running the cookbook against infer"."""
 
 import math
 import os

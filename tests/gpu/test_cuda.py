@@ -21,7 +21,7 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
@@ -32,7 +32,8 @@ from application.engine.engine import Engine
 from domain.config import EngineConfig
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
-from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
 from tests.fakes import ListSink
 from tests.support.engine_calls import add_request
 from tests.support.paged_forward import PagedSequence

@@ -4,7 +4,8 @@ need a process of their own (its open-files limit, its log)."""
 
 import argparse
 
-from entrypoints.server import ConnectionLimits, add_connection_args, run_server
+from entrypoints.connection_flags import ConnectionLimits, add_connection_args
+from entrypoints.server import run_server
 from tests.robustness.harness import fake_stack
 
 

@@ -20,7 +20,8 @@ from adapters.http import HttpServices, create_app
 from adapters.storage.checkpoints import FileCheckpointStorage
 from application.engine.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
-from entrypoints.server import ConnectionLimits, LimitedServer, server_config
+from entrypoints.connection_flags import ConnectionLimits
+from entrypoints.server import LimitedServer, server_config
 from tests.fakes import fake_async_engine
 from tests.support.engine_leftovers import EngineLeftovers
 from tests.support.uvicorn_thread import running

@@ -19,14 +19,14 @@ from pathlib import Path
 
 from adapters.storage.checkpoints import METADATA, FileCheckpointStorage
 from application.tinker.checkpoints import CheckpointStore
-from domain.training import CheckpointRecord, LoraSpec
+from domain.tinker.values import CheckpointRecord, LoraSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import os, shutil, signal, sys, time
 from pathlib import Path
 from adapters.storage.checkpoints import FileCheckpointStorage
-from domain.training import CheckpointRecord, LoraSpec
+from domain.tinker.values import CheckpointRecord, LoraSpec
 
 root, action, kill_at, content = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 storage = FileCheckpointStorage(root)

@@ -20,13 +20,8 @@ import httpx
 import pytest
 
 from entrypoints import cli
-from entrypoints.server import (
-    AcceptErrorLog,
-    ConnectionLimits,
-    FoldedLog,
-    connection_cap,
-    raise_open_files_limit,
-)
+from entrypoints.connection_flags import ConnectionLimits
+from entrypoints.server import AcceptErrorLog, FoldedLog, connection_cap, raise_open_files_limit
 from tests.robustness.harness import (
     MODEL,
     Served,

@@ -1,4 +1,4 @@
-"""Dimuon as README.md documents it, written out plainly in float64 torch: the reference the
+"""Dimuon as docs/tinker.md documents it, written out plainly in float64 torch: the reference the
 LoRA backend's and the toy backend's steps are checked against."""
 
 import math

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
 
 # Training stops once the mean cross-entropy per predicted token is below this (nats):
 # each target token then has a probability of about 0.99 or more, a margin that survives

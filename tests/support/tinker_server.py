@@ -13,8 +13,8 @@ from litestar import Litestar
 from adapters.fake.toy_backend import ToyBackend
 from adapters.http.tinker import tinker_router
 from adapters.storage.checkpoints import FileCheckpointStorage
-from adapters.torch.custom_loss import custom_loss_gradient
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
+from adapters.torch.lora.custom_loss import custom_loss_gradient
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from application.access.access import Access
@@ -22,7 +22,7 @@ from application.engine.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
-from domain.training import SampleRequest, TinkerSampleResult, WeightsSource
+from domain.tinker.values import SampleRequest, TinkerSampleResult, WeightsSource
 from tests.fakes import torch_async_engine
 from tests.support.uvicorn_thread import running
 

@@ -1,4 +1,4 @@
-"""Uploaded custom-loss graphs (domain/custom_loss.py): what parses, and every hostile or
+"""Uploaded custom-loss graphs (domain/tinker/custom_loss.py): what parses, and every hostile or
 malformed graph refused with an error naming the problem. Pure data: nothing here can
 run, and nothing does."""
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from application.tinker.custom_losses import CustomLossStore
-from domain.custom_loss import (
+from domain.tinker.custom_loss import (
     MAX_ARG_DEPTH,
     MAX_CALLS_PER_REQUEST,
     MAX_INPUTS,
@@ -25,15 +25,14 @@ from domain.custom_loss import (
     reduce_metrics,
     split_loss_config,
 )
-from domain.training import (
-    Datum,
+from domain.tinker.errors import (
     InvalidTrainingRequest,
     NotFoundError,
     SequenceConflictError,
-    TensorValue,
     TrainingError,
     UnsupportedFeatureError,
 )
+from domain.tinker.values import Datum, TensorValue
 
 INPUTS = [("logprobs", 1), ("weights", 1)]
 

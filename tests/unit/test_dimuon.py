@@ -1,5 +1,5 @@
 """Dimuon: the torch optimizer and the toy backend's numpy step against the reference
-(tests/support/dimuon_reference.py, the formula README.md documents), on fixed inputs."""
+(tests/support/dimuon_reference.py, the formula docs/tinker.md documents), on fixed inputs."""
 
 import math
 
@@ -10,16 +10,10 @@ from torch.testing import assert_close
 
 from adapters.fake.toy_backend import ToyBackend
 from adapters.torch.lora.dimuon import Dimuon, dimuon_direction
-from domain.training import (
-    AdamParams,
-    Datum,
-    DimuonParams,
-    ForwardBackwardInput,
-    InvalidTrainingRequest,
-    LoraSpec,
-    TensorValue,
-    check_dimuon,
-)
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.checks import check_dimuon
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import AdamParams, Datum, DimuonParams, LoraSpec, TensorValue
 from tests.support import dimuon_reference as reference
 
 SHAPES = [(4, 24), (24, 4), (3, 3), (1, 7), (4, 24)]  # two of one shape: one batch

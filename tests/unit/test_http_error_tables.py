@@ -14,7 +14,7 @@ from domain.errors import (
     PromptTooLongError,
     QueueFullError,
 )
-from domain.training import (
+from domain.tinker.errors import (
     BackendFailure,
     InvalidTrainingRequest,
     NotFoundError,

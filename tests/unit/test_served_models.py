@@ -14,7 +14,8 @@ from adapters.storage.checkpoints import FileCheckpointStorage
 from application.serving.served_models import LoraModule, ServedModels
 from application.tinker.service import TinkerService
 from domain.errors import InvalidParameterError, ModelNotFoundError
-from domain.training import InvalidTrainingRequest, LoraSpec, RunRecord
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import LoraSpec, RunRecord
 
 WEIGHTS = "adapter_model.safetensors"
 

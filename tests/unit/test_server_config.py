@@ -14,7 +14,7 @@ import pytest
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import TracingSettings
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB
-from adapters.torch.kv_sizing import KVCacheMemory
+from adapters.torch.runtime.kv_sizing import KVCacheMemory
 from adapters.weights.factory import model_names
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.access.idempotency import DEFAULT_TTL_S
@@ -24,15 +24,15 @@ from application.serving.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.speculation import SpeculativeConfig
-from domain.training import TinkerLimits
+from domain.tinker.values import TinkerLimits
 from entrypoints.access_flags import AccessSettings
 from entrypoints.cli import _parser
 from entrypoints.config import ENGINE_CONFIG_NAMES, ServerConfig, from_json, to_json
+from entrypoints.connection_flags import ConnectionLimits
 from entrypoints.embedding_flags import EmbeddingSettings
 from entrypoints.engine_flags import EngineSettings, speculative_config
 from entrypoints.model_flags import ModelSettings
 from entrypoints.replica_flags import ReplicaSettings
-from entrypoints.server import ConnectionLimits
 from entrypoints.tinker_flags import TinkerSettings
 from entrypoints.transport_flags import TransportSettings
 

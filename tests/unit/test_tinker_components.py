@@ -15,22 +15,21 @@ from application.tinker.checkpoints import CheckpointStore
 from application.tinker.futures import FutureStore
 from application.tinker.sessions import SessionManager
 from application.tinker.training import ModelReady, SavedCheckpoint, TrainingController
-from domain.training import (
+from domain.tinker.batch import ForwardBackwardInput, ForwardBackwardResult
+from domain.tinker.errors import (
+    InvalidTrainingRequest,
+    NotFoundError,
+    SequenceConflictError,
+    SessionClosedError,
+)
+from domain.tinker.ports import Steps, TrainingBackend, one_step
+from domain.tinker.values import (
     AdamParams,
     BaseModelInfo,
     CheckpointRef,
     Datum,
-    ForwardBackwardInput,
-    ForwardBackwardResult,
-    InvalidTrainingRequest,
     LoraSpec,
-    NotFoundError,
-    SequenceConflictError,
-    SessionClosedError,
-    Steps,
     TensorValue,
-    TrainingBackend,
-    one_step,
 )
 from tests.fakes import ManualClock
 

@@ -11,13 +11,8 @@ import pytest
 from adapters.storage.checkpoints import FileCheckpointStorage
 from application.tinker.checkpoints import CheckpointStore
 from application.tinker.downloads import CheckpointDownloads, LinkRefusedError
-from domain.training import (
-    CheckpointRef,
-    InvalidTrainingRequest,
-    LoraSpec,
-    NotFoundError,
-    RunRecord,
-)
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
+from domain.tinker.values import CheckpointRef, LoraSpec, RunRecord
 from tests.fakes import ManualClock
 
 RUN = RunRecord("s:train:0", "me", "s", "base", LoraSpec(4), 1.0, 1.0)

@@ -15,23 +15,17 @@ from application.tinker.fair import FairScheduler, FairSlots
 from application.tinker.futures import FutureStore
 from application.tinker.training import TrainingController
 from domain.observer import TrainingOpStats
-from domain.training import (
+from domain.tinker.batch import ForwardBackwardInput, ForwardBackwardResult
+from domain.tinker.checks import check_adam
+from domain.tinker.errors import InvalidTrainingRequest, RetryLaterError, SequenceConflictError
+from domain.tinker.ports import Steps, TrainingBackend, one_step, run_steps
+from domain.tinker.values import (
     AdamParams,
     BaseModelInfo,
     Datum,
-    ForwardBackwardInput,
-    ForwardBackwardResult,
-    InvalidTrainingRequest,
     LoraSpec,
-    RetryLaterError,
-    SequenceConflictError,
-    Steps,
     TensorValue,
     TinkerLimits,
-    TrainingBackend,
-    check_adam,
-    one_step,
-    run_steps,
 )
 
 # --- FairScheduler ------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import threading
 from pathlib import Path
 
 from application.tinker.fair import FairScheduler, FairSlots
-from domain.training import Steps
+from domain.tinker.ports import Steps
 from tests.support.tinker_server import toy_service
 
 

@@ -6,13 +6,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from adapters.http.tinker import codec
-from domain.training import InvalidTrainingRequest, PromptTable
+from adapters.http.tinker.codec import json as json_codec
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import PromptTable
 
 
 def targets(**fields: Any) -> PromptTable | None:
     body = {"data": [], "dtype": "int64", **fields}
-    return codec.prompt_targets(msgspec.convert(body, codec.SampleTensorIn))
+    return json_codec.prompt_targets(msgspec.convert(body, json_codec.SampleTensorIn))
 
 
 def test_a_dense_table_keeps_its_cells_and_asks_each_row_for_its_distinct_ids() -> None:
@@ -49,7 +50,7 @@ def test_a_sparse_cell_may_still_say_minus_one() -> None:
 def test_integral_floats_are_ids_and_no_table_is_none() -> None:
     table = targets(data=[2.0, -1.0], shape=[1, 2])
     assert table is not None and list(table.values) == [2, -1]
-    assert codec.prompt_targets(None) is None
+    assert json_codec.prompt_targets(None) is None
 
 
 @pytest.mark.parametrize(
@@ -129,4 +130,4 @@ def test_bad_tables_are_refused_naming_the_field(fields: dict[str, Any], why: st
 def test_a_non_integer_id_list_is_a_bad_body_naming_the_field() -> None:
     body = b'{"prompt": {"chunks": []}, "sampling_params": {}, "target_prompt_logprobs": 3}'
     with pytest.raises(InvalidTrainingRequest, match="target_prompt_logprobs"):
-        codec.decode(body, codec.SampleIn)
+        json_codec.decode(body, json_codec.SampleIn)

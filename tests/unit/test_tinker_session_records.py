@@ -15,7 +15,8 @@ from application.tinker.futures import FutureStore
 from application.tinker.sampling import SamplerRecord
 from application.tinker.traces import SessionTraces
 from domain.observer import TrainingOpStats
-from domain.training import InvalidTrainingRequest, NotFoundError, WeightsSource
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
+from domain.tinker.values import WeightsSource
 
 SAMPLER = SamplerRecord("s-1:sample:0", "alice", "s-1", WeightsSource("m"))
 

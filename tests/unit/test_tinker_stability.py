@@ -5,15 +5,15 @@ import json
 import pytest
 
 from application.tinker.stability import SequenceRecords
-from domain.training import (
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.provenance import resolve_provenance
+from domain.tinker.values import (
     Datum,
-    InvalidTrainingRequest,
     ProvenanceSpan,
     RecordedSequence,
     SampledSequence,
     TensorValue,
     TinkerSampleResult,
-    resolve_provenance,
 )
 
 PROMPT = [5, 6, 7, 8]
@@ -149,7 +149,7 @@ def test_sequence_ids_differ_between_server_processes() -> None:
 
 
 def test_json_spans_in_both_forms_and_bad_ones_refused() -> None:
-    from adapters.http.tinker import codec
+    from adapters.http.tinker.codec import json as codec
 
     def body(spans: list[object]) -> bytes:
         datum = {
@@ -186,7 +186,7 @@ def test_protobuf_spans_come_as_a_pair() -> None:
     from tinker import types
     from tinker.proto.request_conv import forward_backward_request_to_proto
 
-    from adapters.http.tinker import codec
+    from adapters.http.tinker.codec import proto as codec
 
     datum = types.Datum(
         model_input=types.ModelInput.from_ints([1, 2]),

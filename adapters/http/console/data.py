@@ -17,7 +17,7 @@ from application.access.access import Access
 from application.access.usage_ledger import UsageRecorder
 from application.serving.served_models import ServedModels
 from application.tinker.service import TinkerService
-from domain.training import NotFoundError
+from domain.tinker.errors import NotFoundError
 
 CONSOLE_ERRORS = ErrorTable(
     {NotFoundError: ErrorRule(404, "invalid_request_error"), **ACCESS_RULES}

@@ -22,7 +22,8 @@ from adapters.http.console.viewer import Viewer
 from application.serving.served_models import ServedModels
 from application.tinker.curves import CurvePoint
 from application.tinker.service import TinkerService
-from domain.training import CheckpointRecord, NotFoundError, RunRecord
+from domain.tinker.errors import NotFoundError
+from domain.tinker.values import CheckpointRecord, RunRecord
 
 MAX_RUNS_LISTED = 500
 

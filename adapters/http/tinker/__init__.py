@@ -33,7 +33,7 @@ from adapters.http.tinker.training import TrainingRoutes
 from adapters.http.tinker.weights import WeightRoutes
 from application.access.access import Access
 from application.tinker.service import TinkerService
-from domain.training import TrainingError
+from domain.tinker.errors import TrainingError
 
 KEY_PREFIX = "tml-"
 

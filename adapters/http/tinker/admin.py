@@ -19,7 +19,7 @@ from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import iso, ok
 from application.tinker.activity_log import org_urn, user_urn
 from application.tinker.billing import HOUR_S
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 # Flags the SDK re-reads while it runs: abandoned samples are cancelled on the server.
 DYNAMIC_CONFIG = {"sample_cancel_enabled": True}

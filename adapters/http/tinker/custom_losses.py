@@ -2,7 +2,7 @@
 ``custom_loss_server_side``), checked and stored for its session.
 
 The body is Tinker's ``CreateCustomLossRequest``; it is read up to
-``domain.custom_loss.MAX_BODY_BYTES`` and no further. The answer is a future that resolves
+``domain.tinker.custom_loss.MAX_BODY_BYTES`` and no further. The answer is a future that resolves
 to ``{"type": "create_custom_loss", "loss_id"}``, which the SDK then sends as
 ``forward_backward(data, "custom", {"loss_id": ...})``.
 """
@@ -13,11 +13,11 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import ok
-from domain.custom_loss import MAX_BODY_BYTES, RawNode
-from domain.training import InvalidTrainingRequest
+from domain.tinker.custom_loss import MAX_BODY_BYTES, RawNode
+from domain.tinker.errors import InvalidTrainingRequest
 
 
 class _In(msgspec.Struct, kw_only=True):
@@ -73,7 +73,7 @@ class CustomLossRoutes(Controller):
     async def create_custom_loss(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await bounded_body(request, MAX_BODY_BYTES), CreateCustomLossIn)
+        body = json_codec.decode(await bounded_body(request, MAX_BODY_BYTES), CreateCustomLossIn)
         nodes = [RawNode(n.op, n.name, n.target, n.args, n.kwargs) for n in body.graph.nodes]
         future = service.create_custom_loss(
             tenant,

@@ -20,7 +20,7 @@ from adapters.http.errors import (
 )
 from application.tinker.downloads import LinkRefusedError
 from domain.tenancy import PermissionDeniedError, RateLimitedError
-from domain.training import NotFoundError, RetryLaterError, SessionClosedError, TrainingError
+from domain.tinker.errors import NotFoundError, RetryLaterError, SessionClosedError, TrainingError
 
 log = structlog.get_logger(__name__)
 

@@ -5,10 +5,12 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
+from adapters.http.tinker.codec import proto as proto_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import PROTOBUF, ok, result_json
-from domain.training import ForwardBackwardResult, TinkerSampleResult
+from domain.tinker.batch import ForwardBackwardResult
+from domain.tinker.values import TinkerSampleResult
 
 
 class FutureRoutes(Controller):
@@ -17,7 +19,7 @@ class FutureRoutes(Controller):
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
         """A failed future answers ``{"error", "category"}`` with 200, as the SDK expects."""
-        body = codec.decode(await request.body(), codec.RetrieveFutureIn)
+        body = json_codec.decode(await request.body(), json_codec.RetrieveFutureIn)
         future = await service.futures.wait(tenant, body.request_id, service.long_poll_s)
         if not future.finished:
             state, reason = service.queue_state(tenant, future)
@@ -29,10 +31,12 @@ class FutureRoutes(Controller):
         result = future.result
         if isinstance(result, ForwardBackwardResult):
             if proto:
-                return Response(codec.forward_backward_output_proto(result), media_type=PROTOBUF)
-            return ok(codec.forward_backward_output_json(result))
+                return Response(
+                    proto_codec.forward_backward_output_proto(result), media_type=PROTOBUF
+                )
+            return ok(json_codec.forward_backward_output_json(result))
         if isinstance(result, TinkerSampleResult):
             if proto:
-                return Response(codec.sample_response_proto(result), media_type=PROTOBUF)
-            return ok(codec.sample_response_json(result))
+                return Response(proto_codec.sample_response_proto(result), media_type=PROTOBUF)
+            return ok(json_codec.sample_response_json(result))
         return ok(result_json(future.kind, result))

@@ -32,7 +32,7 @@ from application.access.access import Access
 from application.access.keys import hash_key, key_id
 from application.serving.request_record import RECORD_KEY, RequestRecord
 from application.tinker.futures import Future
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 # Calls that poll, keep a session alive, read or describe: not counted.
 UNCOUNTED = frozenset(

@@ -5,7 +5,7 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import accepted, ok
 
@@ -15,14 +15,14 @@ class ModelRoutes(Controller):
     async def create_model(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.CreateModelIn)
-        optimizer = codec.check_optimizer(body.optimizer_config) or "adamw"
+        body = json_codec.decode(await request.body(), json_codec.CreateModelIn)
+        optimizer = json_codec.check_optimizer(body.optimizer_config) or "adamw"
         future, model_id = service.create_model(
             tenant,
             body.session_id,
             body.model_seq_id,
             body.base_model,
-            codec.lora_spec(body.lora_config),
+            json_codec.lora_spec(body.lora_config),
             body.user_metadata,
             optimizer,
         )
@@ -32,7 +32,7 @@ class ModelRoutes(Controller):
     async def get_info(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.ModelIdIn)
+        body = json_codec.decode(await request.body(), json_codec.ModelIdIn)
         run, info = service.model_info(tenant, body.model_id)
         return ok(
             {
@@ -46,7 +46,7 @@ class ModelRoutes(Controller):
                 "is_lora": True,
                 "lora_rank": run.lora.rank,
                 "model_name": run.base_model,
-                "optimizer_config": codec.optimizer_config_json(run.optimizer),
+                "optimizer_config": json_codec.optimizer_config_json(run.optimizer),
             }
         )
 
@@ -54,6 +54,6 @@ class ModelRoutes(Controller):
     async def unload_model(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.ModelIdIn)
+        body = json_codec.decode(await request.body(), json_codec.ModelIdIn)
         future = service.unload(tenant, body.model_id)
         return accepted(future.id, body.model_id)

@@ -7,12 +7,13 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from application.tinker.custom_losses import CustomLossCreated
 from application.tinker.sampling import SamplerReady
 from application.tinker.service import RunSummary
 from application.tinker.training import ModelReady, OptimStepped, SavedCheckpoint
-from domain.training import CheckpointRecord, InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import CheckpointRecord
 
 PROTOBUF = "application/x-protobuf"
 _json = msgspec.json.Encoder()
@@ -81,7 +82,7 @@ def result_json(kind: str, result: object) -> dict[str, Any]:
             return {"type": "unload_model", "model_id": result.model_id}
         return {"type": "load_weights", "path": result.path, "model_id": result.model_id}
     if isinstance(result, OptimStepped):
-        return {"metrics": codec.metrics(result.metrics)}
+        return {"metrics": json_codec.metrics(result.metrics)}
     if isinstance(result, SavedCheckpoint):
         kinds = {"training": "save_weights", "sampler": "save_weights_for_sampler"}
         return {

@@ -11,11 +11,12 @@ from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.params import FromPath
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Guard, Service
 from adapters.http.tinker.replies import checkpoint_json, iso, ok, paged, run_json
 from application.tinker.downloads import DownloadLinks
-from domain.training import CheckpointRef, NotFoundError
+from domain.tinker.errors import NotFoundError
+from domain.tinker.values import CheckpointRef
 
 
 class RunRoutes(Controller):
@@ -110,7 +111,7 @@ class RunRoutes(Controller):
         ref, action = _checkpoint_and_action(run_id, rest)
         if action != ["ttl"]:
             raise NotFoundError(f"no such endpoint: checkpoints/{rest}")
-        body = codec.decode(await request.body(), codec.TtlIn)
+        body = json_codec.decode(await request.body(), json_codec.TtlIn)
         service.checkpoints.set_ttl(tenant, ref, body.ttl_seconds)
         return ok({})
 

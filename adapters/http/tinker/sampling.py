@@ -6,11 +6,11 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.limits import Limits
 from adapters.http.tinker.replies import ok
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 
 class SamplingRoutes(Controller):
@@ -18,7 +18,7 @@ class SamplingRoutes(Controller):
     async def create_sampling_session(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.CreateSamplingSessionIn)
+        body = json_codec.decode(await request.body(), json_codec.CreateSamplingSessionIn)
         sampler = service.create_sampler(
             tenant,
             body.session_id,
@@ -45,15 +45,15 @@ class SamplingRoutes(Controller):
     async def asample(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service, limits: Limits
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.SampleIn)
-        targets = codec.prompt_targets(body.target_prompt_logprobs)
+        body = json_codec.decode(await request.body(), json_codec.SampleIn)
+        targets = json_codec.prompt_targets(body.target_prompt_logprobs)
         target = service.sample_target(
             tenant,
             sampler_id=body.sampling_session_id,
             base_model=body.base_model,
             model_path=body.model_path,
         )
-        prompt = codec.prompt_tokens(body.prompt)
+        prompt = json_codec.prompt_tokens(body.prompt)
         record = bool(body.record_stability_info)
         if record and body.sampling_session_id is None:
             raise InvalidTrainingRequest(
@@ -61,7 +61,7 @@ class SamplingRoutes(Controller):
                 "recorded sequences belong to its session"
             )
         room = max(1, target.max_context_length - len(prompt))  # max_tokens left out: all
-        params = codec.sample_params(body.sampling_params, room)
+        params = json_codec.sample_params(body.sampling_params, room)
         # The key's tokens (prompt + max_tokens per sequence) and a stream, until it ends.
         reserved = len(prompt) + params.max_tokens * max(1, body.num_samples)
         what = "this sample (prompt + max_tokens × num_samples)"

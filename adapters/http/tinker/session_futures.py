@@ -10,10 +10,10 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import ok
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 
 class _Body(msgspec.Struct, kw_only=True):
@@ -46,7 +46,7 @@ class SessionFutureRoutes(Controller):
     async def join_sampling_session(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), JoinSamplingSessionIn)
+        body = json_codec.decode(await request.body(), JoinSamplingSessionIn)
         clone = service.join_sampling_session(tenant, body.sampling_session_id)
         return ok({"type": "join_sampling_session", "client_counter": clone})
 
@@ -54,7 +54,7 @@ class SessionFutureRoutes(Controller):
     async def retrieve_futures(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), RetrieveFuturesIn)
+        body = json_codec.decode(await request.body(), RetrieveFuturesIn)
         if body.target.type != "sampling_session":
             raise InvalidTrainingRequest(
                 f"target.type must be 'sampling_session', not {body.target.type!r}"
@@ -77,6 +77,6 @@ class SessionFutureRoutes(Controller):
     async def cancel_future(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), CancelFutureIn)
+        body = json_codec.decode(await request.body(), CancelFutureIn)
         service.cancel_future(tenant, body.request_id)
         return ok({})

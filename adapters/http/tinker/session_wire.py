@@ -5,10 +5,10 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.replies import iso
 from application.tinker.admin import SessionPage, SessionQuery, SessionSummary, StatusQuery, micros
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 OWNER_TYPES = frozenset({"own", "accessible", "user"})
 
@@ -17,7 +17,7 @@ class _Body(msgspec.Struct, kw_only=True):
     """Unknown fields are accepted and ignored (newer SDKs add fields)."""
 
 
-class CreateSessionIn(codec.CreateSessionIn, kw_only=True):
+class CreateSessionIn(json_codec.CreateSessionIn, kw_only=True):
     project_id: str | None = None
 
 

@@ -7,7 +7,7 @@ from litestar import Controller, Request, Response, get, post, put
 from litestar.params import FromPath
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import ok, page
 from adapters.http.tinker.session_wire import (
@@ -19,7 +19,7 @@ from adapters.http.tinker.session_wire import (
     search_query,
 )
 from application.tinker.admin import FINISH_REASONS
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 
 class SessionRoutes(Controller):
@@ -27,7 +27,7 @@ class SessionRoutes(Controller):
     async def create_session(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), CreateSessionIn)
+        body = json_codec.decode(await request.body(), CreateSessionIn)
         session = service.sessions.create(
             tenant,
             tags=body.tags,
@@ -42,7 +42,7 @@ class SessionRoutes(Controller):
     async def heartbeat(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.SessionIdIn)
+        body = json_codec.decode(await request.body(), json_codec.SessionIdIn)
         service.sessions.heartbeat(tenant, body.session_id)
         return ok({"type": "session_heartbeat"})
 
@@ -54,7 +54,7 @@ class SessionRoutes(Controller):
         tenant: Tenant,
         service: Service,
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), FinishIn)
+        body = json_codec.decode(await request.body(), FinishIn)
         reason = body.reason.type if body.reason is not None else None
         if reason is not None and reason not in FINISH_REASONS:
             raise InvalidTrainingRequest(
@@ -89,7 +89,7 @@ class SessionRoutes(Controller):
     async def search_sessions(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), SessionSearchIn)
+        body = json_codec.decode(await request.body(), SessionSearchIn)
         return ok(page_json(service.admin.search(tenant, search_query(body))))
 
     @put("/sessions/{session_id:str}/project", status_code=200)
@@ -100,7 +100,7 @@ class SessionRoutes(Controller):
         tenant: Tenant,
         service: Service,
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), ProjectIn)
+        body = json_codec.decode(await request.body(), ProjectIn)
         service.sessions.set_project(tenant, session_id, body.project_id)
         return ok({})
 

@@ -6,12 +6,15 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
+from adapters.http.tinker.codec import proto as proto_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.limits import Limits, WorkLimits
 from adapters.http.tinker.replies import PROTOBUF, accepted
 from application.tinker.futures import Future
-from domain.training import Datum, UnsupportedFeatureError, data_tokens
+from domain.tinker.checks import data_tokens
+from domain.tinker.errors import UnsupportedFeatureError
+from domain.tinker.values import Datum
 
 
 class TrainingRoutes(Controller):
@@ -23,13 +26,13 @@ class TrainingRoutes(Controller):
         if request.headers.get("content-encoding", "").lower() == "zstd":
             raise UnsupportedFeatureError("zstd bodies are not enabled (client config off)")
         if PROTOBUF in request.headers.get("content-type", ""):
-            model_id, seq_id, data, loss_fn, config, forward_only = codec.forward_backward_proto(
-                raw
+            model_id, seq_id, data, loss_fn, config, forward_only = (
+                proto_codec.forward_backward_proto(raw)
             )
         else:
-            body = codec.decode(raw, codec.ForwardBackwardIn)
+            body = json_codec.decode(raw, json_codec.ForwardBackwardIn)
             model_id, seq_id = body.model_id, body.seq_id
-            data = codec.forward_backward_json(body)
+            data = json_codec.forward_backward_json(body)
             loss_fn = body.forward_backward_input.loss_fn
             config = dict(body.forward_backward_input.loss_fn_config or {})
             forward_only = False
@@ -46,9 +49,9 @@ class TrainingRoutes(Controller):
     async def forward(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service, limits: Limits
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.ForwardBackwardIn)
+        body = json_codec.decode(await request.body(), json_codec.ForwardBackwardIn)
         fbi = body.forward_backward_input
-        data = codec.forward_backward_json(body)
+        data = json_codec.forward_backward_json(body)
         future = await _submit(
             limits,
             data,
@@ -68,9 +71,9 @@ class TrainingRoutes(Controller):
     async def optim_step(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.OptimStepIn)
+        body = json_codec.decode(await request.body(), json_codec.OptimStepIn)
         future = service.training.optim_step(
-            tenant, body.model_id, body.seq_id, codec.optim_params(body)
+            tenant, body.model_id, body.seq_id, json_codec.optim_params(body)
         )
         return accepted(future.id, body.model_id)
 

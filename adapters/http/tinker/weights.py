@@ -5,10 +5,11 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 
 from adapters.http.auth import Tenant
-from adapters.http.tinker import codec
+from adapters.http.tinker.codec import json as json_codec
 from adapters.http.tinker.deps import Service
 from adapters.http.tinker.replies import accepted, ok
-from domain.training import CheckpointRef, UnsupportedFeatureError
+from domain.tinker.errors import UnsupportedFeatureError
+from domain.tinker.values import CheckpointRef
 
 
 class WeightRoutes(Controller):
@@ -16,7 +17,7 @@ class WeightRoutes(Controller):
     async def save_weights(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.SaveWeightsIn)
+        body = json_codec.decode(await request.body(), json_codec.SaveWeightsIn)
         future = service.training.save(
             tenant,
             body.model_id,
@@ -33,7 +34,7 @@ class WeightRoutes(Controller):
     async def save_weights_for_sampler(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.SaveForSamplerIn)
+        body = json_codec.decode(await request.body(), json_codec.SaveForSamplerIn)
         future = service.save_for_sampler(
             tenant,
             body.model_id,
@@ -50,7 +51,7 @@ class WeightRoutes(Controller):
     async def save_weights_external(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.SaveExternalIn)
+        body = json_codec.decode(await request.body(), json_codec.SaveExternalIn)
         if body.age_encryption_recipients:
             raise UnsupportedFeatureError("age_encryption_recipients is not supported")
         future = service.training.save(
@@ -62,8 +63,8 @@ class WeightRoutes(Controller):
     async def load_weights(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.LoadWeightsIn)
-        optimizer_config = codec.check_optimizer(body.optimizer_config)
+        body = json_codec.decode(await request.body(), json_codec.LoadWeightsIn)
+        optimizer_config = json_codec.check_optimizer(body.optimizer_config)
         future, model_id = service.load_weights(
             tenant,
             body.path,
@@ -87,7 +88,7 @@ class WeightRoutes(Controller):
     async def weights_info(
         self, request: Request[Any, Any, Any], tenant: Tenant, service: Service
     ) -> Response[bytes]:
-        body = codec.decode(await request.body(), codec.WeightsInfoIn)
+        body = json_codec.decode(await request.body(), json_codec.WeightsInfoIn)
         record = service.checkpoints.get(tenant, CheckpointRef.parse(body.tinker_path))
         return ok(
             {
@@ -97,6 +98,6 @@ class WeightRoutes(Controller):
                 "train_unembed": record.lora.train_unembed,
                 "train_mlp": record.lora.train_mlp,
                 "train_attn": record.lora.train_attn,
-                "optimizer_config": codec.optimizer_config_json(record.optimizer),
+                "optimizer_config": json_codec.optimizer_config_json(record.optimizer),
             }
         )

@@ -16,7 +16,7 @@ sampler's ``logprobs``, ``A`` the ``advantages`` and ``r = exp(logp - q)``:
   agrees with, and a KL(sampler || learner) penalty (the k3 estimator) on all of them.
 
 ``low``/``high`` are ``clip_low_threshold`` / ``clip_high_threshold``, bounds on the ratio
-itself; configs are resolved (defaults, checks) by ``domain.training.loss_config``.
+itself; configs are resolved (defaults, checks) by ``domain.tinker.checks.loss_config``.
 """
 
 from collections.abc import Callable, Mapping
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from domain.training import STABLE_REINFORCE_TRUST
+from domain.tinker.values import STABLE_REINFORCE_TRUST
 
 Inputs = Mapping[str, Tensor]
 

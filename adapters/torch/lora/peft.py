@@ -16,7 +16,8 @@ from typing import Any, Literal
 from torch import Tensor
 
 from adapters.torch.models.config import ModelConfig
-from domain.training import InvalidTrainingRequest, LoraSpec
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import LoraSpec
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

@@ -26,7 +26,7 @@ from adapters.torch.lora import peft
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
-from domain.training import InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
 
 Route = tuple[Tensor, Tensor, Tensor]  # token indices [n], A [R, in], B [out, R] (scaled)
 # A training run's current adapter by model id: PEFT-named tensors and the alpha / r scale.
@@ -65,7 +65,7 @@ class _ServedAdapter:
 
 class LoraServing:
     """The adapters a serving model can apply, by id (least recently used evicted): the
-    :class:`~domain.training.ServingAdapters` port. ``live_state`` gives a training run's
+    :class:`~domain.tinker.ports.ServingAdapters` port. ``live_state`` gives a training run's
     current weights (the LoRA training backend's ``peft_state``), for :meth:`add_live`."""
 
     def __init__(

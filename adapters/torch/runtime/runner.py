@@ -62,7 +62,7 @@ class TorchModelRunner:
         self.lora = lora
         weight = model.embed_tokens.weight
         self.device = weight.device
-        # the loader installed the kernels (adapters/torch/install.py): decode rows read the
+        # the loader installed the kernels (adapters/torch/loading/install.py): decode rows read the
         # pool through their tables where a paged kernel was built
         attention = [m for m in model.modules() if isinstance(m, Attention)]
         paged = all(m.backend.paged is not None for m in attention)

@@ -30,7 +30,8 @@ import structlog
 import torch
 
 from adapters.torch.cpu.build import kernel_cache_dir
-from adapters.torch.cpu.tuning import cpu_name, isa_flags, linear_shapes, tuning_path, waited_ms
+from adapters.torch.cpu.timing import waited_ms
+from adapters.torch.cpu.tuning import cpu_name, isa_flags, linear_shapes, tuning_path
 from adapters.torch.runtime.runner import TorchModelRunner
 from domain.config import EngineConfig
 from domain.request import Request

@@ -10,7 +10,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
-from adapters.torch.custom_loss import custom_loss_gradient
+from adapters.torch.lora.custom_loss import custom_loss_gradient
 from application.access.keys import hash_key
 from entrypoints.backends import FakeBackend, LoraTraining, TorchBackend, ToyTraining
 from entrypoints.config import ServerConfig

@@ -14,7 +14,7 @@ from litestar.testing import TestClient
 
 from adapters.fake.embedder import FakeEmbedder
 from adapters.http import HttpServices, create_app
-from adapters.torch.embedder import TorchEmbedder
+from adapters.torch.embeddings.embedder import TorchEmbedder
 from adapters.weights.embedding import MINILM_NAME, resolve_minilm
 from application.access.keys import hash_key
 from application.serving.embeddings import EmbeddingLimits, EmbeddingService

@@ -9,7 +9,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.http import create_app
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from domain.config import EngineConfig
 from tests.fakes import torch_async_engine
 from tests.support.tiny_models import VOCAB, save_tiny_model

@@ -11,7 +11,7 @@ from litestar.testing import TestClient
 
 from adapters.fake import ByteTokenizer
 from adapters.http import create_app
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.logits import banned_ids, process_logits
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams

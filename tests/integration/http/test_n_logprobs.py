@@ -14,7 +14,7 @@ from torch.testing import assert_close
 from adapters.fake import ByteTokenizer
 from adapters.fake.tokenizer import EOS_ID
 from adapters.http import create_app
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine.engine import Engine

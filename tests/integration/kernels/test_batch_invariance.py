@@ -15,7 +15,7 @@ from torch import Tensor
 
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import portable_kernels
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.models.layers import PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer

@@ -15,7 +15,7 @@ from adapters.torch.cpu.fused_decode import (
     PackedLinear,
 )
 from adapters.torch.cpu.kernels import cpu_kernels
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.models.attention_backend import SDPA, CpuBf16Attention
 from adapters.torch.models.config import RopeConfig
 from adapters.torch.models.layers import (

@@ -7,22 +7,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.quant import (
-    QuantizedWeight,
     QuantLinear,
-    concat_rows,
-    dequantize,
     keep_dense_head,
     keep_panels,
+    prompt_rows,
+    quantize_model,
+)
+from adapters.torch.quant_format import (
+    QuantizedWeight,
+    concat_rows,
+    dequantize,
     narrow_to_6bit,
     pack_int4,
     pack_int6,
     plain_blocks,
-    prompt_rows,
     quantize_int4,
     quantize_int8,
-    quantize_model,
     unpack_int4,
     unpack_int6,
 )

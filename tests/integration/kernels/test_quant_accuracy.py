@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adapters.hf_tokenizer.tokenizer import HFTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.quant import agreement, has_gguf_blocks
 from adapters.torch.runtime.generate import generate
 from adapters.weights.packaged import resolve_smollm2

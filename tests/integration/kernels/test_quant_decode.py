@@ -17,7 +17,7 @@ from adapters.torch.cpu.quant_decode import (
     QuantDecodeStack,
     install_quant_decode,
 )
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.layers import PagedBatch
 from adapters.torch.models.transformer import Transformer

@@ -269,7 +269,7 @@ def test_k_quant_super_blocks_are_the_spec_and_rows_are_independent(bits: int, k
 def test_6_bit_weights_read_the_same_values_as_their_int8_widening() -> None:
     """A Q6_K weight narrowed from int8 (what the loader does) dequantizes to the same floats
     and multiplies like the spec; its bytes are 3/4 of int8's."""
-    from adapters.torch.quant import QuantizedWeight, narrow_to_6bit
+    from adapters.torch.quant_format import QuantizedWeight, narrow_to_6bit
 
     gen = torch.Generator().manual_seed(3)
     q8 = torch.randint(-32, 32, (24, 512), generator=gen, dtype=torch.int8)

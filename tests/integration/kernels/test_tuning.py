@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from adapters.torch import factory
-from adapters.torch.cpu import tuning
-from adapters.torch.kv_sizing import PANELS_AUTO_MAX
+from adapters.torch.cpu import timing, tuning
+from adapters.torch.runtime.kv_sizing import PANELS_AUTO_MAX
 from adapters.weights.dummy import resolve_dummy
-from entrypoints import cli
+from entrypoints import kernel_commands
 from entrypoints.cli import main
 
 SHAPES = [(96, 64), (64, 64)]
@@ -225,7 +225,7 @@ def test_build_kernels_measures_what_the_first_load_reads(
         return tuning.Tuning("cpu", shapes, _timings(3.0, 2.0), "float32", SWITCHES, "r")
 
     # the step costs measured on the model's runner: tests/integration/torch/test_step_costs.py
-    monkeypatch.setattr(cli, "_measure_steps", lambda args: None)
+    monkeypatch.setattr(kernel_commands, "measure_steps", lambda args: None)
     with monkeypatch.context() as built:  # the kernels' build is test_kernel_build's
         built.setattr(portable, "portable_kernels", lambda: object())
         built.setattr(kernels, "cpu_kernels", lambda: object())
@@ -250,7 +250,7 @@ def test_build_kernels_measures_what_the_first_load_reads(
 
 
 class Machine:
-    """A scripted machine for :class:`tuning.Timer`: the reference GEMM takes 0.1 ms and a
+    """A scripted machine for :class:`timing.Timer`: the reference GEMM takes 0.1 ms and a
     path its quiet time, each times the slowdown of the round (1.0 once the script ends),
     the time added spent waiting for a CPU where ``waits`` (Linux says so, not every OS);
     the clock moves by what it measures and by the pauses."""
@@ -278,8 +278,8 @@ class Machine:
         self.pauses.append(seconds)
         self.now += seconds
 
-    def timer(self, budget_s: float = 10.0) -> tuning.Timer:
-        return tuning.Timer(
+    def timer(self, budget_s: float = 10.0) -> timing.Timer:
+        return timing.Timer(
             self.reference,
             budget_s=budget_s,
             clock=lambda: self.now,
@@ -294,7 +294,7 @@ def test_a_quiet_machine_is_timed_in_the_fewest_rounds() -> None:
     assert timer.measure({"int4 at 2 rows": machine.one_round}) == {
         "int4 at 2 rows": {"dots": 2.0, "tiles": 5.0}
     }
-    assert timer.rounds == tuning.ROUNDS and timer.again == 0 and machine.pauses == []
+    assert timer.rounds == timing.ROUNDS and timer.again == 0 and machine.pauses == []
     assert timer.floor == pytest.approx(0.1) and timer.disturbed == []
 
 
@@ -304,7 +304,7 @@ def test_disturbed_rounds_are_measured_again_later_after_growing_pauses() -> Non
     timer = machine.timer()
     assert timer.measure({"g": machine.one_round}) == {"g": {"dots": 2.0, "tiles": 5.0}}
     assert timer.rounds == 6 and timer.again == 3 and timer.disturbed == []
-    first, most = tuning.BACKOFF_S
+    first, most = timing.BACKOFF_S
     assert machine.pauses == [first, 2 * first, min(4 * first, most)]
 
 
@@ -325,7 +325,7 @@ def test_a_machine_busy_past_the_budget_gets_each_paths_fastest_call_and_says_so
     found = timer.measure({"g": machine.one_round})
     assert found == {"g": {"dots": 6.0, "tiles": 15.0}}  # the round slowed least
     assert timer.disturbed == ["g"]
-    assert 3 <= timer.rounds < 10 and machine.now < 0.2 + 2 * tuning.BACKOFF_S[1]
+    assert 3 <= timer.rounds < 10 and machine.now < 0.2 + 2 * timing.BACKOFF_S[1]
 
 
 def test_a_machine_busy_past_the_limit_leaves_the_last_comparisons_unmeasured() -> None:
@@ -334,7 +334,7 @@ def test_a_machine_busy_past_the_limit_leaves_the_last_comparisons_unmeasured() 
     found = timer.measure({f"g{i}": machine.one_round for i in range(5)})
     assert found["g0"] == {"dots": 100.0, "tiles": 250.0} and found["g4"] == {}
     assert timer.disturbed == [f"g{i}" for i in range(5)] and timer.unmeasured >= 2
-    assert machine.now < tuning.LIMIT * 0.5 + 0.35
+    assert machine.now < timing.LIMIT * 0.5 + 0.35
 
 
 def test_a_row_count_not_measured_on_every_shape_has_no_total() -> None:
@@ -355,17 +355,17 @@ def test_a_row_count_not_measured_on_every_shape_has_no_total() -> None:
 
 
 def test_a_round_whose_threads_waited_for_a_cpu_is_disturbed() -> None:
-    quiet = tuning.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=0.05)
-    assert not tuning._disturbed(quiet, floor=0.1)
-    waited = tuning.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=1.5)
-    assert tuning._disturbed(waited, floor=0.1)  # 1.4 ms of 2 ms waiting
-    assert tuning._disturbed(tuning.Round((0.1, 0.2), {"dots": 1.0}), floor=0.1)
-    own, others = tuning.waited_ms()
+    quiet = timing.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=0.05)
+    assert not timing._disturbed(quiet, floor=0.1)
+    waited = timing.Round((0.1, 0.1), {"dots": 1.0, "tiles": 1.0}, waited_ms=1.5)
+    assert timing._disturbed(waited, floor=0.1)  # 1.4 ms of 2 ms waiting
+    assert timing._disturbed(timing.Round((0.1, 0.2), {"dots": 1.0}), floor=0.1)
+    own, others = timing.waited_ms()
     assert own >= 0.0 and others >= 0.0
     # an intra-op thread that waited 5 ms while 1 ms of calls ran without it (too little
     # work to split) delayed them by at most 1 ms
     waits = iter([(0.0, 0.0), (0.0, 5.0)])
-    timer = tuning.Timer(lambda: 0.1, waited=lambda: next(waits, (0.0, 5.0)))
+    timer = timing.Timer(lambda: 0.1, waited=lambda: next(waits, (0.0, 5.0)))
     timer.measure({"g": lambda turn: {"dots": 0.5, "tiles": 0.5}})
     assert timer.history["g"][0].waited_ms == 1.0
 
@@ -430,9 +430,9 @@ def test_a_cached_tuning_made_on_a_busy_machine_is_warned_of_at_a_start(
 
 
 def test_the_reference_check_at_a_start_takes_a_few_milliseconds() -> None:
-    tuning.reference_ms()  # torch's first GEMM
+    timing.reference_ms()  # torch's first GEMM
     start = time.perf_counter()
-    assert tuning.reference_ms() > 0
+    assert timing.reference_ms() > 0
     assert time.perf_counter() - start < 0.2  # ~5 ms quiet; at most 50 ms and a call busy
 
 
@@ -454,7 +454,7 @@ def test_build_kernels_retune_measures_again_over_a_cached_tuning(
 
     monkeypatch.setattr(tuning, "measure", fake_measure)
     steps: list[bool] = []  # each build-kernels' step-cost measurement: forced or not
-    monkeypatch.setattr(cli, "_measure_steps", lambda args: steps.append(args.retune))
+    monkeypatch.setattr(kernel_commands, "measure_steps", lambda args: steps.append(args.retune))
     argv = ["build-kernels", "--model", "dummy:SmolLM2-135M", "--cache-dir", str(tmp_path)]
     assert main(argv) == 0
     assert "1 comparisons stayed disturbed" in capsys.readouterr().out

@@ -23,7 +23,8 @@ from application.engine.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.request import AdmitCall
 from domain.sampling import SamplingParams
-from domain.training import Datum, ForwardBackwardInput, LoraSpec, TensorValue
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.values import Datum, LoraSpec, TensorValue
 from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 from tests.support.tiny_models import save_tiny_model

@@ -22,7 +22,7 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from application.tinker.service import TinkerService
-from domain.custom_loss import MAX_BODY_BYTES, MAX_NODES
+from domain.tinker.custom_loss import MAX_BODY_BYTES, MAX_NODES
 from tests.support.tinker_client import Api, post_proto
 from tests.support.tinker_server import (
     API_KEY,

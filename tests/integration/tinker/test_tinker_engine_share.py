@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
-from domain.training import SampleRequest, TinkerSamplingParams, WeightsSource
+from domain.tinker.values import SampleRequest, TinkerSamplingParams, WeightsSource
 from tests.fakes import torch_async_engine
 from tests.support.tiny_models import save_tiny_model
 

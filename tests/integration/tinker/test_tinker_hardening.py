@@ -12,7 +12,7 @@ import pytest
 from litestar.testing import TestClient
 
 from application.tinker.service import TinkerService
-from domain.training import TinkerLimits
+from domain.tinker.values import TinkerLimits
 from tests.support.tinker_client import (
     HEADERS,
     SEQ,

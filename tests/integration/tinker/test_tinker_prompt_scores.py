@@ -10,15 +10,15 @@ import pytest
 import torch
 from tinker.proto.response_conv import deserialize_sample_response
 
-from adapters.http.tinker import codec
-from adapters.torch.loader import load_model
+from adapters.http.tinker.codec import proto as codec
+from adapters.torch.loading.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.models.transformer import Transformer
 from application.tinker.engine_sampler import EngineSampler
 from application.tinker.service import TinkerService
 from domain.config import EngineConfig
-from domain.training import (
-    InvalidTrainingRequest,
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import (
     PromptAltTokens,
     PromptTable,
     SampledSequence,

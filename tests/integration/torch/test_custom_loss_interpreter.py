@@ -1,4 +1,4 @@
-"""The custom-loss interpreter (adapters/torch/custom_loss.py): losses traced and encoded
+"""The custom-loss interpreter (adapters/torch/lora/custom_loss.py): losses traced and encoded
 by the stock SDK, as it uploads them, give the Python function's value and gradient;
 graphs that pass the upload checks but misbehave at run time are refused naming the node,
 before anything big is made; the LoRA backend trains with a custom loss as with the
@@ -17,8 +17,8 @@ from tinker import types
 from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 from torch.testing import assert_close
 
-import adapters.torch.custom_loss as interpreter
-from adapters.torch.custom_loss import (
+import adapters.torch.lora.custom_loss as interpreter
+from adapters.torch.lora.custom_loss import (
     FUNCTION_TABLE,
     METHOD_TABLE,
     custom_loss_gradient,
@@ -26,7 +26,8 @@ from adapters.torch.custom_loss import (
     wire_name,
 )
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from domain.custom_loss import (
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.custom_loss import (
     FUNCTIONS,
     GETATTR,
     METHODS,
@@ -37,14 +38,8 @@ from domain.custom_loss import (
     Ref,
     parse_custom_loss,
 )
-from domain.training import (
-    AdamParams,
-    Datum,
-    ForwardBackwardInput,
-    InvalidTrainingRequest,
-    LoraSpec,
-    TensorValue,
-)
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
 from tests.support.tiny_models import VOCAB, save_tiny_model
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from adapters.torch.cuda.graphs import DecodeGraphs, graph_sizes
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.models.attention_backend import PagedDecodeAttention
 from adapters.torch.models.layers import Attention
 from adapters.torch.models.paged_kv import PagedKVCache, gather

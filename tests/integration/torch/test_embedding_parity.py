@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from adapters.torch.embedder import TorchEmbedder
+from adapters.torch.embeddings.embedder import TorchEmbedder
 from adapters.weights.embedding import resolve_minilm
 
 SENTENCES = [

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.layers import PagedBatch
 from adapters.torch.runtime.generate import generate, stream_generate

@@ -6,8 +6,10 @@ import re
 import pytest
 import torch
 
-from adapters.torch import kv_sizing
-from adapters.torch.kv_sizing import (
+from adapters.torch.models.config import ModelConfig, RopeConfig
+from adapters.torch.models.paged_kv import PagedKVCache
+from adapters.torch.runtime import kv_sizing
+from adapters.torch.runtime.kv_sizing import (
     MIB,
     DeviceMemory,
     KVCacheMemory,
@@ -17,8 +19,6 @@ from adapters.torch.kv_sizing import (
     parse_kv_cache_memory,
     size_kv_cache,
 )
-from adapters.torch.models.config import ModelConfig, RopeConfig
-from adapters.torch.models.paged_kv import PagedKVCache
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 

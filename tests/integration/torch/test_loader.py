@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from adapters.torch.cpu.fused_decode import PackedLinear
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.weights import resolve_model
 from domain.errors import ModelLoadError
 from tests.support.tiny_models import save_tiny_model

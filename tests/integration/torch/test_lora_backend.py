@@ -16,15 +16,9 @@ from transformers import AutoModelForCausalLM
 from adapters.torch.lora import peft
 from adapters.torch.lora.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_lora_spec
 from adapters.torch.lora.training import OPTIMIZER_STATE, BaseModelEntry, LoraTrainingBackend
-from domain.training import (
-    AdamParams,
-    Datum,
-    ForwardBackwardInput,
-    InvalidTrainingRequest,
-    LoraSpec,
-    NotFoundError,
-    TensorValue,
-)
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.errors import InvalidTrainingRequest, NotFoundError
+from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
 from tests.support.tiny_models import VOCAB, save_tiny_model
 
 ARCHS = ["llama", "qwen3", "gemma3"]
@@ -331,7 +325,7 @@ def test_rl_loss_value_and_gradient_follow_the_formula(
 
 
 def _stable_reinforce_reference(lp, q, a, mask, kl_coeff: float) -> tuple[float, np.ndarray]:
-    """StableReinforce as README states it, in float64 torch on one datum: (value, the
+    """StableReinforce as docs/tinker.md states it, in float64 torch on one datum: (value, the
     gradient with respect to each target logprob)."""
     target = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
     ref, adv, m = (torch.tensor(x, dtype=torch.float64) for x in (q, a, mask))
@@ -534,7 +528,7 @@ def test_unknown_models_and_released_adapters_are_not_found(backend) -> None:
 def test_chunked_logits_with_recomputation_give_the_same_step(backend, monkeypatch) -> None:
     """Past LOGIT_ELEMENTS logits, the LM head runs in checkpointed chunks: the same
     logprobs, loss and update as all at once (only the memory differs)."""
-    import adapters.torch.lora.training as lora
+    import adapters.torch.lora.forward as lora
 
     data = _data()
     whole, chunked = _create(backend, seed=3), _create(backend, seed=3)

@@ -11,15 +11,9 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 
 from adapters.torch.lora.training import OPTIMIZER_STATE, BaseModelEntry, LoraTrainingBackend
-from domain.training import (
-    AdamParams,
-    Datum,
-    DimuonParams,
-    ForwardBackwardInput,
-    InvalidTrainingRequest,
-    LoraSpec,
-    TensorValue,
-)
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import AdamParams, Datum, DimuonParams, LoraSpec, TensorValue
 from tests.support import dimuon_reference as reference
 from tests.support.tiny_models import save_tiny_model
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
-from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
 from tests.support.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(

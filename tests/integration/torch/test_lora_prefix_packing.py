@@ -9,17 +9,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import adapters.torch.lora.training as lora
-from adapters.torch.lora.training import (
-    BaseModelEntry,
-    LoraTrainingBackend,
-    _micro_batches,
-    _Pack,
-    _prepare,
-    _shared_prefix_packs,
-)
+import adapters.torch.lora.forward as lora
+from adapters.torch.lora.forward import Pack, micro_batches, prepare, shared_prefix_packs
+from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.models.config import ModelConfig
-from domain.training import AdamParams, Datum, ForwardBackwardInput, LoraSpec, TensorValue
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
 from tests.support.tiny_models import VOCAB, save_tiny_model
 
 ARCHS = ["llama", "qwen3", "gemma3"]  # gemma3: sliding-window layers (window 6)
@@ -119,13 +114,13 @@ def _compare(packed, unpacked) -> None:
 def _count_packed(monkeypatch) -> list[int]:
     """Packed rows run per micro-batch, recorded as the backend runs them."""
     counts: list[int] = []
-    real = lora._packed_hidden_states
+    real = lora.packed_hidden_states
 
     def spy(model, data, packs):
         counts.append(len(packs))
         return real(model, data, packs)
 
-    monkeypatch.setattr(lora, "_packed_hidden_states", spy)
+    monkeypatch.setattr(lora, "packed_hidden_states", spy)
     return counts
 
 
@@ -214,7 +209,7 @@ def test_a_training_step_on_packed_data_equals_the_unpacked_step(backend, monkey
 def _prepared(folder: Path, seqs: list[list[int]]) -> list:
     config = ModelConfig.from_folder(folder)
     data = [Datum(s, {"target_tokens": TensorValue.ints(s)}) for s in seqs]
-    return [_prepare(config, i, d, "cross_entropy") for i, d in enumerate(data)]
+    return [prepare(config, i, d, "cross_entropy") for i, d in enumerate(data)]
 
 
 def test_packs_are_the_runs_that_save_the_most_prefix_tokens(folders) -> None:
@@ -231,7 +226,7 @@ def test_packs_are_the_runs_that_save_the_most_prefix_tokens(folders) -> None:
     ]
     seqs.append(seqs[6][:10] + [5] * 10)
     seqs += [[9] * 40, [9] * 40]  # 8, 9: the same datum twice
-    packs, alone = _shared_prefix_packs(_prepared(folders["llama"], seqs))
+    packs, alone = shared_prefix_packs(_prepared(folders["llama"], seqs))
     assert sorted((sorted(m), p) for m, p in packs) == [([1, 2, 3, 4], 60), ([8, 9], 40)]
     assert sorted(alone) == [0, 5, 6, 7]
 
@@ -246,9 +241,9 @@ def test_micro_batches_keep_packs_whole_within_the_token_budget(folders, monkeyp
     seqs.append(_tokens(rng, 25))
     data = _prepared(folders["llama"], seqs)
 
-    def plan(budget: int) -> list[tuple[list[int], list[_Pack]]]:
+    def plan(budget: int) -> list[tuple[list[int], list[Pack]]]:
         monkeypatch.setattr(lora, "TOKENS_PER_MICRO_BATCH", budget)
-        batches = list(_micro_batches(data))
+        batches = list(micro_batches(data))
         assert sorted(i for group, _ in batches for i in group) == list(range(7))
         for group, packs in batches:  # a pack's data are consecutive and share its prefix
             first = 0
@@ -259,12 +254,12 @@ def test_micro_batches_keep_packs_whole_within_the_token_budget(folders, monkeyp
             assert first == (len(group) if packs else 0)
         return batches
 
-    assert [packs for _, packs in plan(2048)] == [[_Pack(3, 30), _Pack(3, 30)], []]
-    assert [packs for _, packs in plan(90)] == [[_Pack(3, 30), _Pack(3, 30)], []]
-    assert [packs for _, packs in plan(45)] == [[_Pack(3, 30)], [_Pack(3, 30)], []]
+    assert [packs for _, packs in plan(2048)] == [[Pack(3, 30), Pack(3, 30)], []]
+    assert [packs for _, packs in plan(90)] == [[Pack(3, 30), Pack(3, 30)], []]
+    assert [packs for _, packs in plan(45)] == [[Pack(3, 30)], [Pack(3, 30)], []]
     # Packs of two (40 tokens) one per micro-batch; the third of each group goes alone.
     batches = plan(40)
-    assert [packs for _, packs in batches] == [[_Pack(2, 30)]] * 2 + [[]] * 3
+    assert [packs for _, packs in batches] == [[Pack(2, 30)]] * 2 + [[]] * 3
     assert [len(group) for group, _ in batches] == [2, 2, 1, 1, 1]
     # A budget below every datum: each goes alone, unpacked.
     assert [packs for _, packs in plan(20)] == [[]] * 7

@@ -10,7 +10,7 @@ import torch
 
 from adapters.fake import ByteTokenizer
 from adapters.torch.cpu.kernels import cpu_kernels
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.lora.serving import LoraServing
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from adapters.torch.runtime.runner import TorchModelRunner
@@ -18,11 +18,11 @@ from application.engine.async_engine import AsyncEngine
 from application.tinker.engine_sampler import EngineSampler
 from domain.config import EngineConfig
 from domain.sampling import SamplingParams
-from domain.training import (
+from domain.tinker.batch import ForwardBackwardInput
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import (
     AdamParams,
     Datum,
-    ForwardBackwardInput,
-    InvalidTrainingRequest,
     LoraSpec,
     SampleRequest,
     TensorValue,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.models.layers import PagedBatch
 from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.models.transformer import Transformer

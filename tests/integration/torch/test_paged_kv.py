@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from adapters.torch.cpu.kernels import cpu_kernels
 from adapters.torch.cpu.portable import install_paged_attention, portable_kernels
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.models.attention_backend import SDPA
 from adapters.torch.models.layers import Attention
 from adapters.torch.models.paged_kv import PagedKVCache, block_tables, gather, slot_mapping

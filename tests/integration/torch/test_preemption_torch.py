@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine.engine import Engine
 from domain.config import EngineConfig

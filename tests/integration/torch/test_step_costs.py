@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime import step_costs as sc
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine.engine import Engine

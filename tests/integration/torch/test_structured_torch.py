@@ -18,7 +18,7 @@ from adapters.fake import ByteTokenizer
 from adapters.grammar import LLGuidanceCompiler, RequestMatchers
 from adapters.grammar.factory import byte_grammar
 from adapters.http import create_app
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine.async_engine import AsyncEngine
 from application.engine.engine import Engine

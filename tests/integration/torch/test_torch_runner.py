@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from adapters.fake import ByteTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.generate import stream_generate
 from adapters.torch.runtime.runner import TorchModelRunner
 from application.engine.engine import Engine

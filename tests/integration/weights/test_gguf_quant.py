@@ -202,9 +202,9 @@ def test_gemma_3_270m_keeps_its_k_quant_linears_quantized(tmp_path):
     import torch
 
     from adapters.torch.cpu.portable import portable_kernels
-    from adapters.torch.loader import load_model
+    from adapters.torch.loading.loader import load_model
     from adapters.torch.quant import QuantLinear
-    from adapters.torch.quant import dequantize as ours
+    from adapters.torch.quant_format import dequantize as ours
 
     kernels = portable_kernels()
     if kernels is None:

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from adapters.hf_tokenizer import HFTokenizer
-from adapters.torch.loader import load_model
+from adapters.torch.loading.loader import load_model
 from adapters.torch.runtime.generate import stream_generate
 from adapters.weights import resolve_model
 from domain.sampling import SamplingParams

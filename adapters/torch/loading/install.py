@@ -3,10 +3,11 @@
 :func:`install_kernels` (the loader's last step) gives a model, by device:
 
 - on a CPU with ``fused`` (the loader's ``prepack``): the fused quantized decode layer over
-  quantized linears (:mod:`.cpu.quant_decode`), and for a bf16 model the AVX512-BF16
-  kernels where the CPU and a compiler have them (:mod:`.cpu.fused_decode`: packed
-  linears, norms, gating, the :class:`~.models.attention_backend.CpuBf16Attention`
-  backend, fused decode blocks);
+  quantized linears (:mod:`adapters.torch.cpu.quant_decode`), and for a bf16 model the
+  AVX512-BF16 kernels where the CPU and a compiler have them
+  (:mod:`adapters.torch.cpu.fused_decode`: packed linears, norms, gating, the
+  :class:`~adapters.torch.models.attention_backend.CpuBf16Attention` backend, fused decode
+  blocks);
 - on a CPU, fused or not, the portable paged decode kernel for the layers without a paged
   kernel yet (it reads the pool in place; a model kept for training, ``fused`` False, keeps
   its plain parameters and gets only this);

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import Literal, Protocol
 
-from domain.training import Datum, InvalidTrainingRequest, TensorValue, UnsupportedFeatureError
+from domain.tinker.errors import InvalidTrainingRequest, UnsupportedFeatureError
+from domain.tinker.values import Datum, TensorValue
 
 CUSTOM = "custom"  # the loss_fn of a forward_backward that runs a stored custom loss
 LOSS_ID_KEY = "loss_id"  # its one loss_fn_config entry (a text value)

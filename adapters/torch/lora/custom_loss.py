@@ -1,4 +1,4 @@
-"""Stored custom losses (:mod:`domain.custom_loss`) run on torch tensors, node by node.
+"""Stored custom losses (:mod:`domain.tinker.custom_loss`) run on torch tensors, node by node.
 
 Nothing of the upload is executed as Python: every function comes from this module's own
 table (``FUNCTION_TABLE``: the callables themselves, keyed by the wire name the SDK gives
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from domain.custom_loss import (
+from domain.tinker.custom_loss import (
     ARITHMETIC,
     DATA_DEPENDENT,
     FACTORIES,
@@ -46,7 +46,8 @@ from domain.custom_loss import (
     SliceArg,
     input_shape,
 )
-from domain.training import Datum, InvalidTrainingRequest
+from domain.tinker.errors import InvalidTrainingRequest
+from domain.tinker.values import Datum
 
 _FUNCTIONS: tuple[Callable[..., Any], ...] = (
     # factories (their device is set here)

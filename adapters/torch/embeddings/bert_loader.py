@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from adapters.torch.loader import _skipped_init
+from adapters.torch.loading.loader import _skipped_init
 from adapters.torch.models.bert import BertConfig, BertModel
 from domain.errors import ModelLoadError
 

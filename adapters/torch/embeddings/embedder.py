@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from adapters.torch.bert_loader import check_mean_pooling, load_bert, max_seq_length
+from adapters.torch.embeddings.bert_loader import check_mean_pooling, load_bert, max_seq_length
 from adapters.torch.models.bert import BertModel
 from domain.errors import ModelLoadError
 

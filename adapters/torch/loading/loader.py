@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from adapters.torch.install import install_kernels
+from adapters.torch.loading.install import install_kernels
 from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.gemma3 import Gemma3Model
 from adapters.torch.models.llama import LlamaModel
@@ -43,7 +43,7 @@ def load_model(
 ) -> Transformer:
     """Our model for ``folder/config.json`` with its safetensors weights, for inference.
 
-    Its kernels are installed last (:func:`~adapters.torch.install.install_kernels`, the one
+    Its kernels are installed last (:func:`~adapters.torch.loading.install.install_kernels`, the one
     place that does): ``prepack`` adds the fused ones, which for a bf16 CPU model repack the
     linears (faster, but no longer plain parameters: pass False for a model to train or
     inspect) and with ``quantization`` fuse each layer's decode rows into one call; without

@@ -1,0 +1,2 @@
+"""A model built from its weights (HF folders, GGUF, random for a config) and its kernels
+installed."""
