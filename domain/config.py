@@ -6,6 +6,9 @@ from domain.errors import InvalidParameterError
 from domain.speculation import SpeculativeConfig
 
 BATCHING_MODES = ("static", "continuous")
+# Weight-only quantization of a model's linears (adapters/torch/quant.py): int8 per output
+# channel, int4 group-wise, or a GGUF file's own blocks.
+QUANTIZATION_METHODS = ("int8", "int4", "gguf")
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,12 @@ from dependency_injector import providers
 
 from adapters.observability.logging import LEVELS, configure_logging
 from adapters.torch.cpu.threads import set_threads
-from adapters.torch.runtime.kv_sizing import (
-    PANELS_AUTO_MAX,
-    PANELS_AUTO_SHARE,
-    human_size,
-    parse_kv_cache_memory,
-)
 from application.access.keys import hash_key, new_key
 from application.engine.async_engine import AsyncEngine
 from application.engine.request_ids import new_request_id
 from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
+from domain.memory import PANELS_AUTO_MAX, PANELS_AUTO_SHARE, human_size, parse_kv_cache_memory
 from domain.sampling import SamplingParams
 from entrypoints.access_flags import add_access_args, sighup_reloader
 from entrypoints.config import ServerConfig
@@ -450,7 +445,10 @@ async def _stream_to_stdout(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    config = ServerConfig.from_args(args)  # every flag checked before the model loads
+    from adapters.torch.factory import default_device
+
+    # every flag checked before the model loads
+    config = ServerConfig.from_args(args, device=default_device())
     configure_logging(config.observability.log_level, config.observability.log_format)
     if config.fleet.replicas:
         from entrypoints.replicas import serve_replicas  # Ray only when asked for

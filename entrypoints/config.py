@@ -58,8 +58,8 @@ from typing import Any
 import msgspec
 
 from adapters.observability.settings import ObservabilitySettings
-from adapters.torch.runtime.kv_sizing import AUTO
 from domain.config import EngineConfig
+from domain.memory import AUTO
 from entrypoints import observability_flags
 from entrypoints.access_flags import AccessSettings
 from entrypoints.connection_flags import ConnectionLimits
@@ -94,17 +94,17 @@ class ServerConfig:
             raise ValueError("give kv_cache_memory or the engine's num_kv_blocks, not both")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ServerConfig":
+    def from_args(cls, args: argparse.Namespace, *, device: str) -> "ServerConfig":
         """``infer serve``'s configuration from its parsed flags, every group checked (a
-        bad flag: ``InvalidParameterError`` naming it) before anything loads."""
-        from adapters.torch.factory import default_device
-
+        bad flag: ``InvalidParameterError`` naming it) before anything loads. ``device``:
+        the one whose defaults apply where ``--device`` is not given (the CLI's: CUDA where
+        torch sees a GPU; the config tree itself imports no torch)."""
         http = TransportSettings.from_args(args)
         connections = ConnectionLimits.from_args(args)
         observability = observability_flags.from_args(args)
         access = AccessSettings.from_args(args)
         model = ModelSettings.from_args(args)
-        engine = EngineSettings.from_args(args, model.device or default_device())
+        engine = EngineSettings.from_args(args, model.device or device)
         if model.kv_cache_memory is None and engine.num_kv_blocks is None:
             model = replace(model, kv_cache_memory=AUTO)
         return cls(

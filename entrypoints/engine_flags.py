@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass, fields
 from dataclasses import fields as dataclass_fields
 
-from adapters.torch.runtime.kv_sizing import (
+from domain.config import EngineConfig
+from domain.memory import (
     AUTO,
     CPU_AUTO_CAP,
     CPU_AUTO_FRACTION,
@@ -21,7 +22,6 @@ from adapters.torch.runtime.kv_sizing import (
     human_size,
     parse_kv_cache_memory,
 )
-from domain.config import EngineConfig
 from domain.speculation import METHODS, SpeculativeConfig
 from entrypoints.flag_fields import from_flags
 from entrypoints.request_flags import request_limits

@@ -10,18 +10,18 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from adapters.torch.quant import METHODS
-from adapters.torch.runtime.kv_sizing import KVCacheMemory
 from application.serving.reasoning import PARSERS
 from application.serving.served_models import LoraModule
 from application.serving.tool_parsers import FORMATS
+from domain.config import QUANTIZATION_METHODS
 from domain.errors import InvalidParameterError
+from domain.memory import KVCacheMemory
 from domain.rollout import Rollout, parse_rollout
 
 DEFAULT_MAX_LORAS = 16
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 RUNNERS = ("torch", "fake")
-QUANTIZATIONS = (None, "none", "auto", *METHODS)
+QUANTIZATIONS = (None, "none", "auto", *QUANTIZATION_METHODS)
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
 REASONING_PARSERS = PARSERS
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

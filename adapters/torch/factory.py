@@ -26,22 +26,20 @@ from adapters.torch.models.config import ModelConfig
 from adapters.torch.models.transformer import Transformer
 from adapters.torch.quant import QuantLinear, has_gguf_blocks, keep_panels
 from adapters.torch.runtime.invariant import make_batch_invariant
-from adapters.torch.runtime.kv_sizing import (
+from adapters.torch.runtime.kv_sizing import auto_panels_memory, bytes_per_block, size_kv_cache
+from application.engine.engine_client import EngineClient
+from application.serving.embeddings import EmbeddingLimits, EmbeddingService
+from application.tinker.engine_sampler import EngineSampler
+from domain.config import EngineConfig
+from domain.memory import (
     AUTO,
     CPU_AUTO_CAP,
     CPU_AUTO_FRACTION,
     CUDA_AUTO_FRACTION,
     MIB,
     KVCacheMemory,
-    auto_panels_memory,
-    bytes_per_block,
     human_size,
-    size_kv_cache,
 )
-from application.engine.engine_client import EngineClient
-from application.serving.embeddings import EmbeddingLimits, EmbeddingService
-from application.tinker.engine_sampler import EngineSampler
-from domain.config import EngineConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # The start-up lines keep the logger name they were written under before they moved here.

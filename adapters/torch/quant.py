@@ -38,9 +38,9 @@ from adapters.torch.quant_format import (
     quantize_int4,
     quantize_int8,
 )
+from domain.config import QUANTIZATION_METHODS
 from domain.errors import ModelLoadError
 
-METHODS = ("int8", "int4", "gguf")
 # Rows from which the kernel dequantizes tiles for a GEMM instead of int8 dot products.
 DENSE_FROM_ROWS = 16
 # An 8-bit LM head keeps a dequantized copy up to this size (see keep_dense_head).
@@ -229,8 +229,9 @@ def quantize_model(
     """Swap the model's linears for :class:`QuantLinear` (in place); returns the weights'
     bytes after. ``gguf`` takes the blocks ``folder`` holds (a converted GGUF); ``lm_head``:
     the LM head too (the embedding table stays dense either way: a lookup reads one row)."""
-    if method not in METHODS:
-        raise ValueError(f"quantization must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in QUANTIZATION_METHODS:
+        methods = ", ".join(QUANTIZATION_METHODS)
+        raise ValueError(f"quantization must be one of {methods}, got {method!r}")
     if method == "gguf":
         if folder is None:
             raise ModelLoadError("gguf quantization needs the model's folder")

@@ -46,7 +46,7 @@ def test_the_serve_flags_size_or_turn_off_the_store() -> None:
     from entrypoints.config import ServerConfig
 
     def access(*argv: str) -> Any:
-        return ServerConfig.from_args(_parser().parse_args(["serve", *argv])).access
+        return ServerConfig.from_args(_parser().parse_args(["serve", *argv]), device="cpu").access
 
     default = access()
     assert (default.responses_ttl, default.responses_max_stored) == (24 * 3600.0, 10_000)

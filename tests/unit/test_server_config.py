@@ -14,7 +14,6 @@ import pytest
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import TracingSettings
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB
-from adapters.torch.runtime.kv_sizing import KVCacheMemory
 from adapters.weights.factory import model_names
 from adapters.weights.packaged import SMOLLM2_NAME
 from application.access.idempotency import DEFAULT_TTL_S
@@ -23,6 +22,7 @@ from application.serving.embeddings import EmbeddingLimits
 from application.serving.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
+from domain.memory import KVCacheMemory
 from domain.speculation import SpeculativeConfig
 from domain.tinker.values import TinkerLimits
 from entrypoints.access_flags import AccessSettings
@@ -44,7 +44,7 @@ def no_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def serve(*argv: str) -> ServerConfig:
-    return ServerConfig.from_args(_parser().parse_args(["serve", *argv]))
+    return ServerConfig.from_args(_parser().parse_args(["serve", *argv]), device="cpu")
 
 
 def round_trip(config: ServerConfig) -> None:
@@ -280,7 +280,7 @@ def test_the_parsed_flags_cover_every_field() -> None:
     for name in sorted(set(vars(args)) - skip):
         partial = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != name})
         with pytest.raises(AttributeError, match=name):
-            ServerConfig.from_args(partial)
+            ServerConfig.from_args(partial, device="cpu")
 
 
 def test_from_flags_takes_each_field_from_its_flag_and_names_a_missing_one() -> None:

@@ -212,7 +212,7 @@ def test_serve_refuses_a_kv_budget_short_of_one_request(tmp_path, monkeypatch, c
 
 
 def test_serve_maps_the_kv_pool_flags(monkeypatch) -> None:
-    from adapters.torch.runtime.kv_sizing import KVCacheMemory
+    from domain.memory import KVCacheMemory
     from entrypoints import cli
     from entrypoints.engine_flags import MAX_NUM_SEQS
 
@@ -270,8 +270,8 @@ def test_too_few_kv_blocks_are_refused_by_their_flag_saying_the_minimum(
 
 
 def test_the_fake_runner_ignores_the_kv_budget() -> None:
-    from adapters.torch.runtime.kv_sizing import KVCacheMemory
     from domain.config import EngineConfig
+    from domain.memory import KVCacheMemory
     from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 

@@ -144,7 +144,7 @@ def test_no_ui_serves_no_console(tmp_path: Path) -> None:
 
 def test_the_flag() -> None:
     def serve(*argv: str) -> ServerConfig:
-        return ServerConfig.from_args(_parser().parse_args(["serve", *argv]))
+        return ServerConfig.from_args(_parser().parse_args(["serve", *argv]), device="cpu")
 
     assert serve().http.ui is True
     assert serve("--no-ui").http.ui is False

@@ -11,8 +11,8 @@ import torch
 
 from adapters.torch import factory
 from adapters.torch.cpu import timing, tuning
-from adapters.torch.runtime.kv_sizing import PANELS_AUTO_MAX
 from adapters.weights.dummy import resolve_dummy
+from domain.memory import PANELS_AUTO_MAX
 from entrypoints import kernel_commands
 from entrypoints.cli import main
 

@@ -10,17 +10,15 @@ from adapters.torch.models.config import ModelConfig, RopeConfig
 from adapters.torch.models.paged_kv import PagedKVCache
 from adapters.torch.runtime import kv_sizing
 from adapters.torch.runtime.kv_sizing import (
-    MIB,
     DeviceMemory,
-    KVCacheMemory,
     bytes_per_block,
     cpu_available_memory,
     kv_budget,
-    parse_kv_cache_memory,
     size_kv_cache,
 )
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
+from domain.memory import MIB, KVCacheMemory, parse_kv_cache_memory
 
 TINY = ModelConfig(
     arch="llama",
