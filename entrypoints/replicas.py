@@ -195,7 +195,7 @@ class EngineReplica:
         return HttpReply(status, headers, body, self.replica_id)
 
     def stats(self) -> dict[str, Any]:
-        load = self.engine.engine.load()
+        load = self.engine.load()
         hit = (
             load.prefix_hit_tokens / load.prefix_queried_tokens
             if load.prefix_queried_tokens
@@ -224,14 +224,14 @@ class EngineReplica:
         return recent[-1] if recent else None
 
     def record_routing_stats(self) -> dict[str, Any]:
-        load = self.engine.engine.load()
+        load = self.engine.load()
         self._reports += 1  # the router counts its calls since the last report
         return {
             "running": load.running,
             "waiting": load.waiting,
             "kv_usage": load.kv_usage,
             "report": self._reports,
-            "evicted": self.engine.engine.take_evicted(),
+            "evicted": self.engine.take_evicted(),
         }
 
     def check_health(self) -> None:

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import structlog
 
-from application.engine.engine import Engine
+from application.engine.engine import Engine, EngineLoad
 from application.engine.engine_client import AdmittingClient
 from application.engine.input_processor import InputProcessor
 from domain.config import EngineConfig
@@ -139,6 +139,16 @@ class AsyncEngine(AdmittingClient):
         finished requests held), or the loop is not running."""
         while self.healthy and self.engine.has_work():
             await asyncio.sleep(0)
+
+    def load(self) -> EngineLoad:
+        """The engine now (requests running and waiting, the KV pool's use, prefix-cache
+        counts): what a fleet's router and its operators read."""
+        return self.engine.load()
+
+    def take_evicted(self) -> list[bytes]:
+        """The prefix cache's blocks evicted since the last call, by hash (a fleet's replica
+        reports them to the router)."""
+        return self.engine.take_evicted()
 
     @property
     def healthy(self) -> bool:

@@ -273,6 +273,26 @@ async def test_async_engine_streams_and_idles_without_polling() -> None:
     assert not engine.healthy
 
 
+async def test_the_async_engine_reports_its_load_for_a_fleets_router() -> None:
+    """What a replica reports (``load``, ``take_evicted``), read from the loop's engine."""
+    runner = FakeModelRunner(script=scripted("x" * 500), step_latency_s=0.005)
+    engine, _ = make_async(runner)
+    engine.start()
+    try:
+        prompt = "a long enough prompt to fill a block"
+        stream = await engine.stream("a", prompt, params(max_tokens=200))
+        await wait_for(lambda: engine.load().running == 1)
+        assert engine.load().waiting == 0 and engine.load().kv_usage > 0
+        _ = [o async for o in stream]
+        await engine.idle()
+        load = engine.load()
+        assert (load.running, load.waiting) == (0, 0)
+        assert load.prefix_queried_tokens > 0  # the prompt was looked up
+        assert engine.take_evicted() == [] and engine.take_evicted() == []
+    finally:
+        await engine.stop()
+
+
 async def test_each_steps_output_reaches_a_relayed_consumer_before_the_next_step() -> None:
     """Tokens pass through coroutine hand-offs on their way out (as SSE does) and still
     arrive before the next step runs: streams never receive them in bursts."""
