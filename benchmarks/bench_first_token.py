@@ -51,7 +51,7 @@ Spans = dict[str, list[tuple[float, float]]]  # stage -> (start, duration) per c
 
 # Stages in the order a request meets them: (label, module, qualified name).
 PROBES = [
-    ("HTTP read + parse (h11)", "entrypoints.server", "GuardedH11Protocol.data_received"),
+    ("HTTP read + parse (h11)", "adapters.http.uvicorn_server", "GuardedH11Protocol.data_received"),
     (
         "ASGI app (routing, middleware, handler)",
         "adapters.observability.http",

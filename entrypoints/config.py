@@ -57,12 +57,13 @@ from typing import Any
 
 import msgspec
 
+from adapters.http.uvicorn_server import ConnectionLimits
 from adapters.observability.settings import ObservabilitySettings
 from domain.config import EngineConfig
 from domain.memory import AUTO
 from entrypoints import observability_flags
 from entrypoints.access_flags import AccessSettings
-from entrypoints.connection_flags import ConnectionLimits
+from entrypoints.connection_flags import connection_limits
 from entrypoints.embedding_flags import EmbeddingSettings
 from entrypoints.engine_flags import ENGINE_CONFIG_NAMES, EngineSettings
 from entrypoints.model_flags import ModelSettings
@@ -100,7 +101,7 @@ class ServerConfig:
         the one whose defaults apply where ``--device`` is not given (the CLI's: CUDA where
         torch sees a GPU; the config tree itself imports no torch)."""
         http = TransportSettings.from_args(args)
-        connections = ConnectionLimits.from_args(args)
+        connections = connection_limits(args)
         observability = observability_flags.from_args(args)
         access = AccessSettings.from_args(args)
         model = ModelSettings.from_args(args)

@@ -1,36 +1,16 @@
-"""``infer serve``'s client-connection settings (:class:`ConnectionLimits`) and their flags
-(the same names); the uvicorn server that enforces them is :mod:`entrypoints.server`."""
+"""``infer serve``'s client-connection flags: the settings of
+:class:`~adapters.http.uvicorn_server.ConnectionLimits` (the same names), which the uvicorn
+server enforces."""
 
 import argparse
-from dataclasses import dataclass
 
-from domain.errors import InvalidParameterError
+from adapters.http.uvicorn_server import ConnectionLimits
 from entrypoints.flag_fields import from_flags
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What ``infer serve`` allows one client connection (the flags of the same names)."""
-
-    max_connections: int = 1000
-    timeout_keep_alive: int = 5
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    backlog: int = 2048
-    h11_max_incomplete_event_size: int = 16 * 1024
-    body_read_timeout: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_connections", "backlog", "h11_max_incomplete_event_size"):
-            if getattr(self, name) < 1:
-                raise InvalidParameterError(name, "must be at least 1")
-        for name in ("timeout_keep_alive", "header_timeout", "body_timeout", "body_read_timeout"):
-            if not getattr(self, name) > 0:
-                raise InvalidParameterError(name, "must be greater than 0 (seconds)")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ConnectionLimits":
-        return from_flags(cls, args)
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """The parsed connection flags as :class:`ConnectionLimits` (checked)."""
+    return from_flags(ConnectionLimits, args)
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:

@@ -116,8 +116,8 @@ class HttpServices:
     open: anyone may call); ``idempotency``: where replies to ``Idempotency-Key`` requests
     are kept (None: the header is ignored); ``embeddings``: also serve ``/v1/embeddings``;
     ``metrics``: serve ``GET /metrics`` with what it returns (the exposition and its
-    content type); ``draining``: the server's drain state (``entrypoints.server`` begins it
-    on SIGTERM); ``replicas``: a fleet's replicas, listed at ``/admin/replicas`` (None:
+    content type); ``draining``: the server's drain state (``adapters.http.uvicorn_server``
+    begins it on SIGTERM); ``replicas``: a fleet's replicas, listed at ``/admin/replicas`` (None:
     one process); ``responses``: where ``/v1/responses`` keeps finished responses
     (default: in this process's memory; None: none are kept); ``timeline``: the engine's
     recent seconds, which the console's engine view streams (None: none seen here);

@@ -4,8 +4,8 @@ need a process of their own (its open-files limit, its log)."""
 
 import argparse
 
-from entrypoints.connection_flags import ConnectionLimits, add_connection_args
-from entrypoints.server import run_server
+from adapters.http.uvicorn_server import run_server
+from entrypoints.connection_flags import add_connection_args, connection_limits
 from tests.robustness.harness import fake_stack
 
 
@@ -14,7 +14,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     add_connection_args(parser)
     args = parser.parse_args()
-    run_server(fake_stack().app(), "127.0.0.1", args.port, ConnectionLimits.from_args(args))
+    run_server(fake_stack().app(), "127.0.0.1", args.port, connection_limits(args))
 
 
 if __name__ == "__main__":

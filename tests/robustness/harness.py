@@ -1,5 +1,5 @@
 """The app on the fake model (and the toy Tinker backend), in process or under a real uvicorn
-server with ``entrypoints.server``'s limits, and checks that nothing is left running."""
+server with ``adapters.http.uvicorn_server``'s limits, and checks that nothing is left running."""
 
 import json
 import socket
@@ -17,11 +17,10 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.http import HttpServices, create_app
+from adapters.http.uvicorn_server import ConnectionLimits, LimitedServer, server_config
 from adapters.storage.checkpoints import FileCheckpointStorage
 from application.engine.async_engine import AsyncEngine
 from application.tinker.service import TinkerService
-from entrypoints.connection_flags import ConnectionLimits
-from entrypoints.server import LimitedServer, server_config
 from tests.fakes import fake_async_engine
 from tests.support.engine_leftovers import EngineLeftovers
 from tests.support.uvicorn_thread import running
@@ -87,7 +86,7 @@ class Served:
 
 @contextmanager
 def serving(app: Litestar, limits: ConnectionLimits | None = None) -> Iterator[Served]:
-    """``app`` under a real uvicorn server (``entrypoints.server``'s) on 127.0.0.1."""
+    """``app`` under a real uvicorn server (``adapters.http.uvicorn_server``'s) on 127.0.0.1."""
     config = server_config(app, "127.0.0.1", 0, limits or ConnectionLimits(), log_level="warning")
     server = LimitedServer(config)
     with running(server) as started:

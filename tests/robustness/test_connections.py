@@ -1,6 +1,7 @@
-"""Connection abuse against a real uvicorn server (``entrypoints.server``) on the fake model:
-slow or partial headers and bodies, idle floods, every connection busy, malformed HTTP, an
-open-files limit smaller than the flood. Bounded: short timeouts, a few dozen sockets."""
+"""Connection abuse against a real uvicorn server (``adapters.http.uvicorn_server``) on the
+fake model: slow or partial headers and bodies, idle floods, every connection busy,
+malformed HTTP, an open-files limit smaller than the flood. Bounded: short timeouts, a few
+dozen sockets."""
 
 import asyncio
 import contextlib
@@ -19,9 +20,15 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.http.uvicorn_server import (
+    AcceptErrorLog,
+    ConnectionLimits,
+    FoldedLog,
+    connection_cap,
+    raise_open_files_limit,
+)
 from entrypoints import cli
-from entrypoints.connection_flags import ConnectionLimits
-from entrypoints.server import AcceptErrorLog, FoldedLog, connection_cap, raise_open_files_limit
+from entrypoints.connection_flags import connection_limits
 from tests.robustness.harness import (
     MODEL,
     Served,
@@ -489,8 +496,8 @@ def test_infer_serve_takes_every_connection_limit_as_a_flag() -> None:
             "--h11-max-incomplete-event-size=4096",
         ]
     )
-    assert ConnectionLimits.from_args(args) == ConnectionLimits(50, 7, 3.0, 20.0, 64, 4096, 4.0)
-    defaults = ConnectionLimits.from_args(cli._parser().parse_args(["serve"]))
+    assert connection_limits(args) == ConnectionLimits(50, 7, 3.0, 20.0, 64, 4096, 4.0)
+    defaults = connection_limits(cli._parser().parse_args(["serve"]))
     assert defaults == ConnectionLimits()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from adapters.http.uvicorn_server import ConnectionLimits
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import TracingSettings
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB
@@ -28,7 +29,6 @@ from domain.tinker.values import TinkerLimits
 from entrypoints.access_flags import AccessSettings
 from entrypoints.cli import _parser
 from entrypoints.config import ENGINE_CONFIG_NAMES, ServerConfig, from_json, to_json
-from entrypoints.connection_flags import ConnectionLimits
 from entrypoints.embedding_flags import EmbeddingSettings
 from entrypoints.engine_flags import EngineSettings, speculative_config
 from entrypoints.model_flags import ModelSettings

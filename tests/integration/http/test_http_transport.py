@@ -21,8 +21,7 @@ from litestar.testing import TestClient
 from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.ownership import Draining
 from adapters.http.streaming import PING, Heartbeat, HeartbeatMiddleware
-from entrypoints.connection_flags import ConnectionLimits
-from entrypoints.server import END_GRACE_S, LimitedServer, server_config
+from adapters.http.uvicorn_server import END_GRACE_S, ConnectionLimits, LimitedServer, server_config
 from entrypoints.transport_flags import TransportSettings
 from tests.fakes import fake_container
 from tests.robustness.harness import MODEL, Stack, fake_stack, serving
