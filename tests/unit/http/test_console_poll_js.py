@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-STATIC = Path(__file__).parents[2] / "adapters" / "http" / "console" / "static"
+STATIC = Path(__file__).parents[3] / "adapters" / "http" / "console" / "static"
 HARNESS = """
 import { poll } from '%s';
 let ticks = 0, concurrent = 0, maxConcurrent = 0;

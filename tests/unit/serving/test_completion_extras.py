@@ -14,7 +14,7 @@ from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.request import StepOutput
 from domain.sampling import SamplingParams
-from tests.unit.test_completions import caller, service
+from tests.unit.serving.test_completions import caller, service
 
 
 async def test_best_of_reserves_and_admits_every_candidate_with_logprobs() -> None:
