@@ -310,7 +310,7 @@ def test_a_replica_killed_under_load_loses_and_hangs_nothing(fleet: str) -> None
     async def one(i: int) -> str:
         messages = [{"role": "user", "content": f"Tell story number {i}."}]
         # Long enough to be running when the replica is killed (EOS ignored).
-        args = {"model": model, "messages": messages, "max_tokens": 96}
+        args = {"model": model, "messages": messages, "max_tokens": 192}
         try:
             if i % 2:
                 stream = await sdk.chat.completions.create(
@@ -327,9 +327,18 @@ def test_a_replica_killed_under_load_loses_and_hangs_nothing(fleet: str) -> None
 
     async def load_and_kill() -> tuple[dict, list[str]]:
         tasks = [asyncio.create_task(one(i)) for i in range(12)]
-        await asyncio.sleep(2)
-        # The busier one (prefix routing may well put all 12 on one: they share a prefix).
-        victim = max(running_replicas(fleet), key=lambda r: r["running"] + r["waiting"])
+        # The busier one (prefix routing may well put all 12 on one: they share a prefix),
+        # once it reports the load (a fixed wait raced the requests on a fast machine), and
+        # once its streams have sent tokens (those end with an error naming the replica).
+        victim: dict | None = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            replicas = await asyncio.to_thread(running_replicas, fleet)
+            busy = [r for r in replicas if r["running"] + r["waiting"] > 0]
+            victim = max(busy, key=lambda r: r["running"] + r["waiting"]) if busy else None
+        assert victim is not None, "no replica reported the 12 requests"
+        await asyncio.sleep(0.5)
         os.kill(victim["pid"], signal.SIGKILL)
         done, hung = await asyncio.wait(tasks, timeout=150)
         assert not hung, f"{len(hung)} requests hung after a replica was killed"
