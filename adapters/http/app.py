@@ -170,7 +170,9 @@ def create_app(
     # The caller's Tinker tenant, where Tinker checkpoints are served (by path, as models).
     serves_checkpoints = tinker is not None or models.tinker is not None
     owner = tinker_guard(api_keys, access).tenant if serves_checkpoints else None
-    names = ModelNames(models, owner)
+    audit = services.audit or Audit()
+    rollouts = services.rollouts or RolloutBook(models, audit=audit)
+    names = ModelNames(models, owner, rollouts)
     inputs = engine.inputs
     chats = ChatPrompts(FORMATS[settings.tool_call_parser], inputs)
     completions = CompletionService(inputs, chats, settings.reasoning_parser)
@@ -187,8 +189,6 @@ def create_app(
     interval = settings.sse_heartbeat_interval
     heartbeat = [heartbeat_middleware(interval)] if interval > 0 else []
     usage = services.usage or UsageRecorder(MemoryUsageLedger())
-    audit = services.audit or Audit()
-    rollouts = services.rollouts or RolloutBook(models, audit=audit)
     console_data = [
         console_data_router(usage, models, access=access, tinker=tinker, tinker_api_keys=api_keys)
     ]

@@ -24,6 +24,7 @@ from litestar.connection import ASGIConnection
 
 from adapters.http.request_state import api_state
 from application.serving.request_record import RequestRecord
+from application.serving.rollouts import RolloutBook
 from application.serving.served_models import ModelEntry, ServedModels
 from domain.tenancy import PermissionDeniedError
 
@@ -36,10 +37,16 @@ Owner = Callable[[ASGIConnection[Any, Any, Any, Any]], str]
 
 class ModelNames:
     """``models`` on one app; ``owner``: the caller's Tinker tenant (None: no Tinker API,
-    so no ``tinker://`` models)."""
+    so no ``tinker://`` models); ``rollouts``: where a rollout's outcomes go (its health,
+    its automatic rollbacks; None: not counted)."""
 
-    def __init__(self, models: ServedModels, owner: Owner | None = None) -> None:
-        self.models, self._owner = models, owner
+    def __init__(
+        self,
+        models: ServedModels,
+        owner: Owner | None = None,
+        rollouts: RolloutBook | None = None,
+    ) -> None:
+        self.models, self._owner, self._rollouts = models, owner, rollouts
 
     def owner(self, request: ASGIConnection[Any, Any, Any, Any]) -> str | None:
         if self._owner is None:
@@ -79,7 +86,8 @@ class ModelNames:
         if record.status is None or record.status == CLIENT_CLOSED:
             return
         failed = record.status >= 500 or "error" in record.finish_reasons
-        self.models.rollout_outcome(rollout, target, failed)  # a rollback is audited there
+        if self._rollouts is not None:  # a rollback is stored and audited there
+            self._rollouts.outcome(rollout, target, failed)
 
     def visible(self, request: Request[Any, Any, Any]) -> list[ModelEntry]:
         """The models the caller may use."""

@@ -18,7 +18,6 @@ needs (the adapter id, None for the base model).
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -67,18 +66,6 @@ class ModelEntry:
     def allowed(self, allows_model: Callable[[str], bool]) -> bool:
         """Whether a tenant whose scope answers ``allows_model`` may use this model."""
         return any(allows_model(name) for name in self.grants)
-
-
-@dataclass(frozen=True, slots=True)
-class RolledBack:
-    """A rollout's target taken out by its rollback policy: ``error_rate`` of its last
-    ``requests`` failed."""
-
-    rollout: str
-    target: str
-    error_rate: float
-    requests: int
-    at: float  # wall time (unix seconds)
 
 
 class NameSettings(Protocol):
@@ -209,10 +196,6 @@ class ServedModels:
             self._static[name] = replace(self._static[name], deprecation_date=day)
         self._held = ExitStack()  # the LoRA modules' pins, for the server's life
         self._rollouts: dict[str, Rollout] = {}
-        self._health: dict[tuple[str, str], deque[bool]] = {}  # (rollout, target): outcomes
-        self._rolled_back: dict[str, list[RolledBack]] = {}
-        # Told each rollout an automatic rollback changed (the rollout store keeps it).
-        self.on_rollback: Callable[[Rollout, RolledBack], None] | None = None
         self._rollouts_lock = threading.Lock()
         for rollout in rollouts:
             try:
@@ -270,69 +253,17 @@ class ServedModels:
             self.check_rollout(rollout)
             before = self._rollouts.get(rollout.name)
             self._rollouts[rollout.name] = rollout
-            self._health = {k: v for k, v in self._health.items() if k[0] != rollout.name}
-            self._rolled_back.pop(rollout.name, None)
         return before
 
     def remove_rollout(self, name: str) -> Rollout | None:
         """Stop serving the rollout ``name``; the one removed (None: there was none)."""
         with self._rollouts_lock:
-            self._health = {k: v for k, v in self._health.items() if k[0] != name}
-            self._rolled_back.pop(name, None)
             return self._rollouts.pop(name, None)
 
-    def rollout_outcome(self, name: str, target: str, failed: bool) -> RolledBack | None:
-        """A request the rollout ``name`` sent to ``target`` ended (``failed``: a server
-        error). Rolls the target back (its weight 0, its tenants unpinned) when its
-        policy says so and another target serving by weight fails less; what happened."""
+    def rollout(self, name: str) -> Rollout | None:
+        """The rollout served as ``name`` (None: there is none)."""
         with self._rollouts_lock:
-            rollout = self._rollouts.get(name)
-            policy = None if rollout is None else rollout.rollback
-            if rollout is None or policy is None:
-                return None
-            outcomes = self._health.setdefault((name, target), deque(maxlen=policy.window))
-            if outcomes.maxlen != policy.window:
-                outcomes = self._health[(name, target)] = deque(outcomes, maxlen=policy.window)
-            outcomes.append(failed)
-            rate = sum(outcomes) / len(outcomes)
-            if len(outcomes) < policy.min_requests or rate < policy.max_error_rate:
-                return None
-            current = next((t for t in rollout.targets if t.model == target), None)
-            if current is None or (current.weight == 0 and not current.tenants):
-                return None  # already out
-            healthier = [
-                t
-                for t in rollout.targets
-                if t.model != target and t.weight > 0 and self._rate(name, t.model) < rate
-            ]
-            if not healthier:
-                return None  # nothing better to send its requests to
-            rolled = self._rollouts[name] = rollout.without(target)
-            del self._health[(name, target)]
-            event = RolledBack(name, target, rate, len(outcomes), time.time())
-            self._rolled_back.setdefault(name, []).append(event)
-        if self.on_rollback is not None:
-            self.on_rollback(rolled, event)
-        return event
-
-    def rollout_health(self, name: str) -> dict[str, tuple[int, int]]:
-        """Each target's recent requests (its rollback policy's window) and how many of
-        them failed, as the policy counts them."""
-        with self._rollouts_lock:
-            return {
-                target: (len(outcomes), sum(outcomes))
-                for (rollout, target), outcomes in self._health.items()
-                if rollout == name
-            }
-
-    def rollbacks(self, name: str) -> list[RolledBack]:
-        """The rollout's targets rolled back by its policy since it was last set."""
-        with self._rollouts_lock:
-            return list(self._rolled_back.get(name, ()))
-
-    def _rate(self, name: str, target: str) -> float:
-        outcomes = self._health.get((name, target))
-        return sum(outcomes) / len(outcomes) if outcomes else 0.0
+            return self._rollouts.get(name)
 
     def rollouts(self) -> list[Rollout]:
         with self._rollouts_lock:

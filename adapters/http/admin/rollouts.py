@@ -17,8 +17,7 @@ from adapters.http.errors import OPENAI_ERRORS, HTTPError, exception_handlers
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import constants
 from application.access.access import Access
-from application.serving.rollouts import RolloutBook
-from application.serving.served_models import RolledBack
+from application.serving.rollouts import RolledBack, RolloutBook
 from domain.errors import InferError, ModelNotFoundError
 from domain.rollout import (
     DEFAULT_MAX_ERROR_RATE,

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from application.serving.rollouts import RolloutBook
 from application.serving.served_models import ServedModels
 from domain.errors import InvalidParameterError, ModelNotFoundError
 from domain.rollout import RollbackPolicy, Rollout, RolloutTarget, parse_rollout
@@ -112,44 +113,46 @@ def test_a_rollout_must_name_served_models() -> None:
     assert models.resolve("s").id == "v2"
 
 
-def feed(models: ServedModels, target: str, failures: int, successes: int) -> list[object]:
-    events = [models.rollout_outcome("support", target, True) for _ in range(failures)]
-    events += [models.rollout_outcome("support", target, False) for _ in range(successes)]
+def feed(book: RolloutBook, target: str, failures: int, successes: int) -> list[object]:
+    events = [book.outcome("support", target, True) for _ in range(failures)]
+    events += [book.outcome("support", target, False) for _ in range(successes)]
     return [e for e in events if e is not None]
 
 
 def test_a_failing_canary_is_rolled_back_by_itself() -> None:
     models = served(CANARY)
-    assert feed(models, "v1", 0, 30) == []
-    assert feed(models, "v2", 4, 15) == []  # 19 requests: not enough to judge
-    (event,) = feed(models, "v2", 1, 0)  # the 20th: 5 of 20 failed, 25 %
+    book = RolloutBook(models)
+    assert feed(book, "v1", 0, 30) == []
+    assert feed(book, "v2", 4, 15) == []  # 19 requests: not enough to judge
+    (event,) = feed(book, "v2", 1, 0)  # the 20th: 5 of 20 failed, 25 %
     assert (event.rollout, event.target, event.requests) == ("support", "v2", 20)  # type: ignore[attr-defined]
     assert event.error_rate == 0.25  # type: ignore[attr-defined]
     (rollout,) = models.rollouts()
     assert rollout.shares() == {"v1": 1.0, "v2": 0.0}
     assert {models.resolve("support", sticky=f"u{i}").id for i in range(50)} == {"v1"}
-    assert models.rollbacks("support") == [event]
-    assert feed(models, "v2", 30, 0) == []  # already out
+    assert book.rollbacks("support") == [event]
+    assert feed(book, "v2", 30, 0) == []  # already out
     # Set again (a new decision): the history starts afresh.
-    models.set_rollout(CANARY)
-    assert models.rollbacks("support") == [] and feed(models, "v2", 10, 9) == []
+    book.set(CANARY)
+    assert book.rollbacks("support") == [] and feed(book, "v2", 10, 9) == []
 
 
 def test_no_rollback_without_a_healthier_target_or_with_the_policy_off() -> None:
     models = served(CANARY)
-    feed(models, "v1", 20, 0)  # the baseline fails as badly
-    assert feed(models, "v2", 20, 0) == []
+    book = RolloutBook(models)
+    feed(book, "v1", 20, 0)  # the baseline fails as badly
+    assert feed(book, "v2", 20, 0) == []
     off = Rollout("support", CANARY.targets, rollback=None)
-    models.set_rollout(off)
-    assert feed(models, "v2", 50, 0) == []
+    book.set(off)
+    assert feed(book, "v2", 50, 0) == []
     # A pinned-only target (weight 0) is rolled back too: its tenants go by weight.
     pinned = Rollout(
         "support",
         (RolloutTarget("v1", 1), RolloutTarget("v2", 0, frozenset({"beta"}))),
         RollbackPolicy(max_error_rate=0.5, min_requests=4, window=10),
     )
-    models.set_rollout(pinned)
-    assert len(feed(models, "v2", 2, 2)) == 1
+    book.set(pinned)
+    assert len(feed(book, "v2", 2, 2)) == 1
     assert models.resolve("support", tenant="beta").id == "v1"
 
 
@@ -184,8 +187,6 @@ class ListStore:
 
 
 def test_the_book_serves_the_store_over_the_flags_and_stores_rollbacks() -> None:
-    from application.serving.rollouts import RolloutBook
-
     flag = Rollout("support", (RolloutTarget("v1", 1),))
     other_flag = Rollout("other", (RolloutTarget("v2", 1),))
     store = ListStore(CANARY)
@@ -194,8 +195,8 @@ def test_the_book_serves_the_store_over_the_flags_and_stores_rollbacks() -> None
     book.start()
     assert models.rollouts() == [other_flag, CANARY]  # the stored one won; the new flag kept
     assert store.rollouts["other"] == other_flag
-    feed(models, "v1", 0, 30)
-    feed(models, "v2", 20, 0)
+    feed(book, "v1", 0, 30)
+    feed(book, "v2", 20, 0)
     assert store.rollouts["support"].shares() == {"v1": 1.0, "v2": 0.0}  # stored as it happened
     # A stored rollout this server cannot serve (another server's models) is skipped.
     store.save(Rollout("foreign", (RolloutTarget("their-model", 1),)))
