@@ -55,6 +55,7 @@ from adapters.storage.factory import checkpoint_storage
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from application.engine.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
+from application.lifecycle import Lifecycle
 from application.serving.served_models import SharedCheckpoints, check_lora_module
 from application.tinker.checkpoints import CheckpointStore
 from domain.errors import InvalidParameterError, QueueFullError
@@ -134,18 +135,20 @@ class EngineReplica:
         # /v1/embeddings is the ingress's: a replica loads no embedding model.
         self.container.backend.embeddings.override(providers.Object(None))
         self.engine = self.container.async_engine()
-        self.engine.start()  # on the replica's event loop, the thread that loaded the model
         # The replica's own app answers the Tinker calls the ingress forwards here (run
-        # without a lifespan: what it would start is started here).
+        # without a lifespan: the same Lifecycle is started here, on the replica's event
+        # loop, the thread that loaded the model).
         self.app = self.container.http_app() if config.tinker.enabled else None
-        self.container.usage().start()
-        self._watches = []
         admin = self.container.tenant_admin()
-        if admin is not None:  # its Tinker face checks keys: the admin API's changes too
-            self._watches.append(asyncio.create_task(admin.watch()))
         self.tinker = self.container.tinker()
-        if self.tinker is not None:
-            self.tinker.start()
+        self.lifecycle = Lifecycle(
+            self.engine,
+            self.container.usage(),
+            tinker=self.tinker,
+            # its Tinker face checks keys: the admin API's changes too
+            watches=[admin.watch] if admin is not None else [],
+        )
+        await self.lifecycle.start()
         self.container.served_models()  # the --lora-modules folders loaded (kept loaded)
         self.lora = self.container.backend.lora_serving()  # a call's checkpoint loads here
         self.node = socket.gethostname()

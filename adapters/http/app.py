@@ -7,9 +7,7 @@ Faces, one router each: the native token stream (``generate_routes``), the OpenA
 endpoints (``openai/``), the Tinker API (``tinker/``), and the probes (``probes``).
 """
 
-import asyncio
-import gc
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +38,9 @@ from application.access.access import Access
 from application.access.audit import Audit
 from application.access.idempotency import DEFAULT_TTL_S
 from application.access.tenant_admin import TenantAdmin
-from application.access.usage_ledger import MemoryUsageLedger, UsageRecorder, seed_daily_quotas
+from application.access.usage_ledger import MemoryUsageLedger, UsageRecorder
 from application.engine.engine_client import EngineClient
+from application.lifecycle import Lifecycle
 from application.serving.chat_prompts import ChatPrompts
 from application.serving.completions import CompletionService
 from application.serving.embeddings import EmbeddingService
@@ -240,43 +239,29 @@ def _lifespan(
     the engine and the Tinker service; at shutdown, the services, the engine, the ledger's
     last records, then the shutdown hooks."""
 
+    watches: list[Callable[[], Coroutine[Any, Any, None]]] = []
+    if services.tenant_admin is not None:
+        watches.append(services.tenant_admin.watch)
+    if rollouts.store is not None:
+        watches.append(rollouts.watch)
+    lifecycle = Lifecycle(
+        engine,
+        usage,
+        quotas=services.access if services.seed_quotas else None,
+        tinker=services.tinker,
+        embeddings=services.embeddings,
+        watches=watches,
+    )
+
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         for hook in services.on_startup:
             hook()
-        usage.start()
-        if services.seed_quotas and services.access is not None:
-            try:
-                await seed_daily_quotas(services.access, usage)
-            except Exception as e:  # the ledger is down: start, the quotas counting afresh
-                log.error("daily quotas not seeded from the usage ledger", error=str(e))
-        # The start-up heap (the model's modules, the tokenizer, the app) lives as long as
-        # the server: frozen out of the collector's sight, a full collection no longer walks
-        # it (measured on the default model: one 159 ms pause over 267k objects in a
-        # 64-stream run, every stream's next token waiting on it; none after the freeze).
-        # Frozen objects still go when their last reference does; only cycles among them
-        # stay: whatever unloads a model at run time unfreezes first (gc.unfreeze()).
-        gc.collect()
-        gc.freeze()
-        engine.start()
-        if services.tinker is not None:
-            services.tinker.start()
-        watches = []
-        if services.tenant_admin is not None:
-            watches.append(asyncio.create_task(services.tenant_admin.watch(), name="keys-watch"))
-        if rollouts.store is not None:
-            watches.append(asyncio.create_task(rollouts.watch(), name="rollouts-watch"))
+        await lifecycle.start()
         try:
             yield
         finally:
-            for watch in watches:
-                watch.cancel()
-            if services.tinker is not None:
-                await services.tinker.stop()
-            if services.embeddings is not None:
-                await services.embeddings.stop()
-            await engine.stop()
-            await asyncio.to_thread(usage.close)
+            await lifecycle.stop()
             for hook in services.on_shutdown:
                 hook()
 
