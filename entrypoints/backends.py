@@ -4,7 +4,9 @@ handed in by tests instead (``create_container(config, backend=FakeBackend(runne
 as cosmicpython's bootstrap takes its fakes). Kinds of one sort have the same providers.
 
 A **backend** (``config.model.runner``): :class:`TorchBackend` (``torch``) loads the
-model; :class:`FakeBackend` (``fake``) loads nothing.
+model; :class:`FakeBackend` (``fake``) loads nothing; :class:`RemoteBackend` is a fleet's
+ingress (``infer serve --replicas``): the model's tokenizer and names, no weights, what a
+replica measured in their place.
 
 ==================  ====================================================================
 provider            what it gives (None where the backend has none)
@@ -56,12 +58,14 @@ from adapters.torch.factory import (
     kv_pool_bytes,
 )
 from adapters.torch.lora.custom_loss import custom_loss_gradient
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.torch.runtime.step_costs import step_costs
 from adapters.weights import ResolvedModel
 from adapters.weights.factory import model_names, resolve, resolve_embedding
 from application.engine.async_engine import AsyncEngine
+from application.engine.remote_engine import ReplicaAdapters
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError, ModelLoadError
 from domain.ports import Tokenizer
@@ -251,6 +255,56 @@ class FakeBackend(containers.DeclarativeContainer):
     embeddings = providers.Singleton(
         build_fake_embeddings,
         config.provided.embeddings.embedding_model,
+        config.provided.embeddings.limits,
+    )
+
+
+def replica_adapters(lora_modules: object, tinker: bool) -> ReplicaAdapters | None:
+    """The ingress's view of the replicas' LoRA adapters (the ``--lora-modules`` folders
+    loaded at their start, a Tinker checkpoint served by path loaded by the replica a call
+    goes to, from the shared ``--checkpoint-dir``); None without either."""
+    return ReplicaAdapters(ADAPTER_WEIGHTS) if lora_modules or tinker else None
+
+
+class RemoteBackend(containers.DeclarativeContainer):
+    """A fleet's ingress (``infer serve --replicas``): the model's names, tokenizer and
+    grammar, and the embeddings it serves itself, but no weights and no runner (the
+    replicas hold them); ``described``, what a replica measured on the model (its engine
+    config with the KV pool sized there, the vocabulary, the pool's bytes), stands in for
+    what loading it would give; the LoRA adapters live on the replicas."""
+
+    config = providers.Dependency(instance_of=ServerConfig)
+    described = providers.Dependency(instance_of=dict)
+    resolved_model = providers.Singleton(
+        resolve,
+        config.provided.model.model,
+        config.provided.model.cache_dir,
+        config.provided.model.progress,
+    )
+    dtype: providers.Object[None] = providers.Object(None)
+    model: providers.Object[None] = providers.Object(None)
+    model_name = resolved_model.provided.name
+    served_names = providers.Singleton(
+        model_names,
+        model_name,
+        config.provided.model.served_model_name,
+        config.provided.tinker.tinker_aliases,
+    )
+    engine_config = described.provided["engine_config"]
+    kv_cache_bytes = described.provided["kv_cache_bytes"]
+    tokenizer = providers.Singleton(model_tokenizer, resolved_model)
+    vocab_size = described.provided["vocab_size"]
+    grammar = providers.Singleton(model_grammar, resolved_model, vocab_size, tokenizer)
+    lora_serving = providers.Singleton(
+        replica_adapters, config.provided.model.lora_modules, config.provided.tinker.enabled
+    )
+    runner: providers.Object[None] = providers.Object(None)
+    draft_runner: providers.Object[None] = providers.Object(None)
+    step_costs: providers.Object[None] = providers.Object(None)
+    embeddings = providers.Singleton(
+        build_embeddings,
+        providers.Singleton(resolve_embedding, config.provided.embeddings.embedding_model),
+        config.provided.model.device,
         config.provided.embeddings.limits,
     )
 

@@ -62,6 +62,7 @@ from domain.errors import InvalidParameterError, QueueFullError
 from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest, imbalance_for
 from entrypoints.access_flags import sighup_reloader
+from entrypoints.backends import RemoteBackend
 from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.container import create_container
 from entrypoints.server import serve_configured
@@ -328,26 +329,14 @@ def ingress_container(
     *,
     tinker: bool = False,
 ) -> Any:
-    """The server's container without the model: what a replica measured (the KV pool, the
-    vocabulary) stands in for what loading the model would give. ``tinker``: the replicas
-    run the Tinker API (its checkpoints served by path here too)."""
-    container = create_container(config, on_startup=on_startup)
-    backend = container.backend
-    for name in ("model", "dtype", "runner"):
-        getattr(backend, name).override(providers.Object(None))
-    # The replicas hold the LoRA adapters (the --lora-modules folders loaded at their start,
-    # a Tinker checkpoint served by path loaded by the replica a call goes to, from the
-    # shared --checkpoint-dir, which the ingress reads to resolve the path).
-    adapters = None
-    if config.model.lora_modules or tinker:
-        adapters = ReplicaAdapters(ADAPTER_WEIGHTS)
-    backend.lora_serving.override(providers.Object(adapters))
+    """The server's container on a :class:`RemoteBackend` (no model: what a replica
+    measured, ``described``, stands in for it). ``tinker``: the replicas run the Tinker API
+    (its checkpoints served by path here too, from the shared ``--checkpoint-dir``)."""
+    backend = RemoteBackend(described=providers.Object(described))
+    container = create_container(config, backend=backend, on_startup=on_startup)
     if tinker:
         store = CheckpointStore(checkpoint_storage(config.tinker.checkpoint_dir))
         container.tinker_checkpoints.override(providers.Object(SharedCheckpoints(store)))
-    backend.engine_config.override(providers.Object(described["engine_config"]))
-    backend.vocab_size.override(providers.Object(described["vocab_size"]))
-    backend.kv_cache_bytes.override(providers.Object(described["kv_cache_bytes"]))
     return container
 
 

@@ -12,7 +12,14 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.torch.lora.custom_loss import custom_loss_gradient
 from application.access.keys import hash_key
-from entrypoints.backends import FakeBackend, LoraTraining, TorchBackend, ToyTraining
+from domain.config import EngineConfig
+from entrypoints.backends import (
+    FakeBackend,
+    LoraTraining,
+    RemoteBackend,
+    TorchBackend,
+    ToyTraining,
+)
 from entrypoints.config import ServerConfig
 from entrypoints.container import create_container
 from entrypoints.tinker_flags import TinkerSettings
@@ -67,7 +74,23 @@ def test_the_fake_backend_loads_no_model(tmp_path) -> None:
 
 def test_the_backends_and_the_trainings_have_one_shape_each() -> None:
     assert set(TorchBackend.providers) == set(FakeBackend.providers)
+    assert set(RemoteBackend.providers) == set(TorchBackend.providers) | {"described"}
     assert set(LoraTraining.providers) == set(ToyTraining.providers)
+
+
+def test_a_fleets_ingress_backend_loads_no_model() -> None:
+    """What a replica measured stands in for the model; the names and the tokenizer are
+    the model's own."""
+    engine_config = EngineConfig(max_seq_len=256, max_batch_size=4)
+    described = {"engine_config": engine_config, "vocab_size": 49152, "kv_cache_bytes": 4096}
+    backend = RemoteBackend(described=providers.Object(described))
+    container = create_container(ServerConfig(), backend=backend)
+    assert container.backend() is backend
+    assert backend.model() is None and backend.runner() is None and backend.dtype() is None
+    assert backend.engine_config() is engine_config and backend.vocab_size() == 49152
+    assert backend.kv_cache_bytes() == 4096 and backend.lora_serving() is None
+    assert backend.served_names() == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert backend.tokenizer().decode(backend.tokenizer().encode("Hello there")) == "Hello there"
 
 
 def test_the_config_chooses_the_backend_and_a_test_may_hand_in_its_own(tmp_path) -> None:
