@@ -1,17 +1,15 @@
 """``infer serve --replicas N``: N engine replicas on Ray Serve behind this process's port.
 
-- **engine** (``EngineReplica``, a Ray Serve deployment of N replicas): each builds the
-  container from the one :class:`ServerConfig` (carried as JSON) and runs its
-  :class:`AsyncEngine` (on the replica's own event loop) with the ``--lora-modules``
-  loaded; a call (``generate``) queues one :class:`AdmitCall` and streams its outputs back
-  in batches (:func:`application.engine.remote_engine.serve_call`). Every second it reports its
-  load to the fleet registry and, through ``record_routing_stats``, to the request router.
+- **engine** (:class:`~adapters.ray.replica.EngineReplica`, a Ray Serve deployment of N
+  replicas): each builds its container here (:func:`replica_container`, from the one
+  :class:`ServerConfig` carried as JSON) and runs its engine on the replica's own event
+  loop; its load goes to the registry (:mod:`adapters.ray.registry`) and the router.
 - **ingress** (:class:`FleetIngress`, this process, a Ray driver): the same Litestar app
   as one process (auth, limits, parsing, chat rendering, tokenizing), served by the same
   uvicorn with every HTTP flag (Ray Serve's proxy is off), built by the same container
   with the engine replaced by a :class:`RemoteEngine` whose calls go through the engine
   deployment's handle, routed by :class:`FleetRequestRouter` (``--routing``) on the
-  server's event loop. It loads the tokenizer, not the model.
+  server's event loop. It loads the tokenizer, not the model (:class:`RemoteBackend`).
 
 ``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), the replicas, then
 serves until SIGINT/SIGTERM (drained as one process is), then stops what it started. A
@@ -23,11 +21,10 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,27 +38,22 @@ from ray.serve.handle import DeploymentHandle
 
 from adapters.http.replica_header import ReplicaHeader
 from adapters.http.tinker_forward import (
-    HttpCall,
-    HttpReply,
     TinkerForwarder,
-    lost_future_reply,
-    run_asgi,
 )
 from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.logging import configure_logging
 from adapters.ray.dispatch import HandleDispatch, HandleForward, loop_handle
-from adapters.ray.registry import REGISTRY_NAME, FleetRegistry
+from adapters.ray.registry import REGISTRY_NAME, REPORT_EVERY_S, FleetRegistry
+from adapters.ray.replica import EngineReplica
 from adapters.ray.router import FleetRequestRouter
 from adapters.storage.factory import checkpoint_storage
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
-from application.engine.remote_engine import RemoteEngine, ReplicaAdapters, serve_call
-from application.lifecycle import Lifecycle
+from application.engine.remote_engine import RemoteEngine, ReplicaAdapters
 from application.serving.served_models import SharedCheckpoints, check_lora_module
 from application.tinker.checkpoints import CheckpointStore
-from domain.errors import InvalidParameterError, QueueFullError
-from domain.request import AdmitCall, StepOutput
-from domain.routing import RouteRequest, imbalance_for
+from domain.errors import InvalidParameterError
+from domain.routing import imbalance_for
 from entrypoints.access_flags import sighup_reloader
 from entrypoints.backends import RemoteBackend
 from entrypoints.config import ServerConfig, from_json, to_json
@@ -71,7 +63,6 @@ from entrypoints.server import serve_configured
 log = structlog.get_logger(__name__)
 
 APP_NAME = "infer"
-REPORT_EVERY_S = 1.0
 ROUTING_STATS_PERIOD_S = 1.0
 # An engine replica runs its engine on the replica's own event loop, not on a thread of its
 # own (one thread hop fewer each way per call; Ray's health checks and routing-stats calls
@@ -79,142 +70,20 @@ ROUTING_STATS_PERIOD_S = 1.0
 REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
-class EngineReplica:
-    """One engine replica (see the module)."""
-
-    async def __init__(self, config_json: bytes) -> None:  # type: ignore[misc]
-        config = from_json(config_json)
-        # The ingress records usage and holds the rollouts: a replica keeps none on disk.
-        config = replace(config, access=replace(config.access, usage_db=None))
-        configure_logging(config.observability.log_level, config.observability.log_format)
-        set_threads(config.model.threads)
-        self.config = config
-        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
-        self.container = create_container(config)
-        self.container.tinker_id_tag.override(providers.Object(self.replica_id))
-        # /v1/embeddings is the ingress's: a replica loads no embedding model.
-        self.container.backend.embeddings.override(providers.Object(None))
-        self.engine = self.container.async_engine()
-        # The replica's own app answers the Tinker calls the ingress forwards here (run
-        # without a lifespan: the same Lifecycle is started here, on the replica's event
-        # loop, the thread that loaded the model).
-        self.app = self.container.http_app() if config.tinker.enabled else None
-        admin = self.container.tenant_admin()
-        self.tinker = self.container.tinker()
-        self.lifecycle = Lifecycle(
-            self.engine,
-            self.container.usage(),
-            tinker=self.tinker,
-            # its Tinker face checks keys: the admin API's changes too
-            watches=[admin.watch] if admin is not None else [],
-        )
-        await self.lifecycle.start()
-        self.container.served_models()  # the --lora-modules folders loaded (kept loaded)
-        self.lora = self.container.backend.lora_serving()  # a call's checkpoint loads here
-        self.node = socket.gethostname()
-        self._registry = ray.get_actor(REGISTRY_NAME)
-        self._reporter = asyncio.create_task(self._report_forever())
-        self._reports = 0
-
-    async def describe(self) -> dict[str, Any]:
-        """What the ingress builds its checks from: the engine's configuration (the KV pool
-        sized here, on the model) and the model's vocabulary."""
-        backend = self.container.backend
-        return {
-            "engine_config": backend.engine_config(),
-            "vocab_size": backend.vocab_size(),
-            "kv_cache_bytes": backend.kv_cache_bytes(),
-            "replica_id": self.replica_id,
-        }
-
-    async def generate(
-        self, route: RouteRequest, call: AdmitCall, avoid: frozenset[str]
-    ) -> AsyncIterator[Any]:
-        """One call: this replica's id with the first batch of outputs (or the refusal
-        that stopped the call: the ingress tries another replica), then the other batches.
-        ``route`` and ``avoid`` are the router's (:mod:`adapters.ray.router`)."""
-        del route, avoid
-        outputs = serve_call(self.engine, call, self.lora)
-        try:
-            first: list[StepOutput] | Exception = await anext(outputs, [])
-        except QueueFullError as e:
-            first = e
-        yield (self.replica_id, first)
-        async for batch in outputs:
-            yield batch
-
-    async def tinker_http(
-        self, route: RouteRequest, call: HttpCall, avoid: frozenset[str]
-    ) -> HttpReply:
-        """A Tinker call the ingress forwarded (:mod:`adapters.http.tinker_forward`),
-        answered by this replica's Tinker face."""
-        del route, avoid
-        lost = lost_future_reply(call, self.replica_id)
-        if lost is not None:
-            return lost
-        if self.app is None:
-            return HttpReply(404, (), b'{"detail":"Tinker is off (--no-tinker)"}', self.replica_id)
-        status, headers, body = await run_asgi(self.app, call)
-        return HttpReply(status, headers, body, self.replica_id)
-
-    def stats(self) -> dict[str, Any]:
-        load = self.engine.load()
-        hit = (
-            load.prefix_hit_tokens / load.prefix_queried_tokens
-            if load.prefix_queried_tokens
-            else 0.0
-        )
-        return {
-            "pid": os.getpid(),
-            "node": self.node,
-            "running": load.running,
-            "waiting": load.waiting,
-            "kv_usage": round(load.kv_usage, 4),
-            "prefix_queried_tokens": load.prefix_queried_tokens,
-            "prefix_hit_tokens": load.prefix_hit_tokens,
-            "prefix_hit_rate": round(hit, 4),
-            "healthy": self.engine.healthy,
-            "step": self._latest_second(),
-        }
-
-    def _latest_second(self) -> dict[str, Any] | None:
-        """This engine's newest finished second (the web console's timeline; None with
-        ``--no-ui``, or before the first)."""
-        timeline = self.container.timeline()
-        if timeline is None:
-            return None
-        recent = timeline.points(int(time.time()) - 3)
-        return recent[-1] if recent else None
-
-    def record_routing_stats(self) -> dict[str, Any]:
-        load = self.engine.load()
-        self._reports += 1  # the router counts its calls since the last report
-        return {
-            "running": load.running,
-            "waiting": load.waiting,
-            "kv_usage": load.kv_usage,
-            "report": self._reports,
-            "evicted": self.engine.take_evicted(),
-        }
-
-    def check_health(self) -> None:
-        if not self.engine.healthy:
-            raise RuntimeError("the engine loop stopped")
-
-    async def _report_forever(self) -> None:
-        metrics = self.container.metrics()
-        while True:
-            report = self.stats()
-            if metrics is not None:
-                report["metrics"] = metrics.render()[0].decode()
-            with contextlib.suppress(Exception):  # the registry gone: the server is stopping
-                await self._registry.report.remote(self.replica_id, report)
-            await asyncio.sleep(REPORT_EVERY_S)
-
-    async def __del__(self) -> None:
-        if self.tinker is not None:
-            await self.tinker.stop()
-        await self.engine.stop()
+def replica_container(config_json: bytes, replica_id: str) -> Any:
+    """An engine replica's container (:class:`~adapters.ray.replica.EngineReplica` calls
+    it in its own process): the one :class:`ServerConfig` from JSON, without a usage
+    ledger (the ingress records usage and holds the rollouts), its logging and threads
+    set; Tinker's ids carry ``replica_id``; no embedding model (``/v1/embeddings`` is the
+    ingress's)."""
+    config = from_json(config_json)
+    config = replace(config, access=replace(config.access, usage_db=None))
+    configure_logging(config.observability.log_level, config.observability.log_format)
+    set_threads(config.model.threads)
+    container = create_container(config)
+    container.tinker_id_tag.override(providers.Object(replica_id))
+    container.backend.embeddings.override(providers.Object(None))
+    return container
 
 
 class FleetIngress:
@@ -325,7 +194,7 @@ def deployments(config: ServerConfig) -> Any:
         graceful_shutdown_timeout_s=config.http.drain_timeout,
         request_router_config=RequestRouterConfig(**router),
     )
-    return engine.bind(config_json)  # type: ignore[attr-defined]
+    return engine.bind(config_json, replica_container)  # type: ignore[attr-defined]
 
 
 def serve_replicas(config: ServerConfig) -> int:

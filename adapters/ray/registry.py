@@ -8,6 +8,7 @@ from typing import Any
 import ray
 
 REGISTRY_NAME = "infer-fleet-registry"
+REPORT_EVERY_S = 1.0  # how often each replica reports
 # A replica not heard from for this long is listed as unreachable, and then dropped.
 STALE_AFTER_S = 5.0
 FORGET_AFTER_S = 60.0
