@@ -37,12 +37,12 @@ from ray.serve.config import ProxyLocation, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from adapters.http.replica_header import ReplicaHeader
-from adapters.http.tinker_forward import (
-    TinkerForwarder,
-)
 from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.logging import configure_logging
 from adapters.ray.dispatch import HandleDispatch, HandleForward, loop_handle
+from adapters.ray.forward import (
+    TinkerForwarder,
+)
 from adapters.ray.registry import REGISTRY_NAME, REPORT_EVERY_S, FleetRegistry
 from adapters.ray.replica import EngineReplica
 from adapters.ray.router import FleetRequestRouter

@@ -34,6 +34,7 @@ from domain.tenancy import (
     PermissionDeniedError,
     RateLimitedError,
 )
+from domain.tinker.errors import error_payload
 
 _encoder = msgspec.json.Encoder()
 log = structlog.get_logger(__name__)
@@ -235,7 +236,7 @@ def openai_error_body(message: str, kind: str) -> bytes:
 
 def tinker_error_body(message: str, category: str) -> bytes:
     """An error body in the Tinker face's format."""
-    return _encoder.encode({"detail": message, "error": message, "category": category})
+    return _encoder.encode(error_payload(message, category))
 
 
 def face_error_body(path: str, message: str, kind: str, category: str = "user") -> bytes:

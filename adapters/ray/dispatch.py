@@ -13,7 +13,7 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from adapters.http.tinker_forward import HttpCall, HttpReply
+from adapters.ray.forward import HttpCall, HttpReply
 from application.engine.remote_engine import ReplicaLostError, Routed
 from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest
@@ -98,7 +98,7 @@ def _cause(error: RayTaskError, replica_id: str | None) -> Exception:
 
 
 class HandleForward:
-    """The ingress's Tinker :data:`~adapters.http.tinker_forward.Forward`: a call
+    """The ingress's Tinker :data:`~adapters.ray.forward.Forward`: a call
     (``tinker_http``) on the engine deployment, placed by the request router by the replica
     its ids name (``route.replica``)."""
 

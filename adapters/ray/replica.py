@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from adapters.http.tinker_forward import HttpCall, HttpReply, lost_future_reply, run_asgi
+from adapters.ray.forward import HttpCall, HttpReply, lost_future_reply, run_asgi
 from adapters.ray.registry import REGISTRY_NAME, REPORT_EVERY_S
 from application.engine.remote_engine import serve_call
 from application.lifecycle import Lifecycle
@@ -91,7 +91,7 @@ class EngineReplica:
     async def tinker_http(
         self, route: RouteRequest, call: HttpCall, avoid: frozenset[str]
     ) -> HttpReply:
-        """A Tinker call the ingress forwarded (:mod:`adapters.http.tinker_forward`),
+        """A Tinker call the ingress forwarded (:mod:`adapters.ray.forward`),
         answered by this replica's Tinker face."""
         del route, avoid
         lost = lost_future_reply(call, self.replica_id)

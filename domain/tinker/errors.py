@@ -40,3 +40,9 @@ class BackendFailure(TrainingError):
     """The training backend failed on valid input (a server-side error)."""
 
     category = "server"
+
+
+def error_payload(message: str, category: str) -> dict[str, str]:
+    """What a Tinker API error answers: the message (as ``detail`` and ``error``) and its
+    category (``user``: the caller's to fix; ``server``: ours), which the SDK reads."""
+    return {"detail": message, "error": message, "category": category}

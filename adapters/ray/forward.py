@@ -24,9 +24,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.http.errors import tinker_error_body
+import msgspec
+
 from application.engine.remote_engine import ReplicaLostError
 from domain.routing import RouteRequest
+from domain.tinker.errors import error_payload
 
 PREFIX = "/api/v1/"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -181,7 +183,7 @@ async def _reply(send: Any, reply: HttpReply) -> None:
 
 
 def _error(status: int, message: str) -> HttpReply:
-    body = tinker_error_body(message, "server" if status >= 500 else "user")
+    body = msgspec.json.encode(error_payload(message, "server" if status >= 500 else "user"))
     return HttpReply(status, _json_headers(body), body)
 
 
