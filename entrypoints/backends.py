@@ -71,7 +71,7 @@ from domain.errors import InvalidParameterError, ModelLoadError
 from domain.ports import Tokenizer
 from domain.speculation import StepCosts
 from entrypoints.config import ServerConfig
-from entrypoints.engine_flags import EngineSettings
+from entrypoints.config.engine import EngineSettings
 
 log = structlog.get_logger("entrypoints.container")
 FAKE_MODEL_NAME = "fake"

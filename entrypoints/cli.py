@@ -22,26 +22,26 @@ from domain.config import EngineConfig
 from domain.errors import InferError, InvalidParameterError
 from domain.memory import PANELS_AUTO_MAX, PANELS_AUTO_SHARE, human_size, parse_kv_cache_memory
 from domain.sampling import SamplingParams
-from entrypoints.access_flags import add_access_args, sighup_reloader
 from entrypoints.config import ServerConfig
-from entrypoints.connection_flags import add_connection_args
-from entrypoints.container import create_container
-from entrypoints.embedding_flags import add_embedding_args
-from entrypoints.engine_flags import add_engine_args, speculation, speculative_config
-from entrypoints.kernel_commands import bench_kernels, build_kernels
-from entrypoints.model_flags import (
+from entrypoints.config.access import add_access_args, sighup_reloader
+from entrypoints.config.connection import add_connection_args
+from entrypoints.config.embedding import add_embedding_args
+from entrypoints.config.engine import add_engine_args, speculation, speculative_config
+from entrypoints.config.model import (
     DTYPE_NAMES,
     QUANTIZATIONS,
     REASONING_PARSERS,
     TOOL_CALL_PARSERS,
     add_model_name_args,
 )
-from entrypoints.observability_flags import add_observability_args
-from entrypoints.replica_flags import add_replica_args
-from entrypoints.request_flags import add_request_limit_args
+from entrypoints.config.observability import add_observability_args
+from entrypoints.config.replica import add_replica_args
+from entrypoints.config.request import add_request_limit_args
+from entrypoints.config.tinker import add_tinker_limit_args
+from entrypoints.config.transport import add_address_args, add_transport_args
+from entrypoints.container import create_container
+from entrypoints.kernel_commands import bench_kernels, build_kernels
 from entrypoints.server import serve_configured
-from entrypoints.tinker_flags import add_tinker_limit_args
-from entrypoints.transport_flags import add_address_args, add_transport_args
 
 QUANTIZATION_CHOICES = [q for q in QUANTIZATIONS if q is not None]
 # vLLM's dtype names (`auto` is decided per machine: adapters.torch.factory.choose_dtype).

@@ -55,9 +55,9 @@ from application.serving.reasoning import parser_for
 from application.serving.served_models import ServedModels
 from application.tinker.service import tinker_service
 from domain.scheduler import TenantShares, make_scheduler
-from entrypoints.access_flags import AccessSettings
 from entrypoints.backends import BACKENDS, TRAININGS
 from entrypoints.config import ServerConfig
+from entrypoints.config.access import AccessSettings
 
 
 def build_http_app(

@@ -57,7 +57,7 @@ def measure_steps(args: argparse.Namespace) -> None:
     """What ``infer serve``'s steps cost with its defaults (speculation decides from them),
     measured on the loaded model (again with ``--retune``)."""
     from adapters.torch.runtime.step_costs import step_costs
-    from entrypoints.engine_flags import MAX_NUM_SEQS, SPECULATIVE_BY_DEVICE
+    from entrypoints.config.engine import MAX_NUM_SEQS, SPECULATIVE_BY_DEVICE
 
     config = ServerConfig.for_model(  # infer serve's defaults on a CPU
         args.model,

@@ -54,9 +54,9 @@ from application.serving.served_models import SharedCheckpoints, check_lora_modu
 from application.tinker.checkpoints import CheckpointStore
 from domain.errors import InvalidParameterError
 from domain.routing import imbalance_for
-from entrypoints.access_flags import sighup_reloader
 from entrypoints.backends import RemoteBackend
 from entrypoints.config import ServerConfig, from_json, to_json
+from entrypoints.config.access import sighup_reloader
 from entrypoints.container import create_container
 from entrypoints.server import serve_configured
 

@@ -5,7 +5,7 @@ need a process of their own (its open-files limit, its log)."""
 import argparse
 
 from adapters.http.uvicorn_server import run_server
-from entrypoints.connection_flags import add_connection_args, connection_limits
+from entrypoints.config.connection import add_connection_args, connection_limits
 from tests.robustness.harness import fake_stack
 
 

@@ -28,7 +28,7 @@ from adapters.http.uvicorn_server import (
     raise_open_files_limit,
 )
 from entrypoints import cli
-from entrypoints.connection_flags import connection_limits
+from entrypoints.config.connection import connection_limits
 from tests.robustness.harness import (
     MODEL,
     Served,

@@ -17,8 +17,8 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import load_entries
 from application.access.keys import hash_key
-from entrypoints.access_flags import AccessSettings
-from entrypoints.model_flags import ModelSettings
+from entrypoints.config.access import AccessSettings
+from entrypoints.config.model import ModelSettings
 from tests.fakes import fake_container
 from tests.robustness.fuzz import (
     NASTY_NUMBERS,

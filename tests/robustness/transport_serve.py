@@ -8,7 +8,7 @@ import argparse
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http.uvicorn_server import ConnectionLimits, run_server
-from entrypoints.transport_flags import TransportSettings, add_address_args, add_transport_args
+from entrypoints.config.transport import TransportSettings, add_address_args, add_transport_args
 from tests.fakes import fake_container
 
 MODEL = "fake"

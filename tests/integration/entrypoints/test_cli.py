@@ -214,7 +214,7 @@ def test_serve_refuses_a_kv_budget_short_of_one_request(tmp_path, monkeypatch, c
 def test_serve_maps_the_kv_pool_flags(monkeypatch) -> None:
     from domain.memory import KVCacheMemory
     from entrypoints import cli
-    from entrypoints.engine_flags import MAX_NUM_SEQS
+    from entrypoints.config.engine import MAX_NUM_SEQS
 
     seen: dict = {}
 

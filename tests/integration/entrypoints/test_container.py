@@ -21,8 +21,8 @@ from entrypoints.backends import (
     ToyTraining,
 )
 from entrypoints.config import ServerConfig
+from entrypoints.config.tinker import TinkerSettings
 from entrypoints.container import create_container
-from entrypoints.tinker_flags import TinkerSettings
 from tests.fakes import fake_container
 
 REPLY = "Paris is the capital."

@@ -8,7 +8,7 @@ from adapters.weights.embedding import MINILM_NAME, resolve_embedding_model
 from domain.errors import ModelLoadError
 from entrypoints.cli import main
 from entrypoints.config import ServerConfig
-from entrypoints.embedding_flags import EmbeddingSettings
+from entrypoints.config.embedding import EmbeddingSettings
 
 
 def served_embeddings(monkeypatch: pytest.MonkeyPatch, *argv: str) -> EmbeddingSettings:

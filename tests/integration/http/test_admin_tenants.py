@@ -18,8 +18,8 @@ from adapters.storage.keys_file import KeysFileStore, load_entries
 from application.access.keys import hash_key
 from application.access.tenant_admin import key_id
 from domain.tenancy import Tenant, TenantEntry
-from entrypoints.access_flags import AccessSettings
-from entrypoints.model_flags import ModelSettings
+from entrypoints.config.access import AccessSettings
+from entrypoints.config.model import ModelSettings
 from tests.fakes import fake_container
 from tests.support.json_logs import json_log_stream
 

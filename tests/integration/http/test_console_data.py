@@ -14,9 +14,9 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.http.console.security import CONTENT_SECURITY_POLICY
 from application.access.keys import hash_key
-from entrypoints.access_flags import AccessSettings
-from entrypoints.tinker_flags import TinkerSettings
-from entrypoints.transport_flags import TransportSettings
+from entrypoints.config.access import AccessSettings
+from entrypoints.config.tinker import TinkerSettings
+from entrypoints.config.transport import TransportSettings
 from tests.fakes import fake_container
 from tests.support.tinker_client import Api, forward_backward_proto, post_proto, sample_body
 

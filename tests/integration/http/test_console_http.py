@@ -23,7 +23,7 @@ from adapters.http.console.security import CONTENT_SECURITY_POLICY
 from application.access.keys import hash_key
 from entrypoints.cli import _parser
 from entrypoints.config import ServerConfig
-from entrypoints.transport_flags import TransportSettings
+from entrypoints.config.transport import TransportSettings
 from tests.fakes import fake_container
 from tests.support.uvicorn_thread import running
 

@@ -13,7 +13,7 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from application.engine.generation_probe import TOKENS, GenerationProbe
 from domain.rollout import parse_rollout
-from entrypoints.model_flags import ModelSettings
+from entrypoints.config.model import ModelSettings
 from tests.fakes import fake_container
 
 PROBE = "/health/generate"

@@ -17,7 +17,7 @@ from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.storage.keys_file import KeysFileError, load_keyring
 from application.access.keys import hash_key
-from entrypoints.tinker_flags import TinkerSettings
+from entrypoints.config.tinker import TinkerSettings
 from tests.fakes import fake_container
 
 TOY_TINKER = TinkerSettings(enabled=True, training_backend="toy")

@@ -18,7 +18,7 @@ from adapters.torch.embeddings.embedder import TorchEmbedder
 from adapters.weights.embedding import MINILM_NAME, resolve_minilm
 from application.access.keys import hash_key
 from application.serving.embeddings import EmbeddingLimits, EmbeddingService
-from entrypoints.embedding_flags import EmbeddingSettings
+from entrypoints.config.embedding import EmbeddingSettings
 from tests.fakes import fake_async_engine, fake_container
 
 EMBED = "fake-embed"

@@ -22,7 +22,7 @@ from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.ownership import Draining
 from adapters.http.streaming import PING, Heartbeat, HeartbeatMiddleware
 from adapters.http.uvicorn_server import END_GRACE_S, ConnectionLimits, LimitedServer, server_config
-from entrypoints.transport_flags import TransportSettings
+from entrypoints.config.transport import TransportSettings
 from tests.fakes import fake_container
 from tests.robustness.harness import MODEL, Stack, fake_stack, serving
 from tests.support.uvicorn_thread import running

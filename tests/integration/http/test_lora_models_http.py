@@ -20,8 +20,8 @@ from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
 from domain.rollout import parse_rollout
 from entrypoints.config import ServerConfig
+from entrypoints.config.tinker import TinkerSettings
 from entrypoints.container import Container, create_container
-from entrypoints.tinker_flags import TinkerSettings
 from tests.support.peft_adapters import train_until_learned, trained_adapter
 from tests.support.tinker_server import serve
 from tests.support.tiny_models import save_tiny_model

@@ -14,9 +14,9 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from application.access.keys import hash_key
-from entrypoints.access_flags import AccessSettings
-from entrypoints.model_flags import ModelSettings
-from entrypoints.observability_flags import ObservabilitySettings
+from entrypoints.config.access import AccessSettings
+from entrypoints.config.model import ModelSettings
+from entrypoints.config.observability import ObservabilitySettings
 from tests.fakes import fake_container
 from tests.support.json_logs import json_log_stream
 

@@ -17,7 +17,7 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from application.access.keys import hash_key
 from application.serving.served_models import LoraModule
 from domain.errors import InvalidParameterError
-from entrypoints.model_flags import ModelSettings
+from entrypoints.config.model import ModelSettings
 from tests.fakes import fake_container
 
 REPLY = "Paris"

@@ -14,7 +14,7 @@ from litestar.testing import TestClient
 from adapters.fake import ByteTokenizer
 from adapters.fake.runner import FakeModelRunner, reply_script
 from application.access.keys import hash_key, key_id
-from entrypoints.access_flags import AccessSettings
+from entrypoints.config.access import AccessSettings
 from tests.fakes import fake_container
 
 KEYS = {

@@ -10,7 +10,7 @@ import pytest
 from application.serving.served_models import LoraModule
 from domain.errors import InvalidParameterError
 from entrypoints.cli import _parser
-from entrypoints.model_flags import ModelSettings
+from entrypoints.config.model import ModelSettings
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -26,15 +26,15 @@ from domain.errors import InvalidParameterError
 from domain.memory import KVCacheMemory
 from domain.speculation import SpeculativeConfig
 from domain.tinker.values import TinkerLimits
-from entrypoints.access_flags import AccessSettings
 from entrypoints.cli import _parser
 from entrypoints.config import ENGINE_CONFIG_NAMES, ServerConfig, from_json, to_json
-from entrypoints.embedding_flags import EmbeddingSettings
-from entrypoints.engine_flags import EngineSettings, speculative_config
-from entrypoints.model_flags import ModelSettings
-from entrypoints.replica_flags import ReplicaSettings
-from entrypoints.tinker_flags import TinkerSettings
-from entrypoints.transport_flags import TransportSettings
+from entrypoints.config.access import AccessSettings
+from entrypoints.config.embedding import EmbeddingSettings
+from entrypoints.config.engine import EngineSettings, speculative_config
+from entrypoints.config.model import ModelSettings
+from entrypoints.config.replica import ReplicaSettings
+from entrypoints.config.tinker import TinkerSettings
+from entrypoints.config.transport import TransportSettings
 
 
 @pytest.fixture(autouse=True)
@@ -287,7 +287,7 @@ def test_from_flags_takes_each_field_from_its_flag_and_names_a_missing_one() -> 
     import argparse
     from dataclasses import dataclass
 
-    from entrypoints.flag_fields import from_flags
+    from entrypoints.config.flag_fields import from_flags
 
     @dataclass(frozen=True)
     class Settings:

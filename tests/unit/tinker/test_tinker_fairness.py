@@ -300,7 +300,7 @@ def test_adam_params_out_of_range_are_user_errors(field: str, value: float) -> N
 def test_serve_flags_set_the_limits_and_refuse_nonsense() -> None:
     from domain.errors import InvalidParameterError
     from entrypoints.cli import _parser
-    from entrypoints.tinker_flags import tinker_limits
+    from entrypoints.config.tinker import tinker_limits
 
     defaults = tinker_limits(_parser().parse_args(["serve"]), max_num_seqs=6)
     assert defaults == TinkerLimits(max_sample_requests=6)

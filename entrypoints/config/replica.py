@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from domain.errors import InvalidParameterError
 from domain.routing import POLICIES
-from entrypoints.flag_fields import from_flags
+from entrypoints.config.flag_fields import from_flags
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One configuration for a server: :class:`ServerConfig`, a tree of frozen settings groups.
 
 ``infer serve`` builds it from its flags (:meth:`ServerConfig.from_args`, each
-``*_flags.py`` module building its group), tests, benchmarks and :class:`LLM` from keywords
+module of this package building its group), tests, benchmarks and :class:`LLM` from keywords
 (:meth:`ServerConfig.for_model`), and ``create_container(config)`` wires the server from it
 alone. It holds plain values only (no keyring, no hooks: the container builds those), so
 a replica in another process is built from it: it pickles, and :func:`to_json` /
@@ -18,23 +18,23 @@ group              holds (module)
 =================  ===================================================================
 ``model``          :class:`ModelSettings`: which model, dtype, device, quantization,
                    threads, runner, served names, LoRA modules, tool-call format, KV
-                   budget (``model_flags.py``)
+                   budget (``model.py``)
 ``engine``         :class:`EngineSettings`: batching, ``max_num_seqs``,
-                   ``max_model_len``, the KV pool, request limits (``engine_flags.py``,
-                   ``request_flags.py``)
+                   ``max_model_len``, the KV pool, request limits (``engine.py``,
+                   ``request.py``)
 ``http``           :class:`TransportSettings`: address, CORS, TLS, SSE heartbeat, request
-                   deadline, drain (``transport_flags.py``)
-``connections``    :class:`ConnectionLimits`: per-connection limits (``connection_flags.py``)
+                   deadline, drain (``transport.py``)
+``connections``    :class:`ConnectionLimits`: per-connection limits (``connection.py``)
 ``tinker``         :class:`TinkerSettings`: the Tinker API, its keys and per-key limits
-                   (``tinker_flags.py``)
+                   (``tinker.py``)
 ``access``         :class:`AccessSettings`: API keys, Redis, idempotency
-                   (``access_flags.py``)
+                   (``access.py``)
 ``embeddings``     :class:`EmbeddingSettings`: ``/v1/embeddings``' model and limits
-                   (``embedding_flags.py``)
+                   (``embedding.py``)
 ``observability``  :class:`ObservabilitySettings`: logs, metrics, traces
-                   (``observability_flags.py``)
+                   (``observability.py``)
 ``fleet``          :class:`ReplicaSettings`: engine replicas on Ray Serve, routing
-                   (``replica_flags.py``)
+                   (``replica.py``)
 =================  ===================================================================
 
 A field is named as its flag's destination (``--max-num-seqs``: ``engine.max_num_seqs``,
@@ -61,15 +61,15 @@ from adapters.http.uvicorn_server import ConnectionLimits
 from adapters.observability.settings import ObservabilitySettings
 from domain.config import EngineConfig
 from domain.memory import AUTO
-from entrypoints import observability_flags
-from entrypoints.access_flags import AccessSettings
-from entrypoints.connection_flags import connection_limits
-from entrypoints.embedding_flags import EmbeddingSettings
-from entrypoints.engine_flags import ENGINE_CONFIG_NAMES, EngineSettings
-from entrypoints.model_flags import ModelSettings
-from entrypoints.replica_flags import ReplicaSettings
-from entrypoints.tinker_flags import TinkerSettings
-from entrypoints.transport_flags import TransportSettings
+from entrypoints.config import observability as observability_flags
+from entrypoints.config.access import AccessSettings
+from entrypoints.config.connection import connection_limits
+from entrypoints.config.embedding import EmbeddingSettings
+from entrypoints.config.engine import ENGINE_CONFIG_NAMES, EngineSettings
+from entrypoints.config.model import ModelSettings
+from entrypoints.config.replica import ReplicaSettings
+from entrypoints.config.tinker import TinkerSettings
+from entrypoints.config.transport import TransportSettings
 
 __all__ = ["ENGINE_CONFIG_NAMES", "ServerConfig", "from_json", "to_json"]
 

@@ -60,7 +60,7 @@ def add_request_limit_args(parser: argparse.ArgumentParser) -> None:
 
 
 def request_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags as :class:`~entrypoints.engine_flags.EngineSettings` keyword arguments
+    """The flags as :class:`~entrypoints.config.engine.EngineSettings` keyword arguments
     (named as in :class:`EngineConfig`, which validates them)."""
     return {
         "max_prompt_bytes": args.max_prompt_bytes,

@@ -5,7 +5,7 @@ server enforces."""
 import argparse
 
 from adapters.http.uvicorn_server import ConnectionLimits
-from entrypoints.flag_fields import from_flags
+from entrypoints.config.flag_fields import from_flags
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:

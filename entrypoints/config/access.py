@@ -21,7 +21,7 @@ from application.access.usage_ledger import DEFAULT_RETENTION_DAYS
 from application.serving.responses import DEFAULT_MAX_STORED_RESPONSES, DEFAULT_RESPONSES_TTL_S
 from domain.errors import InvalidParameterError
 from domain.tenancy import DEFAULT_FACES, Tenant
-from entrypoints.flag_fields import from_flags
+from entrypoints.config.flag_fields import from_flags
 
 log = structlog.get_logger("infer.audit")
 

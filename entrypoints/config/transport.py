@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from adapters.http.streaming import DEFAULT_HEARTBEAT_S
 from domain.errors import InvalidParameterError
-from entrypoints.flag_fields import from_flags
+from entrypoints.config.flag_fields import from_flags
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``infer serve`` flags for the engine: batching, the running cap and context length, the
 KV pool; :class:`EngineSettings` holds them (and the request limits of
-:mod:`entrypoints.request_flags`) under the flags' names.
+:mod:`entrypoints.config.request`) under the flags' names.
 
 :class:`EngineConfig` (the domain's) keeps its own names for four of them; the one mapping
 between the two is :data:`ENGINE_CONFIG_NAMES` (as vLLM maps ``EngineArgs`` to its
@@ -23,8 +23,8 @@ from domain.memory import (
     parse_kv_cache_memory,
 )
 from domain.speculation import METHODS, SpeculativeConfig
-from entrypoints.flag_fields import from_flags
-from entrypoints.request_flags import request_limits
+from entrypoints.config.flag_fields import from_flags
+from entrypoints.config.request import request_limits
 
 # vLLM's methods that need heads trained for the target (not served here).
 UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
