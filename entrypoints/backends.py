@@ -38,6 +38,8 @@ A **training** (``config.tinker.training_backend``, built only when Tinker is on
 port; None: nothing samples here, as LoRA on the fake runner).
 """
 
+from typing import Any
+
 import structlog
 from dependency_injector import containers, providers
 
@@ -153,16 +155,40 @@ def fake_draft_runner(engine_config: EngineConfig) -> FakeModelRunner | None:
     return FakeModelRunner() if spec is not None and spec.model is not None else None
 
 
+# Providers more than one backend declares the same way (each backend's own ``config``).
+def resolved_model_provider(config: providers.Provider[ServerConfig]) -> providers.Singleton[Any]:
+    """The model's folder, resolved from the model flags (downloaded or converted once)."""
+    model = config.provided.model
+    return providers.Singleton(resolve, model.model, model.cache_dir, model.progress)
+
+
+def served_names_provider(
+    model_name: providers.Provider[Any], config: providers.Provider[ServerConfig]
+) -> providers.Singleton[Any]:
+    """The served name (``--served-model-name`` or the model's own), then Tinker's aliases."""
+    return providers.Singleton(
+        model_names,
+        model_name,
+        config.provided.model.served_model_name,
+        config.provided.tinker.tinker_aliases,
+    )
+
+
+def embeddings_provider(config: providers.Provider[ServerConfig]) -> providers.Singleton[Any]:
+    """The embedding model (float32) on the chat model's device (``/v1/embeddings``)."""
+    return providers.Singleton(
+        build_embeddings,
+        providers.Singleton(resolve_embedding, config.provided.embeddings.embedding_model),
+        config.provided.model.device,
+        config.provided.embeddings.limits,
+    )
+
+
 class TorchBackend(containers.DeclarativeContainer):
     """The model's weights resolved and loaded, our runner over them."""
 
     config = providers.Dependency(instance_of=ServerConfig)
-    resolved_model = providers.Singleton(
-        resolve,
-        config.provided.model.model,
-        config.provided.model.cache_dir,
-        config.provided.model.progress,
-    )
+    resolved_model = resolved_model_provider(config)
     # --dtype auto resolved once (measured on a CPU): the model and training use it.
     dtype = providers.Singleton(
         choose_dtype, config.provided.model.dtype, resolved_model, config.provided.model.device
@@ -176,12 +202,7 @@ class TorchBackend(containers.DeclarativeContainer):
         config.provided.model.dense_weights_memory,
     )
     model_name = resolved_model.provided.name
-    served_names = providers.Singleton(
-        model_names,
-        model_name,
-        config.provided.model.served_model_name,
-        config.provided.tinker.tinker_aliases,
-    )
+    served_names = served_names_provider(model_name, config)
     # The engine's flags, the KV pool sized on the model: the scheduler and runner share it.
     engine_config = providers.Singleton(
         build_engine_config,
@@ -218,13 +239,7 @@ class TorchBackend(containers.DeclarativeContainer):
         resolved_model,
         config.provided.model.quantization,
     )
-    # The embedding model (float32) on the chat model's device.
-    embeddings = providers.Singleton(
-        build_embeddings,
-        providers.Singleton(resolve_embedding, config.provided.embeddings.embedding_model),
-        config.provided.model.device,
-        config.provided.embeddings.limits,
-    )
+    embeddings = embeddings_provider(config)
 
 
 class FakeBackend(containers.DeclarativeContainer):
@@ -236,12 +251,7 @@ class FakeBackend(containers.DeclarativeContainer):
     dtype: providers.Object[None] = providers.Object(None)
     model: providers.Object[None] = providers.Object(None)
     model_name = providers.Object(FAKE_MODEL_NAME)
-    served_names = providers.Singleton(
-        model_names,
-        model_name,
-        config.provided.model.served_model_name,
-        config.provided.tinker.tinker_aliases,
-    )
+    served_names = served_names_provider(model_name, config)
     engine_config = providers.Singleton(EngineSettings.engine_config, config.provided.engine)
     kv_cache_bytes = providers.Object(0)
     tokenizer = providers.Singleton(ByteTokenizer)
@@ -275,21 +285,11 @@ class RemoteBackend(containers.DeclarativeContainer):
 
     config = providers.Dependency(instance_of=ServerConfig)
     described = providers.Dependency(instance_of=dict)
-    resolved_model = providers.Singleton(
-        resolve,
-        config.provided.model.model,
-        config.provided.model.cache_dir,
-        config.provided.model.progress,
-    )
+    resolved_model = resolved_model_provider(config)
     dtype: providers.Object[None] = providers.Object(None)
     model: providers.Object[None] = providers.Object(None)
     model_name = resolved_model.provided.name
-    served_names = providers.Singleton(
-        model_names,
-        model_name,
-        config.provided.model.served_model_name,
-        config.provided.tinker.tinker_aliases,
-    )
+    served_names = served_names_provider(model_name, config)
     engine_config = described.provided["engine_config"]
     kv_cache_bytes = described.provided["kv_cache_bytes"]
     tokenizer = providers.Singleton(model_tokenizer, resolved_model)
@@ -301,12 +301,7 @@ class RemoteBackend(containers.DeclarativeContainer):
     runner: providers.Object[None] = providers.Object(None)
     draft_runner: providers.Object[None] = providers.Object(None)
     step_costs: providers.Object[None] = providers.Object(None)
-    embeddings = providers.Singleton(
-        build_embeddings,
-        providers.Singleton(resolve_embedding, config.provided.embeddings.embedding_model),
-        config.provided.model.device,
-        config.provided.embeddings.limits,
-    )
+    embeddings = embeddings_provider(config)
 
 
 class LoraTraining(containers.DeclarativeContainer):

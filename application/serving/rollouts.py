@@ -50,7 +50,7 @@ class RolloutBook:
         self._health: dict[tuple[str, str], deque[bool]] = {}  # (rollout, target): outcomes
         self._rolled_back: dict[str, list[RolledBack]] = {}
         # One at a time: outcomes (and the rollbacks they make), sets, removals, syncs.
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         """Serve the stored rollouts, and store the flags' that the store lacks."""
