@@ -4,9 +4,10 @@ handed in by tests instead (``create_container(config, backend=FakeBackend(runne
 as cosmicpython's bootstrap takes its fakes). Kinds of one sort have the same providers.
 
 A **backend** (``config.model.runner``): :class:`TorchBackend` (``torch``) loads the
-model; :class:`FakeBackend` (``fake``) loads nothing; :class:`RemoteBackend` is a fleet's
-ingress (``infer serve --replicas``): the model's tokenizer and names, no weights, what a
-replica measured in their place.
+model; :class:`FakeBackend` (``fake``) loads nothing (both :class:`OneProcess`: the engine
+runs here); ``--replicas`` chooses a fleet ingress's :class:`RemoteBackend`
+(:mod:`entrypoints.fleet_backend`): the model's tokenizer and names, no weights, what a
+replica measured in their place, the engine on the replicas.
 
 ==================  ====================================================================
 provider            what it gives (None where the backend has none)
@@ -29,6 +30,11 @@ provider            what it gives (None where the backend has none)
                     ``model``; else None)
 ``step_costs``      what the runner's steps cost by shape (``StepCosts``; None: unknown)
 ``embeddings``      ``/v1/embeddings``' service (without ``--embedding-model``: None)
+``engine_kind``     ``"local"`` (an ``AsyncEngine`` here) or ``"fleet"`` (the backend's
+                    ``remote_engine``)
+``fleet``           a fleet's registry as the ingress reads it (``FleetView``)
+``tinker_enabled``  whether the Tinker service runs here (not on a fleet's ingress)
+``shared_checkpoints``  a fleet ingress's view of the replicas' Tinker checkpoints
 ==================  ====================================================================
 
 A **training** (``config.tinker.training_backend``, built only when Tinker is on):
@@ -60,14 +66,12 @@ from adapters.torch.factory import (
     kv_pool_bytes,
 )
 from adapters.torch.lora.custom_loss import custom_loss_gradient
-from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from adapters.torch.runtime.runner import TorchModelRunner
 from adapters.torch.runtime.sampler import TokenSampler
 from adapters.torch.runtime.step_costs import step_costs
 from adapters.weights import ResolvedModel
 from adapters.weights.factory import model_names, resolve, resolve_embedding
 from application.engine.async_engine import AsyncEngine
-from application.engine.remote_engine import ReplicaAdapters
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError, ModelLoadError
 from domain.ports import Tokenizer
@@ -184,10 +188,20 @@ def embeddings_provider(config: providers.Provider[ServerConfig]) -> providers.S
     )
 
 
-class TorchBackend(containers.DeclarativeContainer):
-    """The model's weights resolved and loaded, our runner over them."""
+class OneProcess(containers.DeclarativeContainer):
+    """What a backend whose engine runs in this process gives about the fleet: none."""
 
     config = providers.Dependency(instance_of=ServerConfig)
+    engine_kind = providers.Object("local")
+    fleet: providers.Object[None] = providers.Object(None)
+    tinker_enabled = config.provided.tinker.enabled
+    shared_checkpoints: providers.Object[None] = providers.Object(None)
+
+
+class TorchBackend(OneProcess):
+    """The model's weights resolved and loaded, our runner over them."""
+
+    config = OneProcess.config
     resolved_model = resolved_model_provider(config)
     # --dtype auto resolved once (measured on a CPU): the model and training use it.
     dtype = providers.Singleton(
@@ -242,11 +256,11 @@ class TorchBackend(containers.DeclarativeContainer):
     embeddings = embeddings_provider(config)
 
 
-class FakeBackend(containers.DeclarativeContainer):
+class FakeBackend(OneProcess):
     """No model: the scripted :class:`FakeModelRunner` and the :class:`ByteTokenizer`
     (the tests'; a test gives its runner as ``FakeBackend(runner=providers.Object(...))``)."""
 
-    config = providers.Dependency(instance_of=ServerConfig)
+    config = OneProcess.config
     resolved_model: providers.Object[None] = providers.Object(None)
     dtype: providers.Object[None] = providers.Object(None)
     model: providers.Object[None] = providers.Object(None)
@@ -267,41 +281,6 @@ class FakeBackend(containers.DeclarativeContainer):
         config.provided.embeddings.embedding_model,
         config.provided.embeddings.limits,
     )
-
-
-def replica_adapters(lora_modules: object, tinker: bool) -> ReplicaAdapters | None:
-    """The ingress's view of the replicas' LoRA adapters (the ``--lora-modules`` folders
-    loaded at their start, a Tinker checkpoint served by path loaded by the replica a call
-    goes to, from the shared ``--checkpoint-dir``); None without either."""
-    return ReplicaAdapters(ADAPTER_WEIGHTS) if lora_modules or tinker else None
-
-
-class RemoteBackend(containers.DeclarativeContainer):
-    """A fleet's ingress (``infer serve --replicas``): the model's names, tokenizer and
-    grammar, and the embeddings it serves itself, but no weights and no runner (the
-    replicas hold them); ``described``, what a replica measured on the model (its engine
-    config with the KV pool sized there, the vocabulary, the pool's bytes), stands in for
-    what loading it would give; the LoRA adapters live on the replicas."""
-
-    config = providers.Dependency(instance_of=ServerConfig)
-    described = providers.Dependency(instance_of=dict)
-    resolved_model = resolved_model_provider(config)
-    dtype: providers.Object[None] = providers.Object(None)
-    model: providers.Object[None] = providers.Object(None)
-    model_name = resolved_model.provided.name
-    served_names = served_names_provider(model_name, config)
-    engine_config = described.provided["engine_config"]
-    kv_cache_bytes = described.provided["kv_cache_bytes"]
-    tokenizer = providers.Singleton(model_tokenizer, resolved_model)
-    vocab_size = described.provided["vocab_size"]
-    grammar = providers.Singleton(model_grammar, resolved_model, vocab_size, tokenizer)
-    lora_serving = providers.Singleton(
-        replica_adapters, config.provided.model.lora_modules, config.provided.tinker.enabled
-    )
-    runner: providers.Object[None] = providers.Object(None)
-    draft_runner: providers.Object[None] = providers.Object(None)
-    step_costs: providers.Object[None] = providers.Object(None)
-    embeddings = embeddings_provider(config)
 
 
 class LoraTraining(containers.DeclarativeContainer):

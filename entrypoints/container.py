@@ -15,8 +15,8 @@ observer). Nothing is built until asked for: ``container.http_app()`` builds the
 ``container.async_engine()`` the engine alone, ``container.backend.model()`` the model.
 """
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dependency_injector import containers, providers
 
@@ -35,6 +35,7 @@ from adapters.observability.factory import (
     training_observer,
     usage_gauges,
 )
+from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.http import ObservedApp
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
@@ -59,6 +60,12 @@ from entrypoints.backends import BACKENDS, TRAININGS
 from entrypoints.config import ServerConfig
 from entrypoints.config.access import AccessSettings
 
+if TYPE_CHECKING:
+    from adapters.ray.ingress import FleetView
+
+Hook = Callable[[], None]
+Exposition = Callable[[], tuple[bytes, str]]
+
 
 def build_http_app(
     engine: AsyncEngine,
@@ -77,8 +84,32 @@ def build_http_app(
     )
 
 
-def _same(value: object) -> object:
-    return value
+def _first(*values: object) -> object:
+    return next((value for value in values if value is not None), None)
+
+
+def fleet_exposition(own: Exposition | None, fleet: "FleetView | None") -> Exposition | None:
+    """``/metrics``' body: this process's exposition, and with a fleet every replica's,
+    each sample labelled by ``replica`` (None: metrics off)."""
+    if own is None or fleet is None:
+        return own
+    render = own
+
+    def merged() -> tuple[bytes, str]:
+        body, content_type = render()
+        text = merge_expositions([("ingress", body.decode()), *fleet.expositions()])
+        return text.encode(), content_type
+
+    return merged
+
+
+def fleet_replicas(fleet: "FleetView | None") -> Callable[[], Awaitable[Any]] | None:
+    return fleet.replicas if fleet is not None else None
+
+
+def startup_hooks(given: tuple[Hook, ...], fleet: "FleetView | None") -> tuple[Hook, ...]:
+    """The caller's hooks (the CLI's SIGHUP handler), and a fleet's poll of its replicas."""
+    return given if fleet is None else (*given, fleet.start)
 
 
 def _is_none(value: object) -> bool:
@@ -120,35 +151,39 @@ class Container(containers.DeclarativeContainer):
         backend.tokenizer.provided.eos_token_ids,
         shares=tenant_shares,
     )
-    async_engine = providers.Singleton(
-        AsyncEngine,
-        backend.engine_config,
-        backend.runner,
-        backend.tokenizer,
-        vocab_size=backend.vocab_size,
-        observer=observer,
-        grammar=backend.grammar,
-        scheduler=scheduler,
-        draft=backend.draft_runner,
-        step_costs=backend.step_costs,
+    # A fleet's ingress (backend.engine_kind "fleet") has the backend's remote engine.
+    async_engine = providers.Selector(
+        backend.engine_kind,
+        local=providers.Singleton(
+            AsyncEngine,
+            backend.engine_config,
+            backend.runner,
+            backend.tokenizer,
+            vocab_size=backend.vocab_size,
+            observer=observer,
+            grammar=backend.grammar,
+            scheduler=scheduler,
+            draft=backend.draft_runner,
+            step_costs=backend.step_costs,
+        ),
+        fleet=backend.remote_engine,
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink
 
-    # The Tinker API (None unless enabled): the training sub-container trains and samples.
-    # A fleet's replica puts its id in the ids of its sessions and futures (entrypoints/
-    # replicas.py overrides the tag).
-    tinker_id_tag = providers.Object("")
+    # The Tinker API (None unless enabled, and on a fleet's ingress: its replicas run it):
+    # the training sub-container trains and samples. A fleet's replica puts its id in the
+    # ids of its sessions and futures.
     tinker = providers.Singleton(
         tinker_service,
-        config.provided.tinker.enabled,
+        backend.tinker_enabled,
         config.provided.tinker.limits,
         training.backend.provider,
         training.sampler.provider,
         providers.Factory(checkpoint_storage, config.provided.tinker.checkpoint_dir).provider,
         providers.Singleton(training_observer, metrics, tracing),
         providers.Callable(pending_futures_gauge, metrics),
-        tinker_id_tag,
+        config.provided.fleet.replica_id,
     )
     # API keys -> tenants (None: an open server), read from the keys file once; the
     # quotas' counters in Redis with --redis-url, else in memory.
@@ -188,8 +223,8 @@ class Container(containers.DeclarativeContainer):
         providers.Callable(usage_gauges, metrics),
     )
     # Where the Tinker checkpoints served by path (as models) are found: the Tinker
-    # service (a fleet's ingress reads the replicas' shared folder instead).
-    tinker_checkpoints = providers.Callable(_same, tinker)
+    # service, or a fleet ingress's view of the replicas' shared folder.
+    tinker_checkpoints = providers.Callable(_first, backend.shared_checkpoints, tinker)
     served_models = providers.Singleton(
         ServedModels.from_settings,
         backend.served_names,
@@ -213,12 +248,14 @@ class Container(containers.DeclarativeContainer):
         config.provided.model.reasoning_parser,
     )
     # What /metrics answers (a fleet's ingress gives every replica's too).
-    metrics_exposition = providers.Callable(metrics_render, metrics)
+    metrics_exposition = providers.Callable(
+        fleet_exposition, providers.Callable(metrics_render, metrics), backend.fleet
+    )
     # The server begins the drain (SIGTERM); the app refuses new work while it lasts.
     draining = providers.Singleton(Draining)
     # A fleet's replicas as /admin/replicas lists them (an async callable; None: one
-    # process). entrypoints/replicas.py gives it.
-    replicas: providers.Object[Any] = providers.Object(None)
+    # process).
+    replicas = providers.Callable(fleet_replicas, backend.fleet)
 
     # The HTTP app: the faces over the engine and these services, in the observing
     # middleware.
@@ -240,7 +277,7 @@ class Container(containers.DeclarativeContainer):
         audit=audit,
         # Daily quotas counted in memory start from the ledger's last 24 hours.
         seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
-        on_startup=on_startup,
+        on_startup=providers.Callable(startup_hooks, on_startup, backend.fleet),
         on_shutdown=providers.Callable(shutdown_hooks, tracing),
     )
     http_settings = providers.Singleton(
@@ -279,6 +316,10 @@ def create_container(
     given the config here); ``on_startup``: hooks run on the server's event loop at start
     (the CLI's SIGHUP handler). Nothing is built until asked for."""
     config = config or ServerConfig()
+    if backend is None and config.fleet.replicas:
+        from entrypoints.fleet_backend import RemoteBackend  # Ray only when asked for
+
+        backend = RemoteBackend()
     if backend is None:
         backend = BACKENDS[config.model.runner]()
     if training is None:

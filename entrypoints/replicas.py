@@ -4,12 +4,13 @@
   replicas): each builds its container here (:func:`replica_container`, from the one
   :class:`ServerConfig` carried as JSON) and runs its engine on the replica's own event
   loop; its load goes to the registry (:mod:`adapters.ray.registry`) and the router.
-- **ingress** (:class:`FleetIngress`, this process, a Ray driver): the same Litestar app
-  as one process (auth, limits, parsing, chat rendering, tokenizing), served by the same
-  uvicorn with every HTTP flag (Ray Serve's proxy is off), built by the same container
-  with the engine replaced by a :class:`RemoteEngine` whose calls go through the engine
+- **ingress** (this process, a Ray driver): the same Litestar app as one process (auth,
+  limits, parsing, chat rendering, tokenizing), served by the same uvicorn with every HTTP
+  flag (Ray Serve's proxy is off), built by ``create_container(config)`` as one process's
+  is: ``--replicas`` chooses the fleet's backend (:mod:`entrypoints.fleet_backend`: the
+  tokenizer, not the model; a :class:`RemoteEngine` whose calls go through the engine
   deployment's handle, routed by :class:`FleetRequestRouter` (``--routing``) on the
-  server's event loop. It loads the tokenizer, not the model (:class:`RemoteBackend`).
+  server's event loop; the fleet's registry for ``/admin/replicas`` and ``/metrics``).
 
 ``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), the replicas, then
 serves until SIGINT/SIGTERM (drained as one process is), then stops what it started. A
@@ -17,52 +18,43 @@ cluster that cannot be reached, or replicas that do not start within
 ``--replica-start-timeout``, is an error naming the flag, and nothing is left running.
 """
 
-import asyncio
 import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import ray
 import structlog
-from dependency_injector import providers
 from ray import serve
 from ray._private import auto_init_hook
 from ray.serve.config import ProxyLocation, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from adapters.http.replica_header import ReplicaHeader
-from adapters.observability.fleet_metrics import merge_expositions
 from adapters.observability.logging import configure_logging
-from adapters.ray.dispatch import HandleDispatch, HandleForward, loop_handle
-from adapters.ray.forward import (
-    TinkerForwarder,
-)
-from adapters.ray.registry import REGISTRY_NAME, REPORT_EVERY_S, FleetRegistry
+from adapters.ray.dispatch import HandleForward
+from adapters.ray.forward import TinkerForwarder
+from adapters.ray.ingress import APP_NAME, ENGINE
+from adapters.ray.registry import REGISTRY_NAME, FleetRegistry
 from adapters.ray.replica import EngineReplica
 from adapters.ray.router import FleetRequestRouter
-from adapters.storage.factory import checkpoint_storage
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
-from application.engine.remote_engine import RemoteEngine, ReplicaAdapters
-from application.serving.served_models import SharedCheckpoints, check_lora_module
-from application.tinker.checkpoints import CheckpointStore
+from application.engine.remote_engine import ReplicaAdapters
+from application.serving.served_models import check_lora_module
 from domain.errors import InvalidParameterError
 from domain.routing import imbalance_for
-from entrypoints.backends import RemoteBackend
 from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.config.access import sighup_reloader
-from entrypoints.container import create_container
+from entrypoints.container import Container, create_container
 from entrypoints.server import serve_configured
 
 log = structlog.get_logger(__name__)
 
-APP_NAME = "infer"
 ROUTING_STATS_PERIOD_S = 1.0
 # An engine replica runs its engine on the replica's own event loop, not on a thread of its
 # own (one thread hop fewer each way per call; Ray's health checks and routing-stats calls
@@ -72,100 +64,29 @@ REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 def replica_container(config_json: bytes, replica_id: str) -> Any:
     """An engine replica's container (:class:`~adapters.ray.replica.EngineReplica` calls
-    it in its own process): the one :class:`ServerConfig` from JSON, without a usage
-    ledger (the ingress records usage and holds the rollouts), its logging and threads
-    set; Tinker's ids carry ``replica_id``; no embedding model (``/v1/embeddings`` is the
-    ingress's)."""
+    it in its own process): the one :class:`ServerConfig` from JSON as one process's, with
+    the replica's id (Tinker puts it in its ids), without a usage ledger (the ingress
+    records usage and holds the rollouts) or an embedding model (``/v1/embeddings`` is the
+    ingress's); its logging and threads set."""
     config = from_json(config_json)
-    config = replace(config, access=replace(config.access, usage_db=None))
+    config = replace(
+        config,
+        fleet=replace(config.fleet, replicas=0, replica_id=replica_id),
+        access=replace(config.access, usage_db=None),
+        embeddings=replace(config.embeddings, embedding_model=None),
+    )
     configure_logging(config.observability.log_level, config.observability.log_format)
     set_threads(config.model.threads)
-    container = create_container(config)
-    container.tinker_id_tag.override(providers.Object(replica_id))
-    container.backend.embeddings.override(providers.Object(None))
-    return container
+    return create_container(config)
 
 
-class FleetIngress:
-    """The HTTP face of the fleet, in the ``infer serve`` process (see the module)."""
-
-    def __init__(self, config: ServerConfig, engine: DeploymentHandle) -> None:
-        described = engine.describe.remote().result(timeout_s=config.fleet.replica_start_timeout)
-        engine.shutdown()  # its router's thread and long poll: the calls use their own
-        # The calls' handle routes on the server's event loop (made there, at the first call).
-        handles = loop_handle("engine", APP_NAME)
-        self.handles = handles
-        # Tinker runs on the replicas (calls forwarded there): the ingress loads no model.
-        self.tinker = config.tinker.enabled
-        self.config = replace(config, tinker=replace(config.tinker, enabled=False))
-        self.registry = ray.get_actor(REGISTRY_NAME)
-        self._expositions: list[tuple[str, str]] = []
-        self.container = ingress_container(
-            self.config, described, on_startup=[self._started], tinker=self.tinker
-        )
-        self.remote = RemoteEngine(
-            described["engine_config"],
-            self.container.backend.tokenizer(),
-            HandleDispatch(handles),
-            replicas=config.fleet.replicas,
-            vocab_size=described["vocab_size"],
-            grammar=self.container.backend.grammar(),
-            adapters=self.container.backend.lora_serving(),
-        )
-        self.container.async_engine.override(providers.Object(self.remote))
-        self.container.replicas.override(providers.Object(self.replicas))
-        self._own = self.container.metrics()
-        if self._own is not None:  # /metrics: the ingress's and every replica's, labelled
-            own = self._own
-            self.container.metrics_exposition.override(
-                providers.Object(lambda: self._fleet_metrics(own.render()))
-            )
-
-    def _started(self) -> None:
-        """On the server's event loop, at start: SIGHUP reloads the keys file; poll the
-        replicas' expositions."""
-        sighup_reloader(self.container.access(), self.config.access.api_keys_file)()
-        if self._own is not None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
-
-    async def _poll_metrics(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                self._expositions = await self.registry.expositions.remote()
-            await asyncio.sleep(REPORT_EVERY_S)
-
-    def _fleet_metrics(self, own: tuple[bytes, str]) -> tuple[bytes, str]:
-        merged = merge_expositions([("ingress", own[0].decode()), *self._expositions])
-        return merged.encode(), own[1]
-
-    async def replicas(self) -> list[dict[str, Any]]:
-        return list(await self.registry.snapshot.remote())
-
-    def app(self) -> Any:
-        """The ASGI app: the server's own, with the replica header and, with Tinker, its
-        calls forwarded to the replica their ids name."""
-        app: Any = ReplicaHeader(self.container.http_app())
-        if self.tinker:
-            app = TinkerForwarder(app, HandleForward(self.handles))
-        return app
-
-
-def ingress_container(
-    config: ServerConfig,
-    described: dict[str, Any],
-    on_startup: Sequence[Callable[[], None]] = (),
-    *,
-    tinker: bool = False,
-) -> Any:
-    """The server's container on a :class:`RemoteBackend` (no model: what a replica
-    measured, ``described``, stands in for it). ``tinker``: the replicas run the Tinker API
-    (its checkpoints served by path here too, from the shared ``--checkpoint-dir``)."""
-    backend = RemoteBackend(described=providers.Object(described))
-    container = create_container(config, backend=backend, on_startup=on_startup)
-    if tinker:
-        store = CheckpointStore(checkpoint_storage(config.tinker.checkpoint_dir))
-        container.tinker_checkpoints.override(providers.Object(SharedCheckpoints(store)))
-    return container
+def ingress_app(container: Container) -> Any:
+    """The ingress's ASGI app: the server's own (on the fleet's backend), with the replica
+    header and, with Tinker, its calls forwarded to the replica their ids name."""
+    app: Any = ReplicaHeader(container.http_app())
+    if container.config().tinker.enabled:
+        app = TinkerForwarder(app, HandleForward(container.backend.handles()))
+    return app
 
 
 def deployments(config: ServerConfig) -> Any:
@@ -185,7 +106,7 @@ def deployments(config: ServerConfig) -> Any:
     }
     engine = serve.deployment(
         EngineReplica,
-        name="engine",
+        name=ENGINE,
         num_replicas=fleet.replicas,
         ray_actor_options={"num_cpus": cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
         max_ongoing_requests=config.engine.max_num_seqs + config.engine.max_waiting_requests,
@@ -217,11 +138,15 @@ def serve_replicas(config: ServerConfig) -> int:
         handle = _run_bounded(deployments(config), fleet.replica_start_timeout)
         if _STOPPED:
             raise KeyboardInterrupt
-        ingress = FleetIngress(config, handle)
+        handle.shutdown()  # its router's thread and long poll: the calls use their own
+        keys_file = config.access.api_keys_file
+        ingress = create_container(
+            config, on_startup=[lambda: sighup_reloader(ingress.access(), keys_file)()]
+        )
         http = config.http
         url = f"{'https' if http.tls else 'http'}://{http.host}:{http.port}"
         _note(f"serving {fleet.replicas} replicas at {url}")
-        serve_configured(ingress.app(), config, ingress.container.draining())
+        serve_configured(ingress_app(ingress), config, ingress.draining())
         _note("stopping the replicas")
         del registry
         return 0

@@ -15,13 +15,16 @@ class ReplicaSettings:
     a cluster to join (None: a local one, started and stopped with the server);
     ``routing``: the routing policy (:mod:`domain.routing`); ``replica_cpus``: CPUs Ray
     reserves per replica (None: ``--threads``, else 1); ``replica_start_timeout``: seconds
-    the replicas may take to start before the server gives up with an error."""
+    the replicas may take to start before the server gives up with an error;
+    ``replica_id``: in a replica's own configuration, its id (no flag: the fleet sets it;
+    Tinker puts it in its ids), else empty."""
 
     replicas: int = 0
     ray_address: str | None = None
     routing: str = "prefix"
     replica_cpus: float | None = None
     replica_start_timeout: float = 300.0
+    replica_id: str = ""
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -35,7 +38,7 @@ class ReplicaSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplicaSettings":
-        return from_flags(cls, args)
+        return from_flags(cls, args, replica_id="")
 
 
 def add_replica_args(parser: argparse.ArgumentParser) -> None:

@@ -12,17 +12,19 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.torch.lora.custom_loss import custom_loss_gradient
 from application.access.keys import hash_key
+from application.engine.remote_engine import RemoteEngine
+from application.serving.served_models import SharedCheckpoints
 from domain.config import EngineConfig
 from entrypoints.backends import (
     FakeBackend,
     LoraTraining,
-    RemoteBackend,
     TorchBackend,
     ToyTraining,
 )
 from entrypoints.config import ServerConfig
 from entrypoints.config.tinker import TinkerSettings
 from entrypoints.container import create_container
+from entrypoints.fleet_backend import RemoteBackend
 from tests.fakes import fake_container
 
 REPLY = "Paris is the capital."
@@ -74,23 +76,64 @@ def test_the_fake_backend_loads_no_model(tmp_path) -> None:
 
 def test_the_backends_and_the_trainings_have_one_shape_each() -> None:
     assert set(TorchBackend.providers) == set(FakeBackend.providers)
-    assert set(RemoteBackend.providers) == set(TorchBackend.providers) | {"described"}
+    fleet_only = {"described", "handles", "remote_engine"}
+    assert set(RemoteBackend.providers) == set(TorchBackend.providers) | fleet_only
     assert set(LoraTraining.providers) == set(ToyTraining.providers)
 
 
-def test_a_fleets_ingress_backend_loads_no_model() -> None:
-    """What a replica measured stands in for the model; the names and the tokenizer are
-    the model's own."""
+class FakeFleetView:
+    """The fleet's registry as the ingress reads it, without Ray."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    async def replicas(self) -> list[dict[str, object]]:
+        return [{"id": "r1", "state": "running"}]
+
+    def expositions(self) -> list[tuple[str, str]]:
+        return [("r1", "# TYPE infer_x counter\ninfer_x_total 3\n")]
+
+
+def test_a_fleets_ingress_is_built_by_the_config_alone_and_loads_no_model(tmp_path) -> None:
+    """``--replicas`` chooses the fleet's backend: what a replica measured stands in for
+    the model (the names and the tokenizer are the model's own), the engine is remote, the
+    Tinker service runs on the replicas (their checkpoints served from the shared folder),
+    ``/metrics`` and ``/admin/replicas`` read the fleet's registry."""
     engine_config = EngineConfig(max_seq_len=256, max_batch_size=4)
     described = {"engine_config": engine_config, "vocab_size": 49152, "kv_cache_bytes": 4096}
-    backend = RemoteBackend(described=providers.Object(described))
-    container = create_container(ServerConfig(), backend=backend)
-    assert container.backend() is backend
+    tinker = TinkerSettings(enabled=True, checkpoint_dir=str(tmp_path))
+    config = ServerConfig.for_model(replicas=2, tinker=tinker)
+    container = create_container(config)
+    backend = container.backend()
+    assert backend.declarative_parent is RemoteBackend
+    view = FakeFleetView()
+    backend.described.override(providers.Object(described))  # no Ray here: what it gives
+    backend.fleet.override(providers.Object(view))
     assert backend.model() is None and backend.runner() is None and backend.dtype() is None
     assert backend.engine_config() is engine_config and backend.vocab_size() == 49152
-    assert backend.kv_cache_bytes() == 4096 and backend.lora_serving() is None
+    assert backend.kv_cache_bytes() == 4096 and backend.lora_serving() is not None
     assert backend.served_names() == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert backend.tokenizer().decode(backend.tokenizer().encode("Hello there")) == "Hello there"
+    engine = container.async_engine()
+    assert isinstance(engine, RemoteEngine) and engine.capacity == 2 * engine_config.capacity
+    assert container.tinker() is None
+    assert isinstance(container.tinker_checkpoints(), SharedCheckpoints)
+    assert container.replicas() == view.replicas
+    services = container.http_services()
+    assert services.on_startup[-1] == view.start
+    render = container.metrics_exposition()
+    assert render is not None
+    body = render()[0].decode()
+    assert 'infer_x_total{replica="r1"} 3' in body and 'replica="ingress"' in body
+
+
+def test_one_process_has_no_fleet() -> None:
+    container = fake_container()
+    assert container.replicas() is None and container.backend.fleet() is None
+    assert container.http_services().on_startup == ()
 
 
 def test_the_config_chooses_the_backend_and_a_test_may_hand_in_its_own(tmp_path) -> None:
@@ -101,6 +144,7 @@ def test_the_config_chooses_the_backend_and_a_test_may_hand_in_its_own(tmp_path)
 
     assert chosen(ServerConfig.for_model(runner="fake")) == (FakeBackend, LoraTraining)
     assert chosen(ServerConfig.for_model(training_backend="toy")) == (TorchBackend, ToyTraining)
+    assert chosen(ServerConfig.for_model(replicas=2))[0] is RemoteBackend
     # The config names the torch runner; the backend handed in is used, given the config.
     config = ServerConfig.for_model(cache_dir=str(tmp_path), max_model_len=96)
     backend = FakeBackend()

@@ -1,0 +1,90 @@
+"""The backend of a fleet's ingress (``infer serve --replicas N``), chosen by
+``create_container`` when ``config.fleet.replicas`` is set (imported then: Ray only when
+asked for). Its shape is the other backends' (:mod:`entrypoints.backends`) with what makes
+the engine remote: the engine is a :class:`RemoteEngine` whose calls go to the replicas
+through the engine deployment's handle (``engine_kind`` ``"fleet"``, ``remote_engine``), the
+fleet's registry (``fleet``: ``/admin/replicas``, the replicas' ``/metrics``), no Tinker
+service here (``tinker_enabled`` False: the replicas run it, the ingress forwards its calls)
+but its checkpoints served by path from the shared ``--checkpoint-dir``
+(``shared_checkpoints``)."""
+
+from dependency_injector import containers, providers
+
+from adapters.ray.dispatch import HandleDispatch, loop_handle
+from adapters.ray.ingress import APP_NAME, ENGINE, FleetView, describe_replicas
+from adapters.storage.factory import checkpoint_storage
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS
+from application.engine.remote_engine import RemoteEngine, ReplicaAdapters
+from application.serving.served_models import SharedCheckpoints
+from application.tinker.checkpoints import CheckpointStore
+from entrypoints.backends import (
+    embeddings_provider,
+    model_grammar,
+    model_tokenizer,
+    resolved_model_provider,
+    served_names_provider,
+)
+from entrypoints.config import ServerConfig
+
+
+def replica_adapters(lora_modules: object, tinker: bool) -> ReplicaAdapters | None:
+    """The ingress's view of the replicas' LoRA adapters (the ``--lora-modules`` folders
+    loaded at their start, a Tinker checkpoint served by path loaded by the replica a call
+    goes to, from the shared ``--checkpoint-dir``); None without either."""
+    return ReplicaAdapters(ADAPTER_WEIGHTS) if lora_modules or tinker else None
+
+
+def shared_checkpoints(tinker: bool, checkpoint_dir: str | None) -> SharedCheckpoints | None:
+    """With Tinker on the replicas: the checkpoints they save, in the folder they share."""
+    if not tinker:
+        return None
+    return SharedCheckpoints(CheckpointStore(checkpoint_storage(checkpoint_dir)))
+
+
+class RemoteBackend(containers.DeclarativeContainer):
+    """A fleet's ingress: the model's names, tokenizer and grammar, and the embeddings it
+    serves itself, but no weights and no runner (the replicas hold them); ``described``,
+    what a replica measured on the model (its engine config with the KV pool sized there,
+    the vocabulary, the pool's bytes), stands in for what loading it would give; the LoRA
+    adapters live on the replicas."""
+
+    config = providers.Dependency(instance_of=ServerConfig)
+    # The engine deployment's handle, made on the server's event loop at its first call.
+    handles = providers.Singleton(loop_handle, ENGINE, APP_NAME)
+    described = providers.Singleton(describe_replicas, config.provided.fleet.replica_start_timeout)
+    resolved_model = resolved_model_provider(config)
+    dtype: providers.Object[None] = providers.Object(None)
+    model: providers.Object[None] = providers.Object(None)
+    model_name = resolved_model.provided.name
+    served_names = served_names_provider(model_name, config)
+    engine_config = described.provided["engine_config"]
+    kv_cache_bytes = described.provided["kv_cache_bytes"]
+    tokenizer = providers.Singleton(model_tokenizer, resolved_model)
+    vocab_size = described.provided["vocab_size"]
+    grammar = providers.Singleton(model_grammar, resolved_model, vocab_size, tokenizer)
+    lora_serving = providers.Singleton(
+        replica_adapters, config.provided.model.lora_modules, config.provided.tinker.enabled
+    )
+    runner: providers.Object[None] = providers.Object(None)
+    draft_runner: providers.Object[None] = providers.Object(None)
+    step_costs: providers.Object[None] = providers.Object(None)
+    embeddings = embeddings_provider(config)
+
+    engine_kind = providers.Object("fleet")
+    remote_engine = providers.Singleton(
+        RemoteEngine,
+        engine_config,
+        tokenizer,
+        providers.Singleton(HandleDispatch, handles),
+        replicas=config.provided.fleet.replicas,
+        vocab_size=vocab_size,
+        grammar=grammar,
+        adapters=lora_serving,
+    )
+    fleet = providers.Singleton(FleetView)
+    tinker_enabled = providers.Object(False)
+    shared_checkpoints = providers.Singleton(
+        shared_checkpoints,
+        config.provided.tinker.enabled,
+        config.provided.tinker.checkpoint_dir,
+    )
