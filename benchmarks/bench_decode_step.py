@@ -44,8 +44,8 @@ def main() -> None:
         dtype=args.dtype,
         device=args.device,
         engine=EngineConfig(
-            max_seq_len=args.prompt_len + args.new_tokens + 16,
-            max_batch_size=max(sizes),
+            max_model_len=args.prompt_len + args.new_tokens + 16,
+            max_num_seqs=max(sizes),
             max_waiting_requests=max(64, max(sizes)),
             enforce_eager=args.enforce_eager,
             max_num_batched_tokens=max(2048, max(sizes) * args.prompt_len),

@@ -47,8 +47,8 @@ def worker(args: argparse.Namespace) -> None:
     model, tokenizer = llm._container.backend.model(), llm.tokenizer
     c = args.c
     config = EngineConfig(
-        max_seq_len=args.prompt_tokens + args.output_tokens + 16,
-        max_batch_size=c,
+        max_model_len=args.prompt_tokens + args.output_tokens + 16,
+        max_num_seqs=c,
         max_waiting_requests=c,
         max_num_batched_tokens=max(512, c),
     )

@@ -57,7 +57,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
 
-    config = EngineConfig(max_seq_len=args.prompt_tokens + 64, max_batch_size=max(8, args.n))
+    config = EngineConfig(max_model_len=args.prompt_tokens + 64, max_num_seqs=max(8, args.n))
     container = create_container(
         ServerConfig.for_model(args.model, dtype=args.dtype, device=args.device, engine=config)
     )

@@ -56,8 +56,8 @@ def main() -> None:
         dtype=args.dtype,
         device=args.device,
         engine=EngineConfig(
-            max_seq_len=2 * args.max_len,
-            max_batch_size=args.max_batch_size,
+            max_model_len=2 * args.max_len,
+            max_num_seqs=args.max_num_seqs,
             max_waiting_requests=max(64, args.num_seqs),
             enforce_eager=args.enforce_eager,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -90,7 +90,7 @@ def main() -> None:
         "output_tokens": output_tokens,
         "seconds": round(elapsed, 2),
         "output_tok_s": round(output_tokens / elapsed, 1),
-        "max_batch_size": args.max_batch_size,
+        "max_num_seqs": args.max_num_seqs,
         "enforce_eager": args.enforce_eager,
         "max_num_batched_tokens": args.max_num_batched_tokens,
     }

@@ -331,19 +331,21 @@ def worker(spec_path: str) -> None:
     assert tree == Path(spec["tree"]).resolve(), f"imported {tree}, not {spec['tree']}"
     fields = EngineConfig.__dataclass_fields__
     paged = "num_kv_blocks" in fields
+    # The engine's fields under this tree's names (older trees: max_seq_len, max_batch_size).
+    running = "max_num_seqs" if "max_num_seqs" in fields else "max_batch_size"
+    context = "max_model_len" if "max_model_len" in fields else "max_seq_len"
     budget = spec["slots"] * spec["max_seq_len"]  # KV positions
     common = {
-        "max_seq_len": spec["max_seq_len"],
+        context: spec["max_seq_len"],
         "max_waiting_requests": spec["requests"] + 1,
         "max_num_batched_tokens": spec["max_num_batched_tokens"],
     }
     if paged:
         block = fields["kv_block_size"].default
-        config = EngineConfig(
-            max_batch_size=spec["max_batch_size"], num_kv_blocks=budget // block, **common
-        )
+        common[running] = spec["max_batch_size"]
+        config = EngineConfig(num_kv_blocks=budget // block, **common)
     else:
-        config = EngineConfig(max_batch_size=spec["slots"], **common)
+        config = EngineConfig(**{running: spec["slots"]}, **common)
     options = {"dtype": spec["dtype"], "device": spec["device"], "engine": config}
     options.update(runner=spec["runner"], progress=False)
     try:
@@ -413,7 +415,7 @@ def worker(spec_path: str) -> None:
         "tree": str(tree),
         "paged": paged,
         "runner": spec["runner"],
-        "max_batch_size": config.max_batch_size,
+        "max_batch_size": getattr(config, running),
         "kv_positions": config.kv_blocks * config.kv_block_size if paged else budget,
         "kv_blocks": config.kv_blocks if paged else None,
         "kv_bytes": kv_bytes,

@@ -129,7 +129,7 @@ def main() -> None:
             dtype=args.dtype,
             quantization="auto",
             enabled=True,
-            engine=EngineConfig(max_seq_len=2048, max_batch_size=64, batch_invariant=mode == "on"),
+            engine=EngineConfig(max_model_len=2048, max_num_seqs=64, batch_invariant=mode == "on"),
         )
         container = create_container(config)
         tokenizer = container.backend.tokenizer()

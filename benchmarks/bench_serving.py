@@ -400,7 +400,7 @@ def launched_server(args: argparse.Namespace, mode: str) -> Iterator[str]:
     serve_args = ["--model", args.model] if args.model else []
     serve_args += ["--device", args.device] if args.device else []
     serve_args += ["--dtype", args.dtype]
-    serve_args += ["--batching-mode", mode, "--max-batch-size", str(args.max_batch_size)]
+    serve_args += ["--batching-mode", mode, "--max-batch-size", str(args.max_num_seqs)]
     serve_args += ["--max-waiting-requests", "256", "--max-seq-len", "1536", *args.server_arg]
     with serve_process(serve_args, mode, args.startup_timeout) as (base_url, _):
         yield base_url
@@ -642,7 +642,7 @@ def report(
     print("# bench_serving\n")
     print(machine_line())
     print(
-        f"model {args.model or 'default'} {args.dtype}; max batch {args.max_batch_size}; "
+        f"model {args.model or 'default'} {args.dtype}; max batch {args.max_num_seqs}; "
         f"seed {args.seed}; prompts: random ids in [{LOW_TOKEN_ID}, "
         f"{vocab_size - HIGH_TOKEN_MARGIN}); {sampling_line(args)}, EOS ignored\n"
     )

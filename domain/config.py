@@ -13,11 +13,11 @@ QUANTIZATION_METHODS = ("int8", "int4", "gguf")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_seq_len: int = 4096
-    max_batch_size: int = 8
+    max_model_len: int = 4096
+    max_num_seqs: int = 8
     max_waiting_requests: int = 64
     batching_mode: str = "continuous"
-    batch_wait_timeout_s: float = 0.05
+    batch_wait_timeout: float = 0.05
     # Continuous batching: tokens one step may run across all requests (prefill chunks
     # included), so a long prompt cannot stall every running stream for a whole prefill.
     max_num_batched_tokens: int = 512
@@ -38,17 +38,17 @@ class EngineConfig:
     # behaviour: only for trusted callers; by default it is plain text).
     trust_chat_special_tokens: bool = False
     # Paged KV cache (continuous and static batching): positions per block, blocks in the
-    # pool (None: ``max_batch_size`` requests at ``max_seq_len`` each, as contiguous slots
+    # pool (None: ``max_num_seqs`` requests at ``max_model_len`` each, as contiguous slots
     # held), and prefix caching (full blocks of computed KV reused by later requests).
     kv_block_size: int = 16
     num_kv_blocks: int | None = None
-    enable_prefix_caching: bool = True
+    prefix_caching: bool = True
     # Every step runs eagerly (vLLM's --enforce-eager); by default a GPU runner replays
     # decode-only steps as CUDA graphs captured at start-up.
     enforce_eager: bool = False
     # Speculative decoding (``--speculative-config``; None: off): drafts verified in the
     # step's forward, continuous batching only.
-    speculative: SpeculativeConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
     # A row's logits do not depend on what shares its step (``--batch-invariant``): one
     # kernel path per row whatever the step holds (the torch runner on a CPU).
     batch_invariant: bool = False
@@ -56,29 +56,29 @@ class EngineConfig:
     @property
     def capacity(self) -> int:
         """Requests the engine holds at most: running plus waiting."""
-        return self.max_batch_size + self.max_waiting_requests
+        return self.max_num_seqs + self.max_waiting_requests
 
     @property
     def kv_blocks(self) -> int:
         """The KV pool's size in blocks (``num_kv_blocks``, or its default)."""
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
-        return self.max_batch_size * self.blocks_per_sequence
+        return self.max_num_seqs * self.blocks_per_sequence
 
     @property
     def blocks_per_sequence(self) -> int:
-        """Blocks one request of ``max_seq_len`` positions holds."""
-        return -(-self.max_seq_len // self.kv_block_size)
+        """Blocks one request of ``max_model_len`` positions holds."""
+        return -(-self.max_model_len // self.kv_block_size)
 
     def __post_init__(self) -> None:
         _one_of("batching_mode", self.batching_mode, BATCHING_MODES)
-        if self.speculative is not None and self.batching_mode != "continuous":
+        if self.speculative_config is not None and self.batching_mode != "continuous":
             raise InvalidParameterError(
                 "speculative_config", "speculative decoding needs continuous batching"
             )
         positive = (
-            "max_seq_len",
-            "max_batch_size",
+            "max_model_len",
+            "max_num_seqs",
             "max_waiting_requests",
             "max_prompt_bytes",
             "max_prompts_per_request",
@@ -92,17 +92,17 @@ class EngineConfig:
         for name in ("max_stop_strings", "max_stop_bytes"):
             if getattr(self, name) < 0:
                 raise InvalidParameterError(name, "must be >= 0")
-        if self.batch_wait_timeout_s < 0:
-            raise InvalidParameterError("batch_wait_timeout_s", "must be >= 0")
+        if self.batch_wait_timeout < 0:
+            raise InvalidParameterError("batch_wait_timeout", "must be >= 0")
         if self.num_kv_blocks is not None and self.num_kv_blocks < self.blocks_per_sequence:
             raise InvalidParameterError(
                 "num_kv_blocks",
-                f"must hold one request of max_seq_len = {self.max_seq_len} positions: "
+                f"must hold one request of max_model_len = {self.max_model_len} positions: "
                 f"{self.blocks_per_sequence} blocks of {self.kv_block_size} at least",
             )
-        if self.max_num_batched_tokens < self.max_batch_size:
+        if self.max_num_batched_tokens < self.max_num_seqs:
             raise InvalidParameterError(
-                "max_num_batched_tokens", "must be at least max_batch_size (one token each)"
+                "max_num_batched_tokens", "must be at least max_num_seqs (one token each)"
             )
 
 

@@ -34,13 +34,13 @@ class ModelLoadError(InferError):
 
 
 class PromptTooLongError(InvalidParameterError):
-    """Prompt plus requested new tokens do not fit the engine's max_seq_len (HTTP 422)."""
+    """Prompt plus requested new tokens do not fit the engine's max_model_len (HTTP 422)."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
         super().__init__(
             "prompt",
             f"{prompt_tokens} prompt tokens + {max_tokens} new tokens exceed "
-            f"max_seq_len {max_seq_len}",
+            f"max_model_len {max_model_len}",
         )
 
 

@@ -124,7 +124,7 @@ def draft_runner(
     """The draft model (``--speculative-config``'s ``model``) loaded as the target is —
     its own ``--dtype auto`` choice, the ``quantization`` given or the target's — with a
     runner over a KV pool of the target's blocks; None without one."""
-    spec = engine_config.speculative
+    spec = engine_config.speculative_config
     if spec is None or spec.model is None:
         return None
     settings = config.model
@@ -155,7 +155,7 @@ def measured_step_costs(
 def fake_draft_runner(engine_config: EngineConfig) -> FakeModelRunner | None:
     """A draft model on the fake backend: another fake runner (it drafts what the
     target's default script writes)."""
-    spec = engine_config.speculative
+    spec = engine_config.speculative_config
     return FakeModelRunner() if spec is not None and spec.model is not None else None
 
 
@@ -296,7 +296,7 @@ class LoraTraining(containers.DeclarativeContainer):
         model.served_names,
         model.dtype,
         config.provided.model.device,
-        model.engine_config.provided.max_seq_len,
+        model.engine_config.provided.max_model_len,
         config.provided.model.quantization,
         config.provided.engine.batch_invariant,
     )
@@ -319,7 +319,7 @@ class ToyTraining(containers.DeclarativeContainer):
     backend = providers.Singleton(
         build_toy_backend,
         model.served_names,
-        model.engine_config.provided.max_seq_len,
+        model.engine_config.provided.max_model_len,
         providers.Object(custom_loss_gradient),
     )
     sampler = backend

@@ -401,10 +401,10 @@ def _generate(args: argparse.Namespace) -> int:
         )
     # One request: KV blocks for as long as it can get, no waiting queue.
     config = EngineConfig(
-        max_seq_len=max(1, len(prompt_ids) + params.max_tokens),
-        max_batch_size=1,
+        max_model_len=max(1, len(prompt_ids) + params.max_tokens),
+        max_num_seqs=1,
         max_waiting_requests=1,
-        speculative=speculation(args.speculative_config, args.device or default_device()),
+        speculative_config=speculation(args.speculative_config, args.device or default_device()),
     )
     container.backend().engine_config.override(providers.Object(config))  # the runner's too
     engine = container.async_engine()
@@ -461,7 +461,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     limit = container.backend.model().config.max_position_embeddings
     if config.engine.max_model_len > limit:
-        raise InvalidParameterError("max_seq_len", f"the model's context length is {limit}")
+        raise InvalidParameterError("max_model_len", f"the model's context length is {limit}")
     embeddings = container.backend.embeddings()  # its weights loaded before the KV pool is sized
     app = container.http_app()
     http = config.http

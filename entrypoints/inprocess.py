@@ -67,7 +67,7 @@ class LLM:
             device=device,
             cache_dir=cache_dir,
             quantization=quantization,
-            engine=engine or EngineConfig(max_seq_len=2048),
+            engine=engine or EngineConfig(max_model_len=2048),
         )
         self._container = create_container(config)
         self.model_name = self._container.backend.resolved_model().name

@@ -26,7 +26,7 @@ def build_metrics(
         return None
     return Metrics(
         names[0],
-        max_batch_size=engine.max_batch_size,
+        max_num_seqs=engine.max_num_seqs,
         kv_cache_bytes=kv_cache_bytes,
         max_tenants=settings.max_tenant_labels,
     )

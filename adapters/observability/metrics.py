@@ -108,14 +108,14 @@ def token_buckets(largest: int = 1_000_000) -> tuple[float, ...]:
         scale *= 10
 
 
-def batch_buckets(max_batch_size: int) -> tuple[float, ...]:
-    """0, 1, 2, 4, ... then ``max_batch_size``: rows in one step."""
+def batch_buckets(max_num_seqs: int) -> tuple[float, ...]:
+    """0, 1, 2, 4, ... then ``max_num_seqs``: rows in one step."""
     buckets = [0.0]
     size = 1
-    while size < max_batch_size:
+    while size < max_num_seqs:
         buckets.append(float(size))
         size *= 2
-    buckets.append(float(max(1, max_batch_size)))
+    buckets.append(float(max(1, max_num_seqs)))
     return tuple(buckets)
 
 
@@ -130,7 +130,7 @@ class Metrics:
         self,
         model_name: str,
         *,
-        max_batch_size: int,
+        max_num_seqs: int,
         kv_cache_bytes: int = 0,
         max_tenants: int = 100,
         registry: CollectorRegistry | None = None,
@@ -142,7 +142,7 @@ class Metrics:
         self._max_tenants = max_tenants
         self._clock = clock
         self._engine_metrics()
-        self._engine_histograms(max_batch_size)
+        self._engine_histograms(max_num_seqs)
         self._tenant_metrics()
         self._http_metrics()
         self._tinker_metrics()
@@ -205,7 +205,7 @@ class Metrics:
             reason: self._success.labels(model_name, reason) for reason in FINISH_REASONS
         }
 
-    def _engine_histograms(self, max_batch_size: int) -> None:
+    def _engine_histograms(self, max_num_seqs: int) -> None:
         """The engine's per-request and per-step histograms."""
         # Engine: per-request histograms.
         self._ttft = self._histogram(
@@ -248,7 +248,7 @@ class Metrics:
             "Tokens run in one step (prefill + decode).",
             ITERATION_TOKENS_BUCKETS,
         )
-        sizes = batch_buckets(max_batch_size)
+        sizes = batch_buckets(max_num_seqs)
         self._batch_prefill = self._histogram(
             "infer:batch_size_prefill", "Rows of a step running prompt tokens.", sizes
         )

@@ -179,8 +179,8 @@ def build_engine_config(
         block_size=config.kv_block_size,
         tokens=sizing.num_blocks * config.kv_block_size,
         memory_mib=round(sizing.memory_bytes / MIB, 1),
-        max_num_seqs=config.max_batch_size,
-        tokens_per_request=config.max_seq_len,
+        max_num_seqs=config.max_num_seqs,
+        tokens_per_request=config.max_model_len,
         max_concurrency=sizing.max_concurrency,
         sized_by=sized_by,
     )

@@ -29,8 +29,8 @@ class InputProcessor:
         self._executor: ThreadPoolExecutor | None = None
 
     @property
-    def max_seq_len(self) -> int:
-        return self.config.max_seq_len
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
 
     # Cheap checks before any tokenizing: raise InvalidParameterError / QueueFullError.
     def check_params(self, params: SamplingParams) -> None:

@@ -81,7 +81,7 @@ class RequestChecks:
         count *= n
         if count > self.room():
             raise QueueFullError(
-                f"the engine is full ({self.config.max_batch_size} running and "
+                f"the engine is full ({self.config.max_num_seqs} running and "
                 f"{self.config.max_waiting_requests} waiting at most); retry later"
             )
 
@@ -94,7 +94,7 @@ class RequestChecks:
         truncate_prompt_tokens: int | None = None,
     ) -> list[int]:
         """The prompt's token ids, validated (empty, too large, out-of-vocabulary ids, too
-        long for ``max_seq_len`` with ``params``, the server's limits on ``params``): what
+        long for ``max_model_len`` with ``params``, the server's limits on ``params``): what
         ``Engine.add_request`` checks, queueing nothing. Touches no engine state, so it may
         run on another thread than the step loop. ``structured_param``: the request field
         the output constraint came from (its errors name it). ``truncate_prompt_tokens``:
@@ -108,8 +108,8 @@ class RequestChecks:
         else:
             prompt_ids = list(prompt)
         prompt_ids = self.truncate(prompt_ids, truncate_prompt_tokens)
-        if len(prompt_ids) + params.max_tokens > self.config.max_seq_len:
-            raise PromptTooLongError(len(prompt_ids), params.max_tokens, self.config.max_seq_len)
+        if len(prompt_ids) + params.max_tokens > self.config.max_model_len:
+            raise PromptTooLongError(len(prompt_ids), params.max_tokens, self.config.max_model_len)
         bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidParameterError(
@@ -128,11 +128,11 @@ class RequestChecks:
 
     def truncate(self, prompt_ids: list[int], keep: int | None) -> list[int]:
         """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: as many
-        as the context holds, ``max_seq_len``; None: all)."""
+        as the context holds, ``max_model_len``; None: all)."""
         if keep is None:
             return prompt_ids
         if keep == -1:
-            keep = self.config.max_seq_len
+            keep = self.config.max_model_len
         if keep < 1:
             raise InvalidParameterError(
                 "truncate_prompt_tokens", "must be -1 (the context) or an integer >= 1"

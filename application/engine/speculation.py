@@ -254,11 +254,11 @@ def make_speculator(
     costs: StepCosts | None,
     vocab_size: int,
 ) -> "Speculator | None":
-    """The engine's speculator for ``config.speculative`` (None: off), logged once (on by
+    """The engine's speculator for ``config.speculative_config`` (None: off), logged once (on by
     default for `infer serve` on a CPU: the log says so and how to turn it off). ``draft``:
     the draft model's runner (``method: draft_model``), with a KV pool of ``config``'s
     blocks; ``costs``: what the runner's steps cost by shape."""
-    spec = config.speculative
+    spec = config.speculative_config
     if spec is None:
         return None
     model = (
@@ -272,7 +272,7 @@ def make_speculator(
         if draft is not None
         else None
     )
-    speculator = Speculator(spec, config.max_seq_len, model, costs)
+    speculator = Speculator(spec, config.max_model_len, model, costs)
     log.info(
         "speculative decoding",
         method=spec.method,
@@ -289,7 +289,7 @@ class Speculator:
     def __init__(
         self,
         config: SpeculativeConfig,
-        max_seq_len: int,
+        max_model_len: int,
         draft: DraftModel | None = None,
         costs: StepCosts | None = None,
     ) -> None:
@@ -298,7 +298,7 @@ class Speculator:
         forwards of their own, so they never use them)."""
         if (config.method == "draft_model") != (draft is not None):
             raise ValueError("speculative_config.model: a draft model goes with draft_model")
-        self.config, self.max_seq_len, self.draft = config, max_seq_len, draft
+        self.config, self.max_model_len, self.draft = config, max_model_len, draft
         self.costs = costs if draft is None else None
         self.shared = (
             SharedSuffixes(
@@ -409,7 +409,7 @@ class Speculator:
         return min(
             self.config.num_speculative_tokens,
             params.max_tokens - len(request.generated_token_ids) - 1,
-            self.max_seq_len - request.num_tokens - 1,
+            self.max_model_len - request.num_tokens - 1,
         )
 
     def _drafts(self, request: Request, k: int) -> list[int]:

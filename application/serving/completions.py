@@ -237,7 +237,7 @@ class CompletionService:
         context is an error when the prompt is prepared)."""
         max_tokens = job.max_tokens
         if max_tokens is None:
-            max_tokens = max(self.inputs.max_seq_len - prompt_tokens, 1)
+            max_tokens = max(self.inputs.max_model_len - prompt_tokens, 1)
         try:
             return dataclasses.replace(job.params, max_tokens=max_tokens)
         except InvalidParameterError as e:

@@ -13,7 +13,7 @@ is full; the static policy is FCFS.
 KV memory is paged (:mod:`domain.kv_blocks`): each policy owns a :class:`BlockManager`, and
 every scheduled chunk carries its request's block table for the runner. The continuous
 policy admits and grows requests by free blocks, reuses cached prefixes (prefix caching)
-and preempts when blocks run out; the static policy reserves ``max_seq_len`` positions per
+and preempts when blocks run out; the static policy reserves ``max_model_len`` positions per
 request of a batch (no prefix caching).
 
 Modules: ``outputs`` (the data), ``base`` (the interface and the shared queueing base),

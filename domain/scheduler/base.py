@@ -59,7 +59,7 @@ class WaitingQueue(Protocol):
 class QueueingScheduler:
     """What every policy shares: a bounded waiting queue and output application.
 
-    The bound is the engine's capacity, ``max_batch_size`` running plus
+    The bound is the engine's capacity, ``max_num_seqs`` running plus
     ``max_waiting_requests`` waiting: a request may wait while a running slot is free
     (until the next step admits it), so a burst fills the free slots as well.
     """

@@ -55,7 +55,7 @@ class ContinuousScheduler(QueueingScheduler):
         tenant_weights: Mapping[str, float] | None = None,
         shares: TenantShares | None = None,
     ) -> None:
-        super().__init__(config, eos_token_ids, prefix_caching=config.enable_prefix_caching)
+        super().__init__(config, eos_token_ids, prefix_caching=config.prefix_caching)
         self.waiting: FairQueue = FairQueue()
         self.running: list[Request] = []
         self.shares = shares or TenantShares(tenant_weights)
@@ -99,7 +99,7 @@ class ContinuousScheduler(QueueingScheduler):
                 break
             if request.request_id not in preempted:  # not a victim of this step
                 self._add_chunk(chunks, request, preempted)
-        while self.waiting and len(self.running) < self.config.max_batch_size and self._budget:
+        while self.waiting and len(self.running) < self.config.max_num_seqs and self._budget:
             request = self.waiting.pop_next(self.shares.virtual_time)
             if not self._admit(request, chunks, preempted):
                 self.waiting.requeue(request)
@@ -204,7 +204,7 @@ class ContinuousScheduler(QueueingScheduler):
         drafts, request.draft_token_ids = request.draft_token_ids, []
         if chunk.num_tokens != 1 or chunk.start != request.num_tokens - 1:
             return chunk  # not decoding (a prompt's chunk): no drafts
-        room = min(self._budget - 1, self.config.max_seq_len - request.num_tokens)
+        room = min(self._budget - 1, self.config.max_model_len - request.num_tokens)
         drafts = drafts[: max(room, 0)]
         rows = chunk.start + 1 + len(drafts)
         if drafts and not self.blocks.can_allocate(request.request_id, rows):
@@ -236,7 +236,7 @@ class ContinuousScheduler(QueueingScheduler):
         """Free batch slots for waiting requests of higher priority than running ones."""
         if not self.waiting or not self.running:
             return []
-        free = self.config.max_batch_size - len(self.running)
+        free = self.config.max_num_seqs - len(self.running)
         preempted: list[str] = []
         for priority, count in self.waiting.priority_counts():  # highest first
             if priority <= min(self._running_priorities, default=priority):

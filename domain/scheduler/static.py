@@ -14,9 +14,9 @@ class StaticScheduler(QueueingScheduler):
     """A batch forms (bounded wait), runs until every member is done, clears.
 
     Batches form FCFS: tenants and priorities (``request.context``) are ignored and nothing
-    is preempted. Each member reserves KV blocks for ``max_seq_len`` positions when its
+    is preempted. Each member reserves KV blocks for ``max_model_len`` positions when its
     batch starts (the batch stops growing when blocks run out) and frees them when it ends.
-    ``clock``: what the bounded wait (``batch_wait_timeout_s``) is measured on, the
+    ``clock``: what the bounded wait (``batch_wait_timeout``) is measured on, the
     engine's.
     """
 
@@ -43,16 +43,16 @@ class StaticScheduler(QueueingScheduler):
         if not self.waiting:
             return SchedulerOutput(released=released)
         if self._batch_wait_deadline is None:
-            self._batch_wait_deadline = self.clock() + self.config.batch_wait_timeout_s
-        full = len(self.waiting) >= self.config.max_batch_size
+            self._batch_wait_deadline = self.clock() + self.config.batch_wait_timeout
+        full = len(self.waiting) >= self.config.max_num_seqs
         if not full and self.clock() < self._batch_wait_deadline:
             return SchedulerOutput(released=released)
         return SchedulerOutput(self._start_batch(), released, eos_token_ids=self.eos_token_ids)
 
     def _start_batch(self) -> list[ScheduledChunk]:
         self._batch_wait_deadline = None
-        seq_len = self.config.max_seq_len
-        while self.waiting and len(self.active) < self.config.max_batch_size:
+        seq_len = self.config.max_model_len
+        while self.waiting and len(self.active) < self.config.max_num_seqs:
             if self.blocks.allocate(self.waiting[0].request_id, seq_len) is None:
                 break
             self.active.append(self.waiting.popleft())

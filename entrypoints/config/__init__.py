@@ -46,8 +46,7 @@ A field is named as its flag's destination (``--max-num-seqs``: ``engine.max_num
 kept hashed (``access.api_key_hashes``), the first ``--served-model-name`` is
 ``model.served_model_name`` and the others ``model.aliases``, the ``--tinker-max-*`` and
 ``--max-embedding-*`` limits keep their classes' names (``tinker.limits``,
-``embeddings.limits``). The engine's own :class:`EngineConfig` keeps four older names
-(``max_batch_size``, ``max_seq_len``, ...): :data:`ENGINE_CONFIG_NAMES` maps them, once.
+``embeddings.limits``). The engine's own :class:`EngineConfig` has the same names.
 """
 
 import argparse
@@ -65,13 +64,13 @@ from entrypoints.config import observability as observability_flags
 from entrypoints.config.access import AccessSettings
 from entrypoints.config.connection import connection_limits
 from entrypoints.config.embedding import EmbeddingSettings
-from entrypoints.config.engine import ENGINE_CONFIG_NAMES, EngineSettings
+from entrypoints.config.engine import EngineSettings
 from entrypoints.config.model import ModelSettings
 from entrypoints.config.replica import ReplicaSettings
 from entrypoints.config.tinker import TinkerSettings
 from entrypoints.config.transport import TransportSettings
 
-__all__ = ["ENGINE_CONFIG_NAMES", "ServerConfig", "from_json", "to_json"]
+__all__ = ["ServerConfig", "from_json", "to_json"]
 
 
 @dataclass(frozen=True)

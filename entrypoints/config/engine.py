@@ -1,11 +1,8 @@
 """``infer serve`` flags for the engine: batching, the running cap and context length, the
 KV pool; :class:`EngineSettings` holds them (and the request limits of
-:mod:`entrypoints.config.request`) under the flags' names.
-
-:class:`EngineConfig` (the domain's) keeps its own names for four of them; the one mapping
-between the two is :data:`ENGINE_CONFIG_NAMES` (as vLLM maps ``EngineArgs`` to its
-configs), so a new engine flag is its argument, a field here and in ``EngineConfig`` under
-the same name, and its use."""
+:mod:`entrypoints.config.request`) under the flags' names, which are :class:`EngineConfig`'s
+(the domain's) too: a new engine flag is its argument, a field here and in ``EngineConfig``
+under the same name, and its use."""
 
 import argparse
 import json
@@ -43,15 +40,6 @@ SPECULATION_OFF = ("none", "off", "null")
 # default model's aggregate throughput peaks on 2 vCPUs (benchmarks/README.md).
 MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
 
-# EngineSettings' field (the flag's name) -> EngineConfig's field, where they differ.
-ENGINE_CONFIG_NAMES = {
-    "max_num_seqs": "max_batch_size",
-    "max_model_len": "max_seq_len",
-    "batch_wait_timeout": "batch_wait_timeout_s",
-    "prefix_caching": "enable_prefix_caching",
-    "speculative_config": "speculative",
-}
-_FLAG_NAMES = {config: flag for flag, config in ENGINE_CONFIG_NAMES.items()}
 _DEFAULTS = EngineConfig()
 
 
@@ -61,13 +49,13 @@ class EngineSettings:
     ``--no-prefix-caching``: ``prefix_caching`` False); the defaults are
     :class:`EngineConfig`'s (``infer serve``'s own come from :meth:`from_args`). Checked
     at construction by the :class:`EngineConfig` they make (its errors name its fields,
-    which are flags too: ``--max-batch-size``, ``--max-seq-len``)."""
+    which are the flags)."""
 
-    max_num_seqs: int = _DEFAULTS.max_batch_size
-    max_model_len: int = _DEFAULTS.max_seq_len
+    max_num_seqs: int = _DEFAULTS.max_num_seqs
+    max_model_len: int = _DEFAULTS.max_model_len
     max_waiting_requests: int = _DEFAULTS.max_waiting_requests
     batching_mode: str = _DEFAULTS.batching_mode
-    batch_wait_timeout: float = _DEFAULTS.batch_wait_timeout_s
+    batch_wait_timeout: float = _DEFAULTS.batch_wait_timeout
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
     max_prompt_bytes: int = _DEFAULTS.max_prompt_bytes
     max_prompts_per_request: int = _DEFAULTS.max_prompts_per_request
@@ -78,24 +66,22 @@ class EngineSettings:
     trust_chat_special_tokens: bool = _DEFAULTS.trust_chat_special_tokens
     kv_block_size: int = _DEFAULTS.kv_block_size
     num_kv_blocks: int | None = _DEFAULTS.num_kv_blocks
-    prefix_caching: bool = _DEFAULTS.enable_prefix_caching
+    prefix_caching: bool = _DEFAULTS.prefix_caching
     enforce_eager: bool = _DEFAULTS.enforce_eager
-    speculative_config: SpeculativeConfig | None = _DEFAULTS.speculative
+    speculative_config: SpeculativeConfig | None = _DEFAULTS.speculative_config
     batch_invariant: bool = _DEFAULTS.batch_invariant
 
     def __post_init__(self) -> None:
         self.engine_config()
 
     def engine_config(self) -> EngineConfig:
-        """The domain's configuration: these values under its names."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}  # nested kept as is
-        return EngineConfig(**{ENGINE_CONFIG_NAMES.get(k, k): v for k, v in values.items()})
+        """The domain's configuration: these values."""
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
     def of(cls, config: EngineConfig) -> "EngineSettings":
-        """``config``'s values under the flags' names."""
-        values = {_FLAG_NAMES.get(f.name, f.name): getattr(config, f.name) for f in fields(config)}
-        return cls(**values)
+        """``config``'s values."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(config)})
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, device: str) -> "EngineSettings":

@@ -18,7 +18,7 @@ from domain.sampling import SamplingParams
 from domain.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
 from tests.support.tiny_models import VOCAB, save_tiny_model
 
-CONFIG = EngineConfig(max_batch_size=3, max_seq_len=64)
+CONFIG = EngineConfig(max_num_seqs=3, max_model_len=64)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[5, 17, 42, 8, 99, 3, 61, 7], [11, 12], [200, 1, 30, 4, 50]]
 
@@ -58,11 +58,11 @@ def new_request(prompt: Sequence[int], params: SamplingParams = GREEDY) -> Reque
 
 def chunk(request: Request, num_tokens: int | None = None) -> ScheduledChunk:
     """The request's next ``num_tokens`` (default: all it has not computed yet), with a
-    block table of its own among any ``max_batch_size`` requests made one after another
-    (the KV pool holds that many at ``max_seq_len``)."""
+    block table of its own among any ``max_num_seqs`` requests made one after another
+    (the KV pool holds that many at ``max_model_len``)."""
     remaining = request.num_tokens - request.num_computed_tokens
     per = CONFIG.blocks_per_sequence
-    first = int(request.request_id.removeprefix("req-")) % CONFIG.max_batch_size * per
+    first = int(request.request_id.removeprefix("req-")) % CONFIG.max_num_seqs * per
     table = tuple(range(first, first + per))
     return ScheduledChunk(request, request.num_computed_tokens, num_tokens or remaining, table)
 

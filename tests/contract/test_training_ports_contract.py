@@ -60,7 +60,7 @@ def backends(request: pytest.FixtureRequest, tiny_folder: Path) -> Iterator[tupl
     trainer = LoraTrainingBackend([BaseModelEntry(BASE, tiny_folder, dtype=torch.float32)])
     model = load_model(tiny_folder, dtype=torch.float32)
     lora = LoraServing(model, live_state=trainer.peft_state)
-    config = EngineConfig(max_batch_size=8, max_seq_len=128)
+    config = EngineConfig(max_num_seqs=8, max_model_len=128)
     engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     yield trainer, _Started(EngineSampler(engine, lora, [BASE]))
 

@@ -37,7 +37,7 @@ def served(request, tmp_path_factory) -> Iterator[tuple[TestClient, str]]:
         dtype="bfloat16",
         cache_dir=cache,
         progress=False,
-        engine=EngineConfig(max_batch_size=4, max_seq_len=256),
+        engine=EngineConfig(max_num_seqs=4, max_model_len=256),
     )
     container = create_container(config)
     name = container.backend.resolved_model().name

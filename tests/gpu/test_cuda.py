@@ -145,10 +145,10 @@ def test_batched_greedy_equals_each_request_alone_float32(folders, arch, mode, b
     model = load_model(folders[arch], dtype=torch.float32, device=CUDA)
     config = EngineConfig(
         batching_mode=mode,
-        batch_wait_timeout_s=0.0,
-        max_batch_size=3,
+        batch_wait_timeout=0.0,
+        max_num_seqs=3,
         max_num_batched_tokens=max(budget, 3),
-        max_seq_len=96,
+        max_model_len=96,
     )
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
@@ -163,7 +163,7 @@ def test_batched_greedy_bf16_tracks_each_request_alone(folders, arch) -> None:
     """bf16 on a GPU is not batch-invariant (cuBLAS picks kernels by shape), so near-ties
     may flip; most tokens must still agree and every request must finish its length."""
     model = load_model(folders[arch], dtype=torch.bfloat16, device=CUDA)
-    config = EngineConfig(max_batch_size=4, max_seq_len=96, max_num_batched_tokens=16)
+    config = EngineConfig(max_num_seqs=4, max_model_len=96, max_num_batched_tokens=16)
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 20, 7, 15)
     ]
@@ -183,7 +183,7 @@ def test_batched_greedy_bf16_tracks_each_request_alone(folders, arch) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_seeded_sampling_is_the_same_batched_or_alone_on_cuda(folders, arch) -> None:
     model = load_model(folders[arch], dtype=torch.float32, device=CUDA)
-    config = EngineConfig(max_batch_size=4, max_seq_len=96)
+    config = EngineConfig(max_num_seqs=4, max_model_len=96)
     seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
     other = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=10, ignore_eos=True)
     sink = ListSink()
@@ -303,7 +303,7 @@ async def test_multi_lora_serving_on_cuda_matches_the_training_forward(
     lora = LoraServing(model)
     for name in ("a", "b"):
         lora.load_folder(name, tmp_path / name)
-    config = EngineConfig(max_batch_size=4, max_seq_len=64, max_num_batched_tokens=7)
+    config = EngineConfig(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=7)
     engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), TOKENIZER)
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=True)
 
@@ -438,12 +438,12 @@ def test_cuda_graph_decode_steps_equal_eager_steps_float32(folders, arch) -> Non
     ]
     runs = {}
     for eager in (False, True):
-        config = EngineConfig(max_batch_size=5, max_seq_len=96, enforce_eager=eager)
+        config = EngineConfig(max_num_seqs=5, max_model_len=96, enforce_eager=eager)
         runs[eager] = _run_engine(model, config, params)
     assert runs[False] == runs[True]
-    runner = TorchModelRunner(model, EngineConfig(max_batch_size=5, max_seq_len=96))
+    runner = TorchModelRunner(model, EngineConfig(max_num_seqs=5, max_model_len=96))
     assert runner.graphs is not None and sorted(runner.graphs.graphs) == [1, 2, 4, 5]
-    eager = TorchModelRunner(model, EngineConfig(max_batch_size=5, enforce_eager=True))
+    eager = TorchModelRunner(model, EngineConfig(max_num_seqs=5, enforce_eager=True))
     assert eager.graphs is None
 
 
@@ -457,7 +457,7 @@ def test_the_engine_replays_decode_steps_and_samples_seeded_alike(folders) -> No
     ]
     runs, replays = {}, 0
     for eager in (False, True):
-        config = EngineConfig(max_batch_size=4, max_seq_len=96, enforce_eager=eager)
+        config = EngineConfig(max_num_seqs=4, max_model_len=96, enforce_eager=eager)
         runner = TorchModelRunner(model, config)
         sink = ListSink()
         engine = Engine(config, runner, TOKENIZER, sink)

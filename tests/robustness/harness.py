@@ -56,7 +56,7 @@ def fake_stack(
         script=reply_script(TOKENIZER, reply, then_eos=not endless),
         step_latency_s=step_latency_s,
     )
-    engine = fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_seq_len": 2048, **config})
+    engine = fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_model_len": 2048, **config})
     tinker = None
     if checkpoints is not None:
         backend = ToyBackend(TINKER_BASE_MODEL)

@@ -187,7 +187,7 @@ def test_the_server_still_serves_after_every_kind_of_departure(
 def test_many_clients_resetting_at_once_leave_nothing_queued(name: str) -> None:
     """The issue's case: eight clients reset right after sending, most of them queued
     behind a full batch."""
-    stack = fake_stack(endless=True, step_latency_s=STEP_S, max_batch_size=2)
+    stack = fake_stack(endless=True, step_latency_s=STEP_S, max_num_seqs=2)
     with serving(stack.app()) as served:
         socks = [served.connect() for _ in range(8)]
         for sock in socks:
@@ -202,9 +202,7 @@ def test_a_request_refused_after_queueing_some_prompts_leaves_none_running(strea
     """Thirteen prompts for four running slots and eight waiting ones can never fit: a 400,
     and none of the prompts is left running (the issue: 28.6 s of ghost work when some
     were queued before the refusal)."""
-    stack = fake_stack(
-        endless=True, step_latency_s=STEP_S, max_batch_size=4, max_waiting_requests=8
-    )
+    stack = fake_stack(endless=True, step_latency_s=STEP_S, max_num_seqs=4, max_waiting_requests=8)
     body = {"model": MODEL, "prompt": [f"p{i}" for i in range(13)], "max_tokens": 600}
     with serving(stack.app()) as served, served.connect() as sock:
         raw = json.dumps({**body, "stream": stream}).encode()

@@ -82,7 +82,7 @@ STRATEGIES = {path: payloads(valid, paths) for path, (valid, paths) in ENDPOINTS
 
 def check(path: str, payload: Payload) -> None:
     """One request on a fresh app (a leftover must not fail the examples after it)."""
-    stack = fake_stack(max_seq_len=512, max_waiting_requests=8, max_batch_size=4)
+    stack = fake_stack(max_model_len=512, max_waiting_requests=8, max_num_seqs=4)
     with TestClient(stack.app()) as http:
         response = http.post(path, content=payload.content, headers=payload.headers())
         assert response.status_code < 500, (response.status_code, response.text[:500])

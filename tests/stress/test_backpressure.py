@@ -24,7 +24,9 @@ REPLY = "x" * 40
 
 def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
     runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY), step_latency_s=0.002)
-    return fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_seq_len": 256, **config}), runner
+    return fake_async_engine(
+        runner, tokenizer=TOKENIZER, **{"max_model_len": 256, **config}
+    ), runner
 
 
 BODY = {"model": MODEL, "prompt": "go", "max_tokens": 64}
@@ -42,12 +44,12 @@ def serving(engine: AsyncEngine) -> Iterator[str]:
 
 
 async def test_requests_beyond_the_engines_capacity_get_503_and_the_rest_complete() -> None:
-    capacity = 4 + 8  # max_batch_size running + max_waiting_requests waiting
+    capacity = 4 + 8  # max_num_seqs running + max_waiting_requests waiting
     engine, runner = build(
         batching_mode="static",
         max_waiting_requests=8,
-        max_batch_size=4,
-        batch_wait_timeout_s=1.0,
+        max_num_seqs=4,
+        batch_wait_timeout=1.0,
     )
     runner.step_latency_s = 0.02  # the first batch runs ~0.8 s while the others arrive
     with serving(engine) as url:
@@ -64,7 +66,7 @@ async def test_requests_beyond_the_engines_capacity_get_503_and_the_rest_complet
 
 
 async def test_concurrent_disconnects_do_not_deadlock_or_leak() -> None:
-    engine, runner = build(max_batch_size=8)
+    engine, runner = build(max_num_seqs=8)
     with serving(engine) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             await _disconnects(client, engine, runner)
@@ -102,7 +104,7 @@ async def _disconnects(
 async def test_a_client_leaving_a_non_streamed_request_aborts_it(path: str, body: dict) -> None:
     """The non-streamed endpoints notice a disconnect too: the requests stop long before
     their 900 tokens (~2 s), and their slots are free."""
-    engine, runner = build(max_batch_size=4, max_seq_len=1024)
+    engine, runner = build(max_num_seqs=4, max_model_len=1024)
     request = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, **body}
     with serving(engine) as url:
         async with httpx.AsyncClient(base_url=url, timeout=0.3) as client:

@@ -36,7 +36,7 @@ def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEn
     backend = LoraTrainingBackend([BaseModelEntry(BASE_MODEL, model_folder, dtype=torch.float32)])
     model = load_model(model_folder, dtype=torch.float32)
     lora = LoraServing(model, live_state=backend.peft_state)
-    config = EngineConfig(max_batch_size=8, max_seq_len=256)
+    config = EngineConfig(max_num_seqs=8, max_model_len=256)
     engine = torch_async_engine(model, config, lora=lora)
     sampler = EngineSampler(engine, lora, [BASE_MODEL])
     return TinkerService(backend, sampler, FileCheckpointStorage(root)), engine

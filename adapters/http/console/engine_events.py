@@ -44,9 +44,9 @@ def engine_info(config: EngineConfig, model: str) -> dict[str, Any]:
     """The engine's sizes, as the page labels its counters."""
     return {
         "model": model,
-        "max_num_seqs": config.max_batch_size,
+        "max_num_seqs": config.max_num_seqs,
         "max_waiting_requests": config.max_waiting_requests,
-        "max_model_len": config.max_seq_len,
+        "max_model_len": config.max_model_len,
         "kv_blocks": config.kv_blocks,
         "kv_block_size": config.kv_block_size,
     }

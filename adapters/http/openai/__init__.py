@@ -40,7 +40,7 @@ def openai_router(
     inputs = completions.inputs
     cards = ModelCards(
         names,
-        inputs.max_seq_len,
+        inputs.max_model_len,
         {} if embeddings is None else {embeddings.model_name: embeddings.max_tokens},
     )
     served: Mapping[str, object] = {

@@ -24,13 +24,13 @@ MODELS_PATH = "/v1/models"
 
 
 class ModelCards:
-    """The cards of ``names`` (each with the engine's ``max_seq_len``) and of
+    """The cards of ``names`` (each with the engine's ``max_model_len``) and of
     ``other_models`` (name -> max_model_len)."""
 
     def __init__(
-        self, names: ModelNames, max_seq_len: int, other_models: Mapping[str, int] | None = None
+        self, names: ModelNames, max_model_len: int, other_models: Mapping[str, int] | None = None
     ) -> None:
-        self.names, self.max_seq_len = names, max_seq_len
+        self.names, self.max_model_len = names, max_model_len
         self.other_models = dict(other_models or {})
         self.created = int(datetime.now(UTC).timestamp())
 
@@ -50,7 +50,7 @@ class ModelCards:
             entry.created,
             root=entry.root,
             parent=entry.parent,
-            max_model_len=self.max_seq_len,
+            max_model_len=self.max_model_len,
             deprecation_date=day.isoformat() if day is not None else None,
         )
 

@@ -70,7 +70,7 @@ class TokenizeRoutes(Controller):
         strs = None
         if body.return_token_strs:
             strs = [await inputs.detokenize([t]) for t in tokens]
-        return json_response(TokenizeResponse(len(tokens), inputs.max_seq_len, tokens, strs))
+        return json_response(TokenizeResponse(len(tokens), inputs.max_model_len, tokens, strs))
 
     @post("/detokenize", status_code=200)
     async def detokenize(

@@ -2,7 +2,7 @@
 
 A decode step of ``R`` rows on a GPU is launch-bound when run eagerly (hundreds of small
 kernels, each launched from Python). Here the model's decode forward is captured once per
-size ``b`` of :data:`SIZES` up to the engine's ``max_batch_size``, over static input
+size ``b`` of :data:`SIZES` up to the engine's ``max_num_seqs``, over static input
 buffers; a step of ``R`` rows copies its inputs (tokens, positions, KV slots, block tables)
 into the buffers of the smallest ``b >= R`` with one host-to-device copy, replays that
 graph and reads the first ``R`` rows of its logits. The ``b - R`` padding rows run on a
@@ -27,7 +27,7 @@ from adapters.torch.models.transformer import Transformer
 
 log = structlog.get_logger(__name__)
 
-# Padded batch sizes captured (vLLM's list, up to 512), up to the engine's max_batch_size.
+# Padded batch sizes captured (vLLM's list, up to 512), up to the engine's max_num_seqs.
 SIZES = (1, 2, 4, 8, *range(16, 513, 16))
 
 

@@ -80,7 +80,7 @@ class BaseModelEntry:
     aliases: tuple[str, ...] = ()
     tokenizer_folder: Path | None = None
     dtype: torch.dtype = torch.bfloat16
-    # The context clients may use (e.g. the serving engine's max_seq_len); None: the model's.
+    # The context clients may use (e.g. the serving engine's max_model_len); None: the model's.
     max_context: int | None = None
     random_weights: bool = False  # a config-only folder (``dummy:`` models, benchmarks)
     device: str = "cpu"  # where the base model and the adapters train ("cuda", ...)

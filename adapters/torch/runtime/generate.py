@@ -59,9 +59,9 @@ def stream_generate(
     """Yield a chunk per generated token until EOS, a stop string / token, or max tokens."""
     _validate(model, tokenizer, prompt_ids, params)
     config = EngineConfig(
-        max_seq_len=len(prompt_ids) + params.max_tokens,
-        max_batch_size=1,
-        enable_prefix_caching=False,
+        max_model_len=len(prompt_ids) + params.max_tokens,
+        max_num_seqs=1,
+        prefix_caching=False,
         # a runner per call: capturing CUDA graphs for one request would cost more than
         # they save
         enforce_eager=True,

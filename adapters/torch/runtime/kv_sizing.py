@@ -125,7 +125,7 @@ class KVSizing:
 
     @property
     def max_concurrency(self) -> int:
-        """Requests of ``max_seq_len`` positions the pool holds at once."""
+        """Requests of ``max_model_len`` positions the pool holds at once."""
         return self.num_blocks // self.config.blocks_per_sequence
 
 
@@ -148,7 +148,7 @@ def size_kv_cache(
 ) -> KVSizing:
     """``engine`` with ``num_kv_blocks`` as many blocks as ``memory`` (or :data:`AUTO`)
     holds on ``device`` (its memory as ``measured``, else measured now); without
-    ``memory``, ``engine`` as it is. Too small a budget for one request of ``max_seq_len``
+    ``memory``, ``engine`` as it is. Too small a budget for one request of ``max_model_len``
     positions: an :class:`InvalidParameterError` naming ``kv_cache_memory`` and the minimum."""
     per_block = bytes_per_block(model, engine.kv_block_size, dtype)
     if memory is None:
@@ -166,8 +166,8 @@ def size_kv_cache(
         raise InvalidParameterError(
             "kv_cache_memory",
             f"{human_size(budget)} hold {blocks} KV blocks of {engine.kv_block_size} "
-            f"positions ({per_block} bytes each); one request of max_seq_len = "
-            f"{engine.max_seq_len} positions needs {needed} blocks: "
+            f"positions ({per_block} bytes each); one request of max_model_len = "
+            f"{engine.max_model_len} positions needs {needed} blocks: "
             f"{human_size(needed * per_block)} at least",
         )
     return KVSizing(dataclasses.replace(engine, num_kv_blocks=blocks), per_block)

@@ -82,7 +82,7 @@ class TorchModelRunner:
             DecodeGraphs(
                 model,
                 self.cache,
-                config.max_batch_size,
+                config.max_num_seqs,
                 config.blocks_per_sequence,
                 config.kv_blocks,
             )

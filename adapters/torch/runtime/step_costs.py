@@ -57,7 +57,7 @@ def step_costs(
 ) -> StepCosts | None:
     """The runner's step costs (cached; ``force``: measured again), or None where
     speculation is off or drafts from a draft model (which costs forwards of its own)."""
-    spec = config.speculative
+    spec = config.speculative_config
     if spec is None or spec.method == "draft_model":
         return None
     k = spec.num_speculative_tokens
@@ -145,7 +145,7 @@ def _room(config: EngineConfig, k: int) -> tuple[int, int]:
     ``--max-num-seqs`` lets run, ``SEQUENCES`` goes up to and the pool holds."""
     per_sequence = math.ceil((CONTEXT + 1 + k) / config.kv_block_size)
     room = config.kv_blocks // per_sequence
-    return per_sequence, min(max(SEQUENCES), room, config.max_batch_size)
+    return per_sequence, min(max(SEQUENCES), room, config.max_num_seqs)
 
 
 def _zero(runner: TorchModelRunner, blocks: int) -> None:

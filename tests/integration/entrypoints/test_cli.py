@@ -192,7 +192,7 @@ def test_serve_sizes_the_kv_cache_by_memory(tmp_path, monkeypatch, capsys) -> No
     blocks = (64 << 20) // SMOLLM2_BLOCK  # 182
     assert container.backend.runner().cache.num_blocks == blocks
     assert container.engine().scheduler.blocks.num_blocks == blocks
-    assert container.engine().config.max_batch_size == 2
+    assert container.engine().config.max_num_seqs == 2
     logs = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line[:1] == "{"]
     [line] = [entry for entry in logs if entry.get("event") == "KV cache"]
     assert (line["blocks"], line["block_size"], line["max_concurrency"]) == (blocks, 16, 5)
@@ -275,7 +275,7 @@ def test_the_fake_runner_ignores_the_kv_budget() -> None:
     from entrypoints.config import ServerConfig
     from entrypoints.container import create_container
 
-    engine = EngineConfig(max_seq_len=64, max_batch_size=2)
+    engine = EngineConfig(max_model_len=64, max_num_seqs=2)
     tiny = KVCacheMemory(nbytes=1)  # would not hold a request on the torch runner
     config = ServerConfig.for_model(runner="fake", engine=engine, kv_cache_memory=tiny)
     container = create_container(config)

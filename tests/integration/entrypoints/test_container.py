@@ -102,7 +102,7 @@ def test_a_fleets_ingress_is_built_by_the_config_alone_and_loads_no_model(tmp_pa
     the model (the names and the tokenizer are the model's own), the engine is remote, the
     Tinker service runs on the replicas (their checkpoints served from the shared folder),
     ``/metrics`` and ``/admin/replicas`` read the fleet's registry."""
-    engine_config = EngineConfig(max_seq_len=256, max_batch_size=4)
+    engine_config = EngineConfig(max_model_len=256, max_num_seqs=4)
     described = {"engine_config": engine_config, "vocab_size": 49152, "kv_cache_bytes": 4096}
     tinker = TinkerSettings(enabled=True, checkpoint_dir=str(tmp_path))
     config = ServerConfig.for_model(replicas=2, tinker=tinker)
@@ -150,7 +150,7 @@ def test_the_config_chooses_the_backend_and_a_test_may_hand_in_its_own(tmp_path)
     backend = FakeBackend()
     container = create_container(config, backend=backend)
     assert container.backend() is backend and backend.config() is config
-    assert container.engine().config.max_seq_len == 96
+    assert container.engine().config.max_model_len == 96
     assert not list(tmp_path.iterdir())
 
 
@@ -204,7 +204,7 @@ def test_the_container_is_built_from_the_config_alone(tmp_path) -> None:
     )
     container = create_container(config)
     engine = container.backend.engine_config()
-    assert (engine.max_batch_size, engine.max_seq_len) == (3, 96)
+    assert (engine.max_num_seqs, engine.max_model_len) == (3, 96)
     settings = container.http_settings()
     assert settings.request_timeout == 7.0
     assert settings.allowed_origins == ("https://app.example.com",)

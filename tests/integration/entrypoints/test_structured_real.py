@@ -24,7 +24,7 @@ SYSTEM = "You answer with JSON only."
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
     config = ServerConfig.for_model(
-        dtype="float32", progress=False, engine=EngineConfig(max_batch_size=16)
+        dtype="float32", progress=False, engine=EngineConfig(max_num_seqs=16)
     )
     container = create_container(config)
     with TestClient(app=container.http_app()) as http:

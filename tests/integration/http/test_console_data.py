@@ -329,7 +329,7 @@ def test_a_sampler_checkpoint_is_sampled_by_its_model_name(tmp_path: Path) -> No
         device="cpu",
         cache_dir=str(tmp_path / "cache"),
         progress=False,
-        engine=EngineConfig(max_seq_len=128, max_batch_size=4),
+        engine=EngineConfig(max_model_len=128, max_num_seqs=4),
         served_model_name="tiny",
         tinker=TinkerSettings(enabled=True, checkpoint_dir=str(tmp_path / "ckpt")),
     )

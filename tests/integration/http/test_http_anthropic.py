@@ -57,7 +57,7 @@ def _engine(replies: Replies, **config: Any) -> Any:
     return fake_async_engine(
         script=replies.script(),
         tokenizer=TOKENIZER,
-        max_seq_len=2048,
+        max_model_len=2048,
         grammar=AcceptingGrammar(),
         **config,
     )

@@ -21,7 +21,9 @@ REPLY = "Hello world, end of story."
 
 def build(**config) -> tuple[AsyncEngine, FakeModelRunner]:
     runner = FakeModelRunner(script=reply_script(TOKENIZER, REPLY))
-    return fake_async_engine(runner, tokenizer=TOKENIZER, **{"max_seq_len": 256, **config}), runner
+    return fake_async_engine(
+        runner, tokenizer=TOKENIZER, **{"max_model_len": 256, **config}
+    ), runner
 
 
 @pytest.fixture
@@ -105,9 +107,9 @@ async def test_malformed_json_is_a_400(client) -> None:
 async def test_a_full_queue_answers_503_at_once_with_retry_after_and_queues_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The engine holds max_batch_size running + max_waiting_requests waiting requests;
+    # The engine holds max_num_seqs running + max_waiting_requests waiting requests;
     # these run for seconds (the fake runner sleeps 10 ms a step).
-    engine, runner = build(max_waiting_requests=1, max_batch_size=2)
+    engine, runner = build(max_waiting_requests=1, max_num_seqs=2)
     runner.step_latency_s = 0.01
     for name in ("a", "b", "c"):
         occupant = SamplingParams(max_tokens=200, ignore_eos=True)

@@ -50,7 +50,7 @@ class Stack(EngineLeftovers):
             step_latency_s=step_latency_s,
         )
         self.engine = fake_async_engine(
-            self.runner, tokenizer=tokenizer, **{"max_seq_len": 2048, **config}
+            self.runner, tokenizer=tokenizer, **{"max_model_len": 2048, **config}
         )
         self.core, self.sink = self.engine.engine, self.engine.sink
         self.app: Litestar = create_app(self.engine, MODEL)
@@ -93,7 +93,7 @@ async def test_a_client_leaving_right_after_sending_leaves_nothing_queued(case: 
     """The stream was never read (a generator never started cleans nothing up): the HTTP
     request's end aborts what it queued. The engine loop is not running: anything left
     would stay queued."""
-    stack = Stack(max_batch_size=4, max_waiting_requests=8)
+    stack = Stack(max_num_seqs=4, max_waiting_requests=8)
     path, fields = CASES[case]
     body = json.dumps({"model": MODEL, "max_tokens": 600, **fields}).encode()
     sent = await leave_right_after_sending(stack.app, path, body)
@@ -106,7 +106,7 @@ async def test_a_client_leaving_right_after_sending_leaves_nothing_queued(case: 
 def test_prompts_that_do_not_all_fit_now_get_429_and_none_is_queued(stream: bool) -> None:
     """Nine prompts with four places left: the issue's 503 left eight of them running (a
     full queue is a 429 queue_full on the OpenAI face)."""
-    stack = Stack(step_latency_s=0.01, max_batch_size=4, max_waiting_requests=8)
+    stack = Stack(step_latency_s=0.01, max_num_seqs=4, max_waiting_requests=8)
     stack.occupy(8)
     with TestClient(stack.app) as http:
         prompts = [f"p{i}" for i in range(9)]
@@ -121,7 +121,7 @@ def test_prompts_that_do_not_all_fit_now_get_429_and_none_is_queued(stream: bool
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompts_that_fit_the_engine_run_together(stream: bool) -> None:
     """Nine prompts for four running places and eight waiting ones: all run."""
-    stack = Stack(endless=False, max_batch_size=4, max_waiting_requests=8)
+    stack = Stack(endless=False, max_num_seqs=4, max_waiting_requests=8)
     with TestClient(stack.app) as http:
         prompts = [f"p{i}" for i in range(9)]
         body = body_for("", prompt=prompts, stream=stream, max_tokens=5)
@@ -140,7 +140,7 @@ def test_prompts_that_fit_the_engine_run_together(stream: bool) -> None:
     ],
 )
 def test_prompts_that_can_never_fit_are_a_400(prompt: list[str], config: dict) -> None:
-    stack = Stack(max_batch_size=4, max_waiting_requests=8, **config)
+    stack = Stack(max_num_seqs=4, max_waiting_requests=8, **config)
     with TestClient(stack.app) as http:
         response = http.post("/v1/completions", json=body_for("", prompt=prompt))
         assert response.status_code == 400, response.text
@@ -152,7 +152,7 @@ def test_prompts_that_can_never_fit_are_a_400(prompt: list[str], config: dict) -
 @pytest.mark.parametrize("prompt", [[[1, 2, 3], [-1]], [[1, 2, 3], [10**9]], ["ok", ""]])
 @pytest.mark.parametrize("stream", [False, True])
 def test_one_bad_prompt_of_several_queues_none(prompt: list[Any], stream: bool) -> None:
-    stack = Stack(max_batch_size=4, max_waiting_requests=8)
+    stack = Stack(max_num_seqs=4, max_waiting_requests=8)
     stack.engine.start = lambda: None  # type: ignore[method-assign]  # nothing runs
     with TestClient(stack.app) as http:
         response = http.post("/v1/completions", json=body_for("", prompt=prompt, stream=stream))
@@ -187,7 +187,7 @@ def test_clients_resetting_right_after_sending_leave_nothing_running(
 ) -> None:
     """The issue's repro: 8 clients send and reset at once; every request they started is
     aborted (each asks for 1,500 tokens: 15 s of steps, far beyond the wait)."""
-    stack = Stack(step_latency_s=0.01, max_batch_size=4, max_waiting_requests=8)
+    stack = Stack(step_latency_s=0.01, max_num_seqs=4, max_waiting_requests=8)
     with serving(stack.app) as url:
         port = int(url.rsplit(":", 1)[1])
         request = raw_post(path, body_for(path, max_tokens=1500, stream=stream))
@@ -419,7 +419,7 @@ def test_refused_fields_are_named_in_param(path: str, fields: dict, param: str) 
 def test_a_full_engine_answers_at_once_with_retry_after(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    stack = Stack(step_latency_s=0.01, max_batch_size=1, max_waiting_requests=1)
+    stack = Stack(step_latency_s=0.01, max_num_seqs=1, max_waiting_requests=1)
     stack.occupy(2)
     monkeypatch.setattr(stack.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
     monkeypatch.setattr(stack.tokenizer, "render_chat", lambda *a, **k: pytest.fail("rendered"))

@@ -22,7 +22,7 @@ def http(tmp_path_factory: pytest.TempPathFactory):
     folder: Path = tmp_path_factory.mktemp("llama")
     save_tiny_model("llama", folder)
     model = load_model(folder, dtype=torch.float32)
-    engine = torch_async_engine(model, EngineConfig(max_batch_size=4, max_seq_len=64))
+    engine = torch_async_engine(model, EngineConfig(max_num_seqs=4, max_model_len=64))
     with TestClient(app=create_app(engine, "tiny")) as client:
         yield client
 

@@ -21,7 +21,7 @@ REPLY = "Paris is the capital."
 @pytest.fixture
 def http() -> Iterator[TestClient]:
     engine = fake_async_engine(
-        script=reply_script(TOKENIZER, REPLY), tokenizer=TOKENIZER, max_seq_len=512
+        script=reply_script(TOKENIZER, REPLY), tokenizer=TOKENIZER, max_model_len=512
     )
     with TestClient(app=create_app(engine, MODEL)) as client:
         yield client

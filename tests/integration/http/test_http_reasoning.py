@@ -31,7 +31,7 @@ def replies() -> Replies:
 
 def serve(replies: Replies, parser: str) -> Iterator[openai.OpenAI]:
     engine = fake_async_engine(
-        script=replies.script(), tokenizer=TOKENIZER, max_seq_len=2048, grammar=AcceptingGrammar()
+        script=replies.script(), tokenizer=TOKENIZER, max_model_len=2048, grammar=AcceptingGrammar()
     )
     app = create_app(engine, MODEL, settings=HttpSettings(reasoning_parser=parser))
     with TestClient(app=app) as http:

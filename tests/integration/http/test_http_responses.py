@@ -58,7 +58,7 @@ def replies() -> Replies:
 
 def engine_for(replies: Replies) -> Any:
     return fake_async_engine(
-        script=replies.script(), tokenizer=TOKENIZER, max_seq_len=2048, grammar=AcceptingGrammar()
+        script=replies.script(), tokenizer=TOKENIZER, max_model_len=2048, grammar=AcceptingGrammar()
     )
 
 

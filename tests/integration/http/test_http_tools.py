@@ -33,7 +33,7 @@ def replies() -> Replies:
 @pytest.fixture
 def http(replies: Replies) -> Iterator[TestClient]:
     engine = fake_async_engine(
-        script=replies.script(), tokenizer=TOKENIZER, max_seq_len=2048, grammar=AcceptingGrammar()
+        script=replies.script(), tokenizer=TOKENIZER, max_model_len=2048, grammar=AcceptingGrammar()
     )
     with TestClient(app=create_app(engine, MODEL)) as client:
         yield client

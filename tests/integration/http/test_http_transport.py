@@ -195,7 +195,7 @@ async def test_no_ping_goes_out_while_an_event_waits_for_a_slow_client() -> None
 
 def test_a_stream_waiting_behind_others_gets_pings_and_the_openai_sdk_reads_it() -> None:
     """One KV slot, taken by another stream: the next one waits for its first token."""
-    stack = fake_stack(endless=True, step_latency_s=0.01, max_batch_size=1)
+    stack = fake_stack(endless=True, step_latency_s=0.01, max_num_seqs=1)
     app = create_app(stack.engine, MODEL, settings=HttpSettings(sse_heartbeat_interval=0.05))
     busy = {**GENERATE, "max_tokens": 40}
     with serving(app) as served:

@@ -32,7 +32,7 @@ def replies() -> Replies:
 
 @pytest.fixture
 def http(replies: Replies) -> Iterator[TestClient]:
-    engine = fake_async_engine(script=replies.script(), tokenizer=TOKENIZER, max_seq_len=128)
+    engine = fake_async_engine(script=replies.script(), tokenizer=TOKENIZER, max_model_len=128)
     with TestClient(app=create_app(engine, MODEL)) as client:
         yield client
 
@@ -226,7 +226,7 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(
 def test_truncate_prompt_tokens_minus_one_keeps_what_the_context_holds(
     http: TestClient, replies: Replies
 ) -> None:
-    """-1: the last ``max_seq_len`` tokens; the prompt and the output must still fit."""
+    """-1: the last ``max_model_len`` tokens; the prompt and the output must still fit."""
     prompt = list(range(3, 203))
     refused(http, "/v1/completions", "prompt", prompt=prompt, truncate_prompt_tokens=-1)
     complete(http, prompt=prompt, truncate_prompt_tokens=120, max_tokens=4)

@@ -36,7 +36,7 @@ def model(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def http(model):
-    engine = torch_async_engine(model, EngineConfig(max_batch_size=4, max_seq_len=96))
+    engine = torch_async_engine(model, EngineConfig(max_num_seqs=4, max_model_len=96))
     with TestClient(app=create_app(engine, "tiny")) as client:
         yield client
 

@@ -67,7 +67,7 @@ def container(tiny_model: Path, tmp_path: Path, **kwargs: object) -> Container:
         device="cpu",
         cache_dir=str(tmp_path / "cache"),
         progress=False,
-        engine=EngineConfig(max_seq_len=128, max_batch_size=4),
+        engine=EngineConfig(max_model_len=128, max_num_seqs=4),
         served_model_name=BASE,
         **kwargs,
     )

@@ -39,7 +39,7 @@ def model(tmp_path_factory: pytest.TempPathFactory):
 def run(model, admit) -> tuple[ListSink, int]:
     """An engine on ``model``; ``admit(engine)`` queues; returns the outputs and the prompt
     tokens computed."""
-    config = EngineConfig(max_batch_size=8, max_seq_len=96)
+    config = EngineConfig(max_num_seqs=8, max_model_len=96)
     sink = ListSink()
     engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink)
     admit(engine)
@@ -127,7 +127,7 @@ def test_min_tokens_holds_off_eos_and_stop_ids(model) -> None:
 
 @pytest.fixture(scope="module")
 def client(model) -> Iterator[openai.OpenAI]:
-    engine = torch_async_engine(model, EngineConfig(max_batch_size=8, max_seq_len=96))
+    engine = torch_async_engine(model, EngineConfig(max_num_seqs=8, max_model_len=96))
     with TestClient(app=create_app(engine, MODEL)) as http:
         yield openai.OpenAI(
             base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0

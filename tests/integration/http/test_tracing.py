@@ -174,7 +174,7 @@ def test_a_speculated_request_carries_its_acceptance_in_its_span() -> None:
     tracing = Tracing(provider, "fake")
     spec = SpeculativeConfig(prompt_lookup_min=2, prompt_lookup_max=4)
     engine = fake_async_engine(
-        script=reply_script(ByteTokenizer(), REPLY), observer=tracing, speculative=spec
+        script=reply_script(ByteTokenizer(), REPLY), observer=tracing, speculative_config=spec
     )
     app = ObservedApp(create_app(engine, "fake"), tracing=tracing)
     with TestClient(app=app) as client:  # type: ignore[arg-type]

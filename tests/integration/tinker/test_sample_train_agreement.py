@@ -106,7 +106,7 @@ def test_sampling_and_training_logprobs_agree(family: str, dtype: str, tmp_path:
         progress=False,
         enabled=True,
         checkpoint_dir=str(tmp_path / "ckpt"),
-        engine=EngineConfig(max_seq_len=128, max_batch_size=8, max_num_batched_tokens=32),
+        engine=EngineConfig(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=32),
     )
     container = create_container(config)
     ids = prompts()

@@ -56,7 +56,7 @@ async def sample(
     """``request`` through the serving engine; ``budget``: tokens per step (5: the prompt
     is prefilled in chunks)."""
     model, lora = tiny
-    config = EngineConfig(max_batch_size=4, max_seq_len=64, max_num_batched_tokens=budget)
+    config = EngineConfig(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=budget)
     engine = torch_async_engine(model, config, lora=lora)
     sampler = EngineSampler(engine, lora, ["tiny"])
     engine.start()
@@ -147,7 +147,7 @@ async def test_the_last_n_prompt_logprobs_start_from_the_prefix_cache(
     to the first position ``target_prompt_logprobs`` names an id at."""
     model, lora = tiny
     prompt = [(7 * i + 3) % 200 for i in range(45)]
-    config = EngineConfig(max_batch_size=4, max_seq_len=64, kv_block_size=8)
+    config = EngineConfig(max_num_seqs=4, max_model_len=64, kv_block_size=8)
     engine = torch_async_engine(model, config, lora=lora)
     sampler = EngineSampler(engine, lora, ["tiny"])
     params = TinkerSamplingParams(max_tokens=1, temperature=0.0)

@@ -22,7 +22,7 @@ OTHERS = [f"Question {i}: describe the number {i} in words." for i in range(62)]
 
 def llm(speculative: SpeculativeConfig | None) -> LLM:
     config = EngineConfig(
-        max_seq_len=1024, max_batch_size=64, batch_invariant=True, speculative=speculative
+        max_model_len=1024, max_num_seqs=64, batch_invariant=True, speculative_config=speculative
     )
     return LLM(engine=config, quantization="gguf")
 

@@ -89,11 +89,11 @@ def test_a_fraction_on_cpu_is_of_the_memory_available_now(tmp_path, monkeypatch)
     meminfo.write_text("MemTotal:  8000000 kB\nMemFree:  100 kB\nMemAvailable:  1000 kB\n")
     monkeypatch.setattr(kv_sizing, "MEMINFO", meminfo)
     assert cpu_available_memory() == 1_024_000
-    engine = EngineConfig(max_seq_len=64, max_batch_size=2)  # 4 blocks per request
+    engine = EngineConfig(max_model_len=64, max_num_seqs=2)  # 4 blocks per request
     memory = parse_kv_cache_memory("0.5")
     sizing = size_kv_cache(engine, TINY, torch.bfloat16, memory, "cpu")
     assert sizing.num_blocks == 512_000 // TINY_BLOCK == 125
-    assert sizing.config.num_kv_blocks == 125 and sizing.config.max_batch_size == 2
+    assert sizing.config.num_kv_blocks == 125 and sizing.config.max_num_seqs == 2
     assert sizing.memory_bytes == 125 * TINY_BLOCK
     assert sizing.max_concurrency == 31  # 125 // 4
     with pytest.raises(
@@ -119,41 +119,41 @@ def test_a_fraction_on_cuda_is_of_the_total_less_what_is_used() -> None:
 
 
 def test_bytes_size_the_pool_and_max_num_seqs_only_caps_running_requests() -> None:
-    engine = EngineConfig(max_seq_len=64, max_batch_size=1)
+    engine = EngineConfig(max_model_len=64, max_num_seqs=1)
     device = DeviceMemory(total=1 << 30, used=0, available=1 << 30)
     sizing = size_kv_cache(
         engine, TINY, torch.bfloat16, KVCacheMemory(nbytes=100_000), "cpu", device
     )
     assert sizing.num_blocks == 100_000 // TINY_BLOCK == 24
-    assert (sizing.config.max_batch_size, sizing.max_concurrency) == (1, 6)
+    assert (sizing.config.max_num_seqs, sizing.max_concurrency) == (1, 6)
 
 
 def test_without_a_budget_the_pool_is_max_num_seqs_requests_at_max_seq_len() -> None:
-    engine = EngineConfig(max_seq_len=64, max_batch_size=3)
+    engine = EngineConfig(max_model_len=64, max_num_seqs=3)
     sizing = size_kv_cache(engine, TINY, torch.bfloat16)
     assert sizing.config is engine and engine.num_kv_blocks is None
     assert (sizing.num_blocks, sizing.max_concurrency) == (12, 3)
 
 
 def test_a_budget_short_of_one_request_fails_saying_the_minimum() -> None:
-    engine = EngineConfig(max_seq_len=64)  # 4 blocks of 16 = 16 KiB
+    engine = EngineConfig(max_model_len=64)  # 4 blocks of 16 = 16 KiB
     device = DeviceMemory(total=1 << 30, used=0, available=1 << 30)
     memory = KVCacheMemory(nbytes=3 * TINY_BLOCK + 100)
     with pytest.raises(InvalidParameterError) as caught:
         size_kv_cache(engine, TINY, torch.bfloat16, memory, "cpu", device)
     assert caught.value.param == "kv_cache_memory"
     assert "hold 3 KV blocks" in str(caught.value)
-    assert "max_seq_len = 64 positions needs 4 blocks: 16.0 KiB at least" in str(caught.value)
+    assert "max_model_len = 64 positions needs 4 blocks: 16.0 KiB at least" in str(caught.value)
     exact = KVCacheMemory(nbytes=4 * TINY_BLOCK)
     assert size_kv_cache(engine, TINY, torch.bfloat16, exact, "cpu", device).num_blocks == 4
 
 
 def test_auto_is_a_quarter_of_the_cpu_memory_at_most_4_gib_and_vllms_0_9_on_cuda() -> None:
-    engine = EngineConfig(max_seq_len=64, max_batch_size=2)
+    engine = EngineConfig(max_model_len=64, max_num_seqs=2)
     small = DeviceMemory(total=400_000, used=0, available=400_000)
     sizing = size_kv_cache(engine, TINY, torch.bfloat16, "auto", "cpu", small)
     assert sizing.num_blocks == 100_000 // TINY_BLOCK  # a quarter of what is available
-    assert sizing.config.max_batch_size == 2  # only caps running requests
+    assert sizing.config.max_num_seqs == 2  # only caps running requests
     large = DeviceMemory(total=64 << 30, used=0, available=64 << 30)
     assert size_kv_cache(engine, TINY, torch.bfloat16, "auto", "cpu", large).memory_bytes == (
         4 << 30

@@ -70,7 +70,7 @@ def setup(request, tmp_path_factory):
     lora = LoraServing(model, live_state=backend.peft_state)
     for name, path in saved.items():
         lora.load_folder(name, path)
-    config = EngineConfig(max_batch_size=4, max_seq_len=64, max_num_batched_tokens=7)
+    config = EngineConfig(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=7)
     engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     return backend, engine, lora, saved
 
@@ -195,7 +195,7 @@ async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) 
     assert any(b.decode_kernel is not None for b in model.layers)  # the fused path is on
     lora = LoraServing(model)
     lora.load_folder("a", tmp_path / "a")
-    config = EngineConfig(max_batch_size=4, max_seq_len=64)
+    config = EngineConfig(max_num_seqs=4, max_model_len=64)
     engine = AsyncEngine(config, TorchModelRunner(model, config, lora=lora), ByteTokenizer())
     params = dict(max_tokens=8, temperature=0.0, logprobs=0, prompt_logprobs=True)
     engine.start()

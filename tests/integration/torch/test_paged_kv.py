@@ -256,7 +256,7 @@ def test_the_runner_zeroes_the_pool_only_when_decode_rows_gather(
     monkeypatch.setattr(runner_module, "PagedKVCache", recording)
     save_tiny_model("llama", tmp_path)
     model = load_model(tmp_path, dtype=torch.float32)
-    runner = runner_module.TorchModelRunner(model, EngineConfig(max_batch_size=2, max_seq_len=64))
+    runner = runner_module.TorchModelRunner(model, EngineConfig(max_num_seqs=2, max_model_len=64))
     attention = [m for m in model.modules() if isinstance(m, Attention)]
     assert all((a.backend.paged is not None) == kernel_built for a in attention)
     assert made == [not kernel_built]

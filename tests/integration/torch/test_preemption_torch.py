@@ -31,8 +31,8 @@ def model(tmp_path_factory):
     return load_model(folder, dtype=torch.float32)
 
 
-def engine(model, max_batch_size: int) -> tuple[Engine, TorchModelRunner, ListSink]:
-    config = EngineConfig(max_batch_size=max_batch_size, max_seq_len=96)
+def engine(model, max_num_seqs: int) -> tuple[Engine, TorchModelRunner, ListSink]:
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=96)
     runner = TorchModelRunner(model, config)
     sink = ListSink()
     clock = ManualClock()
@@ -53,7 +53,7 @@ def alone(model, prompt: str, params: SamplingParams) -> list[int | None]:
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_preempted_request_ends_with_the_tokens_it_has_alone(model, params) -> None:
-    e, runner, sink = engine(model, max_batch_size=1)
+    e, runner, sink = engine(model, max_num_seqs=1)
     add_request(e, "low", "A low priority prompt", params)
     for _ in range(6):
         e.step()
@@ -74,7 +74,7 @@ def test_preemption_in_a_shared_batch_keeps_every_output(model) -> None:
     """Two slots: the youngest low-priority request is preempted while another keeps its
     slot; both low-priority requests, and the high one, end as they do alone."""
     prompts = {"old": "An old request", "young": "A young one", "vip": "VIP"}
-    e, runner, sink = engine(model, max_batch_size=2)
+    e, runner, sink = engine(model, max_num_seqs=2)
     add_request(e, "old", prompts["old"], GREEDY)
     e.clock.now += 1.0  # type: ignore[attr-defined]
     add_request(e, "young", prompts["young"], GREEDY)

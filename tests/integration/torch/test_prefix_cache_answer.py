@@ -21,7 +21,7 @@ CHATS = [
 
 
 def test_a_greedy_chat_twice_gives_the_same_answer_from_the_prefix_cache() -> None:
-    llm = LLM(engine=EngineConfig(max_seq_len=512, max_batch_size=4), quantization="gguf")
+    llm = LLM(engine=EngineConfig(max_model_len=512, max_num_seqs=4), quantization="gguf")
     model = llm._container.backend.model()
     if not any(m.panels is not None for m in model.modules() if isinstance(m, QuantLinear)):
         # the float path is then the tiles' oneDNN GEMM, whose reduction order may change

@@ -55,10 +55,10 @@ DRAFT = SpeculativeConfig(
 )
 
 
-def run(model, spec, prompts, params, max_batch_size: int = 8, draft=None, **config_fields):
+def run(model, spec, prompts, params, max_num_seqs: int = 8, draft=None, **config_fields):
     """Each prompt's outputs and the drafts' counts; ``draft``: the draft model."""
     config = EngineConfig(
-        max_batch_size=max_batch_size, max_seq_len=192, speculative=spec, **config_fields
+        max_num_seqs=max_num_seqs, max_model_len=192, speculative_config=spec, **config_fields
     )
     sink, drafts = ListSink(), Drafts()
     engine = Engine(
@@ -164,7 +164,7 @@ def test_sampled_output_follows_the_models_distribution(model, method) -> None:
             )
             for i in range(n)
         ]
-        outputs, drafts = run(model, spec, [prompt] * n, params, max_batch_size=64, draft=draft)
+        outputs, drafts = run(model, spec, [prompt] * n, params, max_num_seqs=64, draft=draft)
         return Counter(tuple(o.token_id for o in out[1:]) for out in outputs), drafts
 
     plain, _ = samples(None)

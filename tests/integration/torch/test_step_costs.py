@@ -41,12 +41,16 @@ def cache(tmp_path, monkeypatch):
 
 
 def _config(**kw: object) -> EngineConfig:
-    values: dict[str, object] = {"max_seq_len": 256, "max_batch_size": 8, "speculative": SPEC}
+    values: dict[str, object] = {
+        "max_model_len": 256,
+        "max_num_seqs": 8,
+        "speculative_config": SPEC,
+    }
     return EngineConfig(**(values | kw))  # type: ignore[arg-type]
 
 
 def test_every_shape_is_measured_and_the_runner_is_left_clean(model, cache) -> None:
-    config = _config(max_batch_size=64, num_kv_blocks=320)  # 64 sequences' room
+    config = _config(max_num_seqs=64, num_kv_blocks=320)  # 64 sequences' room
     runner = TorchModelRunner(model, config)
     costs = sc.step_costs(runner, config, "tiny-llama")
     assert costs is not None
@@ -66,7 +70,7 @@ def test_every_shape_is_measured_and_the_runner_is_left_clean(model, cache) -> N
 
 
 def test_the_measurement_is_cached_and_forced_again(model, cache, monkeypatch) -> None:
-    config = _config(max_batch_size=8, num_kv_blocks=32)  # a pool of 6 sequences' room
+    config = _config(max_num_seqs=8, num_kv_blocks=32)  # a pool of 6 sequences' room
     runner = TorchModelRunner(model, config)
     first = sc.step_costs(runner, config, "tiny-llama")
     [cached] = (cache / "tuning").glob("steps-*.json")
@@ -92,15 +96,15 @@ def test_the_measurement_is_cached_and_forced_again(model, cache, monkeypatch) -
 
 
 def test_a_pool_too_small_for_one_sequence_measures_nothing(model) -> None:
-    config = _config(max_batch_size=1, max_seq_len=32, num_kv_blocks=2)
+    config = _config(max_num_seqs=1, max_model_len=32, num_kv_blocks=2)
     assert sc.step_costs(TorchModelRunner(model, config), config, "m") is None
 
 
 def test_none_without_ngram_speculation(model) -> None:
-    off = _config(speculative=None)
+    off = _config(speculative_config=None)
     assert sc.step_costs(TorchModelRunner(model, off), off, "m") is None
     draft = SpeculativeConfig(method="draft_model", model="tiny")
-    config = _config(speculative=draft)
+    config = _config(speculative_config=draft)
     assert sc.step_costs(TorchModelRunner(model, config), config, "m") is None
 
 

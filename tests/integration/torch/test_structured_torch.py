@@ -61,9 +61,9 @@ def compiler() -> LLGuidanceCompiler:
 
 
 def engine(
-    model: Any, compiler: LLGuidanceCompiler, max_batch_size: int = 4
+    model: Any, compiler: LLGuidanceCompiler, max_num_seqs: int = 4
 ) -> tuple[Engine, RequestMatchers, ListSink]:
-    config = EngineConfig(max_batch_size=max_batch_size, max_seq_len=256)
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=256)
     matchers = RequestMatchers(compiler, threads=1)
     runner = TorchModelRunner(model, config, grammar=matchers)
     sink = ListSink()
@@ -158,12 +158,12 @@ def test_a_preempted_request_resumes_its_grammar(model, compiler) -> None:
     """One slot: a structured request is preempted mid-document by a higher-priority one,
     recomputed, and still ends with the document it makes alone."""
     params = json_params(RECORD, temperature=1.0, seed=11)
-    alone, _, alone_sink = engine(model, compiler, max_batch_size=1)
+    alone, _, alone_sink = engine(model, compiler, max_num_seqs=1)
     add_request(alone, "low", "A document", params)
     while alone.has_work():
         alone.step()
 
-    e, matchers, sink = engine(model, compiler, max_batch_size=1)
+    e, matchers, sink = engine(model, compiler, max_num_seqs=1)
     add_request(e, "low", "A document", params)
     for _ in range(8):
         e.step()
@@ -193,7 +193,7 @@ def test_an_invalid_constraint_is_refused_when_prepared(model, compiler) -> None
 
 @pytest.fixture(scope="module")
 def client(model, compiler) -> Iterator[openai.OpenAI]:
-    config = EngineConfig(max_batch_size=4, max_seq_len=256)
+    config = EngineConfig(max_num_seqs=4, max_model_len=256)
     runner = TorchModelRunner(model, config, grammar=RequestMatchers(compiler, threads=1))
     engine = AsyncEngine(config, runner, TOKENIZER, vocab_size=VOCAB, grammar=compiler)
     with TestClient(app=create_app(engine, "tiny")) as http:
@@ -272,7 +272,7 @@ def test_drafts_under_a_grammar_keep_the_output_and_its_validity(model, compiler
     drafter = SpeculativeConfig(method="draft_model", model="tiny", probe_tokens=1000)
     outputs, drafts = {}, {}
     for name, speculative in (("plain", None), ("drafted", spec), ("draft model", drafter)):
-        config = EngineConfig(max_batch_size=4, max_seq_len=256, speculative=speculative)
+        config = EngineConfig(max_num_seqs=4, max_model_len=256, speculative_config=speculative)
         matchers = RequestMatchers(compiler, threads=1)
         runner = TorchModelRunner(model, config, grammar=matchers)
         draft = TorchModelRunner(model, config) if name == "draft model" else None

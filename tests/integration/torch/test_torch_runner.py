@@ -54,10 +54,10 @@ def alone(model, prompt: str, params: SamplingParams) -> list[int]:
 def test_batched_greedy_outputs_equal_each_request_alone(model, mode, budget) -> None:
     config = EngineConfig(
         batching_mode=mode,
-        batch_wait_timeout_s=0.0,
-        max_batch_size=3,
+        batch_wait_timeout=0.0,
+        max_num_seqs=3,
         max_num_batched_tokens=max(budget, 3),
-        max_seq_len=96,
+        max_model_len=96,
     )
     runner = TorchModelRunner(model, config)
     sink = ListSink()
@@ -84,7 +84,7 @@ def test_batched_greedy_outputs_equal_each_request_alone(model, mode, budget) ->
 def test_a_cached_prefix_is_reused_with_the_same_greedy_output(model) -> None:
     """Prefix caching: a later request computes only what follows the full blocks an
     earlier one left cached, and generates what it generates alone."""
-    config = EngineConfig(max_batch_size=2, max_seq_len=128)
+    config = EngineConfig(max_num_seqs=2, max_model_len=128)
     engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink := ListSink())
     shared = "A system prompt shared by every request, two blocks long: "
     prompts = {"first": shared + "one?", "second": shared + "two!", "again": shared + "one?"}
@@ -117,7 +117,7 @@ def test_n_greedy_choices_and_a_cached_prompt_decode_what_the_prompt_alone_does(
     rest (a partial block and the last token) themselves. A one-token chunk of a prompt runs
     as a prompt chunk, not as a decode row (whose attention rounds differently in bf16), so
     every greedy choice, and a later request over the cached prompt, is the prompt alone."""
-    config = EngineConfig(max_batch_size=4, max_seq_len=96)
+    config = EngineConfig(max_num_seqs=4, max_model_len=96)
     runner = TorchModelRunner(model, config)
     engine = Engine(config, runner, TOKENIZER, sink := ListSink())
     prompt = "Eighteen bytes of a"
@@ -160,7 +160,7 @@ def test_prompt_logprobs_are_computed_in_full_even_when_the_prefix_is_cached(mod
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=True)
     results = {}
     for caching in (True, False):
-        config = EngineConfig(max_batch_size=2, max_seq_len=128, enable_prefix_caching=caching)
+        config = EngineConfig(max_num_seqs=2, max_model_len=128, prefix_caching=caching)
         engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, ListSink())
         add_request(engine, "warm", prompt, dataclasses.replace(params, prompt_logprobs=False))
         while engine.has_work():
@@ -177,7 +177,7 @@ def test_prompt_logprobs_are_computed_in_full_even_when_the_prefix_is_cached(mod
 
 
 def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
-    config = EngineConfig(max_batch_size=4, max_seq_len=96)
+    config = EngineConfig(max_num_seqs=4, max_model_len=96)
     runner = TorchModelRunner(model, config)
     sink = ListSink()
     engine = Engine(config, runner, TOKENIZER, sink)
@@ -192,7 +192,7 @@ def test_seeded_sampling_is_the_same_batched_or_alone(model) -> None:
 
 
 def _run_all(model, requests: dict[str, tuple[str, SamplingParams]]) -> dict[str, list]:
-    config = EngineConfig(max_batch_size=len(requests), max_seq_len=96)
+    config = EngineConfig(max_num_seqs=len(requests), max_model_len=96)
     sink = ListSink()
     engine = Engine(config, TorchModelRunner(model, config), TOKENIZER, sink)
     for request_id, (prompt, params) in requests.items():

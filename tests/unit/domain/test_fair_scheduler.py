@@ -37,10 +37,10 @@ def request(
 
 
 def scheduler(
-    max_batch_size: int = 4, budget: int = 256, max_waiting: int = 512, **kwargs
+    max_num_seqs: int = 4, budget: int = 256, max_waiting: int = 512, **kwargs
 ) -> ContinuousScheduler:
     config = EngineConfig(
-        max_batch_size=max_batch_size,
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_waiting_requests=max_waiting,
     )
@@ -97,7 +97,7 @@ def saturated_shares(s: ContinuousScheduler, steps: int) -> Counter[str | None]:
 
 
 def test_single_tenant_equal_priority_admits_fcfs() -> None:
-    s = scheduler(max_batch_size=2)
+    s = scheduler(max_num_seqs=2)
     names = [f"r{i}" for i in range(9)]
     for i, name in enumerate(names):
         s.add_request(request(name, "t", priority=3, max_tokens=1 + i % 3, arrival=float(i)))
@@ -108,7 +108,7 @@ def test_single_tenant_equal_priority_admits_fcfs() -> None:
 
 
 def test_a_flooding_tenant_delays_another_by_about_one_request() -> None:
-    s = scheduler(max_batch_size=4)  # a request: 1 prefill step + 15 decode steps
+    s = scheduler(max_num_seqs=4)  # a request: 1 prefill step + 15 decode steps
     for i in range(200):
         s.add_request(request(f"a{i}", "A"))
     for _ in range(30):
@@ -123,13 +123,13 @@ def test_a_flooding_tenant_delays_another_by_about_one_request() -> None:
 
 
 def test_weights_3_to_1_give_a_3_to_1_token_share_under_saturation() -> None:
-    s = scheduler(max_batch_size=8, tenant_weights={"A": 3.0})
+    s = scheduler(max_num_seqs=8, tenant_weights={"A": 3.0})
     totals = saturated_shares(s, 1200)
     assert 2.7 <= totals["A"] / totals["B"] <= 3.3
 
 
 def test_set_tenant_weights_changes_the_share() -> None:
-    s = scheduler(max_batch_size=8)
+    s = scheduler(max_num_seqs=8)
     s.set_tenant_weights({"B": 2.0})
     totals = saturated_shares(s, 1000)
     assert 1.8 <= totals["B"] / totals["A"] <= 2.2
@@ -145,7 +145,7 @@ def test_a_weight_must_be_positive(weight: float) -> None:
 
 
 def test_an_idle_tenant_banks_no_credit() -> None:
-    s = scheduler(max_batch_size=4)
+    s = scheduler(max_num_seqs=4)
     a = Flood(s, "A")
     for _ in range(400):  # A alone: its virtual time grows by ~4 tokens a step
         a.top_up()
@@ -165,7 +165,7 @@ def test_an_idle_tenant_banks_no_credit() -> None:
 
 
 def test_a_tenant_idle_for_a_while_rejoins_level_with_the_active_one() -> None:
-    s = scheduler(max_batch_size=4)
+    s = scheduler(max_num_seqs=4)
     s.add_request(request("b0", "B", max_tokens=4))
     while s.has_work():
         step(s)
@@ -179,7 +179,7 @@ def test_a_tenant_idle_for_a_while_rejoins_level_with_the_active_one() -> None:
 
 
 def test_the_highest_priority_waiting_request_is_admitted_first() -> None:
-    s = scheduler(max_batch_size=1)
+    s = scheduler(max_num_seqs=1)
     s.add_request(request("running", priority=5, max_tokens=3))
     step(s)
     s.add_request(request("low", "A", priority=0))
@@ -192,7 +192,7 @@ def test_the_highest_priority_waiting_request_is_admitted_first() -> None:
 
 
 def test_a_short_budget_goes_first_to_the_tenant_with_less_service() -> None:
-    s = scheduler(max_batch_size=2, budget=16, tenant_weights={"B": 4.0})
+    s = scheduler(max_num_seqs=2, budget=16, tenant_weights={"B": 4.0})
     s.add_request(request("a", "A", prompt_len=10))
     s.add_request(request("b", "B", prompt_len=40))
     first = step(s)
@@ -209,7 +209,7 @@ def test_a_short_budget_goes_first_to_the_tenant_with_less_service() -> None:
 
 
 def test_a_higher_priority_request_preempts_the_youngest_lowest_priority_one() -> None:
-    s = scheduler(max_batch_size=3)
+    s = scheduler(max_num_seqs=3)
     s.add_request(request("old-low", arrival=1.0))
     s.add_request(request("mid", priority=1, arrival=2.0))
     s.add_request(request("young-low", arrival=3.0))
@@ -228,7 +228,7 @@ def test_a_higher_priority_request_preempts_the_youngest_lowest_priority_one() -
 
 
 def test_equal_priority_never_preempts() -> None:
-    s = scheduler(max_batch_size=2)
+    s = scheduler(max_num_seqs=2)
     for name in ("a", "b"):
         s.add_request(request(name, priority=1))
     step(s)
@@ -238,7 +238,7 @@ def test_equal_priority_never_preempts() -> None:
 
 
 def test_a_preempted_request_recomputes_prompt_and_generated_tokens() -> None:
-    s = scheduler(max_batch_size=1)
+    s = scheduler(max_num_seqs=1)
     s.add_request(request("low", prompt_len=4, max_tokens=6))
     for _ in range(3):  # prefill + 2 decodes: 3 tokens generated
         step(s)
@@ -255,7 +255,7 @@ def test_a_preempted_request_recomputes_prompt_and_generated_tokens() -> None:
 
 
 def test_a_chunked_recompute_samples_only_at_its_last_known_token() -> None:
-    s = scheduler(max_batch_size=1, budget=4)
+    s = scheduler(max_num_seqs=1, budget=4)
     s.add_request(request("low", prompt_len=4, max_tokens=8))
     for _ in range(4):  # prefill, then 3 decodes: 4 tokens generated
         step(s)
@@ -272,7 +272,7 @@ def test_a_chunked_recompute_samples_only_at_its_last_known_token() -> None:
 
 
 def test_a_recompute_does_not_repeat_prompt_logprobs() -> None:
-    s = scheduler(max_batch_size=1)
+    s = scheduler(max_num_seqs=1)
     params = SamplingParams(max_tokens=6, prompt_logprobs=True, prompt_top_logprobs=1)
     low = Request("low", [1, 2, 3, 4], params, 0.0)
     s.add_request(low)
@@ -294,7 +294,7 @@ def test_a_recompute_does_not_repeat_prompt_logprobs() -> None:
 
 
 def test_an_aborted_preempted_request_leaves_the_queue() -> None:
-    s = scheduler(max_batch_size=1)
+    s = scheduler(max_num_seqs=1)
     s.add_request(request("low"))
     step(s)
     s.add_request(request("high", "B", priority=1, max_tokens=2))
@@ -340,9 +340,9 @@ class KVRunner:
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
-def engine(max_batch_size: int = 2) -> tuple[Engine, KVRunner, ListSink, RecordingObserver]:
+def engine(max_num_seqs: int = 2) -> tuple[Engine, KVRunner, ListSink, RecordingObserver]:
     runner, sink, observer = KVRunner(), ListSink(), RecordingObserver()
-    config = EngineConfig(max_batch_size=max_batch_size, max_num_batched_tokens=64)
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64)
     clock = ManualClock()
     e = Engine(config, runner, ByteTokenizer(), sink, clock=clock, observer=observer)
     return e, runner, sink, observer
@@ -364,7 +364,7 @@ PROMPTS = {"old": [40, 41, 42], "young": [50, 51, 52, 53, 54], "vip": [60, 61]}
 
 
 def test_a_preempted_request_finishes_with_the_tokens_it_would_have_had_each_sent_once() -> None:
-    e, runner, sink, observer = engine(max_batch_size=2)
+    e, runner, sink, observer = engine(max_num_seqs=2)
     add(e, "old", PROMPTS["old"])
     add(e, "young", PROMPTS["young"])
     for _ in range(5):
@@ -386,7 +386,7 @@ def test_a_preempted_request_finishes_with_the_tokens_it_would_have_had_each_sen
 
 
 def test_a_preemption_is_reported_in_step_and_request_stats() -> None:
-    e, _, _, observer = engine(max_batch_size=1)
+    e, _, _, observer = engine(max_num_seqs=1)
     add(e, "low", [40, 41, 42, 43])
     for _ in range(4):  # prefill + 3 decodes: 4 tokens generated, the 4th not fed yet
         e.step()

@@ -57,8 +57,8 @@ def test_engine_config_defaults_to_continuous_batching() -> None:
     ("field", "value"),
     [
         ("batching_mode", "dynamic"),
-        ("max_batch_size", 0),
-        ("batch_wait_timeout_s", -1.0),
+        ("max_num_seqs", 0),
+        ("batch_wait_timeout", -1.0),
         ("max_num_batched_tokens", 1),
     ],
 )

@@ -19,11 +19,11 @@ def request(request_id: str, prompt_len: int = 3, max_tokens: int = 8) -> Reques
     return Request(request_id, list(range(1, prompt_len + 1)), params, 0.0)
 
 
-def static(max_batch_size: int = 4, timeout: float = 0.0, max_waiting: int = 64):
+def static(max_num_seqs: int = 4, timeout: float = 0.0, max_waiting: int = 64):
     config = EngineConfig(
         batching_mode="static",
-        max_batch_size=max_batch_size,
-        batch_wait_timeout_s=timeout,
+        max_num_seqs=max_num_seqs,
+        batch_wait_timeout=timeout,
         max_waiting_requests=max_waiting,
     )
     clock = ManualClock(100.0)
@@ -88,7 +88,7 @@ def test_static_keeps_a_partially_finished_batch() -> None:
 
 
 def test_static_refuses_requests_beyond_the_batch_and_waiting_limits() -> None:
-    scheduler, _ = static(max_batch_size=2, max_waiting=1)
+    scheduler, _ = static(max_num_seqs=2, max_waiting=1)
     for name in "abc":
         assert scheduler.add_request(request(name))
     assert not scheduler.add_request(request("d"))
@@ -99,7 +99,7 @@ def test_static_refuses_requests_beyond_the_batch_and_waiting_limits() -> None:
 
 
 def test_continuous_counts_running_and_waiting_requests_against_its_capacity() -> None:
-    config = EngineConfig(max_batch_size=2, max_waiting_requests=1)
+    config = EngineConfig(max_num_seqs=2, max_waiting_requests=1)
     scheduler = ContinuousScheduler(config, [EOS])
     for name in "abc":
         assert scheduler.add_request(request(name, max_tokens=2))
@@ -111,7 +111,7 @@ def test_continuous_counts_running_and_waiting_requests_against_its_capacity() -
 
 
 def test_static_batches_at_most_max_batch_size_in_arrival_order() -> None:
-    scheduler, _ = static(max_batch_size=2)
+    scheduler, _ = static(max_num_seqs=2)
     for name in "abcde":
         scheduler.add_request(request(name))
     batches = []
@@ -136,14 +136,14 @@ def test_static_has_work_follows_the_queue_and_the_batch() -> None:
 
 
 def test_bounded_wait_dispatches_at_once_when_the_batch_is_full() -> None:
-    scheduler, _ = static(max_batch_size=4, timeout=1.0)
+    scheduler, _ = static(max_num_seqs=4, timeout=1.0)
     for name in "abcd":
         scheduler.add_request(request(name))
     assert ids(scheduler.schedule()) == ["a", "b", "c", "d"]
 
 
 def test_bounded_wait_dispatches_a_partial_batch_on_timeout() -> None:
-    scheduler, clock = static(max_batch_size=4, timeout=0.01)
+    scheduler, clock = static(max_num_seqs=4, timeout=0.01)
     scheduler.add_request(request("a"))
     scheduler.add_request(request("b"))
     assert scheduler.schedule().is_empty
@@ -154,7 +154,7 @@ def test_bounded_wait_dispatches_a_partial_batch_on_timeout() -> None:
 
 
 def test_bounded_wait_timer_restarts_for_each_batch() -> None:
-    scheduler, clock = static(max_batch_size=4, timeout=0.01)
+    scheduler, clock = static(max_num_seqs=4, timeout=0.01)
     scheduler.add_request(request("a"))
     scheduler.schedule()
     clock.now += 0.02
@@ -200,8 +200,8 @@ def test_a_stop_token_id_finishes_with_stop() -> None:
 # Continuous batching
 
 
-def continuous(max_batch_size: int = 4, budget: int = 64) -> ContinuousScheduler:
-    config = EngineConfig(max_batch_size=max_batch_size, max_num_batched_tokens=budget)
+def continuous(max_num_seqs: int = 4, budget: int = 64) -> ContinuousScheduler:
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     return ContinuousScheduler(config, [EOS])
 
 
@@ -218,7 +218,7 @@ def test_continuous_admits_a_request_into_a_running_batch() -> None:
 
 
 def test_continuous_retires_a_finished_request_and_fills_its_slot() -> None:
-    scheduler = continuous(max_batch_size=2)
+    scheduler = continuous(max_num_seqs=2)
     for name in "abc":
         scheduler.add_request(request(name))
     first = step(scheduler, a=EOS)
@@ -229,7 +229,7 @@ def test_continuous_retires_a_finished_request_and_fills_its_slot() -> None:
 
 
 def test_an_aborted_request_frees_its_slot_at_the_next_step() -> None:
-    scheduler = continuous(max_batch_size=1)
+    scheduler = continuous(max_num_seqs=1)
     scheduler.add_request(request("a"))
     scheduler.add_request(request("b"))
     step(scheduler)
@@ -276,7 +276,7 @@ def test_a_partial_prompt_chunk_does_not_sample() -> None:
 
 
 def test_continuous_runs_at_most_max_batch_size_requests() -> None:
-    scheduler = continuous(max_batch_size=2)
+    scheduler = continuous(max_num_seqs=2)
     for name in "abcd":
         scheduler.add_request(request(name))
     assert ids(scheduler.schedule()) == ["a", "b"]

@@ -54,7 +54,7 @@ def run(
 ) -> tuple[list[list[StepOutput]], Engine, int]:
     target = FakeModelRunner(script=reply_script(TOKENIZER, REPLY))
     sink = ListSink()
-    config = EngineConfig(speculative=SPEC if draft is not None else None)
+    config = EngineConfig(speculative_config=SPEC if draft is not None else None)
     engine = Engine(config, target, TOKENIZER, sink, draft=draft)
     for i in range(prompts):
         add_request(engine, f"r{i}", f"say it {i}", SamplingParams(temperature=0.0, **params))  # type: ignore[arg-type]

@@ -118,7 +118,7 @@ def test_max_tokens_ends_with_length() -> None:
     ],
 )
 def test_bad_requests_are_refused_before_queueing(prompt, sampling, error) -> None:
-    engine, _, _ = make_engine(max_seq_len=64)
+    engine, _, _ = make_engine(max_model_len=64)
     with pytest.raises(error) as raised:
         add_request(engine, "a", prompt, sampling)
     assert type(raised.value) is error
@@ -138,8 +138,8 @@ def test_token_ids_are_checked_against_the_models_vocabulary_when_given() -> Non
 
 
 def test_a_full_engine_refuses_with_queue_full() -> None:
-    """It holds max_batch_size running plus max_waiting_requests waiting."""
-    engine, _, _ = make_engine(max_waiting_requests=1, max_batch_size=1)
+    """It holds max_num_seqs running plus max_waiting_requests waiting."""
+    engine, _, _ = make_engine(max_waiting_requests=1, max_num_seqs=1)
     add_request(engine, "a", "x", params())
     add_request(engine, "b", "x", params())
     with pytest.raises(QueueFullError):
@@ -151,7 +151,7 @@ def test_a_full_engine_refuses_with_queue_full() -> None:
 
 
 def test_prompts_are_admitted_all_together_or_none() -> None:
-    engine, _, _ = make_engine(max_waiting_requests=2, max_batch_size=2)
+    engine, _, _ = make_engine(max_waiting_requests=2, max_num_seqs=2)
     add_request(engine, "a", "x", params())
     with pytest.raises(QueueFullError):
         engine.admit(AdmitCall(("b", "c", "d", "e"), tuple([[5]] * 4), params()))
@@ -163,7 +163,7 @@ def test_prompts_are_admitted_all_together_or_none() -> None:
 @pytest.mark.parametrize(
     ("config", "count"),
     [
-        ({"max_batch_size": 2, "max_waiting_requests": 3}, 6),  # beyond the capacity
+        ({"max_num_seqs": 2, "max_waiting_requests": 3}, 6),  # beyond the capacity
         ({"max_prompts_per_request": 2}, 3),
     ],
 )
@@ -230,7 +230,7 @@ def test_a_failing_forward_fails_its_batch_and_the_engine_goes_on() -> None:
 
 
 def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
-    engine, runner, sink = make_engine("a long reply", max_batch_size=1)
+    engine, runner, sink = make_engine("a long reply", max_num_seqs=1)
     add_request(engine, "a", "x", params())
     add_request(engine, "b", "x", params())
     engine.step()
@@ -244,7 +244,7 @@ def test_continuous_abort_frees_the_slot_at_the_next_step() -> None:
 
 
 def test_static_batch_with_mixed_prompt_lengths_runs_to_completion() -> None:
-    engine, runner, sink = make_engine("hey", batching_mode="static", batch_wait_timeout_s=0.0)
+    engine, runner, sink = make_engine("hey", batching_mode="static", batch_wait_timeout=0.0)
     add_request(engine, "short", "a", params())
     add_request(engine, "long", "a much longer prompt", params(max_tokens=2))
     run_to_end(engine)
@@ -352,7 +352,7 @@ async def test_validation_errors_raise_before_streaming() -> None:
 async def test_closing_a_group_aborts_its_requests_even_streams_never_read() -> None:
     """A generator that never started cannot clean up after itself: the group does."""
     runner = FakeModelRunner(script=scripted("x" * 500), step_latency_s=0.001)
-    engine = AsyncEngine(EngineConfig(max_batch_size=2, max_waiting_requests=2), runner, TOKENIZER)
+    engine = AsyncEngine(EngineConfig(max_num_seqs=2, max_waiting_requests=2), runner, TOKENIZER)
     core, sink = engine.engine, engine.sink
     engine.start()
     try:

@@ -89,7 +89,7 @@ def test_a_stop_string_hit_ends_the_request_in_the_scheduler() -> None:
 
 
 def test_chunked_prefill_counts_prompt_tokens_per_step() -> None:
-    engine, observer = make("Hi", max_num_batched_tokens=8, max_batch_size=2)
+    engine, observer = make("Hi", max_num_batched_tokens=8, max_num_seqs=2)
     add_request(engine, "long", "x" * 19, greedy())  # 20 prompt tokens with <bos>
     for _ in range(3):
         engine.step()
@@ -99,7 +99,7 @@ def test_chunked_prefill_counts_prompt_tokens_per_step() -> None:
 
 
 def test_an_aborted_request_is_reported_at_the_next_step() -> None:
-    engine, _ = make(max_batch_size=1)
+    engine, _ = make(max_num_seqs=1)
     add_request(engine, "running", "hi", greedy())
     add_request(engine, "waiting", "hi", greedy())
     engine.step()
@@ -115,7 +115,7 @@ def test_an_aborted_request_is_reported_at_the_next_step() -> None:
 
 
 def test_kv_usage_is_the_share_of_kv_blocks_in_use() -> None:
-    engine, _ = make(max_batch_size=4, max_seq_len=256, num_kv_blocks=16)
+    engine, _ = make(max_num_seqs=4, max_model_len=256, num_kv_blocks=16)
     for name in "ab":
         add_request(engine, name, "hi", greedy())  # 3 tokens: one block each
     stats = engine.step().scheduler

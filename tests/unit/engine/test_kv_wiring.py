@@ -33,7 +33,7 @@ def check_counts(blocks: BlockManager, live: set[str]) -> None:
 def test_a_random_run_never_leaks_or_shares_a_written_block() -> None:
     rng = random.Random(15)
     config = EngineConfig(
-        max_batch_size=6, max_seq_len=96, num_kv_blocks=14, max_num_batched_tokens=40
+        max_num_seqs=6, max_model_len=96, num_kv_blocks=14, max_num_batched_tokens=40
     )
     runner = FakeModelRunner()  # raises on a table short of its chunk or a block two write
     engine = Engine(config, runner, ByteTokenizer(), ListSink())
@@ -74,7 +74,7 @@ def test_a_random_run_never_leaks_or_shares_a_written_block() -> None:
 
 def test_blocks_running_out_preempt_the_youngest_and_it_recomputes() -> None:
     # 2 sequences of 32 positions; each request reaches 3 blocks, so both cannot finish.
-    config = EngineConfig(max_batch_size=2, max_seq_len=48, num_kv_blocks=4)
+    config = EngineConfig(max_num_seqs=2, max_model_len=48, num_kv_blocks=4)
     ticks = itertools.count()
     engine = Engine(
         config, FakeModelRunner(), ByteTokenizer(), sink := ListSink(), clock=lambda: next(ticks)
@@ -94,7 +94,7 @@ def test_blocks_running_out_preempt_the_youngest_and_it_recomputes() -> None:
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_repeated_prompt_computes_only_its_last_block_with_prefix_caching(caching) -> None:
-    config = EngineConfig(max_batch_size=2, max_seq_len=96, enable_prefix_caching=caching)
+    config = EngineConfig(max_num_seqs=2, max_model_len=96, prefix_caching=caching)
     engine = Engine(config, FakeModelRunner(), ByteTokenizer(), ListSink())
     prompt = list(range(1, 41))  # 40 tokens: two full blocks, then 8 positions
     prefill = []
@@ -107,7 +107,7 @@ def test_a_repeated_prompt_computes_only_its_last_block_with_prefix_caching(cach
 
 
 def test_a_cache_salt_shares_blocks_only_with_the_same_salt() -> None:
-    config = EngineConfig(max_batch_size=2, max_seq_len=96)
+    config = EngineConfig(max_num_seqs=2, max_model_len=96)
     engine = Engine(config, FakeModelRunner(), ByteTokenizer(), ListSink())
     prompt = list(range(1, 41))  # two full blocks, then 8 positions
     prefill = {}
@@ -133,7 +133,7 @@ def test_identical_prompts_queued_together_compute_the_prompt_once(caching) -> N
     prefix caching off each computes its own. Every request still gets all its tokens and
     every block comes back."""
     config = EngineConfig(
-        max_batch_size=5, max_seq_len=128, max_num_batched_tokens=256, enable_prefix_caching=caching
+        max_num_seqs=5, max_model_len=128, max_num_batched_tokens=256, prefix_caching=caching
     )
     engine = Engine(config, FakeModelRunner(), ByteTokenizer(), sink := ListSink())
     prompt = list(range(1, 41))  # 40 tokens: two full blocks, then 8 positions

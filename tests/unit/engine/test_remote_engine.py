@@ -165,7 +165,7 @@ async def test_a_replica_lost_after_output_ends_the_stream_with_an_error(
 
 
 async def test_a_full_replica_passes_the_call_to_another() -> None:
-    fleet = LocalFleet(2, policy="round-robin", max_batch_size=1, max_waiting_requests=1)
+    fleet = LocalFleet(2, policy="round-robin", max_num_seqs=1, max_waiting_requests=1)
     fleet.start()
     engine = remote(fleet)
     hold = fleet.replicas["r0"].group()
@@ -181,7 +181,7 @@ async def test_a_full_replica_passes_the_call_to_another() -> None:
 
 
 async def test_a_replicas_refusal_ends_the_streams_with_its_error() -> None:
-    fleet = LocalFleet(1, max_batch_size=1, max_waiting_requests=1)
+    fleet = LocalFleet(1, max_num_seqs=1, max_waiting_requests=1)
     fleet.start()
     engine = remote(fleet)
     hold = fleet.replicas["r0"].group()

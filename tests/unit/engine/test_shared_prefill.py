@@ -20,7 +20,7 @@ PARAMS = SamplingParams(max_tokens=3, ignore_eos=True)
 
 def engine(budget: int = 512, batch: int = 8, **config) -> tuple[Engine, FakeModelRunner]:
     runner = FakeModelRunner()
-    cfg = EngineConfig(max_batch_size=batch, max_num_batched_tokens=budget, **config)
+    cfg = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, **config)
     return Engine(cfg, runner, ByteTokenizer(), ListSink()), runner
 
 
@@ -81,7 +81,7 @@ def test_a_choice_whose_source_ended_prefills_itself() -> None:
 
 
 def test_a_choice_whose_source_was_preempted_prefills_itself() -> None:
-    config = EngineConfig(max_batch_size=2, max_num_batched_tokens=32)
+    config = EngineConfig(max_num_seqs=2, max_num_batched_tokens=32)
     scheduler = ContinuousScheduler(config)
     # a is the younger, so the one preempted for the urgent request.
     a = Request("a", PROMPT, PARAMS, 1.0)

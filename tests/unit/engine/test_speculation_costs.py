@@ -89,7 +89,7 @@ def _engine(costs: StepCosts | None) -> tuple[Engine, ListSink, list[int]]:
             drafted.append(stats.drafted_tokens)
 
     engine = Engine(
-        EngineConfig(speculative=SPEC),
+        EngineConfig(speculative_config=SPEC),
         runner,
         TOKENIZER,
         sink,
@@ -119,7 +119,7 @@ def test_the_start_up_log_says_what_decides() -> None:
 
 
 def test_a_rejected_request_stops_drafting_under_costs() -> None:
-    speculator = Speculator(SPEC, max_seq_len=200, costs=CHEAP)
+    speculator = Speculator(SPEC, max_model_len=200, costs=CHEAP)
     request = Request("r", [1, 2, 3, 4, 1, 2, 3, 4], SamplingParams(max_tokens=100), 0.0)
     request.generated_token_ids += [1, 2]
     speculator.propose([request], running=1)
@@ -134,10 +134,10 @@ def test_where_no_draft_can_pay_none_is_looked_up() -> None:
     # are not even indexed (64 streams of a compute-bound CPU pay nothing for it)
     request = Request("r", [1, 2, 3, 4, 1, 2, 3, 4], SamplingParams(max_tokens=100), 0.0)
     request.generated_token_ids += [1, 2]
-    linear = Speculator(SPEC, max_seq_len=200, costs=LINEAR)
+    linear = Speculator(SPEC, max_model_len=200, costs=LINEAR)
     linear.propose([request], running=1)
     assert request.draft_token_ids == [] and linear._proposers == {}
-    cheap = Speculator(SPEC, max_seq_len=200, costs=CHEAP)
+    cheap = Speculator(SPEC, max_model_len=200, costs=CHEAP)
     cheap.propose([request], running=1)
     assert request.draft_token_ids and "r" in cheap._proposers
 
@@ -146,7 +146,7 @@ def test_no_drafts_while_a_running_request_is_still_prefilling() -> None:
     # two running, one sampled: the other's prompt chunk rides in the next step
     request = Request("r", [1, 2, 3, 4, 1, 2, 3, 4], SamplingParams(max_tokens=100), 0.0)
     request.generated_token_ids += [1, 2]
-    speculator = Speculator(SPEC, max_seq_len=200, costs=CHEAP)
+    speculator = Speculator(SPEC, max_model_len=200, costs=CHEAP)
     speculator.propose([request], running=2)
     assert request.draft_token_ids == []
     speculator.propose([request], running=1)  # its prompt done: drafts again

@@ -42,7 +42,7 @@ def engine_for(
     runner = FakeModelRunner(script=reply_script(TOKENIZER, text), block_size=block_size)
     sink, stats = ListSink(), Stats()
     engine = Engine(
-        EngineConfig(speculative=spec, **config),  # type: ignore[arg-type]
+        EngineConfig(speculative_config=spec, **config),  # type: ignore[arg-type]
         runner,
         TOKENIZER,
         sink,
@@ -129,7 +129,7 @@ def test_a_preempted_request_goes_on_with_the_same_output() -> None:
     outputs: dict[str | None, list[str]] = {}
     for spec in (None, SPEC):
         engine, _, sink, stats = engine_for(
-            text, spec, kv_block_size=4, num_kv_blocks=48, max_batch_size=2, max_seq_len=192
+            text, spec, kv_block_size=4, num_kv_blocks=48, max_num_seqs=2, max_model_len=192
         )
         for name in ("low", "high"):
             greedy = SamplingParams(temperature=0.0, max_tokens=120)
@@ -167,7 +167,7 @@ def test_no_drafts_while_the_batch_is_busier_than_the_limit() -> None:
 
 def test_speculation_needs_continuous_batching() -> None:
     with pytest.raises(InvalidParameterError, match="speculative_config"):
-        EngineConfig(speculative=SPEC, batching_mode="static")
+        EngineConfig(speculative_config=SPEC, batching_mode="static")
 
 
 def test_the_defaults_are_the_measured_ones() -> None:
@@ -198,7 +198,7 @@ def test_a_thinking_models_constrained_answer_drafts_once_its_grammar_started() 
     structured = StructuredOutput("json_object", start_after=close)
     params = SamplingParams(temperature=0.0, max_tokens=50, structured=structured)
     request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], params, 0.0)
-    speculator = Speculator(SPEC, max_seq_len=100)
+    speculator = Speculator(SPEC, max_model_len=100)
     request.generated_token_ids += [3, 1, 2]  # thinking: repeats, but no grammar yet
     speculator.propose([request], running=1)
     assert request.draft_token_ids == []

@@ -27,7 +27,7 @@ from domain.memory import KVCacheMemory
 from domain.speculation import SpeculativeConfig
 from domain.tinker.values import TinkerLimits
 from entrypoints.cli import _parser
-from entrypoints.config import ENGINE_CONFIG_NAMES, ServerConfig, from_json, to_json
+from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.config.access import AccessSettings
 from entrypoints.config.embedding import EmbeddingSettings
 from entrypoints.config.engine import EngineSettings, speculative_config
@@ -57,7 +57,7 @@ def test_no_flags_give_todays_serve_defaults() -> None:
     config = serve("--device", "cpu")
     assert config.model == ModelSettings(device="cpu", quantization="auto", kv_cache_memory="auto")
     assert config.engine.engine_config() == EngineConfig(
-        max_seq_len=2048, max_batch_size=64, speculative=SpeculativeConfig()
+        max_model_len=2048, max_num_seqs=64, speculative_config=SpeculativeConfig()
     )
     assert config.http == TransportSettings()
     assert config.connections == ConnectionLimits()
@@ -149,13 +149,13 @@ def test_representative_flags_land_in_fields_of_their_names(tmp_path: Path) -> N
     round_trip(config)
 
 
-def test_the_engine_flags_map_to_the_engine_config_once() -> None:
-    """Every EngineConfig field has a flag-named field here, the defaults agree, and the
-    mapping goes both ways."""
-    names = {ENGINE_CONFIG_NAMES.get(f.name, f.name) for f in fields(EngineSettings)}
+def test_the_engine_flags_are_the_engine_configs_fields() -> None:
+    """Every EngineConfig field is a flag-named field here (the same names), the defaults
+    agree, and the mapping goes both ways."""
+    names = {f.name for f in fields(EngineSettings)}
     assert names == {f.name for f in fields(EngineConfig)}
     assert EngineSettings().engine_config() == EngineConfig()
-    config = EngineConfig(max_seq_len=100, max_batch_size=3, enable_prefix_caching=False)
+    config = EngineConfig(max_model_len=100, max_num_seqs=3, prefix_caching=False)
     settings = EngineSettings.of(config)
     assert (settings.max_model_len, settings.max_num_seqs, settings.prefix_caching) == (
         100,
@@ -165,7 +165,7 @@ def test_the_engine_flags_map_to_the_engine_config_once() -> None:
     assert settings.engine_config() == config
     with pytest.raises(InvalidParameterError) as error:  # named as EngineConfig names it
         EngineSettings(max_model_len=0)
-    assert error.value.param == "max_seq_len"
+    assert error.value.param == "max_model_len"
 
 
 def test_api_keys_are_kept_hashed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,7 +212,7 @@ def test_every_group_round_trips_through_pickle_and_json() -> None:
 def test_json_is_checked_on_the_way_in() -> None:
     text = to_json(ServerConfig()).replace(b'"max_model_len":4096', b'"max_model_len":0')
     with pytest.raises(
-        msgspec.ValidationError, match=r"max_seq_len: must be >= 1 - at `\$.engine`"
+        msgspec.ValidationError, match=r"max_model_len: must be >= 1 - at `\$.engine`"
     ):
         from_json(text)
 
@@ -222,7 +222,7 @@ def test_for_model_takes_groups_and_fields_by_name() -> None:
         "m",
         runner="fake",
         cache_dir="/c",
-        engine=EngineConfig(max_seq_len=128, max_batch_size=4),
+        engine=EngineConfig(max_model_len=128, max_num_seqs=4),
         max_waiting_requests=3,
         tinker=TinkerSettings(enabled=True),
         checkpoint_dir="/ckpt",
@@ -236,7 +236,7 @@ def test_for_model_takes_groups_and_fields_by_name() -> None:
         ServerConfig.for_model(limits=TinkerLimits())
     with pytest.raises(TypeError, match="tinker must be a TinkerSettings"):
         ServerConfig.for_model(tinker=True)
-    with pytest.raises(TypeError, match="no group"):
+    with pytest.raises(TypeError, match="no group"):  # the engine's old name
         ServerConfig.for_model(max_batch_size=4)
 
 
@@ -257,7 +257,7 @@ def test_each_flag_module_builds_its_group(tmp_path: Path) -> None:
         (["--max-connections", "0"], "max_connections"),
         (["--tinker-max-runs-per-key", "0"], "tinker_max_runs_per_key"),
         (["--max-embedding-queue", "0"], "max_embedding_queue"),
-        (["--max-num-seqs", "0"], "max_batch_size"),
+        (["--max-num-seqs", "0"], "max_num_seqs"),
         (["--max-loras", "0"], "max_loras"),
         (["--replicas", "-1"], "replicas"),
         (["--replica-cpus", "0"], "replica_cpus"),
@@ -324,20 +324,20 @@ def test_no_borrowed_model_name_is_advertised_unless_asked() -> None:
 
 def test_speculative_config_takes_vllms_json_and_names_a_bad_field() -> None:
     config = serve("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
-    spec = config.engine.engine_config().speculative
+    spec = config.engine.engine_config().speculative_config
     assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("ngram", 3)
     round_trip(config)  # a replica in another process gets it too
     # on by default on a CPU (measured there), off with "none", on a GPU and when static
-    assert serve().engine.engine_config().speculative == SpeculativeConfig()
+    assert serve().engine.engine_config().speculative_config == SpeculativeConfig()
     for off in ("none", "OFF", "null"):
-        assert serve("--speculative-config", off).engine.engine_config().speculative is None
+        assert serve("--speculative-config", off).engine.engine_config().speculative_config is None
     static = serve("--batching-mode", "static").engine.engine_config()
-    assert static.speculative is None
+    assert static.speculative_config is None
     args = _parser().parse_args(["serve"])
-    assert EngineSettings.from_args(args, "cuda:0").engine_config().speculative is None
-    assert EngineSettings.from_args(args, "cpu").engine_config().speculative is not None
+    assert EngineSettings.from_args(args, "cuda:0").engine_config().speculative_config is None
+    assert EngineSettings.from_args(args, "cpu").engine_config().speculative_config is not None
     draft = serve("--speculative-config", '{"model": "dummy:Llama-3.2-1B"}').engine
-    spec = draft.engine_config().speculative  # vLLM's reading: a model means draft_model
+    spec = draft.engine_config().speculative_config  # vLLM's reading: a model means draft_model
     assert spec is not None and (spec.method, spec.model) == ("draft_model", "dummy:Llama-3.2-1B")
     for bad, named in (
         ('{"method": "eagle", "model": "x"}', "needs heads trained for the target"),

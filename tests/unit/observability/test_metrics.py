@@ -113,7 +113,7 @@ def one_request_life(metrics: Metrics) -> None:
 
 
 def test_gauges_follow_the_latest_step() -> None:
-    metrics = Metrics("m", max_batch_size=4, kv_cache_bytes=1000)
+    metrics = Metrics("m", max_num_seqs=4, kv_cache_bytes=1000)
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(3, 2, 5, 2, 0.375), start_s=0.5))
     s = scrape(metrics)
     assert value(s, "infer:num_requests_running") == 3
@@ -128,7 +128,7 @@ def test_gauges_follow_the_latest_step() -> None:
 
 
 def test_prefix_cache_lookups_and_hits_are_counted() -> None:
-    metrics = Metrics("m", max_batch_size=4)
+    metrics = Metrics("m", max_num_seqs=4)
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 40, 0, 0.1, 40, 0)))
     metrics.on_step(StepStats(True, 2.0, SchedulerStats(2, 0, 8, 1, 0.2, 40, 32)))
     metrics.on_step(StepStats(True, 3.0, SchedulerStats(2, 0, 0, 2, 0.2)))
@@ -138,7 +138,7 @@ def test_prefix_cache_lookups_and_hits_are_counted() -> None:
 
 
 def test_a_request_life_adds_up() -> None:
-    metrics = Metrics("m", max_batch_size=4, kv_cache_bytes=1000)
+    metrics = Metrics("m", max_num_seqs=4, kv_cache_bytes=1000)
     one_request_life(metrics)
     s = scrape(metrics)
 
@@ -194,7 +194,7 @@ def test_a_request_life_adds_up() -> None:
 
 
 def test_every_sample_has_the_prefix_and_the_model_label() -> None:
-    metrics = Metrics("llama-3", max_batch_size=2)
+    metrics = Metrics("llama-3", max_num_seqs=2)
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 3, 0, 0.5), start_s=0.0))
     s = scrape(metrics)
     assert s
@@ -205,7 +205,7 @@ def test_every_sample_has_the_prefix_and_the_model_label() -> None:
 
 
 def test_inter_token_latency_skips_the_first_step_after_idle() -> None:
-    metrics = Metrics("m", max_batch_size=4)
+    metrics = Metrics("m", max_num_seqs=4)
     decoding = (StepRow("a", 0, 1), StepRow("b", 0, 1), StepRow("c", 5, 0))
 
     def step(ran: bool, time_s: float, running: int = 3) -> None:
@@ -240,7 +240,7 @@ def test_inter_token_latency_skips_the_first_step_after_idle() -> None:
 
 
 def test_a_failed_step_observes_no_inter_token_latency() -> None:
-    metrics = Metrics("m", max_batch_size=2)
+    metrics = Metrics("m", max_num_seqs=2)
     rows = (StepRow("a", 0, 1),)
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 0, 1, 0.5), 1, rows=rows))
     failed = ended("a", times=(0.0, 0.1, 0.5, 2.0), reason="error", tokens=(4, 2))
@@ -254,7 +254,7 @@ def test_a_failed_step_observes_no_inter_token_latency() -> None:
 
 
 def test_tenants_past_the_cap_share_the_other_label() -> None:
-    metrics = Metrics("m", max_batch_size=4, max_tenants=2)
+    metrics = Metrics("m", max_num_seqs=4, max_tenants=2)
     tenants = ["a", "b", "c", "d", None, "a", "c", "b"]
     finished = tuple(
         ended(
@@ -313,7 +313,7 @@ class FakeClock:
 
 def test_http_requests_streams_and_errors() -> None:
     clock = FakeClock(100.0)
-    metrics = Metrics("m", max_batch_size=4, clock=clock)
+    metrics = Metrics("m", max_num_seqs=4, clock=clock)
     streamed = RequestRecord(method="POST", route="/v1/completions", started_s=99.0)
     plain = RequestRecord(method="GET", route="/v1/models", started_s=99.5)
     refused = RequestRecord(method="POST", route="/v1/completions", started_s=100.0)
@@ -365,7 +365,7 @@ def test_http_requests_streams_and_errors() -> None:
 
 
 def test_route_and_method_labels_are_bounded() -> None:
-    metrics = Metrics("m", max_batch_size=4, clock=FakeClock(0.0))
+    metrics = Metrics("m", max_num_seqs=4, clock=FakeClock(0.0))
     for i in range(70):
         metrics.request_finished(RequestRecord(method="GET", route=f"/r{i}", status=404))
     metrics.request_finished(RequestRecord(method="BREW", route="/r0", status=405))
@@ -379,7 +379,7 @@ def test_route_and_method_labels_are_bounded() -> None:
 
 
 def test_tinker_operations_and_pending_futures() -> None:
-    metrics = Metrics("m", max_batch_size=4)
+    metrics = Metrics("m", max_num_seqs=4)
     metrics.training_op("forward_backward", 120, 0.5, True)
     metrics.training_op("forward_backward", 80, 1.5, False)
     metrics.training_op("optim_step", 0, 0.02, True)
@@ -399,8 +399,8 @@ def test_tinker_operations_and_pending_futures() -> None:
 
 
 def test_instances_do_not_share_state() -> None:
-    first = Metrics("m", max_batch_size=4, max_tenants=1)
-    second = Metrics("m", max_batch_size=4, max_tenants=1)
+    first = Metrics("m", max_num_seqs=4, max_tenants=1)
+    second = Metrics("m", max_num_seqs=4, max_tenants=1)
     one_request_life(first)
     first.request_started(RequestRecord())
     first.rate_limited("x", "queue")
@@ -421,7 +421,7 @@ def test_instances_do_not_share_state() -> None:
 
 
 def test_speculative_decoding_counts_drafts_and_accepted_tokens() -> None:
-    metrics = Metrics("m", max_batch_size=4)
+    metrics = Metrics("m", max_num_seqs=4)
     for drafts, drafted, accepted in ((2, 8, 5), (1, 4, 0), (0, 0, 0)):
         metrics.on_step(
             StepStats(

@@ -106,7 +106,7 @@ async def test_bad_words_obey_the_stop_limits(words: list[str], config: dict) ->
 
 
 def test_truncation_keeps_the_last_tokens() -> None:
-    processor = inputs(max_seq_len=3)
+    processor = inputs(max_model_len=3)
     assert processor.truncate([1, 2, 3, 4, 5], 2) == [4, 5]
     assert processor.truncate([1, 2, 3, 4, 5], -1) == [3, 4, 5]  # the context's length
     assert processor.truncate([1, 2], None) == [1, 2]

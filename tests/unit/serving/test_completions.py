@@ -73,7 +73,7 @@ async def test_a_completion_is_prepared_reserved_then_admitted_at_its_priority()
 async def test_a_chat_takes_what_the_context_leaves_and_reserves_at_most_the_default() -> None:
     who, group, limits, record = caller()
     job = ChatJob(params=SamplingParams(max_tokens=1), messages=MESSAGES)
-    started = await service(max_seq_len=2048).chat(job, who)
+    started = await service(max_model_len=2048).chat(job, who)
     [prompt] = started.prompts
     assert started.params.max_tokens == 2048 - len(prompt)
     assert limits.reserved == [len(prompt) + UNSET_MAX_TOKENS_RESERVE]
@@ -116,7 +116,7 @@ async def test_errors_name_the_fields_the_request_used() -> None:
 async def test_nothing_is_reserved_or_queued_for_a_refused_request() -> None:
     who, group, limits, _ = caller()
     with pytest.raises(PromptTooLongError):
-        await service(max_seq_len=8).complete(
+        await service(max_model_len=8).complete(
             PromptJob(params=SamplingParams(max_tokens=4), prompts=["abcdefg"]), who
         )
     with pytest.raises(InvalidParameterError) as error:
