@@ -329,6 +329,10 @@ def _chat_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None:
     extra = sorted(set(text_format) - {"type", *_JSON_SCHEMA_KEYS})
     if extra:
         bad("text.format", f"text.format: unknown or unsupported key {extra[0]!r}")
+    for key in ("name", "schema"):  # both required here (chat's json_schema.schema is not)
+        if key not in text_format:
+            param = f"text.format.{key}"
+            bad(param, f"Missing required parameter: '{param}'.", "missing_required_parameter")
     spec = {key: text_format[key] for key in _JSON_SCHEMA_KEYS if key in text_format}
     return {"type": "json_schema", "json_schema": spec}
 

@@ -403,6 +403,8 @@ def test_hosted_tools_are_a_400_naming_their_type(client: openai.OpenAI, tool: s
         ({"tool_choice": "required"}, "tool_choice"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "oops": 1}}}, "text.format"),
         ({"text": {"format": {"type": "xml"}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"temperature": 3.0}, "temperature"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
