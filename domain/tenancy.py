@@ -23,7 +23,9 @@ class TenantLimits:
     unused part given back at the end); streams are requests in progress at once.
 
     The daily quotas (``requests_per_day``, ``tokens_per_day``) are fixed windows of
-    86400 s starting at the tenant's first counted request, not at midnight."""
+    86400 s starting at the tenant's first counted request, not at midnight.
+    ``max_output_tokens``: the tokens one request may generate (a request asking more, or
+    none, gets this many), in place of the server's ``--max-output-tokens``."""
 
     requests_per_second: int | None = None
     requests_per_minute: int | None = None
@@ -31,6 +33,7 @@ class TenantLimits:
     max_concurrent_streams: int | None = None
     requests_per_day: int | None = None
     tokens_per_day: int | None = None
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,6 +235,8 @@ class TorchBackend(OneProcess):
         config.provided.tinker.enabled,
         config.provided.model.lora_modules,
         config.provided.model.max_loras,
+        config.provided.model.enable_lora,
+        config.provided.model.max_lora_rank,
     )
     runner = providers.Singleton(
         TorchModelRunner,

@@ -27,6 +27,7 @@ from entrypoints.config.access import add_access_args, sighup_reloader
 from entrypoints.config.connection import add_connection_args
 from entrypoints.config.embedding import add_embedding_args
 from entrypoints.config.engine import add_engine_args, speculation, speculative_config
+from entrypoints.config.generation import add_generation_args
 from entrypoints.config.model import (
     DTYPE_NAMES,
     QUANTIZATIONS,
@@ -230,6 +231,7 @@ def _add_serve(sub: Any) -> None:
         "thinking in the content",
     )
     add_request_limit_args(serve)
+    add_generation_args(serve)
     add_embedding_args(serve)
     add_connection_args(serve)
     add_transport_args(serve)

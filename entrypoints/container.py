@@ -16,6 +16,7 @@ observer). Nothing is built until asked for: ``container.http_app()`` builds the
 """
 
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dependency_injector import containers, providers
@@ -41,6 +42,7 @@ from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.tracing import Tracing
 from adapters.storage.factory import (
+    build_adapter_book,
     build_audit,
     build_idempotency,
     build_response_store,
@@ -50,6 +52,8 @@ from adapters.storage.factory import (
     checkpoint_storage,
 )
 from adapters.storage.rate_limits import LimitsCounters
+from adapters.weights import ResolvedModel
+from adapters.weights.generation_config import generation_defaults
 from application.access.access import Access
 from application.engine.async_engine import AsyncEngine
 from application.serving.reasoning import parser_for
@@ -59,6 +63,7 @@ from domain.scheduler import TenantShares, make_scheduler
 from entrypoints.backends import BACKENDS, TRAININGS
 from entrypoints.config import ServerConfig
 from entrypoints.config.access import AccessSettings
+from entrypoints.config.generation import GenerationSettings
 
 if TYPE_CHECKING:
     from adapters.ray.ingress import FleetView
@@ -101,6 +106,10 @@ def fleet_exposition(own: Exposition | None, fleet: "FleetView | None") -> Expos
         return text.encode(), content_type
 
     return merged
+
+
+def _path_of(resolved: ResolvedModel | None) -> Path | None:
+    return resolved.path if resolved is not None else None
 
 
 def fleet_replicas(fleet: "FleetView | None") -> Callable[[], Awaitable[Any]] | None:
@@ -237,6 +246,10 @@ class Container(containers.DeclarativeContainer):
     rollouts = providers.Singleton(
         build_rollout_book, served_models, config.provided.access.usage_db, audit
     )
+    # The LoRA adapters loaded at run time, kept there too.
+    lora = providers.Singleton(
+        build_adapter_book, served_models, config.provided.access.usage_db, audit
+    )
     tool_parser = providers.Singleton(
         choose_tool_parser,
         config.provided.model.tool_call_parser,
@@ -246,6 +259,15 @@ class Container(containers.DeclarativeContainer):
         parser_for,
         backend.tokenizer.provided.chat_template,
         config.provided.model.reasoning_parser,
+    )
+    # Requests' default sampling parameters (the model's generation config, the overrides)
+    # and the cap on one request's output tokens.
+    generation = providers.Singleton(
+        generation_defaults,
+        providers.Callable(_path_of, backend.resolved_model),
+        config.provided.generation.generation_config,
+        providers.Callable(GenerationSettings.overrides, config.provided.generation),
+        config.provided.generation.cap,
     )
     # What /metrics answers (a fleet's ingress gives every replica's too).
     metrics_exposition = providers.Callable(
@@ -274,6 +296,7 @@ class Container(containers.DeclarativeContainer):
         usage=usage,
         tenant_admin=tenant_admin,
         rollouts=rollouts,
+        lora=lora,
         audit=audit,
         # Daily quotas counted in memory start from the ledger's last 24 hours.
         seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
@@ -290,6 +313,7 @@ class Container(containers.DeclarativeContainer):
         reasoning_parser=reasoning_parser,
         tinker_api_keys=config.provided.tinker.tinker_api_keys,
         ui=config.provided.http.ui,
+        generation=generation,
     )
     http_app = providers.Singleton(
         build_http_app,

@@ -27,11 +27,15 @@ from entrypoints.backends import (
 from entrypoints.config import ServerConfig
 
 
-def replica_adapters(lora_modules: object, tinker: bool) -> ReplicaAdapters | None:
+def replica_adapters(
+    lora_modules: object, tinker: bool, enable_lora: bool = False
+) -> ReplicaAdapters | None:
     """The ingress's view of the replicas' LoRA adapters (the ``--lora-modules`` folders
-    loaded at their start, a Tinker checkpoint served by path loaded by the replica a call
-    goes to, from the shared ``--checkpoint-dir``); None without either."""
-    return ReplicaAdapters(ADAPTER_WEIGHTS) if lora_modules or tinker else None
+    loaded at their start, a Tinker checkpoint served by path or an adapter loaded at run
+    time loaded by the replica a call goes to, from the folder the call names); None
+    without any of them."""
+    wanted = lora_modules or tinker or enable_lora
+    return ReplicaAdapters(ADAPTER_WEIGHTS) if wanted else None
 
 
 def shared_checkpoints(tinker: bool, checkpoint_dir: str | None) -> SharedCheckpoints | None:
@@ -63,7 +67,10 @@ class RemoteBackend(containers.DeclarativeContainer):
     vocab_size = described.provided["vocab_size"]
     grammar = providers.Singleton(model_grammar, resolved_model, vocab_size, tokenizer)
     lora_serving = providers.Singleton(
-        replica_adapters, config.provided.model.lora_modules, config.provided.tinker.enabled
+        replica_adapters,
+        config.provided.model.lora_modules,
+        config.provided.tinker.enabled,
+        config.provided.model.enable_lora,
     )
     runner: providers.Object[None] = providers.Object(None)
     draft_runner: providers.Object[None] = providers.Object(None)

@@ -43,6 +43,7 @@ from adapters.ray.registry import REGISTRY_NAME, FleetRegistry
 from adapters.ray.replica import EngineReplica
 from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
+from adapters.torch.factory import default_device
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from application.engine.remote_engine import ReplicaAdapters
 from application.serving.served_models import check_lora_module
@@ -89,8 +90,17 @@ def ingress_app(container: Container) -> Any:
     return app
 
 
-def deployments(config: ServerConfig) -> Any:
-    """The application: ``replicas`` engine replicas (no HTTP: the ingress is ours)."""
+def replica_gpus(config: ServerConfig, device: str) -> float:
+    """GPUs per replica: ``--replica-gpus``, else one where the model runs on CUDA
+    (``--device``, else ``device``: this machine's default) and none on a CPU."""
+    if config.fleet.replica_gpus is not None:
+        return config.fleet.replica_gpus
+    return 1.0 if (config.model.device or device).startswith("cuda") else 0.0
+
+
+def deployments(config: ServerConfig, gpus: float = 0.0) -> Any:
+    """The application: ``replicas`` engine replicas (no HTTP: the ingress is ours), each
+    reserving ``gpus`` GPUs."""
     fleet = config.fleet
     cpus = fleet.replica_cpus or float(config.model.threads or 1)
     config_json = to_json(config)
@@ -108,7 +118,11 @@ def deployments(config: ServerConfig) -> Any:
         EngineReplica,
         name=ENGINE,
         num_replicas=fleet.replicas,
-        ray_actor_options={"num_cpus": cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
+        ray_actor_options={
+            "num_cpus": cpus,
+            "num_gpus": gpus,
+            "runtime_env": {"env_vars": REPLICA_ENV},
+        },
         max_ongoing_requests=config.engine.max_num_seqs + config.engine.max_waiting_requests,
         health_check_period_s=2,
         health_check_timeout_s=10,
@@ -134,8 +148,13 @@ def serve_replicas(config: ServerConfig) -> int:
     try:
         registry = FleetRegistry.options(name=REGISTRY_NAME).remote()  # type: ignore[attr-defined]
         serve.start(proxy_location=ProxyLocation.Disabled)  # the HTTP port is ours
-        _note(f"starting {fleet.replicas} engine replicas on Ray Serve (routing: {fleet.routing})")
-        handle = _run_bounded(deployments(config), fleet.replica_start_timeout)
+        gpus = replica_gpus(config, default_device())
+        gpus_note = f", {gpus:g} GPU each" if gpus else ""
+        _note(
+            f"starting {fleet.replicas} engine replicas on Ray Serve "
+            f"(routing: {fleet.routing}{gpus_note})"
+        )
+        handle = _run_bounded(deployments(config, gpus), fleet.replica_start_timeout)
         if _STOPPED:
             raise KeyboardInterrupt
         handle.shutdown()  # its router's thread and long poll: the calls use their own

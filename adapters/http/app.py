@@ -18,7 +18,13 @@ from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 
-from adapters.http.admin import admin_router, audit_router, rollout_router, tenant_router
+from adapters.http.admin import (
+    admin_router,
+    audit_router,
+    lora_router,
+    rollout_router,
+    tenant_router,
+)
 from adapters.http.anthropic import anthropic_router
 from adapters.http.console import Timeline, console_routers, engine_info
 from adapters.http.console.data import console_data_router
@@ -44,6 +50,8 @@ from application.lifecycle import Lifecycle
 from application.serving.chat_prompts import ChatPrompts
 from application.serving.completions import CompletionService
 from application.serving.embeddings import EmbeddingService
+from application.serving.generation import GenerationDefaults
+from application.serving.lora_adapters import AdapterBook
 from application.serving.responses import MemoryResponseStore
 from application.serving.rollouts import RolloutBook
 from application.serving.served_models import ServedModels
@@ -94,7 +102,8 @@ class HttpSettings:
     ``auto``); ``reasoning_parser``: how chats' thinking is told from their answer
     (``think`` or ``none``: resolved, not ``auto``); ``tinker_api_keys``: the keys the
     Tinker API accepts (None: any ``tml-`` key); ``ui``: serve the web console at ``/``
-    and ``/ui`` (``--no-ui``: off)."""
+    and ``/ui`` (``--no-ui``: off); ``generation``: the default sampling parameters and
+    the output cap (``--generation-config``, ``--max-output-tokens``)."""
 
     allowed_origins: tuple[str, ...] = ()
     sse_heartbeat_interval: float = DEFAULT_HEARTBEAT_S
@@ -104,6 +113,7 @@ class HttpSettings:
     reasoning_parser: str = "none"
     tinker_api_keys: frozenset[str] | None = None
     ui: bool = True
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
 
 
 @dataclass(frozen=True)
@@ -125,7 +135,9 @@ class HttpServices:
     last 24 hours of the ledger into the tenants' daily quotas at start-up (their counters
     are in memory); ``tenant_admin``: tenants and keys managed at ``/admin/tenants`` (the
     keys file, watched for other processes' changes; None: 409s); ``rollouts``: the
-    rollouts of ``models`` and where they are stored (None: in memory only); ``audit``:
+    rollouts of ``models`` and where they are stored (None: in memory only); ``lora``: the
+    LoRA adapters loaded at run time into ``models`` and where they are stored (None: in
+    memory only); ``audit``:
     where admins' changes are kept for ``/admin/audit`` (None: memory);
     ``on_startup``: called on
     the event loop before the engine starts
@@ -147,6 +159,7 @@ class HttpServices:
     seed_quotas: bool = False
     tenant_admin: TenantAdmin | None = None
     rollouts: RolloutBook | None = None
+    lora: AdapterBook | None = None
     audit: Audit | None = None
     on_startup: Sequence[Callable[[], None]] = ()
     on_shutdown: Sequence[Callable[[], None]] = ()
@@ -171,10 +184,11 @@ def create_app(
     owner = tinker_guard(api_keys, access).tenant if serves_checkpoints else None
     audit = services.audit or Audit()
     rollouts = services.rollouts or RolloutBook(models, audit=audit)
+    lora = services.lora or AdapterBook(models, audit=audit)
     names = ModelNames(models, owner, rollouts)
     inputs = engine.inputs
     chats = ChatPrompts(FORMATS[settings.tool_call_parser], inputs)
-    completions = CompletionService(inputs, chats, settings.reasoning_parser)
+    completions = CompletionService(inputs, chats, settings.reasoning_parser, settings.generation)
     idempotent = []
     if services.idempotency is not None:
         idempotent.append(
@@ -195,6 +209,7 @@ def create_app(
     routers += [
         usage_router(usage, access),
         rollout_router(rollouts, access),
+        lora_router(lora, access),
         tenant_router(services.tenant_admin, access),
         audit_router(audit, access),
     ]
@@ -215,7 +230,7 @@ def create_app(
             *routers,
             *(console_data if settings.ui else []),
         ],
-        lifespan=[_lifespan(engine, services, usage, rollouts)],
+        lifespan=[_lifespan(engine, services, usage, [rollouts, lora])],
         logging_config=None,  # logs go through the process's configuration (configure_logging)
         middleware=[
             *idempotent,
@@ -233,7 +248,10 @@ def create_app(
 
 
 def _lifespan(
-    engine: EngineClient, services: HttpServices, usage: UsageRecorder, rollouts: RolloutBook
+    engine: EngineClient,
+    services: HttpServices,
+    usage: UsageRecorder,
+    books: Sequence[RolloutBook | AdapterBook],
 ) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
     """Start-up hooks (on the event loop: signal handlers), the usage ledger's writer, then
     the engine and the Tinker service; at shutdown, the services, the engine, the ledger's
@@ -242,8 +260,7 @@ def _lifespan(
     watches: list[Callable[[], Coroutine[Any, Any, None]]] = []
     if services.tenant_admin is not None:
         watches.append(services.tenant_admin.watch)
-    if rollouts.store is not None:
-        watches.append(rollouts.watch)
+    watches += [book.watch for book in books if book.store is not None]
     lifecycle = Lifecycle(
         engine,
         usage,

@@ -34,6 +34,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from adapters.http.errors import HTTPError
 from adapters.http.request_state import ApiState
 from application.engine.engine_client import EngineClient, OwnedRequests
+from application.serving.generation import OUTPUT_CAP_HEADER
 from application.serving.request_record import RECORD_KEY, RequestRecord
 from domain.request import AdmitCall, RequestContext, StepOutput
 
@@ -146,6 +147,8 @@ class OwningMiddleware:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 limits = state.limits.headers() if state.limits is not None else []
+                if record.output_cap is not None:  # the cap that cut what was asked
+                    limits.append((OUTPUT_CAP_HEADER.encode(), str(record.output_cap).encode()))
                 if added := [*limits, *state.hold.headers]:
                     message = {**message, "headers": [*message.get("headers", ()), *added]}
             await send(message)

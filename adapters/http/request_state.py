@@ -97,9 +97,11 @@ def api_state(connection: ASGIConnection[Any, Any, Any, Any]) -> ApiState:
 
 
 def caller(request: Request[Any, Any, Any]) -> Caller:
-    """A handler's ``caller``: the request's group, record and limits."""
+    """A handler's ``caller``: the request's group, record, limits and its tenant's cap on
+    output tokens."""
     state = api_state(request)
-    return Caller(state.group, state.record, state.limits)
+    cap = state.tenant.limits.max_output_tokens if state.tenant is not None else None
+    return Caller(state.group, state.record, state.limits, cap)
 
 
 # The dependencies of the inference faces' handlers, by parameter name.

@@ -174,6 +174,17 @@ class Metrics:
             "infer:kv_cache_usage_perc", "Fraction of the KV cache in use (0..1)."
         )
         self._kv_bytes = self._gauge("infer:kv_cache_bytes", "Bytes of the KV cache in use.")
+        # The same three under vLLM's names, which llm-d's endpoint picker, vllm-router and
+        # other vLLM-compatible routers read to place requests.
+        self._vllm_state = (
+            self._gauge(
+                "vllm:num_requests_running", "Requests holding a batch slot (vLLM's name)."
+            ),
+            self._gauge("vllm:num_requests_waiting", "Requests queued for a slot (vLLM's name)."),
+            self._gauge(
+                "vllm:kv_cache_usage_perc", "Fraction of the KV cache in use (vLLM's name)."
+            ),
+        )
         self._prefix_queries = self._counter(
             "infer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
@@ -394,6 +405,12 @@ class Metrics:
         self._running.set(scheduler.running)
         self._waiting.set(scheduler.waiting)
         self._kv_usage.set(scheduler.kv_usage)
+        for gauge, value in zip(
+            self._vllm_state,
+            (scheduler.running, scheduler.waiting, scheduler.kv_usage),
+            strict=True,
+        ):
+            gauge.set(value)
         self._kv_bytes.set(scheduler.kv_usage * self._kv_cache_bytes)
         if scheduler.prefix_queried_tokens:
             self._prefix_queries.inc(scheduler.prefix_queried_tokens)

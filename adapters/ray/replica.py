@@ -112,6 +112,8 @@ class EngineReplica:
         return {
             "pid": os.getpid(),
             "node": self.node,
+            # The GPUs Ray gave this replica (--replica-gpus; None: none, every GPU hidden).
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") or None,
             "running": load.running,
             "waiting": load.waiting,
             "kv_usage": round(load.kv_usage, 4),

@@ -12,6 +12,7 @@ from adapters.storage.audit_sql import open_audit_trail
 from adapters.storage.checkpoints import FileCheckpointStorage
 from adapters.storage.idempotency import RedisIdempotencyStore
 from adapters.storage.keys_file import KeysFileStore
+from adapters.storage.lora_sql import open_adapter_store
 from adapters.storage.responses import RedisResponseStore
 from adapters.storage.rollouts_sql import open_rollout_store
 from adapters.storage.usage_sql import DEFAULT_USAGE_DB, open_ledger
@@ -20,6 +21,7 @@ from application.access.audit import Audit, MemoryAuditTrail
 from application.access.idempotency import MemoryIdempotencyStore
 from application.access.tenant_admin import TenantAdmin
 from application.access.usage_ledger import DAY_S, MemoryUsageLedger, UsageRecorder
+from application.serving.lora_adapters import AdapterBook
 from application.serving.responses import MemoryResponseStore
 from application.serving.rollouts import RolloutBook
 from application.serving.served_models import ServedModels
@@ -116,6 +118,15 @@ def build_tenant_admin(keys_file: str | None, access: Access, audit: Audit) -> T
     store = KeysFileStore(Path(keys_file).expanduser())
     store.load()  # what this process serves now: later changes are told apart
     return TenantAdmin(store, access, source=keys_file, audit=audit)
+
+
+def build_adapter_book(models: ServedModels, target: str | None, audit: Audit) -> AdapterBook:
+    """``models``' LoRA adapters loaded at run time, kept in the database ``target`` names
+    (``--usage-db``; None: in memory only), the stored ones loaded now."""
+    store = _database(target, open_adapter_store, lambda: None)
+    book = AdapterBook(models, store, audit)
+    book.start()
+    return book
 
 
 def build_rollout_book(models: ServedModels, target: str | None, audit: Audit) -> RolloutBook:

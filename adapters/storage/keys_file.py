@@ -39,6 +39,7 @@ _LIMITS = (
     "max_concurrent_streams",
     "requests_per_day",
     "tokens_per_day",
+    "max_output_tokens",
 )
 _FIELDS = {"id", "keys", "faces", "models", "weight", *_LIMITS}
 

@@ -195,13 +195,19 @@ def kv_pool_bytes(config: EngineConfig, model: Transformer) -> int:
 
 
 def build_lora_serving(
-    model: Transformer, tinker: bool, lora_modules: Sequence[object], max_adapters: int
+    model: Transformer,
+    tinker: bool,
+    lora_modules: Sequence[object],
+    max_adapters: int,
+    enable_lora: bool = False,
+    max_rank: int | None = None,
 ) -> LoraServing | None:
-    """Multi-LoRA serving, for Tinker's samples (``tinker``: the API is on) and the
-    ``--lora-modules``; None when neither needs it."""
-    if not tinker and not lora_modules:
+    """Multi-LoRA serving, for Tinker's samples (``tinker``: the API is on), the
+    ``--lora-modules`` and adapters loaded at run time (``--enable-lora``), folders of rank
+    up to ``max_rank``; None when none needs it (the layers' linears stay unwrapped)."""
+    if not tinker and not lora_modules and not enable_lora:
         return None
-    return LoraServing(model, max_adapters=max_adapters)
+    return LoraServing(model, max_adapters=max_adapters, max_rank=max_rank)
 
 
 def build_training_backend(

@@ -22,7 +22,7 @@ group, cancels the call (the replica aborts its requests).
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -34,11 +34,14 @@ import structlog
 from application.engine.engine_client import AdmittingClient, EngineClient
 from application.engine.input_processor import InputProcessor
 from application.engine.request_checks import RequestChecks
+from application.engine.request_ids import new_request_id
+from domain.breaker import Breakers, Transition
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.ports import GrammarCompiler, Tokenizer
 from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest, prompt_block_hashes
+from domain.sampling import SamplingParams
 from domain.scheduler.shared_prefill import key_namespace
 from domain.tinker.errors import InvalidTrainingRequest
 from domain.tinker.ports import ServingAdapters
@@ -47,6 +50,11 @@ log = structlog.get_logger(__name__)
 
 RETRIES = 1  # a call lost with its replica before any output runs again once, elsewhere
 REPLICA_LOST = "the engine replica serving this request stopped; retry the request"
+# An open breaker's replica, once its cool-down is over, is probed with a short greedy run.
+PROBE_EVERY_S = 1.0
+PROBE_TIMEOUT_S = 30.0
+PROBE_PROMPT = "The capital of France is"
+PROBE_TOKENS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +69,20 @@ class Routed:
 class ReplicaLostError(Exception):
     """The replica running a call died or could not be reached."""
 
+    message = REPLICA_LOST  # what the call's streams end with, when not tried again
+
     def __init__(self, replica_id: str | None, detail: str) -> None:
         super().__init__(f"replica {replica_id or '?'}: {detail}")
         self.replica_id = replica_id
+
+
+class ReplicaFailedError(ReplicaLostError):
+    """The replica's engine failed a call before it produced anything (a server error, as
+    a broken device gives): tried on another replica like a lost one."""
+
+    def __init__(self, replica_id: str | None, error: str) -> None:
+        super().__init__(replica_id, error)
+        self.message = error
 
 
 class Dispatch(Protocol):
@@ -127,9 +146,14 @@ class RemoteEngine(AdmittingClient):
         vocab_size: int | None = None,
         grammar: GrammarCompiler | None = None,
         adapters: "ReplicaAdapters | None" = None,
+        breakers: Breakers | None = None,
+        on_breaker: Callable[[Transition], None] | None = None,
     ) -> None:
         """``adapters``: the LoRA adapters the served models named (a call names the folder
-        of its adapter, for a replica that does not hold it yet)."""
+        of its adapter, for a replica that does not hold it yet); ``breakers``: each
+        replica's circuit breaker (None: none), fed every call's outcome, an open one's
+        replica left out of routing and probed after its cool-down; ``on_breaker``: told
+        of each breaker that opens or closes."""
         self.capacity = config.capacity * replicas
         self.adapters = adapters
         self.block_size = config.kv_block_size
@@ -140,6 +164,9 @@ class RemoteEngine(AdmittingClient):
         self._dispatch = dispatch
         self._calls: dict[str, _Call] = {}  # request id -> its call
         self._running = False
+        self.breakers = breakers
+        self._on_breaker = on_breaker
+        self._prober: asyncio.Task[None] | None = None
 
     def room(self) -> int:
         return self.capacity - len(self._calls)
@@ -150,9 +177,15 @@ class RemoteEngine(AdmittingClient):
 
     def start(self) -> None:
         self._running = True
+        if self.breakers is not None and self.breakers.settings.enabled:
+            self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
 
     async def stop(self) -> None:
         self._running = False
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
         for call in {id(c): c for c in self._calls.values()}.values():
             if call.task is not None:
                 call.task.cancel()
@@ -212,7 +245,7 @@ class RemoteEngine(AdmittingClient):
                 call.note.routed_to(None)
 
     async def _run(self, call: _Call, admit: AdmitCall, route: RouteRequest) -> None:
-        avoid: frozenset[str] = frozenset()
+        avoid = self.breakers.avoided() if self.breakers is not None else frozenset()
         for attempt in range(RETRIES + 1):
             try:
                 routed = await self._dispatch(route, admit, avoid)
@@ -220,17 +253,24 @@ class RemoteEngine(AdmittingClient):
                 if call.note is not None:
                     call.note.routed_to(routed.replica_id)
                     call.note = None
+                failed = False
                 async for batch in routed.outputs:
+                    if not call.produced and batch and all(o.error for o in batch):
+                        await _closed(routed.outputs)  # the replica's side ends the call
+                        raise ReplicaFailedError(routed.replica_id, batch[0].error or "")
                     call.produced = call.produced or bool(batch)
                     for output in batch:
+                        failed = failed or output.error is not None
                         queue = call.queues.get(output.request_id)
                         if queue is not None:
                             queue.put_nowait(output)
+                self._outcome(routed.replica_id, failed)
                 return
             except ReplicaLostError as e:
+                self._outcome(e.replica_id, True)
                 if call.produced or attempt == RETRIES:
                     log.warning("replica lost", replica=e.replica_id, produced=call.produced)
-                    self._end(call, REPLICA_LOST)
+                    self._end(call, e.message)
                     return
                 log.warning("replica lost before any output: retrying", replica=e.replica_id)
                 avoid = avoid | ({e.replica_id} if e.replica_id else set())
@@ -244,6 +284,56 @@ class RemoteEngine(AdmittingClient):
             except Exception as e:  # the replica refused the call (a domain error)
                 self._end(call, str(e) or type(e).__name__)
                 return
+
+    def _outcome(self, replica_id: str | None, failed: bool) -> None:
+        if self.breakers is None or replica_id is None:
+            return
+        transition = self.breakers.record(replica_id, failed)
+        if transition is not None:
+            self._told(transition)
+
+    def _told(self, transition: Transition) -> None:
+        log.warning(
+            "replica circuit breaker",
+            replica=transition.replica_id,
+            state=transition.state,
+            reason=transition.reason,
+        )
+        if self._on_breaker is not None:
+            self._on_breaker(transition)
+
+    async def _probe_forever(self, every_s: float = PROBE_EVERY_S) -> None:
+        """Probe each replica whose breaker's cool-down is over; close or reopen it."""
+        assert self.breakers is not None
+        while True:
+            await asyncio.sleep(every_s)
+            for replica_id in self.breakers.due_probes():
+                ok = await self.probe(replica_id)
+                self._told(self.breakers.probed(replica_id, ok))
+
+    async def probe(self, replica_id: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+        """Whether ``replica_id`` generates (a few greedy tokens of a short prompt, sent to
+        it alone, as ``/health/generate`` runs them)."""
+        prompt = self.inputs.tokenizer.encode(PROBE_PROMPT)
+        params = SamplingParams(max_tokens=PROBE_TOKENS, min_tokens=PROBE_TOKENS, temperature=0)
+        call = AdmitCall.one(new_request_id("probe"), prompt, params)
+        try:
+            async with asyncio.timeout(timeout_s):
+                routed = await self._dispatch(RouteRequest(replica=replica_id), call, frozenset())
+                if routed.replica_id != replica_id:  # it is gone: the router sent it elsewhere
+                    return False
+                tokens = 0
+                async for batch in routed.outputs:
+                    for output in batch:
+                        if output.error is not None:
+                            return False
+                        tokens += output.token_id is not None
+                return tokens > 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("replica probe failed", replica=replica_id, error=str(e)[:200])
+            return False
 
     @staticmethod
     def _end(call: _Call, error: str) -> None:
@@ -261,6 +351,12 @@ class RemoteEngine(AdmittingClient):
         finally:
             self._calls.pop(request_id, None)
             self._close_stream(call, request_id)
+
+
+async def _closed(outputs: AsyncIterator[object]) -> None:
+    aclose = getattr(outputs, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _error(request_id: str, error: str) -> StepOutput:

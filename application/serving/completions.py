@@ -32,6 +32,7 @@ from application.engine.engine_client import OwnedRequests
 from application.engine.input_processor import InputProcessor
 from application.engine.request_ids import new_request_id
 from application.serving.chat_prompts import ChatPrompts, ToolRequest, constrain, tool_texts
+from application.serving.generation import GenerationDefaults
 from application.serving.reasoning import CLOSE, Reasoning, closes_thinking, reasoning_for
 from application.serving.request_record import RequestRecord
 from domain.errors import InvalidParameterError
@@ -55,11 +56,14 @@ class Reservations(Protocol):
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who a completion runs for: the group owning its engine requests (its end aborts
-    them), the API request's record (timings), and its limits (None: none)."""
+    them), the API request's record (timings, the output cap applied), and its limits
+    (None: none)."""
 
     group: OwnedRequests
     record: RequestRecord
     limits: Reservations | None = None
+    # The tenant's cap on one request's output tokens (None: the server's).
+    max_output_tokens: int | None = None
 
     async def reserve(self, tokens: int) -> None:
         if self.limits is not None:
@@ -82,6 +86,8 @@ class Job:
     # the prompt's last N tokens kept (-1: as many as the context holds; None: all).
     bad_words: tuple[str, ...] = ()
     truncate_prompt_tokens: int | None = None
+    # The sampling fields the request left out (they take the generation defaults).
+    unset: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,12 +133,18 @@ PROMPT_TAIL_TOKENS = 32
 
 class CompletionService:
     def __init__(
-        self, inputs: InputProcessor, chats: ChatPrompts, reasoning_parser: str = "none"
+        self,
+        inputs: InputProcessor,
+        chats: ChatPrompts,
+        reasoning_parser: str = "none",
+        generation: GenerationDefaults | None = None,
     ) -> None:
         """``reasoning_parser``: how chats' thinking is told from their answer (``think``:
-        ``<think> … </think>``; ``none``: not told apart)."""
+        ``<think> … </think>``; ``none``: not told apart); ``generation``: the sampling
+        defaults and the output cap (:mod:`application.serving.generation`; None: none)."""
         self.inputs, self.chats = inputs, chats
         self.reasoning_parser = reasoning_parser
+        self.generation = generation or GenerationDefaults()
         self._close_ids: tuple[int, ...] | None = None
 
     async def complete(self, job: PromptJob, caller: Caller) -> Started:
@@ -140,7 +152,8 @@ class CompletionService:
         width = self._width(job)
         self._precheck(job, texts, len(job.prompts), "prompt", width)
         with caller.record.timing("tokenize"):
-            params = await self._with_bad_words(job)
+            params = self._capped(self.generation.applied(job.params, job.unset), caller)
+            params = await self._with_bad_words(job, params)
             prepared = [
                 await self._prepare(p, params, job, job.truncate_prompt_tokens) for p in job.prompts
             ]
@@ -174,7 +187,8 @@ class CompletionService:
         prompt = self.inputs.truncate(prompt, job.truncate_prompt_tokens)
         tail = self._tail(prompt) if self.reasoning_parser != "none" else None
         reasoning = None if tail is None else reasoning_for(tail, self.reasoning_parser)
-        params = self._after_thinking(constrain(self._sized(job, len(prompt)), job.tools), tail)
+        params = self._capped(self._sized(job, len(prompt)), caller)
+        params = self._after_thinking(constrain(params, job.tools), tail)
         with caller.record.timing("tokenize"):
             params = await self._with_bad_words(job, params)
             prepared = await self._prepare(prompt, params, job)
@@ -222,6 +236,14 @@ class CompletionService:
                 raise
             raise e.renamed("best_of") from e
 
+    def _capped(self, params: SamplingParams, caller: Caller) -> SamplingParams:
+        """``params`` within the caller's output cap (noted in its record when it cut)."""
+        cap = self.generation.cap(caller.max_output_tokens)
+        if cap is None or params.max_tokens <= cap:
+            return params
+        caller.record.output_cap = cap
+        return dataclasses.replace(params, max_tokens=cap, min_tokens=min(params.min_tokens, cap))
+
     async def _with_bad_words(
         self, job: Job, params: SamplingParams | None = None
     ) -> SamplingParams:
@@ -233,13 +255,17 @@ class CompletionService:
         return dataclasses.replace(params, bad_words=words)
 
     def _sized(self, job: ChatJob, prompt_tokens: int) -> SamplingParams:
-        """The chat's parameters with its ``max_tokens`` (at least one token: a full
-        context is an error when the prompt is prepared)."""
+        """The chat's parameters with the generation defaults and its ``max_tokens`` (when
+        it asks none: the default's, at most what the context leaves, at least one token:
+        a full context is an error when the prompt is prepared)."""
         max_tokens = job.max_tokens
         if max_tokens is None:
             max_tokens = max(self.inputs.max_model_len - prompt_tokens, 1)
+            if self.generation.max_tokens is not None:
+                max_tokens = min(max_tokens, self.generation.max_tokens)
+        params = self.generation.applied(job.params, job.unset)
         try:
-            return dataclasses.replace(job.params, max_tokens=max_tokens)
+            return dataclasses.replace(params, max_tokens=max_tokens)
         except InvalidParameterError as e:
             if e.param != "max_tokens":
                 raise

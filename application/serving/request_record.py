@@ -37,6 +37,8 @@ class RequestRecord:
     finish_reasons: list[str] = field(default_factory=list)
     first_token_s: float | None = None
     error_code: str | None = None  # the error type of an error reply or event
+    # The output cap that cut what the request asked (--max-output-tokens, the tenant's).
+    output_cap: int | None = None
     # Named phases the request spent time in (``tokenize``): (name, start, end), monotonic.
     timings: list[tuple[str, float, float]] = field(default_factory=list)
 

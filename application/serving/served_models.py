@@ -194,7 +194,8 @@ class ServedModels:
                     "model_deprecation", f"{name!r} is not a served model name"
                 )
             self._static[name] = replace(self._static[name], deprecation_date=day)
-        self._held = ExitStack()  # the LoRA modules' pins, for the server's life
+        self._pins: dict[str, ExitStack] = {}  # each LoRA adapter's pin, while it is served
+        self._adapters_lock = threading.Lock()  # adapters loaded and unloaded one at a time
         self._rollouts: dict[str, Rollout] = {}
         self._rollouts_lock = threading.Lock()
         for rollout in rollouts:
@@ -219,12 +220,93 @@ class ServedModels:
             adapter_id = _LORA_PREFIX + module.name
             where = f"{module.name}={module.path}"
             check_lora_module(module, self.adapters)
-            self._held.enter_context(self.adapters.pinned(adapter_id))
+            self._pins[module.name] = self._loaded(adapter_id, module.path, "lora_modules", where)
+
+    def _loaded(self, adapter_id: str, folder: Path, param: str, where: str) -> ExitStack:
+        """Load ``folder`` under ``adapter_id``, pinned (kept loaded) until the stack
+        closes; ``InvalidParameterError`` naming ``param`` and ``where`` and what is wrong."""
+        assert self.adapters is not None
+        pin = ExitStack()
+        pin.enter_context(self.adapters.pinned(adapter_id))
+        try:
+            self.adapters.load_folder(adapter_id, folder)
+        except (TrainingError, OSError, ValueError) as e:  # the operator's own folder
+            pin.close()
+            why = f"{e} ({e.__cause__})" if e.__cause__ is not None else str(e)
+            raise InvalidParameterError(param, f"{where}: {why}") from e
+        return pin
+
+    # --- LoRA adapters loaded at run time -------------------------------------------
+
+    def add_lora(self, module: LoraModule) -> ModelEntry:
+        """Serve the PEFT folder ``module.path`` as the model ``module.name`` from now on
+        (vLLM's ``load_lora_adapter``): loaded now and kept loaded until
+        :meth:`remove_lora`. ``InvalidParameterError`` naming ``lora_name`` (a name served
+        already, or unusable) or ``lora_path`` (no such folder, not a PEFT adapter, an
+        adapter of another base model, a rank over the limit)."""
+        if self.adapters is None:
+            raise InvalidParameterError(
+                "lora_name", "LoRA serving is off: start the server with --enable-lora"
+            )
+        with self._adapters_lock:
+            name = module.name
+            if name in self._static or self.rollout(name) is not None:
+                raise InvalidParameterError("lora_name", f"the model name {name!r} is served")
+            where = f"{name}: {module.path}"
             try:
-                self.adapters.load_folder(adapter_id, module.path)
-            except (TrainingError, OSError, ValueError) as e:  # the operator's own folder
-                why = f"{e} ({e.__cause__})" if e.__cause__ is not None else str(e)
-                raise InvalidParameterError("lora_modules", f"{where}: {why}") from e
+                check_lora_module(module, self.adapters)
+            except InvalidParameterError as e:
+                raise InvalidParameterError("lora_path", e.message.removeprefix(f"{name}=")) from e
+            # An id of its own for each load: a fleet's replica holding an earlier load of
+            # this name (another folder) loads this one afresh.
+            adapter_id = f"{_LORA_PREFIX}{name}@{time.time_ns()}"
+            pin = self._loaded(adapter_id, module.path, "lora_path", where)
+            entry = ModelEntry(
+                name,
+                str(module.path),
+                int(time.time()),
+                parent=self.base,
+                grants=(name,),
+                adapter_id=adapter_id,
+                folder=module.path,
+            )
+            try:
+                self._add("lora_name", entry)
+            except InvalidParameterError:
+                pin.close()
+                self.adapters.remove(adapter_id)
+                raise
+            self._pins[name] = pin
+            return entry
+
+    def remove_lora(self, name: str) -> ModelEntry:
+        """Stop serving the LoRA adapter ``name`` (vLLM's ``unload_lora_adapter``): new
+        requests no longer find it; those running finish on it, and its weights go when
+        the last one ends. ``ModelNotFoundError`` when no adapter has that name;
+        ``InvalidParameterError`` when a rollout sends requests to it."""
+        with self._adapters_lock:
+            entry = self._static.get(name)
+            if entry is None or name not in self._pins or entry.adapter_id is None:
+                raise ModelNotFoundError(f"The LoRA adapter `{name}` cannot be found")
+            targeting = [r.name for r in self.rollouts() if name in r.shares()]
+            if targeting:
+                raise InvalidParameterError(
+                    "lora_name", f"the rollout {targeting[0]!r} sends requests to {name!r}"
+                )
+            del self._static[name]
+            self._pins.pop(name).close()
+            assert self.adapters is not None
+            self.adapters.remove(entry.adapter_id)
+            return entry
+
+    def runtime_adapters(self) -> dict[str, Path]:
+        """The LoRA adapters served now (``--lora-modules`` and loaded at run time), by
+        name: their folders."""
+        return {
+            name: entry.folder or Path(entry.root)
+            for name, entry in list(self._static.items())
+            if name in self._pins
+        }
 
     # --- rollouts -------------------------------------------------------------------
 

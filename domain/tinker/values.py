@@ -397,6 +397,20 @@ def checkpoint_id(kind: CheckpointKind, name: str) -> str:
     return f"{SEGMENTS[kind]}/{name}"
 
 
+# The longest run id this server issues is well under this (``session-<replica id>-<12 hex>
+# :train:<n>``), and a checkpoint name is at most 128 characters (``check_checkpoint_name``).
+MAX_RUN_ID_CHARS = 200
+MAX_CHECKPOINT_NAME_CHARS = 128
+_SHOWN_CHARS = 120  # of a path quoted in an error
+
+
+def _shown(path: str) -> str:
+    """``path`` quoted for an error message, cut short when it is long."""
+    if len(path) <= _SHOWN_CHARS:
+        return repr(path)
+    return f"{path[:_SHOWN_CHARS]!r}... ({len(path)} characters)"
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointRef:
     run_id: str
@@ -405,16 +419,26 @@ class CheckpointRef:
 
     @staticmethod
     def parse(path: str) -> "CheckpointRef":
-        """``tinker://<run>/weights/<name>`` (or ``sampler_weights``, ``external_weights``)."""
+        """``tinker://<run>/weights/<name>`` (or ``sampler_weights``, ``external_weights``):
+        a run id and a name no longer than the server issues and accepts
+        (:data:`MAX_RUN_ID_CHARS`, :data:`MAX_CHECKPOINT_NAME_CHARS`), so that no lookup of
+        a longer one reaches the storage."""
+        shown = _shown(path)
         if not path.startswith("tinker://"):
-            raise InvalidTrainingRequest(f"not a tinker:// checkpoint path: {path!r}")
+            raise InvalidTrainingRequest(f"not a tinker:// checkpoint path: {shown}")
         parts = path[len("tinker://") :].split("/")
         if len(parts) != 3 or parts[1] not in _KIND or not parts[0] or not parts[2]:
             raise InvalidTrainingRequest(
-                f"checkpoint path {path!r} is not tinker://<run>/weights/<name> "
+                f"checkpoint path {shown} is not tinker://<run>/weights/<name> "
                 "(or sampler_weights/<name>, external_weights/<name>)"
             )
-        return CheckpointRef(parts[0], _KIND[parts[1]], parts[2])
+        run_id, name = parts[0], parts[2]
+        if len(run_id) > MAX_RUN_ID_CHARS or len(name) > MAX_CHECKPOINT_NAME_CHARS:
+            raise InvalidTrainingRequest(
+                f"checkpoint path {shown}: a run id is at most {MAX_RUN_ID_CHARS} characters "
+                f"and a checkpoint name at most {MAX_CHECKPOINT_NAME_CHARS}"
+            )
+        return CheckpointRef(run_id, _KIND[parts[1]], name)
 
     @staticmethod
     def from_id(run_id: str, checkpoint_id: str) -> "CheckpointRef":

@@ -35,6 +35,8 @@ group              holds (module)
                    (``observability.py``)
 ``fleet``          :class:`ReplicaSettings`: engine replicas on Ray Serve, routing
                    (``replica.py``)
+``generation``     :class:`GenerationSettings`: default sampling parameters, the output
+                   cap (``generation.py``)
 =================  ===================================================================
 
 A field is named as its flag's destination (``--max-num-seqs``: ``engine.max_num_seqs``,
@@ -65,6 +67,7 @@ from entrypoints.config.access import AccessSettings
 from entrypoints.config.connection import connection_limits
 from entrypoints.config.embedding import EmbeddingSettings
 from entrypoints.config.engine import EngineSettings
+from entrypoints.config.generation import GenerationSettings
 from entrypoints.config.model import ModelSettings
 from entrypoints.config.replica import ReplicaSettings
 from entrypoints.config.tinker import TinkerSettings
@@ -88,6 +91,7 @@ class ServerConfig:
     embeddings: EmbeddingSettings = field(default_factory=EmbeddingSettings)
     observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
     fleet: ReplicaSettings = field(default_factory=ReplicaSettings)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
 
     def __post_init__(self) -> None:
         if self.model.kv_cache_memory is not None and self.engine.num_kv_blocks is not None:
@@ -117,6 +121,7 @@ class ServerConfig:
             embeddings=EmbeddingSettings.from_args(args, engine.max_prompt_bytes),
             observability=observability,
             fleet=ReplicaSettings.from_args(args),
+            generation=GenerationSettings.from_args(args),
         )
 
     @classmethod

@@ -19,6 +19,9 @@ from domain.memory import KVCacheMemory
 from domain.rollout import Rollout, parse_rollout
 
 DEFAULT_MAX_LORAS = 16
+# The highest LoRA rank a folder may load with: what the Tinker API trains at most
+# (--tinker-max-lora-rank's default), so its checkpoints load.
+DEFAULT_MAX_LORA_RANK = 128
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 RUNNERS = ("torch", "fake")
 QUANTIZATIONS = (None, "none", "auto", *QUANTIZATION_METHODS)
@@ -41,7 +44,9 @@ class ModelSettings:
     ``<think>`` parser for a template that writes ``<think>``; ``none``: not at all);
     ``kv_cache_memory``: the torch runner's KV blocks fill this budget (a
     :class:`KVCacheMemory`, ``auto``, or None: the engine's ``num_kv_blocks``);
-    ``dense_weights_memory``: ``--dense-weights-memory`` in bytes (None: auto)."""
+    ``dense_weights_memory``: ``--dense-weights-memory`` in bytes (None: auto);
+    ``enable_lora``: LoRA serving on without ``--lora-modules`` or Tinker (adapters loaded
+    at run time); ``max_lora_rank``: the highest rank an adapter folder may have."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -58,6 +63,8 @@ class ModelSettings:
     deprecations: Mapping[str, date] = field(default_factory=dict)
     rollouts: tuple[Rollout, ...] = ()
     max_loras: int = DEFAULT_MAX_LORAS
+    enable_lora: bool = False
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
     kv_cache_memory: KVCacheMemory | str | None = None
@@ -91,6 +98,10 @@ class ModelSettings:
             )
         if self.dense_weights_memory is not None and self.dense_weights_memory < 0:
             raise InvalidParameterError("dense_weights_memory", "must be >= 0 bytes")
+        if self.max_lora_rank < 1:
+            raise InvalidParameterError(
+                "max_lora_rank", f"must be at least 1, got {self.max_lora_rank}"
+            )
         if self.max_loras < 1:
             raise InvalidParameterError("max_loras", f"must be at least 1, got {self.max_loras}")
         if len(self.lora_modules) > self.max_loras:
@@ -134,6 +145,8 @@ class ModelSettings:
             deprecations=deprecations,
             rollouts=tuple(parse_rollout(spec) for spec in args.model_rollout or ()),
             max_loras=args.max_loras,
+            enable_lora=args.enable_lora,
+            max_lora_rank=args.max_lora_rank,
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
             kv_cache_memory=args.kv_cache_memory,
@@ -188,6 +201,18 @@ def add_model_name_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_LORAS,
         help="LoRA adapters kept loaded at once: the --lora-modules, and Tinker checkpoints "
         "as they are used (default %(default)s)",
+    )
+    group.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="serve LoRA adapters loaded at run time (POST /v1/load_lora_adapter, admin "
+        "keys); on by itself with --lora-modules or the Tinker API",
+    )
+    group.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=DEFAULT_MAX_LORA_RANK,
+        help="the highest rank of a LoRA adapter folder served (default %(default)s)",
     )
 
 

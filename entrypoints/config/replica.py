@@ -23,6 +23,7 @@ class ReplicaSettings:
     ray_address: str | None = None
     routing: str = "prefix"
     replica_cpus: float | None = None
+    replica_gpus: float | None = None
     replica_start_timeout: float = 300.0
     replica_id: str = ""
 
@@ -33,6 +34,8 @@ class ReplicaSettings:
             raise InvalidParameterError("routing", f"one of {', '.join(POLICIES)}")
         if self.replica_cpus is not None and self.replica_cpus <= 0:
             raise InvalidParameterError("replica_cpus", "must be > 0")
+        if self.replica_gpus is not None and self.replica_gpus < 0:
+            raise InvalidParameterError("replica_gpus", "must be >= 0")
         if self.replica_start_timeout <= 0:
             raise InvalidParameterError("replica_start_timeout", "must be > 0")
 
@@ -70,6 +73,14 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.replica_cpus,
         help="CPUs Ray reserves per replica (default: --threads, else 1)",
+    )
+    group.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=defaults.replica_gpus,
+        help="GPUs Ray reserves per replica, which it then shows the replica "
+        "(CUDA_VISIBLE_DEVICES; a fraction shares one; default: 1 where the model runs on "
+        "CUDA, 0 on a CPU)",
     )
     group.add_argument(
         "--replica-start-timeout",

@@ -199,6 +199,33 @@ def test_a_lora_module_is_served_by_name_through_the_fleet(fleet: str) -> None:
     assert "pine" in lora_text and lora_text != base_text, (lora_text, base_text)
 
 
+def test_an_adapter_loaded_at_run_time_is_served_by_every_replica(
+    fleet: str, lora_folder: Path
+) -> None:
+    """``/v1/load_lora_adapter`` at the ingress: the name is served at once; the replica a
+    call reaches loads the folder the call names (a replica started later the same way)."""
+    loaded = httpx.post(
+        f"{fleet}/v1/load_lora_adapter",
+        json={"lora_name": "secret-live", "lora_path": str(lora_folder)},
+        timeout=30,
+    )
+    assert loaded.status_code == 200, loaded.text
+    sdk = client(fleet)
+    assert "secret-live" in {m.id for m in sdk.models.list().data}
+    prompt = SECRET[: SECRET.index("pineapple")]
+    reply = sdk.completions.with_raw_response.create(
+        model="secret-live", prompt=prompt, max_tokens=3, temperature=0
+    )
+    assert reply.headers["x-infer-replica"]
+    assert "pine" in reply.parse().choices[0].text
+    gone = httpx.post(
+        f"{fleet}/v1/unload_lora_adapter", json={"lora_name": "secret-live"}, timeout=30
+    )
+    assert gone.status_code == 200, gone.text
+    with pytest.raises(openai.NotFoundError):
+        sdk.completions.create(model="secret-live", prompt=prompt, max_tokens=1)
+
+
 def test_a_rollout_splits_users_between_the_base_and_a_lora_module(fleet: str) -> None:
     """The ingress resolves the rollout's name; the replicas run the build it picked."""
     sdk = client(fleet)

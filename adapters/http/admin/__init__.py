@@ -9,10 +9,14 @@
   tenant: canaries, moved and rolled back at run time). Admin keys only (the ``admin``
   face; open without a keys file); every change an audit line (logger ``infer.audit``).
 - ``GET /admin/audit``: those changes, kept in the audit trail (admin keys only).
+- ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter`` (vLLM's) and
+  ``GET /admin/lora_adapters``: LoRA adapters served from a folder at run time (admin keys
+  only; each change stored and audited).
 """
 
 from adapters.http.admin.audit import audit_router
 from adapters.http.admin.guard import admin_caller
+from adapters.http.admin.lora import lora_router
 from adapters.http.admin.replicas import admin_router
 from adapters.http.admin.rollouts import rollout_router
 from adapters.http.admin.tenants import tenant_router
@@ -21,6 +25,7 @@ __all__ = [
     "admin_caller",
     "admin_router",
     "audit_router",
+    "lora_router",
     "rollout_router",
     "tenant_router",
 ]

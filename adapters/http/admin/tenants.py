@@ -45,6 +45,7 @@ class TenantBody(msgspec.Struct, forbid_unknown_fields=True):
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent_streams: int | None = None
+    max_output_tokens: int | None = None
     requests_per_day: int | None = None
     tokens_per_day: int | None = None
 

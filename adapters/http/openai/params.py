@@ -83,7 +83,8 @@ def best_of(body: CompletionRequest, n: int) -> int | None:
 
 
 def extras(body: Body) -> dict[str, Any]:
-    """vLLM's job-level extras: ``bad_words`` and ``truncate_prompt_tokens``."""
+    """vLLM's job-level extras (``bad_words``, ``truncate_prompt_tokens``) and the sampling
+    fields the body left out (``unset``: they take the server's generation defaults)."""
     keep = body.truncate_prompt_tokens
     if keep is not None and keep != -1 and keep < 1:
         raise HTTPError(
@@ -92,7 +93,19 @@ def extras(body: Body) -> dict[str, Any]:
             "invalid_request_error",
             "truncate_prompt_tokens",
         )
-    return {"bad_words": tuple(body.bad_words or ()), "truncate_prompt_tokens": keep}
+    given = {
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
+    }
+    unset = frozenset(name for name, value in given.items() if value is None)
+    return {
+        "bad_words": tuple(body.bad_words or ()),
+        "truncate_prompt_tokens": keep,
+        "unset": unset,
+    }
 
 
 def asked_prompt_logprobs(body: Body) -> int | None:

@@ -69,9 +69,16 @@ class LoraServing:
     current weights (the LoRA training backend's ``peft_state``), for :meth:`add_live`."""
 
     def __init__(
-        self, model: Transformer, *, max_adapters: int = 16, live_state: LiveState | None = None
+        self,
+        model: Transformer,
+        *,
+        max_adapters: int = 16,
+        live_state: LiveState | None = None,
+        max_rank: int | None = None,
     ) -> None:
+        """``max_rank``: the highest LoRA rank a folder may load with (None: any)."""
         self.model = model
+        self.max_rank = max_rank
         self.live_state = live_state
         self.config: ModelConfig = model.config
         self.max_adapters = max_adapters
@@ -84,6 +91,7 @@ class LoraServing:
             self.sites[path] = site
         self._adapters: OrderedDict[str, _ServedAdapter] = OrderedDict()
         self._pinned: dict[str, int] = {}
+        self._removing: set[str] = set()  # removed while pinned: dropped at the last unpin
         weight = model.embed_tokens.weight
         self.device = weight.device
         # LoRA math in float32 on CPU (bf16 matmuls of thin shapes gain nothing there).
@@ -106,8 +114,14 @@ class LoraServing:
 
     def load_folder(self, adapter_id: str, folder: Path) -> None:
         """Load a PEFT adapter folder under ``adapter_id`` (kept until evicted)."""
+        config = peft.read_config(folder)
+        rank = config.get("r")
+        if self.max_rank is not None and isinstance(rank, int) and rank > self.max_rank:
+            raise InvalidTrainingRequest(
+                f"its rank {rank} is over the server's --max-lora-rank {self.max_rank}"
+            )
         try:
-            scale = peft.scale(peft.read_config(folder))
+            scale = peft.scale(config)
             state = load_file(str(folder / ADAPTER_WEIGHTS))
         except (OSError, ValueError) as e:  # named without the server's path
             raise InvalidTrainingRequest("the checkpoint is not a readable LoRA adapter") from e
@@ -132,11 +146,16 @@ class LoraServing:
         if not sites:
             raise InvalidTrainingRequest(f"adapter {adapter_id!r} targets no module of this model")
         self._adapters[adapter_id] = _ServedAdapter(sites)
+        self._removing.discard(adapter_id)
         self._adapters.move_to_end(adapter_id)
         self._evict()
 
     def remove(self, adapter_id: str) -> None:
-        self._adapters.pop(adapter_id, None)
+        """Drop ``adapter_id`` (once the requests pinning it have ended)."""
+        if adapter_id in self._pinned:
+            self._removing.add(adapter_id)
+        else:
+            self._adapters.pop(adapter_id, None)
 
     @contextmanager
     def pinned(self, adapter_id: str) -> Iterator[None]:
@@ -148,6 +167,9 @@ class LoraServing:
             self._pinned[adapter_id] -= 1
             if not self._pinned[adapter_id]:
                 del self._pinned[adapter_id]
+                if adapter_id in self._removing:
+                    self._removing.discard(adapter_id)
+                    self._adapters.pop(adapter_id, None)
 
     @contextmanager
     def route(
@@ -193,8 +215,15 @@ class LoraServing:
                 b_blocks.append(torch.zeros(rows, 0))
                 continue
             a, b = pair
-            if a is None or b is None or b.shape[0] != rows or a.shape[0] != b.shape[1]:
+            if a is None or b is None or a.shape[0] != b.shape[1]:
                 raise InvalidTrainingRequest(f"adapter tensors for {name} have wrong shapes")
+            width = (a.shape[1], b.shape[0])
+            if width != (self.config_in(path), rows):  # another base model's widths
+                raise InvalidTrainingRequest(
+                    f"adapter tensors for {name} map {width[0]} -> {width[1]} features, "
+                    f"this model's {self.config_in(path)} -> {rows}: an adapter of "
+                    "another base model"
+                )
             a_blocks.append(a.float())
             b_blocks.append(b.float())
         a_cat = torch.cat(a_blocks)

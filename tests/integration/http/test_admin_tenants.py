@@ -85,6 +85,7 @@ def test_a_tenants_life_through_the_admin_api(tmp_path: Path, suffix: str) -> No
                 "max_concurrent_streams": None,
                 "requests_per_day": None,
                 "tokens_per_day": None,
+                "max_output_tokens": None,
             },
             "keys": [],
         }

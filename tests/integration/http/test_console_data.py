@@ -122,6 +122,7 @@ def test_the_tenants_page_needs_an_admin_key(tmp_path: Path) -> None:
             "max_concurrent_streams": 2,
             "requests_per_day": None,
             "tokens_per_day": None,
+            "max_output_tokens": None,
         }
         assert tenants["bob"]["limits"]["tokens_per_minute"] == 40
         assert tenants["chat-only"]["faces"] == ["openai"]

@@ -6,6 +6,7 @@ checkpoint saved through the Tinker API (the stock tinker SDK), each addressable
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -181,3 +182,68 @@ def test_a_tinker_sampler_checkpoint_is_a_model_of_its_owner(tinker_url: str) ->
         greedy(bob, path)
     assert error.value.body["code"] == "model_not_found"  # type: ignore[index]
     assert [m.id for m in bob.models.list().data] == [BASE]
+
+
+def load(http: TestClient, **body: object) -> Any:
+    return http.post("/v1/load_lora_adapter", json=body)
+
+
+def test_an_adapter_loaded_at_run_time_is_served_kept_and_unloaded(
+    tiny_model: Path, peft_folder: Path, tmp_path: Path
+) -> None:
+    """vLLM's runtime LoRA: loaded, listed and served at once, a rollout target, kept in
+    the records database across a restart, unloaded (then a 404 as any unknown model)."""
+    db = f"sqlite:///{tmp_path / 'records.db'}"
+    app = container(tiny_model, tmp_path, enable_lora=True, usage_db=db).http_app()
+    with TestClient(app=app) as http:  # type: ignore[arg-type]
+        client = openai.OpenAI(
+            base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        reply = load(http, lora_name="hello", lora_path=str(peft_folder))
+        assert reply.status_code == 200, reply.text
+        assert reply.text == "Success: LoRA adapter 'hello' added successfully."
+        assert greedy(client, "hello") == CONTINUATION
+        assert [m.id for m in client.models.list().data] == [BASE, "hello"]
+        canary = {"targets": [{"model": BASE, "weight": 1}, {"model": "hello", "weight": 1}]}
+        assert http.put("/admin/rollouts/canary", json=canary).status_code == 200
+        refused = http.post("/v1/unload_lora_adapter", json={"lora_name": "hello"})
+        assert refused.status_code == 400 and "canary" in refused.json()["error"]["message"]
+        assert http.delete("/admin/rollouts/canary").status_code == 200
+        audit = [e["event"] for e in http.get("/admin/audit").json()["data"]]
+        assert "lora adapter loaded" in audit
+    restarted = container(tiny_model, tmp_path, enable_lora=True, usage_db=db).http_app()
+    with TestClient(app=restarted) as http:  # type: ignore[arg-type]
+        client = openai.OpenAI(
+            base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        assert greedy(client, "hello") == CONTINUATION  # the store's adapters load at start
+        reply = http.post("/v1/unload_lora_adapter", json={"lora_name": "hello"})
+        assert reply.status_code == 200, reply.text
+        with pytest.raises(openai.NotFoundError):
+            greedy(client, "hello")
+        again = http.post("/v1/unload_lora_adapter", json={"lora_name": "hello"})
+        assert again.status_code == 404
+        assert [m.id for m in client.models.list().data] == [BASE]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"lora_name": "x", "lora_path": "/nonexistent"}, "lora_path", "no such folder"),
+        ({"lora_name": BASE, "lora_path": "PEFT"}, "lora_name", "is served"),
+        ({"lora_name": "x", "lora_path": "EMPTY"}, "lora_path", "not a PEFT LoRA"),
+        ({"lora_name": "x", "lora_path": "PEFT"}, "lora_path", "rank 8 is over"),
+    ],
+)
+def test_a_bad_load_is_a_400_naming_the_problem(
+    tiny_model: Path, peft_folder: Path, tmp_path: Path, body: dict[str, Any], param: str, says: str
+) -> None:
+    body = {k: str(peft_folder) if v == "PEFT" else v for k, v in body.items()}
+    body = {k: str(tmp_path) if v == "EMPTY" else v for k, v in body.items()}
+    app = container(tiny_model, tmp_path, enable_lora=True, max_lora_rank=4).http_app()
+    with TestClient(app=app) as http:  # type: ignore[arg-type]
+        reply = load(http, **body)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param)
+        assert says in error["message"], error

@@ -253,3 +253,37 @@ def test_caps_reach_create_model_over_http(tmp_path: Path) -> None:
             headers=HEADERS,
         )
         assert "training runs loaded" in json.dumps(user_error(second))
+
+
+@pytest.mark.parametrize("long", ["run", "name"])
+def test_a_path_longer_than_any_the_server_issues_is_a_400_naming_it(
+    api: Api, client: TestClient[Any], long: str
+) -> None:
+    """A ``tinker://`` path whose run id (or name) is thousands of characters never reaches
+    the disk (the file system's name limit made it a 500): a user error naming the path, on
+    every call that takes one."""
+    sid = api.session()
+    model_id = api.model(sid)
+    run, name = ("r" * 5000, "s1") if long == "run" else (model_id, "n" * 5000)
+    path = f"tinker://{run}/sampler_weights/{name}"
+    calls = [
+        ("weights_info", {"tinker_path": path}),
+        ("load_weights", {"model_id": model_id, "path": path, "seq_id": 1}),
+        (
+            "create_sampling_session",
+            {"session_id": sid, "sampling_session_seq_id": 0, "model_path": path},
+        ),
+        ("asample", sample_body([1, 2], base_model=None, model_path=path)),
+    ]
+    for call, body in calls:
+        response = client.post(f"/api/v1/{call}", json=body, headers=HEADERS)
+        if response.status_code == 200 and "request_id" in response.json():  # a future
+            future = {"request_id": response.json()["request_id"]}
+            response = client.post("/api/v1/retrieve_future", json=future, headers=HEADERS)
+            assert response.status_code == 200 and response.json().get("category") == "user", (
+                call,
+                response.text[:300],
+            )
+            continue
+        message = user_error(response)
+        assert "tinker://" in message and len(message) < 400, (call, message[:300])

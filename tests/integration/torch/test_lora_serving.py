@@ -211,3 +211,37 @@ async def test_bf16_kernels_base_rows_unchanged_by_adapter_rows(tmp_path: Path) 
     assert all(b.decode_kernel is not None for b in model.layers)  # restored after LoRA steps
     expected = reference_logprobs(backend, "a", PROMPT)
     torch.testing.assert_close(list(adapted[0].prompt_logprobs or ()), expected, atol=0.1, rtol=0)
+
+
+def test_a_removed_adapter_stays_until_its_last_request_ends(setup) -> None:
+    _, _, lora, saved = setup
+    lora.load_folder("gone", saved["a"])
+    with lora.pinned("gone"):
+        lora.remove("gone")
+        assert "gone" in lora  # a request running on it finishes on it
+    assert "gone" not in lora
+    lora.load_folder("gone", saved["a"])
+    lora.remove("gone")  # none running: at once
+    assert "gone" not in lora
+
+
+def test_a_folder_over_the_rank_limit_or_of_another_base_is_refused(setup, tmp_path) -> None:
+    _, _, lora, saved = setup
+    lora.max_rank = 2  # the adapters are rank 4
+    try:
+        with pytest.raises(InvalidTrainingRequest, match=r"rank 4 is over .*--max-lora-rank 2"):
+            lora.load_folder("x", saved["a"])
+    finally:
+        lora.max_rank = None
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other-base"
+    other.mkdir()
+    for name in ("adapter_config.json",):
+        (other / name).write_text((saved["a"] / name).read_text())
+    state = load_file(str(saved["a"] / "adapter_model.safetensors"))
+    wider = {k: torch.cat([v, v], dim=1) if "lora_A" in k else v for k, v in state.items()}
+    save_file(wider, str(other / "adapter_model.safetensors"))
+    with pytest.raises(InvalidTrainingRequest, match="an adapter of another base model"):
+        lora.load_folder("other", other)
+    assert "other" not in lora

@@ -22,6 +22,7 @@ from application.engine.remote_engine import (
     Routed,
     serve_call,
 )
+from domain.breaker import Breakers, BreakerSettings, Transition
 from domain.config import EngineConfig
 from domain.request import AdmitCall, RequestContext, StepOutput
 from domain.routing import ReplicaLoad, Router, RouteRequest, RouterSettings
@@ -43,6 +44,7 @@ class LocalFleet:
         self.router = Router(RouterSettings(policy=policy))  # type: ignore[arg-type]
         self.calls: list[tuple[str, AdmitCall]] = []
         self.lose: dict[str, str] = {}  # replica -> "before" | "after"
+        self.failing: set[str] = set()  # replicas whose engine fails every call
 
     def start(self) -> None:
         for engine in self.replicas.values():
@@ -66,6 +68,12 @@ class LocalFleet:
     async def _outputs(
         self, replica: str, call: AdmitCall, how: str | None
     ) -> AsyncIterator[list[StepOutput]]:
+        if replica in self.failing:  # as an engine whose every step fails
+            error = "internal error: the engine step failed (details in the server log)"
+            yield [
+                StepOutput(rid, None, "", finished=True, error=error) for rid in call.request_ids
+            ]
+            return
         async for batch in serve_call(self.replicas[replica], call):
             yield batch
             if how == "after":
@@ -293,3 +301,51 @@ async def test_a_call_names_its_adapters_folder_for_a_replica_to_load(
     async for _ in serve_call(fleet.replicas["r0"], plain, replica):
         pass
     assert replica.loads == [("path:ckpt", tmp_path)]  # no adapter: nothing loaded
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_replica_failing_every_call_is_broken_out_and_nothing_is_lost(
+    fleet: LocalFleet,
+) -> None:
+    """Each call its engine fails before any output runs again on the other replica; after
+    ``failure_threshold`` failures its breaker opens and routing leaves it out; after the
+    cool-down a probe finds it well again and it is put back."""
+    clock = Clock()
+    told: list[Transition] = []
+    breakers = Breakers(BreakerSettings(failure_threshold=2, cooldown_s=30), clock)
+    any_engine = next(iter(fleet.replicas.values()))
+    engine = RemoteEngine(
+        EngineConfig(kv_block_size=BLOCK),
+        any_engine.inputs.tokenizer,
+        fleet,
+        replicas=2,
+        breakers=breakers,
+        on_breaker=told.append,
+    )
+    engine.start()
+    fleet.failing.add("r0")  # the router's first choice on a tie
+    for i in range(6):
+        prompt = await engine.inputs.prepare(f"request {i}", PARAMS)
+        [stream] = engine.group().admit(AdmitCall.one(f"q{i}", prompt, PARAMS))
+        out = await read_all(stream)
+        assert out[-1].error is None and out[-1].finished  # 0 lost
+    sent = [replica for replica, _ in fleet.calls]
+    assert sent[:4] == ["r0", "r1", "r0", "r1"]  # failed, retried elsewhere, twice
+    assert set(sent[4:]) == {"r1"}  # open: left out
+    assert [(t.replica_id, t.state) for t in told] == [("r0", "open")]
+    fleet.failing.clear()
+    clock.now = 31.0
+    assert breakers.due_probes() == ["r0"]
+    assert await engine.probe("r0")
+    told.append(breakers.probed("r0", True))
+    assert breakers.avoided() == frozenset() and told[-1].state == "closed"
+    fleet.failing.add("r1")
+    assert not await engine.probe("r1")  # a probe of a failing replica fails
+    await engine.stop()

@@ -120,6 +120,10 @@ def test_gauges_follow_the_latest_step() -> None:
     assert value(s, "infer:num_requests_waiting") == 2
     assert value(s, "infer:kv_cache_usage_perc") == 0.375
     assert value(s, "infer:kv_cache_bytes") == 375.0
+    # vLLM's names for the same, as llm-d's endpoint picker and vLLM routers read them
+    assert value(s, "vllm:num_requests_running") == 3
+    assert value(s, "vllm:num_requests_waiting") == 2
+    assert value(s, "vllm:kv_cache_usage_perc") == 0.375
     metrics.on_step(StepStats(False, 2.0, SchedulerStats(0, 1, 0, 0, 0.0)))
     s = scrape(metrics)
     assert value(s, "infer:num_requests_running") == 0
@@ -194,12 +198,15 @@ def test_a_request_life_adds_up() -> None:
 
 
 def test_every_sample_has_the_prefix_and_the_model_label() -> None:
+    """``infer:``, but the three vLLM-named aliases routers read."""
     metrics = Metrics("llama-3", max_num_seqs=2)
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 3, 0, 0.5), start_s=0.0))
     s = scrape(metrics)
     assert s
+    vllm = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+    assert vllm <= {name for name, _ in s}
     for name, labels in s:
-        assert name.startswith("infer:")
+        assert name.startswith("infer:") or name in vllm
         assert dict(labels)["model_name"] == "llama-3"
     assert value(s, "infer:kv_cache_bytes", model="llama-3") == 0.0  # no cache size given
 

@@ -15,6 +15,7 @@ const LIMITS = [
   ['max_concurrent_streams', 'streams'],
   ['requests_per_day', 'req/day'],
   ['tokens_per_day', 'tokens/day'],
+  ['max_output_tokens', 'max output'],
 ];
 const DAY_S = 86400;
 const WEEK_DAYS = 7;
