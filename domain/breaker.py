@@ -35,8 +35,10 @@ class BreakerSettings:
             raise InvalidParameterError("cb_failure_threshold", "must be at least 1")
         if not 0.0 < self.failure_rate <= 1.0:
             raise InvalidParameterError("cb_failure_rate", "must be in (0, 1]")
-        if self.window_s <= 0 or self.cooldown_s <= 0:
-            raise InvalidParameterError("cb_window_duration_secs", "durations must be > 0")
+        if self.window_s <= 0:
+            raise InvalidParameterError("cb_window_duration_secs", "must be > 0")
+        if self.cooldown_s <= 0:
+            raise InvalidParameterError("cb_timeout_duration_secs", "must be > 0")
         if self.min_requests < 1:
             raise InvalidParameterError("cb_min_requests", "must be at least 1")
 

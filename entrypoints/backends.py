@@ -35,6 +35,7 @@ provider            what it gives (None where the backend has none)
 ``fleet``           a fleet's registry as the ingress reads it (``FleetView``)
 ``tinker_enabled``  whether the Tinker service runs here (not on a fleet's ingress)
 ``shared_checkpoints``  a fleet ingress's view of the replicas' Tinker checkpoints
+``faults``          a fleet's fault hook (tests: ``INFER_FAULT_INJECTION=1``; else None)
 ==================  ====================================================================
 
 A **training** (``config.tinker.training_backend``, built only when Tinker is on):
@@ -196,6 +197,7 @@ class OneProcess(containers.DeclarativeContainer):
     fleet: providers.Object[None] = providers.Object(None)
     tinker_enabled = config.provided.tinker.enabled
     shared_checkpoints: providers.Object[None] = providers.Object(None)
+    faults: providers.Object[None] = providers.Object(None)
 
 
 class TorchBackend(OneProcess):

@@ -55,10 +55,13 @@ from adapters.storage.rate_limits import LimitsCounters
 from adapters.weights import ResolvedModel
 from adapters.weights.generation_config import generation_defaults
 from application.access.access import Access
+from application.access.audit import Audit
 from application.engine.async_engine import AsyncEngine
+from application.engine.remote_engine import RemoteEngine
 from application.serving.reasoning import parser_for
 from application.serving.served_models import ServedModels
 from application.tinker.service import tinker_service
+from domain.breaker import CLOSED, Transition
 from domain.scheduler import TenantShares, make_scheduler
 from entrypoints.backends import BACKENDS, TRAININGS
 from entrypoints.config import ServerConfig
@@ -112,8 +115,38 @@ def _path_of(resolved: ResolvedModel | None) -> Path | None:
     return resolved.path if resolved is not None else None
 
 
-def fleet_replicas(fleet: "FleetView | None") -> Callable[[], Awaitable[Any]] | None:
-    return fleet.replicas if fleet is not None else None
+def fleet_replicas(
+    fleet: "FleetView | None", engine: object
+) -> Callable[[], Awaitable[list[dict[str, Any]]]] | None:
+    """``/admin/replicas``' list: the registry's, each with its circuit breaker's state."""
+    if fleet is None:
+        return None
+    breakers = getattr(engine, "breakers", None)
+    view = fleet
+
+    async def listed() -> list[dict[str, Any]]:
+        rows = await view.replicas()
+        states = breakers.states() if breakers is not None else {}
+        return [{**row, "breaker": states.get(row["id"], CLOSED)} for row in rows]
+
+    return listed
+
+
+def breaker_listener(audit: Audit, metrics: Metrics | None) -> Callable[[Transition], None]:
+    """A replica's circuit breaker opened or closed: an audit line, and the gauge."""
+
+    def told(transition: Transition) -> None:
+        audit.record(
+            f"replica circuit breaker {transition.state}",
+            actor="automatic",
+            subject=f"replica:{transition.replica_id}",
+            warning=transition.state != CLOSED,
+            reason=transition.reason,
+        )
+        if metrics is not None:
+            metrics.breaker(transition.replica_id, transition.state)
+
+    return told
 
 
 def startup_hooks(given: tuple[Hook, ...], fleet: "FleetView | None") -> tuple[Hook, ...]:
@@ -160,7 +193,22 @@ class Container(containers.DeclarativeContainer):
         backend.tokenizer.provided.eos_token_ids,
         shares=tenant_shares,
     )
-    # A fleet's ingress (backend.engine_kind "fleet") has the backend's remote engine.
+    # API keys -> tenants (None: an open server), read from the keys file once; the
+    # quotas' counters in Redis with --redis-url, else in memory.
+    keyring = providers.Singleton(AccessSettings.keyring, config.provided.access)
+    access = providers.Singleton(
+        Access.for_keyring,
+        keyring,
+        providers.Factory(LimitsCounters, config.provided.access.redis_url).provider,
+        on_refused=providers.Callable(on_rate_limited, metrics),
+        on_tenants=tenant_shares.provided.set_tenants,
+    )
+    # What admins changed (and a fleet's breakers), kept in the usage database (None:
+    # memory) and logged.
+    audit = providers.Singleton(build_audit, config.provided.access.usage_db, access)
+
+    # A fleet's ingress (backend.engine_kind "fleet") has a remote engine over the
+    # backend's dispatch to the replicas, with their circuit breakers.
     async_engine = providers.Selector(
         backend.engine_kind,
         local=providers.Singleton(
@@ -175,7 +223,18 @@ class Container(containers.DeclarativeContainer):
             draft=backend.draft_runner,
             step_costs=backend.step_costs,
         ),
-        fleet=backend.remote_engine,
+        fleet=providers.Singleton(
+            RemoteEngine,
+            backend.engine_config,
+            backend.tokenizer,
+            backend.dispatch,
+            replicas=config.provided.fleet.replicas,
+            vocab_size=backend.vocab_size,
+            grammar=backend.grammar,
+            adapters=backend.lora_serving,
+            breakers=backend.breakers,
+            on_breaker=providers.Callable(breaker_listener, audit, metrics),
+        ),
     )
     engine = async_engine.provided.engine
     sink = async_engine.provided.sink
@@ -194,16 +253,6 @@ class Container(containers.DeclarativeContainer):
         providers.Callable(pending_futures_gauge, metrics),
         config.provided.fleet.replica_id,
     )
-    # API keys -> tenants (None: an open server), read from the keys file once; the
-    # quotas' counters in Redis with --redis-url, else in memory.
-    keyring = providers.Singleton(AccessSettings.keyring, config.provided.access)
-    access = providers.Singleton(
-        Access.for_keyring,
-        keyring,
-        providers.Factory(LimitsCounters, config.provided.access.redis_url).provider,
-        on_refused=providers.Callable(on_rate_limited, metrics),
-        on_tenants=tenant_shares.provided.set_tenants,
-    )
     idempotency = providers.Singleton(
         build_idempotency,
         config.provided.access.idempotency_ttl,
@@ -219,8 +268,6 @@ class Container(containers.DeclarativeContainer):
     )
     # Tenants and keys changed by the admin API in the keys file (None: no keys file), the
     # file watched so that every process serving it applies a change.
-    # What admins changed, kept in the usage database (None: memory) and logged.
-    audit = providers.Singleton(build_audit, config.provided.access.usage_db, access)
     tenant_admin = providers.Singleton(
         build_tenant_admin, config.provided.access.api_keys_file, access, audit
     )
@@ -277,7 +324,7 @@ class Container(containers.DeclarativeContainer):
     draining = providers.Singleton(Draining)
     # A fleet's replicas as /admin/replicas lists them (an async callable; None: one
     # process).
-    replicas = providers.Callable(fleet_replicas, backend.fleet)
+    replicas = providers.Callable(fleet_replicas, backend.fleet, async_engine)
 
     # The HTTP app: the faces over the engine and these services, in the observing
     # middleware.
@@ -292,6 +339,7 @@ class Container(containers.DeclarativeContainer):
         metrics=metrics_exposition,
         draining=draining,
         replicas=replicas,
+        faults=backend.faults,
         timeline=timeline,
         usage=usage,
         tenant_admin=tenant_admin,

@@ -2,21 +2,25 @@
 ``create_container`` when ``config.fleet.replicas`` is set (imported then: Ray only when
 asked for). Its shape is the other backends' (:mod:`entrypoints.backends`) with what makes
 the engine remote: the engine is a :class:`RemoteEngine` whose calls go to the replicas
-through the engine deployment's handle (``engine_kind`` ``"fleet"``, ``remote_engine``), the
+through the engine deployment's handle (``engine_kind`` ``"fleet"``, ``dispatch``, each
+replica's circuit breaker in ``breakers``), the
 fleet's registry (``fleet``: ``/admin/replicas``, the replicas' ``/metrics``), no Tinker
 service here (``tinker_enabled`` False: the replicas run it, the ingress forwards its calls)
 but its checkpoints served by path from the shared ``--checkpoint-dir``
 (``shared_checkpoints``)."""
 
+import time
+
 from dependency_injector import containers, providers
 
-from adapters.ray.dispatch import HandleDispatch, loop_handle
+from adapters.ray.dispatch import HandleDispatch, fault_hook, loop_handle
 from adapters.ray.ingress import APP_NAME, ENGINE, FleetView, describe_replicas
 from adapters.storage.factory import checkpoint_storage
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
-from application.engine.remote_engine import RemoteEngine, ReplicaAdapters
+from application.engine.remote_engine import ReplicaAdapters
 from application.serving.served_models import SharedCheckpoints
 from application.tinker.checkpoints import CheckpointStore
+from domain.breaker import Breakers
 from entrypoints.backends import (
     embeddings_provider,
     model_grammar,
@@ -25,6 +29,7 @@ from entrypoints.backends import (
     served_names_provider,
 )
 from entrypoints.config import ServerConfig
+from entrypoints.config.replica import ReplicaSettings
 
 
 def replica_adapters(
@@ -78,17 +83,17 @@ class RemoteBackend(containers.DeclarativeContainer):
     embeddings = embeddings_provider(config)
 
     engine_kind = providers.Object("fleet")
-    remote_engine = providers.Singleton(
-        RemoteEngine,
-        engine_config,
-        tokenizer,
-        providers.Singleton(HandleDispatch, handles),
-        replicas=config.provided.fleet.replicas,
-        vocab_size=vocab_size,
-        grammar=grammar,
-        adapters=lora_serving,
+    # The remote engine's transport and each replica's circuit breaker (the container
+    # builds the engine: the breakers report to its audit trail and metrics).
+    dispatch = providers.Singleton(HandleDispatch, handles)
+    breakers = providers.Singleton(
+        Breakers,
+        providers.Callable(ReplicaSettings.breaker, config.provided.fleet),
+        providers.Object(time.monotonic),
     )
     fleet = providers.Singleton(FleetView)
+    # Test hooks (INFER_FAULT_INJECTION=1): a replica made to fail every call.
+    faults = providers.Singleton(fault_hook, handles)
     tinker_enabled = providers.Object(False)
     shared_checkpoints = providers.Singleton(
         shared_checkpoints,

@@ -152,6 +152,8 @@ class HttpServices:
     metrics: Callable[[], tuple[bytes, str]] | None = None
     draining: Draining | None = None
     replicas: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+    # A fleet's fault hook (tests: INFER_FAULT_INJECTION=1): a replica made to fail calls.
+    faults: Callable[[str, bool], Awaitable[str]] | None = None
     # Where /v1/responses keeps finished responses (None: none are kept).
     responses: ResponseStore | None = field(default_factory=MemoryResponseStore)
     timeline: Timeline | None = None
@@ -214,7 +216,7 @@ def create_app(
         audit_router(audit, access),
     ]
     if services.replicas is not None:
-        routers.append(admin_router(services.replicas, access))
+        routers.append(admin_router(services.replicas, access, services.faults))
     if settings.ui:
         info = engine_info(inputs.config, model_name)
         routers += console_routers(

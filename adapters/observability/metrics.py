@@ -396,6 +396,27 @@ class Metrics:
         self._usage_failures = self._gauge(
             "infer:usage_write_failures", "Failed writes to the usage database since the start."
         )
+        # A fleet's ingress: each replica's circuit breaker (a replica's id per label value,
+        # as many as the fleet has had; not ``replica``: the fleet's /metrics labels each
+        # sample with the process it came from under that name).
+        self._breaker_open = Gauge(
+            "infer:replica_breaker_open",
+            "1 while a replica's circuit breaker keeps it out of routing (open or probed).",
+            ("model_name", "replica_id"),
+            registry=self.registry,
+        )
+        self._breaker_opens = Counter(
+            "infer:replica_breaker_opens",
+            "Times a replica's circuit breaker opened.",
+            ("model_name", "replica_id"),
+            registry=self.registry,
+        )
+
+    def breaker(self, replica_id: str, state: str) -> None:
+        """A replica's circuit breaker is now ``state`` (``closed``, ``open``)."""
+        self._breaker_open.labels(self.model_name, replica_id).set(int(state != "closed"))
+        if state == "open":
+            self._breaker_opens.labels(self.model_name, replica_id).inc()
 
     # -- engine -------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ that dies (or cannot be reached) is a :class:`ReplicaLostError`; its own refusal
 error) is raised as it is, unwrapped from Ray's task error. Leaving the outputs early
 cancels the call (the replica aborts)."""
 
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
@@ -117,3 +118,22 @@ class HandleForward:
             raise _cause(e, route.replica) from None
         assert isinstance(reply, HttpReply)
         return reply
+
+
+FAULT_ENV = "INFER_FAULT_INJECTION"
+Fault = Callable[[str, bool], Awaitable[str]]
+
+
+def fault_hook(handles: Handles) -> Fault | None:
+    """With ``INFER_FAULT_INJECTION=1`` (tests and chaos runs only): a call that makes a
+    replica fail every call from now on, or serve again (``set_fault`` on the replica its
+    id names); None otherwise (``/admin/replicas/{id}/fault`` is then not served)."""
+    if os.environ.get(FAULT_ENV) != "1":
+        return None
+
+    async def set_fault(replica_id: str, fail: bool) -> str:
+        handle = handles().options(method_name="set_fault")
+        done: str = await handle.remote(RouteRequest(replica=replica_id), fail, frozenset())
+        return done
+
+    return set_fault

@@ -27,6 +27,9 @@ from domain.errors import QueueFullError
 from domain.request import AdmitCall, StepOutput
 from domain.routing import RouteRequest
 
+# What a call gets from a replica the fault hook made fail (an engine step's failure's words).
+FAULT_ERROR = "internal error: the engine step failed (injected fault)"
+
 
 class EngineReplica:
     """One engine replica (a Ray Serve deployment, see the module)."""
@@ -60,6 +63,7 @@ class EngineReplica:
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._reporter = asyncio.create_task(self._report_forever())
         self._reports = 0
+        self.failing = False  # set by the fault hook: every call fails
 
     async def describe(self) -> dict[str, Any]:
         """What the ingress builds its checks from: the engine's configuration (the KV pool
@@ -79,6 +83,13 @@ class EngineReplica:
         that stopped the call: the ingress tries another replica), then the other batches.
         ``route`` and ``avoid`` are the router's (:mod:`adapters.ray.router`)."""
         del route, avoid
+        if self.failing:  # the fault hook: as an engine whose every step fails
+            error = FAULT_ERROR
+            yield (
+                self.replica_id,
+                [StepOutput(r, None, "", True, error=error) for r in call.request_ids],
+            )
+            return
         outputs = serve_call(self.engine, call, self.lora)
         try:
             first: list[StepOutput] | Exception = await anext(outputs, [])
@@ -87,6 +98,16 @@ class EngineReplica:
         yield (self.replica_id, first)
         async for batch in outputs:
             yield batch
+
+    async def set_fault(self, route: RouteRequest, fail: bool, avoid: frozenset[str]) -> str:
+        """The fault hook (``INFER_FAULT_INJECTION=1`` at the ingress; tests and chaos
+        runs): from now on fail every call (``fail``) or serve again; this replica's id.
+        Refused when ``route`` names another replica (that one is gone)."""
+        del avoid
+        if route.replica != self.replica_id:
+            raise LookupError(f"no replica {route.replica!r} (this is {self.replica_id!r})")
+        self.failing = fail
+        return self.replica_id
 
     async def tinker_http(
         self, route: RouteRequest, call: HttpCall, avoid: frozenset[str]

@@ -4,9 +4,12 @@
 import argparse
 from dataclasses import dataclass
 
+from domain.breaker import BreakerSettings
 from domain.errors import InvalidParameterError
 from domain.routing import POLICIES
 from entrypoints.config.flag_fields import from_flags
+
+_BREAKER = BreakerSettings()
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,9 @@ class ReplicaSettings:
     reserves per replica (None: ``--threads``, else 1); ``replica_start_timeout``: seconds
     the replicas may take to start before the server gives up with an error;
     ``replica_id``: in a replica's own configuration, its id (no flag: the fleet sets it;
-    Tinker puts it in its ids), else empty."""
+    Tinker puts it in its ids), else empty. The ``cb_*`` fields and
+    ``disable_circuit_breaker``: each replica's circuit breaker at the ingress
+    (:class:`~domain.breaker.BreakerSettings`, sglang-router's spelling)."""
 
     replicas: int = 0
     ray_address: str | None = None
@@ -26,6 +31,12 @@ class ReplicaSettings:
     replica_gpus: float | None = None
     replica_start_timeout: float = 300.0
     replica_id: str = ""
+    cb_failure_threshold: int = _BREAKER.failure_threshold
+    cb_failure_rate: float = _BREAKER.failure_rate
+    cb_window_duration_secs: float = _BREAKER.window_s
+    cb_min_requests: int = _BREAKER.min_requests
+    cb_timeout_duration_secs: float = _BREAKER.cooldown_s
+    disable_circuit_breaker: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -38,6 +49,18 @@ class ReplicaSettings:
             raise InvalidParameterError("replica_gpus", "must be >= 0")
         if self.replica_start_timeout <= 0:
             raise InvalidParameterError("replica_start_timeout", "must be > 0")
+        self.breaker()
+
+    def breaker(self) -> BreakerSettings:
+        """The replicas' circuit breaker settings (checked: errors name the flag)."""
+        return BreakerSettings(
+            enabled=not self.disable_circuit_breaker,
+            failure_threshold=self.cb_failure_threshold,
+            failure_rate=self.cb_failure_rate,
+            window_s=self.cb_window_duration_secs,
+            min_requests=self.cb_min_requests,
+            cooldown_s=self.cb_timeout_duration_secs,
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplicaSettings":
@@ -81,6 +104,44 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         help="GPUs Ray reserves per replica, which it then shows the replica "
         "(CUDA_VISIBLE_DEVICES; a fraction shares one; default: 1 where the model runs on "
         "CUDA, 0 on a CPU)",
+    )
+    group.add_argument(
+        "--cb-failure-threshold",
+        type=int,
+        default=defaults.cb_failure_threshold,
+        help="consecutive failed calls (the replica lost, or its engine failed them) that "
+        "take a replica out of routing (its circuit breaker opens; default %(default)s)",
+    )
+    group.add_argument(
+        "--cb-failure-rate",
+        type=float,
+        default=defaults.cb_failure_rate,
+        help="the fraction of a replica's calls in --cb-window-duration-secs that fail (of "
+        "at least --cb-min-requests) that opens its breaker too (default %(default)s)",
+    )
+    group.add_argument(
+        "--cb-window-duration-secs",
+        type=float,
+        default=defaults.cb_window_duration_secs,
+        help="the window of the failure rate, seconds (default %(default)s)",
+    )
+    group.add_argument(
+        "--cb-min-requests",
+        type=int,
+        default=defaults.cb_min_requests,
+        help="calls in the window before the failure rate counts (default %(default)s)",
+    )
+    group.add_argument(
+        "--cb-timeout-duration-secs",
+        type=float,
+        default=defaults.cb_timeout_duration_secs,
+        help="seconds an open breaker waits before its replica is probed with a short "
+        "generation (half-open); it closes when the probe answers (default %(default)s)",
+    )
+    group.add_argument(
+        "--disable-circuit-breaker",
+        action="store_true",
+        help="never take a replica out of routing for its failures",
     )
     group.add_argument(
         "--replica-start-timeout",

@@ -22,14 +22,19 @@ RAY = Path(INFER).with_name("ray")
 def test_each_replica_gets_its_own_gpu_from_the_cluster(tmp_path: Path) -> None:
     assert not ray_processes(), "a Ray cluster is already running here"
     ray_port = free_port()
+    # A throwaway cluster on 127.0.0.1 only, without Ray's token auth (a cluster a user
+    # starts keeps it: its token in ~/.ray reaches `infer serve` on the same machine).
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     subprocess.run(
         [
             *(str(RAY), "start", "--head", "--port", str(ray_port), "--num-gpus", "2"),
-            *("--num-cpus", "2", "--disable-usage-stats", "--include-dashboard", "false"),
+            *("--num-cpus", "2", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"),
+            *("--include-dashboard", "false"),
         ],
         check=True,
         capture_output=True,
         timeout=120,
+        env=env,
     )
     log = tmp_path / "serve.log"
     port = free_port()
@@ -46,6 +51,7 @@ def test_each_replica_gets_its_own_gpu_from_the_cluster(tmp_path: Path) -> None:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=env,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while len(running_replicas(url)) < 2:
@@ -66,7 +72,7 @@ def test_each_replica_gets_its_own_gpu_from_the_cluster(tmp_path: Path) -> None:
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-        subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True)
+        subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True, env=env)
         for _ in range(30):
             if not ray_processes():
                 break

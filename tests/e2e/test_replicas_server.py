@@ -89,10 +89,12 @@ def server(
                 *(str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"),
                 *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
                 *("--usage-db", ":memory:", "--model-rollout", f"canary={BASE_NAME}:1,secret:1"),
+                *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "3"),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "INFER_FAULT_INJECTION": "1"},  # the breaker test's hook
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -224,6 +226,59 @@ def test_an_adapter_loaded_at_run_time_is_served_by_every_replica(
     assert gone.status_code == 200, gone.text
     with pytest.raises(openai.NotFoundError):
         sdk.completions.create(model="secret-live", prompt=prompt, max_tokens=1)
+
+
+def test_a_replica_failing_every_call_is_broken_out_of_routing_and_nothing_is_lost(
+    fleet: str,
+) -> None:
+    """The fault hook makes one replica fail every call (as a broken device would): each
+    call it fails runs again on the other (0 lost); after 2 failures its breaker opens and
+    routing leaves it out; once it serves again, the probe after the 3 s cool-down puts it
+    back. ``/admin/replicas``, ``/metrics`` and the audit trail show it."""
+    bad = running_replicas(fleet)[0]["id"]
+    hooked = httpx.post(f"{fleet}/admin/replicas/{bad}/fault", json={"fail": True}, timeout=30)
+    assert hooked.status_code == 200 and hooked.json()["id"] == bad, hooked.text
+    sdk, model = client(fleet), model_of(fleet)
+
+    async def wave(tag: str) -> list[str]:
+        aio = openai.AsyncOpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0)
+
+        async def one(i: int) -> str:
+            reply = await aio.completions.with_raw_response.create(
+                model=model, prompt=f"{tag} {i}: the weather", max_tokens=4
+            )
+            assert reply.parse().choices[0].finish_reason in ("length", "stop")
+            return reply.headers["x-infer-replica"]
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(8)))
+        finally:
+            await aio.close()
+
+    try:
+        asyncio.run(wave("first"))  # both replicas get calls: the bad one's run again
+        rows = {r["id"]: r for r in running_replicas(fleet)}
+        assert rows[bad]["breaker"] in ("open", "half_open"), rows
+        assert bad not in asyncio.run(wave("second"))  # left out while open
+        metrics = httpx.get(f"{fleet}/metrics", timeout=30).text
+        assert any(
+            line.startswith('infer:replica_breaker_opens_total{replica="ingress"')
+            and f'replica_id="{bad}"' in line
+            for line in metrics.splitlines()
+        ), [line for line in metrics.splitlines() if "breaker" in line]
+    finally:
+        httpx.post(f"{fleet}/admin/replicas/{bad}/fault", json={"fail": False}, timeout=30)
+    deadline = time.monotonic() + 60
+    while {r["id"]: r for r in running_replicas(fleet)}[bad]["breaker"] != "closed":
+        assert time.monotonic() < deadline, "the breaker never closed after the fault ended"
+        time.sleep(1)
+    events = [
+        (e["event"], e["subject"])
+        for e in httpx.get(f"{fleet}/admin/audit", timeout=30).json()["data"]
+    ]
+    assert ("replica circuit breaker open", f"replica:{bad}") in events
+    assert ("replica circuit breaker closed", f"replica:{bad}") in events
+    del sdk
 
 
 def test_a_rollout_splits_users_between_the_base_and_a_lora_module(fleet: str) -> None:

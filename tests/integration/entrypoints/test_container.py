@@ -2,6 +2,8 @@
 handed in), the app built on the fake backend (no model) and the toy training backend,
 served through."""
 
+import asyncio
+
 import pytest
 from dependency_injector import providers
 from litestar.testing import TestClient
@@ -10,10 +12,13 @@ from adapters.fake import ByteTokenizer
 from adapters.fake.observer import RecordingObserver
 from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
+from adapters.observability.metrics import Metrics
 from adapters.torch.lora.custom_loss import custom_loss_gradient
+from application.access.audit import Audit
 from application.access.keys import hash_key
 from application.engine.remote_engine import RemoteEngine
 from application.serving.served_models import SharedCheckpoints
+from domain.breaker import Transition
 from domain.config import EngineConfig
 from entrypoints.backends import (
     FakeBackend,
@@ -23,7 +28,7 @@ from entrypoints.backends import (
 )
 from entrypoints.config import ServerConfig
 from entrypoints.config.tinker import TinkerSettings
-from entrypoints.container import create_container
+from entrypoints.container import breaker_listener, create_container
 from entrypoints.fleet_backend import RemoteBackend
 from tests.fakes import fake_container
 
@@ -76,7 +81,7 @@ def test_the_fake_backend_loads_no_model(tmp_path) -> None:
 
 def test_the_backends_and_the_trainings_have_one_shape_each() -> None:
     assert set(TorchBackend.providers) == set(FakeBackend.providers)
-    fleet_only = {"described", "handles", "remote_engine"}
+    fleet_only = {"described", "handles", "dispatch", "breakers"}
     assert set(RemoteBackend.providers) == set(TorchBackend.providers) | fleet_only
     assert set(LoraTraining.providers) == set(ToyTraining.providers)
 
@@ -121,7 +126,9 @@ def test_a_fleets_ingress_is_built_by_the_config_alone_and_loads_no_model(tmp_pa
     assert isinstance(engine, RemoteEngine) and engine.capacity == 2 * engine_config.capacity
     assert container.tinker() is None
     assert isinstance(container.tinker_checkpoints(), SharedCheckpoints)
-    assert container.replicas() == view.replicas
+    rows = asyncio.run(container.replicas()())
+    assert rows == [{"id": "r1", "state": "running", "breaker": "closed"}]
+    assert engine.breakers is backend.breakers() and engine.breakers.settings.enabled
     services = container.http_services()
     assert services.on_startup[-1] == view.start
     render = container.metrics_exposition()
@@ -213,3 +220,21 @@ def test_the_container_is_built_from_the_config_alone(tmp_path) -> None:
     keyring = container.keyring()
     assert keyring is not None and [t.id for t in keyring.tenants] == ["a"]
     container.http_app()
+
+
+def test_a_replicas_breaker_opening_or_closing_is_an_audit_line_and_a_gauge() -> None:
+    audit, metrics = Audit(), Metrics("m", max_num_seqs=4)
+    told = breaker_listener(audit, metrics)
+    told(Transition("r1", "open", "5 calls failed in a row"))
+    body = metrics.render()[0].decode()
+    assert 'infer:replica_breaker_open{model_name="m",replica_id="r1"} 1.0' in body
+    assert 'infer:replica_breaker_opens_total{model_name="m",replica_id="r1"} 1.0' in body
+    told(Transition("r1", "closed", "its probe answered"))
+    assert (
+        'replica_breaker_open{model_name="m",replica_id="r1"} 0.0' in metrics.render()[0].decode()
+    )
+    events = [(e.event, e.subject, e.details["reason"]) for e in audit.trail.read()]
+    assert events == [
+        ("replica circuit breaker closed", "replica:r1", "its probe answered"),
+        ("replica circuit breaker open", "replica:r1", "5 calls failed in a row"),
+    ]
