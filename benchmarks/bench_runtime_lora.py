@@ -1,0 +1,144 @@
+"""Runtime LoRA on `infer serve --enable-lora` (issue 47, item 8): how long
+``POST /v1/load_lora_adapter`` takes, the first request's latency on the freshly loaded
+adapter against the same request on the base model (and on the adapter once warm), and
+``/v1/unload_lora_adapter``; the server's RSS before the load, after it and after the unload.
+
+The adapter is a PEFT folder written here for the default model (random A, B = 0.01 * random:
+the output changes, the cost is a trained adapter's), on every attention and MLP projection
+at ``--rank``. Each step is timed ``--rounds`` times (a new adapter name each round).
+
+    python benchmarks/bench_runtime_lora.py [--rank 16] [--rounds 5]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import httpx  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS, write_config  # noqa: E402
+from adapters.weights.resolve import resolve_model  # noqa: E402
+from benchmarks.bench_serving import machine_line, serve_process  # noqa: E402
+
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_adapter(folder: Path, model: Path, rank: int, seed: int) -> None:
+    """A PEFT adapter for ``model`` (its config.json's shapes) on every projection."""
+    config = json.loads((model / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    shapes = {  # module -> (in, out)
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv * head_dim),
+        "v_proj": (hidden, kv * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for layer in range(config["num_hidden_layers"]):
+        for name, (n_in, n_out) in shapes.items():
+            part = "self_attn" if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            key = f"base_model.model.model.layers.{layer}.{part}.{name}"
+            state[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=generator) / n_in**0.5
+            state[f"{key}.lora_B.weight"] = 0.01 * torch.randn(n_out, rank, generator=generator)
+    folder.mkdir(parents=True)
+    save_file(state, str(folder / ADAPTER_WEIGHTS))
+    write_config(folder, base_model=config.get("_name_or_path", "base"), rank=rank, modules=MODULES)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def timed(client: httpx.Client, method: str, url: str, **kwargs: object) -> float:
+    start = time.perf_counter()
+    reply = client.request(method, url, **kwargs)  # type: ignore[arg-type]
+    elapsed = (time.perf_counter() - start) * 1000
+    reply.raise_for_status()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--startup-timeout", type=float, default=600)
+    args = parser.parse_args()
+    model = resolve_model(None, progress=False).path
+    rows: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        folders = []
+        for i in range(args.rounds):
+            folder = Path(scratch) / f"adapter-{i}"
+            write_adapter(folder, model, args.rank, seed=i)
+            folders.append(folder)
+        size_mib = (folders[0] / ADAPTER_WEIGHTS).stat().st_size / 2**20
+        with serve_process(["--enable-lora"], "runtime_lora", args.startup_timeout) as (url, proc):
+            client = httpx.Client(base_url=url, timeout=120)
+            body = {"prompt": "The bakery opens at", "max_tokens": 8, "temperature": 0}
+            model_name = client.get("/v1/models").json()["data"][0]["id"]
+            timed(client, "POST", "/v1/completions", json={**body, "model": model_name})
+            for i, folder in enumerate(folders):
+                name = f"lora-{i}"
+                before = rss_mib(proc.pid)
+                rows.setdefault("load (ms)", []).append(
+                    timed(
+                        client,
+                        "POST",
+                        "/v1/load_lora_adapter",
+                        json={"lora_name": name, "lora_path": str(folder)},
+                    )
+                )
+                loaded = rss_mib(proc.pid)
+                rows.setdefault("base request (ms)", []).append(
+                    timed(client, "POST", "/v1/completions", json={**body, "model": model_name})
+                )
+                rows.setdefault("first request on it (ms)", []).append(
+                    timed(client, "POST", "/v1/completions", json={**body, "model": name})
+                )
+                rows.setdefault("next request on it (ms)", []).append(
+                    timed(client, "POST", "/v1/completions", json={**body, "model": name})
+                )
+                rows.setdefault("unload (ms)", []).append(
+                    timed(client, "POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+                )
+                rows.setdefault("RSS added by the load (MiB)", []).append(loaded - before)
+                rows.setdefault("RSS after the unload - before (MiB)", []).append(
+                    rss_mib(proc.pid) - before
+                )
+    print(f"## Runtime LoRA: {machine_line()}")
+    print()
+    print(
+        f"`infer serve --enable-lora` (defaults otherwise), rank-{args.rank} adapter on all 7 "
+        f"projections ({size_mib:.1f} MiB of float32), 8 greedy tokens, {args.rounds} rounds "
+        "(median, min-max):"
+    )
+    print()
+    print("| step | median | min | max |")
+    print("|---|---|---|---|")
+    for label, values in rows.items():
+        print(
+            f"| {label} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
