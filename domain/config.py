@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from domain.errors import InvalidParameterError
+from domain.kv_events import KVEventsConfig
 from domain.speculation import SpeculativeConfig
 
 BATCHING_MODES = ("static", "continuous")
@@ -52,6 +53,9 @@ class EngineConfig:
     # A row's logits do not depend on what shares its step (``--batch-invariant``): one
     # kernel path per row whatever the step holds (the torch runner on a CPU).
     batch_invariant: bool = False
+    # vLLM's KV cache events (``--kv-events-config``; None: off): the prefix cache's stored
+    # and evicted blocks, published after each step for KV-aware routers.
+    kv_events_config: KVEventsConfig | None = None
 
     @property
     def capacity(self) -> int:

@@ -42,6 +42,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from domain.kv_events import BlockRemoved, BlockStored, KVEvent, lora_id
+
 BlockHash = bytes
 EVICTION_LOG = 4096  # evicted hashes kept for take_evicted()
 _ROOT: BlockHash = b""  # the parent of a request's first block
@@ -91,7 +93,14 @@ class BlockManager:
     suffice, and the caller preempts. Counters are cumulative; the observer takes deltas.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = 16, *, enable_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        enable_caching: bool = True,
+        record_events: bool = False,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks {num_blocks}, block_size {block_size}: must be >= 1")
         self.num_blocks = num_blocks
@@ -107,6 +116,8 @@ class BlockManager:
         # The hashes of cached blocks evicted since the last take_evicted() (the newest
         # EVICTION_LOG: a fleet's router corrects what it thinks this pool holds).
         self._evicted: deque[BlockHash] = deque(maxlen=EVICTION_LOG)
+        # vLLM's KV cache events since the last take_events() (None: not recorded).
+        self._events: list[KVEvent] | None = [] if record_events and enable_caching else None
 
     @property
     def num_free_blocks(self) -> int:
@@ -206,7 +217,17 @@ class BlockManager:
             parent = entry.block_hashes[-1] if entry.block_hashes else _ROOT
             tokens = token_ids[start : start + self.block_size]
             entry.block_hashes.append(hash_block(parent, tokens, entry.adapter_id))
-            self._name(entry.block_ids[index], entry.block_hashes[-1])
+            named = self._name(entry.block_ids[index], entry.block_hashes[-1])
+            if named and self._events is not None:
+                self._events.append(
+                    BlockStored(
+                        (entry.block_hashes[-1],),
+                        parent or None,
+                        tuple(tokens),
+                        self.block_size,
+                        lora_id(entry.adapter_id),
+                    )
+                )
 
     def fork(self, source_id: str, request_id: str, num_tokens: int) -> int:
         """Start ``request_id``'s table with ``source_id``'s full blocks among its first
@@ -295,20 +316,32 @@ class BlockManager:
         self.blocks[block_id].ref_count = 1
         return block_id
 
-    def _name(self, block_id: int, block_hash: BlockHash) -> None:
+    def _name(self, block_id: int, block_hash: BlockHash) -> bool:
         """Enter a computed full block in the hash map, unless its content is there already
-        (computed alongside by another request) or the block is named (shared)."""
+        (computed alongside by another request) or the block is named (shared): whether
+        it was entered."""
         block = self.blocks[block_id]
         if block.block_hash is None and block_hash not in self._by_hash:
             block.block_hash = block_hash
             self._by_hash[block_hash] = block_id
+            return True
+        return False
 
     def _forget(self, block: KVBlock) -> BlockHash:
         forgotten = block.block_hash
         assert forgotten is not None
         del self._by_hash[forgotten]
         block.block_hash = None
+        if self._events is not None:
+            self._events.append(BlockRemoved((forgotten,)))
         return forgotten
+
+    def take_events(self) -> list[KVEvent]:
+        """vLLM's KV cache events since the last call (none when not recorded)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
 
     def take_evicted(self) -> list[BlockHash]:
         """The hashes of cached blocks evicted since the last call (at most the newest

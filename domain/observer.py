@@ -10,6 +10,7 @@ histograms without hooks anywhere else.
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from domain.kv_events import KVEvent
 from domain.request import NO_CONTEXT, RequestContext
 from domain.sampling import SamplingParams
 
@@ -100,6 +101,8 @@ class StepStats:
     drafts: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # vLLM's KV cache events of this step (``kv_events_config``; else none).
+    kv_events: tuple[KVEvent, ...] = ()
 
 
 class StepObserver(Protocol):

@@ -25,6 +25,7 @@ from adapters.hf_tokenizer.factory import choose_tool_parser
 from adapters.http import HttpServices, HttpSettings, create_app
 from adapters.http.ownership import Draining
 from adapters.observability.factory import (
+    build_kv_events,
     build_metrics,
     build_timeline,
     build_tracing,
@@ -182,7 +183,11 @@ class Container(containers.DeclarativeContainer):
     )
     # The web console's per-second view of the steps (None: --no-ui).
     timeline = providers.Singleton(build_timeline, config.provided.http.ui)
-    observer = providers.Singleton(step_observer, metrics, tracing, timeline)
+    # vLLM's KV cache events on ZeroMQ (--kv-events-config; None: off).
+    kv_events = providers.Singleton(
+        build_kv_events, backend.engine_config.provided.kv_events_config
+    )
+    observer = providers.Singleton(step_observer, metrics, tracing, timeline, kv_events)
 
     # The engine, on the backend's runner and tokenizer. Its scheduler queues tenants by
     # the weights that access sets from the keyring (the tenants' shares).
@@ -349,7 +354,7 @@ class Container(containers.DeclarativeContainer):
         # Daily quotas counted in memory start from the ledger's last 24 hours.
         seed_quotas=providers.Callable(_is_none, config.provided.access.redis_url),
         on_startup=providers.Callable(startup_hooks, on_startup, backend.fleet),
-        on_shutdown=providers.Callable(shutdown_hooks, tracing),
+        on_shutdown=providers.Callable(shutdown_hooks, tracing, kv_events),
     )
     http_settings = providers.Singleton(
         HttpSettings,

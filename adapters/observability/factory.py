@@ -6,12 +6,14 @@ whether they are on."""
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from adapters.observability.kv_events import ZmqKVEventPublisher
 from adapters.observability.metrics import Metrics
 from adapters.observability.settings import ObservabilitySettings
 from adapters.observability.timeline import EngineTimeline
 from adapters.observability.tracing import Tracing, build_tracer_provider
 from application.engine.observers import ObserverGroup, TrainingObserverGroup
 from domain.config import EngineConfig
+from domain.kv_events import KVEventsConfig
 from domain.observer import NullObserver, StepObserver, TrainingObserver
 
 
@@ -45,11 +47,15 @@ def build_timeline(console: bool) -> EngineTimeline | None:
 
 
 def step_observer(
-    metrics: Metrics | None, tracing: Tracing | None, timeline: EngineTimeline | None = None
+    metrics: Metrics | None,
+    tracing: Tracing | None,
+    timeline: EngineTimeline | None = None,
+    kv_events: ZmqKVEventPublisher | None = None,
 ) -> StepObserver:
-    """Every engine step's statistics to the metrics, the traces and the console's
-    timeline that are on."""
-    observers: list[StepObserver] = [o for o in (metrics, tracing, timeline) if o is not None]
+    """Every engine step's statistics to the metrics, the traces, the console's timeline
+    and the KV events' publisher that are on."""
+    found = (metrics, tracing, timeline, kv_events)
+    observers: list[StepObserver] = [o for o in found if o is not None]
     if not observers:
         return NullObserver()
     return observers[0] if len(observers) == 1 else ObserverGroup(observers)
@@ -83,6 +89,19 @@ def usage_gauges(metrics: Metrics | None) -> Callable[[Any], None] | None:
     return metrics.track_usage if metrics is not None else None
 
 
-def shutdown_hooks(tracing: Tracing | None) -> tuple[Callable[[], None], ...]:
-    """Run as the app stops: the last spans flushed."""
-    return (tracing.shutdown,) if tracing is not None else ()
+def shutdown_hooks(
+    tracing: Tracing | None, kv_events: ZmqKVEventPublisher | None = None
+) -> tuple[Callable[[], None], ...]:
+    """Run as the app stops: the last spans flushed, the KV events' socket closed."""
+    hooks = [tracing.shutdown] if tracing is not None else []
+    if kv_events is not None:
+        hooks.append(kv_events.close)
+    return tuple(hooks)
+
+
+def build_kv_events(config: KVEventsConfig | None) -> ZmqKVEventPublisher | None:
+    """The KV events' publisher of ``--kv-events-config`` (None: off, or recorded for no
+    one: publisher ``null``)."""
+    if config is None or not config.recording or config.publisher != "zmq":
+        return None
+    return ZmqKVEventPublisher(config)

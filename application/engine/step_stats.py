@@ -83,6 +83,7 @@ class StepStatsCollector:
             drafts=sum(bool(c.drafts) for c in batch.chunks) if ran else 0,
             drafted_tokens=drafted,
             accepted_tokens=accepted,
+            kv_events=tuple(self._scheduler.take_kv_events()),
         )
 
 

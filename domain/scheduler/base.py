@@ -8,6 +8,7 @@ from typing import Protocol, TypeVar
 
 from domain.config import EngineConfig
 from domain.kv_blocks import BlockHash, BlockManager
+from domain.kv_events import KVEvent
 from domain.request import Request, is_stop_token, token_finish_reason
 from domain.scheduler.outputs import (
     KVStats,
@@ -46,6 +47,10 @@ class Scheduler(Protocol):
         """The prefix cache's blocks evicted since the last call, by hash."""
         ...
 
+    def take_kv_events(self) -> list[KVEvent]:
+        """vLLM's KV cache events since the last call (``kv_events_config``)."""
+        ...
+
 
 class WaitingQueue(Protocol):
     """The waiting requests, however a policy orders them."""
@@ -71,8 +76,12 @@ class QueueingScheduler:
     ) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
+        events = config.kv_events_config
         self.blocks = BlockManager(
-            config.kv_blocks, config.kv_block_size, enable_caching=prefix_caching
+            config.kv_blocks,
+            config.kv_block_size,
+            enable_caching=prefix_caching,
+            record_events=events is not None and events.recording,
         )
 
     def kv_stats(self) -> KVStats:
@@ -86,6 +95,9 @@ class QueueingScheduler:
 
     def take_evicted(self) -> list[BlockHash]:
         return self.blocks.take_evicted()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        return self.blocks.take_events()
 
     def _table(self, chunk: ScheduledChunk) -> ScheduledChunk:
         """``chunk`` with its request's block table (the blocks its positions need)."""

@@ -61,6 +61,7 @@ import msgspec
 from adapters.http.uvicorn_server import ConnectionLimits
 from adapters.observability.settings import ObservabilitySettings
 from domain.config import EngineConfig
+from domain.errors import InvalidParameterError
 from domain.memory import AUTO
 from entrypoints.config import observability as observability_flags
 from entrypoints.config.access import AccessSettings
@@ -96,6 +97,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.model.kv_cache_memory is not None and self.engine.num_kv_blocks is not None:
             raise ValueError("give kv_cache_memory or the engine's num_kv_blocks, not both")
+        events = self.engine.kv_events_config
+        if events is not None and events.publisher == "zmq" and self.fleet.replicas:
+            raise InvalidParameterError(
+                "kv_events_config",
+                "not with --replicas yet: each replica would bind the same endpoint",
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, device: str) -> "ServerConfig":

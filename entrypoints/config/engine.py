@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from dataclasses import fields as dataclass_fields
 
 from domain.config import EngineConfig
+from domain.kv_events import KVEventsConfig
 from domain.memory import (
     AUTO,
     CPU_AUTO_CAP,
@@ -69,6 +70,7 @@ class EngineSettings:
     prefix_caching: bool = _DEFAULTS.prefix_caching
     enforce_eager: bool = _DEFAULTS.enforce_eager
     speculative_config: SpeculativeConfig | None = _DEFAULTS.speculative_config
+    kv_events_config: KVEventsConfig | None = _DEFAULTS.kv_events_config
     batch_invariant: bool = _DEFAULTS.batch_invariant
 
     def __post_init__(self) -> None:
@@ -175,6 +177,16 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         '(\'{"method": "ngram", "num_speculative_tokens": 3}\', each step drafting what '
         "pays at this machine's measured step costs), on a GPU off (docs/speculative.md)",
     )
+    serve.add_argument(
+        "--kv-events-config",
+        type=kv_events_config,
+        default=None,
+        metavar="JSON",
+        help="publish the prefix cache's stored and evicted blocks for KV-aware routers, "
+        'vLLM\'s spelling and wire format: \'{"enable_kv_cache_events": true, "publisher": '
+        '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}\' (msgpack batches on a '
+        "ZeroMQ PUB socket; default: off)",
+    )
 
 
 def speculation(
@@ -186,6 +198,26 @@ def speculation(
         kind = "cuda" if device.startswith("cuda") else "cpu"
         return SPECULATIVE_BY_DEVICE[kind] if batching_mode == "continuous" else None
     return None if isinstance(flag, str) else flag
+
+
+def kv_events_config(text: str) -> KVEventsConfig:
+    """``--kv-events-config``'s JSON (vLLM's ``KVEventsConfig`` fields we take)."""
+    try:
+        fields_ = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(fields_, dict):
+        raise argparse.ArgumentTypeError("a JSON object of vLLM's kv_events_config fields")
+    known = {f.name for f in dataclass_fields(KVEventsConfig)}
+    for name in fields_:
+        if name not in known:
+            raise argparse.ArgumentTypeError(
+                f"kv_events_config.{name}: unknown field (known: {', '.join(sorted(known))})"
+            )
+    try:
+        return KVEventsConfig(**fields_)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def speculative_config(text: str) -> SpeculativeConfig | str:

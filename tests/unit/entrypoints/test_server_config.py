@@ -364,3 +364,16 @@ def test_dense_weights_memory_is_a_size_auto_or_none() -> None:
             serve("--dense-weights-memory", bad)
     with pytest.raises(InvalidParameterError, match="dense_weights_memory"):
         ModelSettings(dense_weights_memory=-1)
+
+
+def test_kv_events_config_takes_vllms_json_and_refuses_a_fleet() -> None:
+    flag = (
+        '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}'
+    )
+    events = serve("--kv-events-config", flag).engine.engine_config().kv_events_config
+    assert events is not None and events.recording and events.publisher == "zmq"
+    assert serve().engine.engine_config().kv_events_config is None  # off by default
+    with pytest.raises(SystemExit):
+        serve("--kv-events-config", '{"frobnicate": 1}')
+    with pytest.raises(InvalidParameterError, match="kv_events_config"):
+        serve("--kv-events-config", flag, "--replicas", "2")
