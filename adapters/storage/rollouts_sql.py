@@ -4,18 +4,9 @@ targets and rollback policy as JSON) and ``infer_rollouts_version`` (one row, bu
 same transaction as every change, which the servers poll)."""
 
 import json
-import time
-from typing import Any
 
-from adapters.storage.sql import Dialect, SqlDatabase, dialect_for
+from adapters.storage.sql import TableStore, dialect_for
 from domain.rollout import RollbackPolicy, Rollout, RolloutTarget
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS infer_rollouts ("
-    " name TEXT PRIMARY KEY, spec TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS infer_rollouts_version ("
-    " id INTEGER PRIMARY KEY, version BIGINT NOT NULL)",
-)
 
 
 def rollout_spec(rollout: Rollout) -> str:
@@ -47,56 +38,15 @@ def rollout_of(name: str, spec: str) -> Rollout:
     return Rollout(name, targets, None if policy is None else RollbackPolicy(**policy))
 
 
-class SqlRolloutStore:
-    def __init__(self, dialect: Dialect) -> None:
-        self.db = SqlDatabase(dialect, _SCHEMA)
-        self._param = dialect.param
-
-    def _run(self, statements: list[tuple[str, list[Any]]], fetch: bool = False) -> list[Any]:
-        """``statements`` in one transaction; the last one's rows (``fetch``)."""
-        rows: list[Any] = []
-        with self.db.transaction() as cur:
-            for sql, args in statements:
-                cur.execute(sql, args)
-                if fetch:
-                    rows = cur.fetchall()
-        return rows
-
-    def _bump(self) -> list[tuple[str, list[Any]]]:
-        p = self._param
-        return [
-            (
-                f"INSERT INTO infer_rollouts_version (id, version) VALUES (1, 1)"
-                f" ON CONFLICT (id) DO UPDATE SET version = infer_rollouts_version.version + {p}",
-                [1],
-            )
-        ]
-
-    def load(self) -> list[Rollout]:
-        rows = self._run([("SELECT name, spec FROM infer_rollouts ORDER BY name", [])], True)
-        return [rollout_of(name, spec) for name, spec in rows]
-
-    def save(self, rollout: Rollout) -> None:
-        p = self._param
-        upsert = (
-            f"INSERT INTO infer_rollouts (name, spec, updated_at) VALUES ({p}, {p}, {p})"
-            " ON CONFLICT (name) DO UPDATE SET spec = excluded.spec,"
-            " updated_at = excluded.updated_at"
-        )
-        self._run([(upsert, [rollout.name, rollout_spec(rollout), time.time()]), *self._bump()])
-
-    def delete(self, name: str) -> None:
-        sql = f"DELETE FROM infer_rollouts WHERE name = {self._param}"
-        self._run([(sql, [name]), *self._bump()])
-
-    def version(self) -> int:
-        rows = self._run([("SELECT version FROM infer_rollouts_version WHERE id = 1", [])], True)
-        return int(rows[0][0]) if rows else 0
-
-    def close(self) -> None:
-        self.db.close()
+SqlRolloutStore = TableStore[Rollout]
 
 
 def open_rollout_store(target: str) -> SqlRolloutStore:
     """The rollouts kept in the database ``target`` names (``--usage-db``'s)."""
-    return SqlRolloutStore(dialect_for(target))
+    return TableStore(
+        dialect_for(target), "infer_rollouts", "spec", _name, rollout_spec, rollout_of
+    )
+
+
+def _name(rollout: Rollout) -> str:
+    return rollout.name

@@ -12,12 +12,15 @@ opens them as usual.
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlparse
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -145,3 +148,78 @@ def dialect_for(target: str) -> Dialect:
     if target.startswith(POSTGRES):
         return postgres_dialect(target)
     return sqlite_dialect(target.removeprefix("sqlite:///"))
+
+
+class TableStore(Generic[T]):
+    """Items kept by name as text (``<table>``: ``name``, ``<column>``, ``updated_at``) and a
+    version row (``<table>_version``) bumped in the same transaction as every change, which
+    the servers sharing the database poll: the rollouts, the runtime LoRA adapters.
+    ``name_of``, ``encode``, ``decode``: an item's name, its text, and back."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        table: str,
+        column: str,
+        name_of: Callable[[T], str],
+        encode: Callable[[T], str],
+        decode: Callable[[str, str], T],
+    ) -> None:
+        self.table, self.column, self._param = table, column, dialect.param
+        self._name_of, self._encode, self._decode = name_of, encode, decode
+        self.db = SqlDatabase(
+            dialect,
+            (
+                f"CREATE TABLE IF NOT EXISTS {table} (name TEXT PRIMARY KEY,"
+                f" {column} TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {table}_version ("
+                " id INTEGER PRIMARY KEY, version BIGINT NOT NULL)",
+            ),
+        )
+
+    def _run(self, statements: list[tuple[str, list[Any]]], fetch: bool = False) -> list[Any]:
+        """``statements`` in one transaction; the last one's rows (``fetch``)."""
+        rows: list[Any] = []
+        with self.db.transaction() as cur:
+            for sql, args in statements:
+                cur.execute(sql, args)
+                if fetch:
+                    rows = cur.fetchall()
+        return rows
+
+    def _bump(self) -> tuple[str, list[Any]]:
+        table = f"{self.table}_version"
+        return (
+            f"INSERT INTO {table} (id, version) VALUES (1, 1)"
+            f" ON CONFLICT (id) DO UPDATE SET version = {table}.version + {self._param}",
+            [1],
+        )
+
+    def load(self) -> list[T]:
+        """Every stored item, by name."""
+        sql = f"SELECT name, {self.column} FROM {self.table} ORDER BY name"
+        return [self._decode(name, value) for name, value in self._run([(sql, [])], True)]
+
+    def save(self, item: T) -> None:
+        """Store ``item`` (replacing the one of its name)."""
+        p = self._param
+        upsert = (
+            f"INSERT INTO {self.table} (name, {self.column}, updated_at) VALUES ({p}, {p}, {p})"
+            f" ON CONFLICT (name) DO UPDATE SET {self.column} = excluded.{self.column},"
+            " updated_at = excluded.updated_at"
+        )
+        args = [self._name_of(item), self._encode(item), time.time()]
+        self._run([(upsert, args), self._bump()])
+
+    def delete(self, name: str) -> None:
+        sql = f"DELETE FROM {self.table} WHERE name = {self._param}"
+        self._run([(sql, [name]), self._bump()])
+
+    def version(self) -> int:
+        """A number that changes whenever an item is saved or deleted."""
+        sql = f"SELECT version FROM {self.table}_version WHERE id = 1"
+        rows = self._run([(sql, [])], True)
+        return int(rows[0][0]) if rows else 0
+
+    def close(self) -> None:
+        self.db.close()

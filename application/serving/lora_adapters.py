@@ -10,7 +10,6 @@ stored, then audited; each server polls the store's version and applies what ano
 changed. A store that cannot be reached is logged; the adapters in memory keep serving.
 """
 
-import asyncio
 import threading
 from pathlib import Path
 
@@ -18,14 +17,17 @@ import structlog
 
 from application.access.audit import Audit
 from application.serving.served_models import LoraModule, ModelEntry, ServedModels
+from application.serving.store_sync import StoreSync
 from domain.errors import InferError
 from domain.lora_adapters import AdapterStore, RuntimeAdapter
 
 log = structlog.get_logger("infer.audit")
-DEFAULT_WATCH_S = 2.0
 
 
-class AdapterBook:
+class AdapterBook(StoreSync[RuntimeAdapter]):
+    what = "runtime LoRA adapters"
+    store: AdapterStore | None
+
     def __init__(
         self, models: ServedModels, store: AdapterStore | None = None, audit: Audit | None = None
     ) -> None:
@@ -79,18 +81,7 @@ class AdapterBook:
         self.audit.record("lora adapter unloaded", actor=actor, subject=f"model:{name}")
         return entry
 
-    # --- other servers' changes -----------------------------------------------------------
-
-    def sync(self) -> bool:
-        """Apply the store's adapters if another server changed them; whether it did."""
-        if self.store is None:
-            return False
-        version = self.store.version()
-        if version == self._seen:
-            return False
-        self._serve(self.store.load())
-        self._seen = version
-        return True
+    # --- other servers' changes (StoreSync: sync, watch) ---------------------------------
 
     def _serve(self, stored: list[RuntimeAdapter]) -> None:
         wanted = {a.name: a.path for a in stored}
@@ -111,12 +102,3 @@ class AdapterBook:
                     log.error("a stored LoRA adapter is not served", model=name, error=str(e))
                     continue
                 self._served[name] = path
-
-    async def watch(self, every_s: float = DEFAULT_WATCH_S) -> None:
-        """Poll the store for other servers' changes until cancelled."""
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                await asyncio.to_thread(self.sync)
-            except Exception as e:
-                log.error("runtime LoRA adapters not synced from the store", error=str(e))

@@ -12,7 +12,6 @@ serves what another one changed. A store that cannot be reached is logged; the r
 memory keep serving.
 """
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -22,11 +21,11 @@ import structlog
 
 from application.access.audit import Audit
 from application.serving.served_models import ServedModels
+from application.serving.store_sync import StoreSync
 from domain.errors import InvalidParameterError
 from domain.rollout import Rollout, RolloutStore
 
 log = structlog.get_logger("infer.audit")
-DEFAULT_WATCH_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +40,10 @@ class RolledBack:
     at: float  # wall time (unix seconds)
 
 
-class RolloutBook:
+class RolloutBook(StoreSync[Rollout]):
+    what = "rollouts"
+    store: RolloutStore | None
+
     def __init__(
         self, models: ServedModels, store: RolloutStore | None = None, audit: Audit | None = None
     ) -> None:
@@ -191,17 +193,6 @@ class RolloutBook:
 
     # --- other servers' changes -----------------------------------------------------------
 
-    def sync(self) -> bool:
-        """Serve the store's rollouts if another server changed them; whether it did."""
-        if self.store is None:
-            return False
-        version = self.store.version()
-        if version == self._seen:
-            return False
-        self._serve(self.store.load())
-        self._seen = version
-        return True
-
     def _serve(self, stored: list[Rollout]) -> None:
         names = {r.name for r in stored}
         with self._lock:
@@ -220,11 +211,3 @@ class RolloutBook:
                 if rollout.name not in names:
                     self.models.remove_rollout(rollout.name)
                     self._forget(rollout.name)
-
-    async def watch(self, interval_s: float = DEFAULT_WATCH_S) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await asyncio.to_thread(self.sync)
-            except Exception as e:
-                log.error("rollouts not read from the store", error=str(e))

@@ -6,8 +6,10 @@ under the same name, and its use."""
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from dataclasses import fields as dataclass_fields
+from typing import TypeVar
 
 from domain.config import EngineConfig
 from domain.kv_events import KVEventsConfig
@@ -42,6 +44,7 @@ SPECULATION_OFF = ("none", "off", "null")
 MAX_NUM_SEQS = {"cpu": 64, "cuda": 256}
 
 _DEFAULTS = EngineConfig()
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
@@ -200,37 +203,35 @@ def speculation(
     return None if isinstance(flag, str) else flag
 
 
-def kv_events_config(text: str) -> KVEventsConfig:
-    """``--kv-events-config``'s JSON (vLLM's ``KVEventsConfig`` fields we take)."""
+def _vllm_config(cls: type[C], name: str, text: str, adjust: Callable[[dict], None]) -> C:
+    """A JSON object of vLLM's ``name`` fields as ``cls`` (``adjust``: checks and vLLM's
+    readings on the raw fields first); argparse names the flag in its error, this the
+    field."""
     try:
         fields_ = json.loads(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
     if not isinstance(fields_, dict):
-        raise argparse.ArgumentTypeError("a JSON object of vLLM's kv_events_config fields")
-    known = {f.name for f in dataclass_fields(KVEventsConfig)}
-    for name in fields_:
-        if name not in known:
+        raise argparse.ArgumentTypeError(f"a JSON object of vLLM's {name} fields")
+    adjust(fields_)
+    known = {f.name for f in dataclass_fields(cls)}  # type: ignore[arg-type]
+    for field in fields_:
+        if field not in known:
             raise argparse.ArgumentTypeError(
-                f"kv_events_config.{name}: unknown field (known: {', '.join(sorted(known))})"
+                f"{name}.{field}: unknown field (known: {', '.join(sorted(known))})"
             )
     try:
-        return KVEventsConfig(**fields_)
+        return cls(**fields_)
     except (TypeError, ValueError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def speculative_config(text: str) -> SpeculativeConfig | str:
-    """``--speculative-config``'s JSON (or ``none``: off); argparse names the flag in its
-    error, this the field."""
-    if text.strip().lower() in SPECULATION_OFF:
-        return SPECULATION_OFF[0]
-    try:
-        fields_ = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(fields_, dict):
-        raise argparse.ArgumentTypeError("a JSON object of vLLM's speculative_config fields")
+def kv_events_config(text: str) -> KVEventsConfig:
+    """``--kv-events-config``'s JSON (vLLM's ``KVEventsConfig`` fields we take)."""
+    return _vllm_config(KVEventsConfig, "kv_events_config", text, lambda _: None)
+
+
+def _speculative_fields(fields_: dict) -> None:
     if fields_.get("method") in UNSUPPORTED_METHODS:
         raise argparse.ArgumentTypeError(
             f"speculative_config.method {fields_['method']!r}: not supported (it needs heads "
@@ -238,16 +239,13 @@ def speculative_config(text: str) -> SpeculativeConfig | str:
         )
     if "model" in fields_ and "method" not in fields_:
         fields_["method"] = "draft_model"  # vLLM's reading of a config naming a model
-    known = {f.name for f in dataclass_fields(SpeculativeConfig)}
-    for name in fields_:
-        if name not in known:
-            raise argparse.ArgumentTypeError(
-                f"speculative_config.{name}: unknown field (known: {', '.join(sorted(known))})"
-            )
-    try:
-        return SpeculativeConfig(**fields_)
-    except (TypeError, ValueError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def speculative_config(text: str) -> SpeculativeConfig | str:
+    """``--speculative-config``'s JSON (or ``none``: off)."""
+    if text.strip().lower() in SPECULATION_OFF:
+        return SPECULATION_OFF[0]
+    return _vllm_config(SpeculativeConfig, "speculative_config", text, _speculative_fields)
 
 
 def kv_cache_memory(text: str) -> KVCacheMemory | str:

@@ -5,21 +5,18 @@ it (requests running on it finish). Admin keys only (open without keys), answers
 (plain text), errors in OpenAI's format naming the field, each change stored and audited
 (:class:`~application.serving.lora_adapters.AdapterBook`)."""
 
-import asyncio
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, Router, get, post
 from litestar.di import NamedDependency
 
-from adapters.http.admin.guard import AccessDep, admin_caller
-from adapters.http.errors import OPENAI_ERRORS, HTTPError, exception_handlers
+from adapters.http.admin.guard import AccessDep, admin_caller, stored
+from adapters.http.errors import OPENAI_ERRORS, exception_handlers
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import constants
 from application.access.access import Access
 from application.serving.lora_adapters import AdapterBook
-from domain.errors import InferError
 
 T = TypeVar("T")
 Book = NamedDependency[AdapterBook]
@@ -39,17 +36,6 @@ _load = msgspec.json.Decoder(LoadBody)
 _unload = msgspec.json.Decoder(UnloadBody)
 
 
-async def _stored(method: Callable[..., T], *args: Any) -> T:
-    """A change made off the event loop (a folder read, the store written); the store down
-    is a 503 saying so, the caller's mistakes stay 4xx."""
-    try:
-        return await asyncio.to_thread(method, *args)
-    except InferError:
-        raise
-    except Exception as e:
-        raise HTTPError(503, f"the LoRA adapters cannot be stored now: {e}", "server_error") from e
-
-
 class LoraRoutes(Controller):
     @post("/v1/load_lora_adapter", status_code=200)
     async def load(
@@ -57,7 +43,7 @@ class LoraRoutes(Controller):
     ) -> Response[str]:
         actor = admin_caller(request, access)
         body = decode_body(_load, request, await request.body())
-        await _stored(book.load, body.lora_name, body.lora_path, actor)
+        await stored("the LoRA adapters", book.load, body.lora_name, body.lora_path, actor)
         text = f"Success: LoRA adapter '{body.lora_name}' added successfully."
         return Response(text, media_type="text/plain")
 
@@ -67,7 +53,7 @@ class LoraRoutes(Controller):
     ) -> Response[str]:
         actor = admin_caller(request, access)
         body = decode_body(_unload, request, await request.body())
-        await _stored(book.unload, body.lora_name, actor)
+        await stored("the LoRA adapters", book.unload, body.lora_name, actor)
         text = f"Success: LoRA adapter '{body.lora_name}' removed successfully."
         return Response(text, media_type="text/plain")
 

@@ -1,8 +1,6 @@
 """``/admin/rollouts``: rollouts listed, read, set (created, moved, pinned, rolled back)
 and removed; admin keys only; each change an audit line."""
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -12,13 +10,13 @@ from litestar import Controller, Request, Router, delete, get, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from adapters.http.admin.guard import AccessDep, admin_caller
-from adapters.http.errors import OPENAI_ERRORS, HTTPError, exception_handlers
+from adapters.http.admin.guard import AccessDep, admin_caller, stored
+from adapters.http.errors import OPENAI_ERRORS, exception_handlers
 from adapters.http.openai.params import decode_body
 from adapters.http.request_state import constants
 from application.access.access import Access
 from application.serving.rollouts import RolledBack, RolloutBook
-from domain.errors import InferError, ModelNotFoundError
+from domain.errors import ModelNotFoundError
 from domain.rollout import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_REQUESTS,
@@ -109,17 +107,6 @@ def _name(request: Request[Any, Any, Any]) -> str:
     return unquote(raw.decode("latin-1")).removeprefix(ROLLOUTS_PATH + "/")
 
 
-async def _stored(method: Callable[..., T], *args: Any) -> T:
-    """A change made off the event loop; the rollouts' database down is a 503 saying so
-    (the rollouts in memory keep serving), the caller's mistakes stay 4xx."""
-    try:
-        return await asyncio.to_thread(method, *args)
-    except InferError:
-        raise
-    except Exception as e:
-        raise HTTPError(503, f"the rollouts cannot be stored now: {e}", "server_error") from e
-
-
 def _recent(counts: tuple[int, int]) -> dict[str, Any]:
     requests, failed = counts
     rate = round(failed / requests, 4) if requests else None
@@ -169,7 +156,7 @@ class RolloutRoutes(Controller):
             tuple(RolloutTarget(t.model, t.weight, frozenset(t.tenants)) for t in body.targets),
             _policy(body),
         )
-        await _stored(book.set, rollout, actor)
+        await stored("the rollouts", book.set, rollout, actor)
         return rollout_json(rollout)
 
     @delete("/{name:path}", status_code=200)
@@ -182,7 +169,7 @@ class RolloutRoutes(Controller):
     ) -> dict[str, Any]:
         actor = admin_caller(request, access)
         wanted = _name(request)
-        removed = await _stored(book.remove, wanted, actor)
+        removed = await stored("the rollouts", book.remove, wanted, actor)
         if removed is None:
             raise ModelNotFoundError(f"no rollout named {wanted!r}")
         return {"object": "rollout.deleted", "name": wanted, "deleted": True}
