@@ -4,7 +4,7 @@ lengths. Rows: the compiled CPU kernel (``paged_attention`` through block tables
 where AVX512-BF16 is available; its contiguous ``attention`` retired with the contiguous
 cache in issue 29 part 5), the
 portable paged kernel the runner installs on any CPU with a compiler
-(``adapters/torch/cpu/portable``, any dtype), and the PyTorch path (SDPA over the
+(``adapters/torch/cpu/csrc/portable``, any dtype), and the PyTorch path (SDPA over the
 contiguous slots vs SDPA over blocks gathered through the tables; the CUDA path when
 ``--device cuda``). Blocks are handed out in a scrambled order, as a
 long-running server's pool would be. Usage:

@@ -7,7 +7,7 @@ halves bf16's, int4 with float16 scales and mins quarters it (4.5-5 bits a weigh
 The format (:mod:`adapters.torch.quant_format`): quantized values, float16 scales and
 optional mins per group, or GGUF's K-quant super-blocks kept whole.
 
-:class:`QuantLinear` runs it with the portable CPU kernel (``cpu/portable/quant_linear.cpp``:
+:class:`QuantLinear` runs it with the portable CPU kernel (``cpu/csrc/portable/quant_linear.cpp``:
 int8 dot products against activations quantized per 32 values for a few rows, dequantized
 tiles and a GEMM for many) where it is built, and everywhere else (CUDA, no compiler)
 dequantizes the weight for each call.

@@ -9,7 +9,7 @@ one: GGUF Q4_0's layout), ``scales`` and optional ``mins`` (``float16 [N, K/g]``
 from the int8 the file's cache holds where the kernel has the 6-bit path:
 :func:`narrow_to_6bit`): ``uint8 [N, 3K/4]``, 96 bytes per 128 k's (:func:`pack_int6`), ``g``
 16, and ``W = (u - 32) * scale + min`` for the value u (0..63). Super-blocks (GGUF Q4_K and
-Q6_K kept whole, ``g`` 256: ``cpu/portable/quant_weight.h``): per 256 k's a row holds the
+Q6_K kept whole, ``g`` 256: ``cpu/csrc/portable/quant_weight.h``): per 256 k's a row holds the
 values (4-bit: 128 bytes; 6-bit: two 96-byte runs) and then the sub-block scales as bytes
 (Q4_K: 8 scales and 8 mins, u8; Q6_K: 16 int8 scales), and ``scales`` / ``mins`` hold one
 float16 per super-block (Q4_K's d and -dmin, Q6_K's d): ``W = q * d * sc + mins * m`` and
@@ -122,7 +122,7 @@ def pack_int6(u: Tensor) -> Tensor:
     """``uint8 [N, K]`` of values 0..63 -> ``[N, 3K/4]``: per 128 k's (four blocks of 32),
     the blocks' low four bits as :func:`pack_int4` packs them (64 bytes), then 32 bytes of
     their top two bits: byte ``i`` holds block ``j``'s k ``i`` in bits ``2j, 2j+1``, byte
-    ``16 + i`` its k ``16 + i`` (``cpu/portable/quant_six.h`` reads them so)."""
+    ``16 + i`` its k ``16 + i`` (``cpu/csrc/portable/quant_six.h`` reads them so)."""
     n, k = u.shape
     runs = u.reshape(n, k // 128, 4, 2, 16)  # [n, run, block j, half, i]
     low = runs & 15

@@ -4,7 +4,7 @@ Every decoder takes a tensor's raw bytes, uint8 [rows, bytes per row] as ``Reade
 holds them, and returns the same weights as (qweight, scales, mins, bits, group_size):
 W[n, k] = q[n, k] * scales[n, k // g] (+ mins[n, k // g]) for the block formats, exactly.
 The K-quants stay super-blocks of 256 (group_size 256; ``adapters/torch/quant.py`` and
-``cpu/portable/quant_six.h`` say the layouts): each row holds the values and the sub-block
+``cpu/csrc/portable/quant_six.h`` say the layouts): each row holds the values and the sub-block
 scales as bytes, ``scales`` / ``mins`` one float16 per super-block (Q4_K's d and -dmin,
 Q6_K's d), so the weights are the file's to the bit and as many bytes. All work is
 whole-tensor numpy: no Python loop runs per block.

@@ -1,1 +1,2 @@
-"""CPU inference: compiled kernels (csrc/) and the fused decode path swapped in after loading."""
+"""CPU inference: compiled kernels (csrc/avx512_bf16/, csrc/portable/) and the fused decode path
+swapped in after loading."""

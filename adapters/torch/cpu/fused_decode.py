@@ -1,6 +1,6 @@
 """CPU inference optimizations, applied to a loaded bf16 model from outside.
 
-- When this CPU has AVX512-BF16 and a C++ compiler, kernels from ``csrc/``
+- When this CPU has AVX512-BF16 and a C++ compiler, kernels from ``csrc/avx512_bf16/``
   (built once on first use, cached by torch): every linear runs on weights packed into
   64-column panels (``gemm_packed``: each thread streams its panels once per call; for
   SmolLM2's shapes 1.2-1.7x oneDNN from 1 to 64 rows and on par for long prompts, for 1B

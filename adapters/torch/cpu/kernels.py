@@ -1,4 +1,5 @@
-"""The compiled CPU kernels (``csrc/``, one file per kernel family), built once on first use.
+"""The compiled CPU kernels (``csrc/avx512_bf16/``, one file per kernel family), built once
+on first use.
 
 They need AVX512-BF16 and a C++ toolchain (torch's cpp_extension with ninja); where either
 is missing, or ``INFER_CPU_KERNELS=0``, :func:`cpu_kernels` is None and callers keep their
@@ -18,7 +19,7 @@ from adapters.torch.cpu.build import build_extension
 from adapters.torch.cpu.isa import cpu_flags
 
 log = structlog.get_logger(__name__)
-_CSRC = Path(__file__).with_name("csrc")
+_CSRC = Path(__file__).with_name("csrc") / "avx512_bf16"
 _ISA_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bf16")
 CFLAGS = ("-O3", "-fopenmp", *_ISA_FLAGS)
 

@@ -1,4 +1,4 @@
-"""Kernels for any CPU (``portable/``): plain C++ the compiler vectorizes for the ISA this
+"""Kernels for any CPU (``csrc/portable/``): plain C++ the compiler vectorizes for the ISA this
 CPU has, built once on first use (:mod:`.build`, cached per machine) where a C++
 toolchain exists; None elsewhere or with ``INFER_CPU_KERNELS=0``, and callers keep their
 PyTorch path.
@@ -30,7 +30,7 @@ from adapters.torch.models.attention_backend import PagedDecodeAttention
 from adapters.torch.models.layers import Attention
 
 log = structlog.get_logger(__name__)
-_SOURCES = Path(__file__).with_name("portable")
+_SOURCES = Path(__file__).with_name("csrc") / "portable"
 # The vector extensions the loops may use, where this CPU has them (x86: AVX2 + FMA, and
 # AVX-512 with VNNI where present; other architectures build with their baseline, e.g. NEON
 # on aarch64).

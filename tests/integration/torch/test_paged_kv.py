@@ -96,7 +96,7 @@ def test_slot_mapping_and_gather_read_back_what_was_written_in_table_order() -> 
 kernels = cpu_kernels()
 portable = portable_kernels()
 # (the kernels module, dtype): the portable kernel wherever a compiler is, in float32 and
-# bf16; the AVX512-BF16 one (csrc/attention.cpp) in bf16 where that CPU is.
+# bf16; the AVX512-BF16 one (csrc/avx512_bf16/attention.cpp) in bf16 where that CPU is.
 PAGED_KERNELS = [
     pytest.param(portable, torch.float32, id="portable-fp32"),
     pytest.param(portable, torch.bfloat16, id="portable-bf16"),
