@@ -11,7 +11,6 @@ at ``--rank``. Each step is timed ``--rounds`` times (a new adapter name each ro
 """
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -22,43 +21,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
 
-from adapters.torch.lora.peft import ADAPTER_WEIGHTS, write_config  # noqa: E402
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS  # noqa: E402
 from adapters.weights.resolve import resolve_model  # noqa: E402
 from benchmarks.bench_serving import machine_line, serve_process  # noqa: E402
-
-MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def write_adapter(folder: Path, model: Path, rank: int, seed: int) -> None:
-    """A PEFT adapter for ``model`` (its config.json's shapes) on every projection."""
-    config = json.loads((model / "config.json").read_text())
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    shapes = {  # module -> (in, out)
-        "q_proj": (hidden, heads * head_dim),
-        "k_proj": (hidden, kv * head_dim),
-        "v_proj": (hidden, kv * head_dim),
-        "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for layer in range(config["num_hidden_layers"]):
-        for name, (n_in, n_out) in shapes.items():
-            part = "self_attn" if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-            key = f"base_model.model.model.layers.{layer}.{part}.{name}"
-            state[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=generator) / n_in**0.5
-            state[f"{key}.lora_B.weight"] = 0.01 * torch.randn(n_out, rank, generator=generator)
-    folder.mkdir(parents=True)
-    save_file(state, str(folder / ADAPTER_WEIGHTS))
-    write_config(folder, base_model=config.get("_name_or_path", "base"), rank=rank, modules=MODULES)
+from tests.support.peft_adapters import random_adapter  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -88,7 +55,7 @@ def main() -> None:
         folders = []
         for i in range(args.rounds):
             folder = Path(scratch) / f"adapter-{i}"
-            write_adapter(folder, model, args.rank, seed=i)
+            random_adapter(folder, model, args.rank, seed=i)
             folders.append(folder)
         size_mib = (folders[0] / ADAPTER_WEIGHTS).stat().st_size / 2**20
         with serve_process(["--enable-lora"], "runtime_lora", args.startup_timeout) as (url, proc):

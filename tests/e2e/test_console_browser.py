@@ -183,7 +183,7 @@ def test_every_tab_loads_without_breaking_the_csp(browser: Any, served: str) -> 
     page = httpx.get(f"{served}/")
     assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert page.headers["x-content-type-options"] == "nosniff"
-    for tab in ("playground", "engine", "tenants", "rollouts", "audit", "training"):
+    for tab in ("playground", "engine", "tenants", "rollouts", "models", "audit", "training"):
         browser.get(f"{served}/#{tab}")
         wait_for(browser, lambda d, tab=tab: all_of(d, f"section.tab-{tab} *"))
         time.sleep(0.5)

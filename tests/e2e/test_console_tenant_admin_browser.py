@@ -28,6 +28,7 @@ LIMITS = (
     "max_concurrent_streams",
     "requests_per_day",
     "tokens_per_day",
+    "max_output_tokens",
 )
 __all__ = ["browser"]  # the fixture, used by name
 

@@ -8,12 +8,15 @@ noise), and an error with the loss curve when it is not learned within ``max_ste
 then serves an adapter that provably learned its text, never one that happened to land on it.
 """
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS, write_config
 from adapters.torch.lora.training import BaseModelEntry, LoraTrainingBackend
 from domain.tinker.batch import ForwardBackwardInput
 from domain.tinker.values import AdamParams, Datum, LoraSpec, TensorValue
@@ -82,3 +85,37 @@ def train_until_learned(
         optim_step()
     assert losses[-1] < CONVERGED_LOSS * targets, f"the text was not learned: losses {losses}"
     return losses
+
+
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def random_adapter(folder: Path, model: Path, rank: int, seed: int = 0) -> Path:
+    """A PEFT adapter for ``model`` (its config.json's shapes) on every projection, random
+    (B = 0.01 * random: the output changes), written to ``folder``; the folder."""
+    config = json.loads((model / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    shapes = {  # module -> (in, out)
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv * head_dim),
+        "v_proj": (hidden, kv * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for layer in range(config["num_hidden_layers"]):
+        for name, (n_in, n_out) in shapes.items():
+            part = "self_attn" if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            key = f"base_model.model.model.layers.{layer}.{part}.{name}"
+            state[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=generator) / n_in**0.5
+            state[f"{key}.lora_B.weight"] = 0.01 * torch.randn(n_out, rank, generator=generator)
+    folder.mkdir(parents=True)
+    save_file(state, str(folder / ADAPTER_WEIGHTS))
+    write_config(folder, base_model=config.get("_name_or_path", "base"), rank=rank, modules=MODULES)
+    return folder

@@ -8,6 +8,7 @@ const TABS = [
   ['engine', 'Engine'],
   ['tenants', 'Tenants'],
   ['rollouts', 'Rollouts'],
+  ['models', 'Models'],
   ['audit', 'Audit'],
   ['training', 'Training'],
 ];
