@@ -14,6 +14,9 @@
 3. **Failover** — requests under load while one replica is killed (``kill -9``): how many
    completed, ended with an error (a stream cut mid-way: the client is told), were lost
    (neither an answer nor an error) or hung (no end within the deadline).
+4. **Breaker** — one replica made to fail every call (``INFER_FAULT_INJECTION=1``, the
+   fault hook) under 4 clients: calls answered and lost, how long until its circuit
+   breaker opened, and, the fault ended, how long until the probe closed it (defaults).
 
 On a 2-core machine each replica has one thread (``--threads 1``): this shows routing and
 correctness, not scaling (``benchmarks/sim_router.py`` simulates fleets of 8-256).
@@ -229,6 +232,60 @@ async def failover_run(url: str, requests: int, deadline_s: float) -> dict[str, 
     }
 
 
+async def breaker_run(url: str, concurrency: int = 4, calls: int = 40) -> dict[str, Any]:
+    """One replica made to fail every call (the fault hook) under ``concurrency`` clients:
+    the calls its engine failed (each run again on the other), how long until its breaker
+    opened, the calls answered and lost; then, the fault ended, how long until the probe
+    closed it (the default flags: 5 failures in a row open it, 30 s cool-down)."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        model = await model_of(client, url)
+        bad = (await admin(client, url))[0]["id"]
+        await client.post(f"{url}/admin/replicas/{bad}/fault", json={"fail": True})
+        faulted = time.perf_counter()
+        opened: float | None = None
+        answered = lost = 0
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> None:
+            nonlocal answered, lost, opened
+            async with gate:
+                body = {"model": model, "prompt": f"call {i}: the weather is", "max_tokens": 4}
+                reply = await client.post(f"{url}/v1/completions", json=body)
+                if reply.status_code == 200:
+                    answered += 1
+                else:
+                    lost += 1
+                if opened is None:
+                    rows = {r["id"]: r for r in await admin(client, url)}
+                    if rows.get(bad, {}).get("breaker") != "closed":
+                        opened = time.perf_counter()
+
+        await asyncio.gather(*(one(i) for i in range(calls)))
+        await client.post(f"{url}/admin/replicas/{bad}/fault", json={"fail": False})
+        healed = time.perf_counter()
+        closed: float | None = None
+        while time.perf_counter() - healed < 120:
+            rows = {r["id"]: r for r in await admin(client, url)}
+            if rows.get(bad, {}).get("breaker") == "closed":
+                closed = time.perf_counter()
+                break
+            await asyncio.sleep(0.5)
+        metrics = (await client.get(f"{url}/metrics")).text
+    opens = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("infer:replica_breaker_opens_total") and f'replica_id="{bad}"' in line
+    ]
+    return {
+        "calls": calls,
+        "answered": answered,
+        "lost": lost,
+        "open_after_s": None if opened is None else round(opened - faulted, 3),
+        "closed_after_fault_ended_s": None if closed is None else round(closed - healed, 3),
+        "opens_metric": opens,
+    }
+
+
 def prompt_tokens(args: argparse.Namespace) -> int:
     """The longest system prompt's tokens, by the served (default) model's tokenizer."""
     from adapters.weights.factory import resolve
@@ -256,7 +313,7 @@ def main() -> None:
         help="KV blocks per replica (default: 5 system prompts' worth, plus room to run)",
     )
     parser.add_argument("--overhead-requests", type=int, default=50)
-    parser.add_argument("--only", choices=["routing", "overhead", "failover"])
+    parser.add_argument("--only", choices=["routing", "overhead", "failover", "breaker"])
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--result-json", type=Path)
     args = parser.parse_args()
@@ -301,6 +358,13 @@ def main() -> None:
         with serve_process(fleet_flags(args, 2), "failover", args.startup_timeout) as (url, _):
             result["failover"] = asyncio.run(failover_run(url, 24, 180))
         _progress(f"failover: {result['failover']}")
+
+    if args.only in (None, "breaker"):
+        env = {**os.environ, "INFER_FAULT_INJECTION": "1"}
+        flags = fleet_flags(args, 2)
+        with serve_process(flags, "breaker", args.startup_timeout, env=env) as (url, _):
+            result["breaker"] = asyncio.run(breaker_run(url))
+        _progress(f"breaker: {result['breaker']}")
 
     text = json.dumps(result, indent=2)
     print(text)
