@@ -8,7 +8,7 @@ refusal for the caller's own mistake or a full queue is not the replica's failur
 """
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from domain.errors import InvalidParameterError
@@ -130,3 +130,11 @@ class Breakers:
     def opens(self) -> dict[str, int]:
         """How many times each replica's breaker opened."""
         return {r: b.opens for r, b in self._breakers.items()}
+
+
+def standby(ordered: Sequence[str], active: int, avoided: frozenset[str]) -> frozenset[str]:
+    """The warm standby replicas routing leaves out: of the replicas in the order they
+    joined (``ordered``), the first ``active`` whose breakers are closed serve, and the
+    other closed ones wait (``--standby-replicas``) until a breaker opens."""
+    healthy = [r for r in ordered if r not in avoided]
+    return frozenset(healthy[active:])

@@ -123,12 +123,22 @@ def fleet_replicas(
     if fleet is None:
         return None
     breakers = getattr(engine, "breakers", None)
+    avoided = getattr(engine, "avoided", None)
     view = fleet
 
     async def listed() -> list[dict[str, Any]]:
         rows = await view.replicas()
         states = breakers.states() if breakers is not None else {}
-        return [{**row, "breaker": states.get(row["id"], CLOSED)} for row in rows]
+        # The warm standbys: left out of routing, and not for an open breaker.
+        idle = avoided() - breakers.avoided() if avoided and breakers else frozenset()
+        return [
+            {
+                **row,
+                "breaker": states.get(row["id"], CLOSED),
+                "role": "standby" if row["id"] in idle else "serving",
+            }
+            for row in rows
+        ]
 
     return listed
 
@@ -239,6 +249,7 @@ class Container(containers.DeclarativeContainer):
             adapters=backend.lora_serving,
             breakers=backend.breakers,
             on_breaker=providers.Callable(breaker_listener, audit, metrics),
+            joined=backend.joined,
         ),
     )
     engine = async_engine.provided.engine

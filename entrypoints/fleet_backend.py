@@ -10,6 +10,7 @@ but its checkpoints served by path from the shared ``--checkpoint-dir``
 (``shared_checkpoints``)."""
 
 import time
+from collections.abc import Callable
 
 from dependency_injector import containers, providers
 
@@ -48,6 +49,10 @@ def shared_checkpoints(tinker: bool, checkpoint_dir: str | None) -> SharedCheckp
     if not tinker:
         return None
     return SharedCheckpoints(CheckpointStore(checkpoint_storage(checkpoint_dir)))
+
+
+def joined_order(fleet: FleetView, standby: int) -> Callable[[], list[str]] | None:
+    return fleet.joined if standby else None
 
 
 class RemoteBackend(containers.DeclarativeContainer):
@@ -92,6 +97,8 @@ class RemoteBackend(containers.DeclarativeContainer):
         providers.Object(time.monotonic),
     )
     fleet = providers.Singleton(FleetView)
+    # The replicas in the order they joined, when some are warm standbys (else None).
+    joined = providers.Callable(joined_order, fleet, config.provided.fleet.standby_replicas)
     # Test hooks (INFER_FAULT_INJECTION=1): a replica made to fail every call.
     faults = providers.Singleton(fault_hook, handles)
     tinker_enabled = providers.Object(False)

@@ -72,7 +72,7 @@ def replica_container(config_json: bytes, replica_id: str) -> Any:
     config = from_json(config_json)
     config = replace(
         config,
-        fleet=replace(config.fleet, replicas=0, replica_id=replica_id),
+        fleet=replace(config.fleet, replicas=0, standby_replicas=0, replica_id=replica_id),
         access=replace(config.access, usage_db=None),
         embeddings=replace(config.embeddings, embedding_model=None),
     )
@@ -117,7 +117,7 @@ def deployments(config: ServerConfig, gpus: float = 0.0) -> Any:
     engine = serve.deployment(
         EngineReplica,
         name=ENGINE,
-        num_replicas=fleet.replicas,
+        num_replicas=fleet.replicas + fleet.standby_replicas,
         ray_actor_options={
             "num_cpus": cpus,
             "num_gpus": gpus,
@@ -150,6 +150,8 @@ def serve_replicas(config: ServerConfig) -> int:
         serve.start(proxy_location=ProxyLocation.Disabled)  # the HTTP port is ours
         gpus = replica_gpus(config, default_device())
         gpus_note = f", {gpus:g} GPU each" if gpus else ""
+        if fleet.standby_replicas:
+            gpus_note += f"; {fleet.standby_replicas} more as warm standbys"
         _note(
             f"starting {fleet.replicas} engine replicas on Ray Serve "
             f"(routing: {fleet.routing}{gpus_note})"

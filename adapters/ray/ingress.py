@@ -37,6 +37,7 @@ class FleetView:
     def __init__(self) -> None:
         self._registry = ray.get_actor(REGISTRY_NAME)
         self._expositions: list[tuple[str, str]] = []
+        self._joined: list[str] = []  # the running replicas, in the order they were seen
         self._poller: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -48,7 +49,15 @@ class FleetView:
         while True:
             with contextlib.suppress(Exception):
                 self._expositions = await self._registry.expositions.remote()
+                rows = await self._registry.snapshot.remote()
+                running = {r["id"] for r in rows if r.get("state") == "running"}
+                kept = [r for r in self._joined if r in running]
+                self._joined = kept + sorted(running - set(kept))
             await asyncio.sleep(REPORT_EVERY_S)
+
+    def joined(self) -> list[str]:
+        """The running replicas in the order this ingress first saw them (as last polled)."""
+        return self._joined
 
     async def replicas(self) -> list[dict[str, Any]]:
         """Every replica as ``/admin/replicas`` lists it (id, pid, node, state, load)."""

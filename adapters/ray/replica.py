@@ -180,4 +180,6 @@ class EngineReplica:
             await asyncio.sleep(REPORT_EVERY_S)
 
     async def __del__(self) -> None:
-        await self.lifecycle.stop()
+        lifecycle = getattr(self, "lifecycle", None)  # none when its start failed
+        if lifecycle is not None:
+            await lifecycle.stop()

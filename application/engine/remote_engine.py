@@ -35,7 +35,7 @@ from application.engine.engine_client import AdmittingClient, EngineClient
 from application.engine.input_processor import InputProcessor
 from application.engine.request_checks import RequestChecks
 from application.engine.request_ids import new_request_id
-from domain.breaker import Breakers, Transition
+from domain.breaker import Breakers, Transition, standby
 from domain.config import EngineConfig
 from domain.errors import QueueFullError
 from domain.ports import GrammarCompiler, Tokenizer
@@ -148,13 +148,18 @@ class RemoteEngine(AdmittingClient):
         adapters: "ReplicaAdapters | None" = None,
         breakers: Breakers | None = None,
         on_breaker: Callable[[Transition], None] | None = None,
+        joined: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         """``adapters``: the LoRA adapters the served models named (a call names the folder
         of its adapter, for a replica that does not hold it yet); ``breakers``: each
         replica's circuit breaker (None: none), fed every call's outcome, an open one's
         replica left out of routing and probed after its cool-down; ``on_breaker``: told
-        of each breaker that opens or closes."""
+        of each breaker that opens or closes; ``joined``: the replicas in the order they
+        joined, of which the first ``replicas`` with closed breakers serve and the others
+        are warm standbys (None: every replica serves)."""
         self.capacity = config.capacity * replicas
+        self.replicas = replicas
+        self._joined = joined
         self.adapters = adapters
         self.block_size = config.kv_block_size
         checks = RequestChecks(
@@ -245,7 +250,7 @@ class RemoteEngine(AdmittingClient):
                 call.note.routed_to(None)
 
     async def _run(self, call: _Call, admit: AdmitCall, route: RouteRequest) -> None:
-        avoid = self.breakers.avoided() if self.breakers is not None else frozenset()
+        avoid, tried = self.avoided(), set[str]()
         for attempt in range(RETRIES + 1):
             try:
                 routed = await self._dispatch(route, admit, avoid)
@@ -273,17 +278,29 @@ class RemoteEngine(AdmittingClient):
                     self._end(call, e.message)
                     return
                 log.warning("replica lost before any output: retrying", replica=e.replica_id)
-                avoid = avoid | ({e.replica_id} if e.replica_id else set())
+                tried |= {e.replica_id} if e.replica_id else set()
+                avoid = self._open() | tried  # a standby too may take the retry
             except QueueFullError as e:  # that replica is full: nothing ran, try another
                 if call.produced or attempt == RETRIES:
                     self._end(call, str(e))
                     return
-                avoid = avoid | ({call.replica_id} if call.replica_id else set())
+                tried |= {call.replica_id} if call.replica_id else set()
+                avoid = self._open() | tried
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the replica refused the call (a domain error)
                 self._end(call, str(e) or type(e).__name__)
                 return
+
+    def avoided(self) -> frozenset[str]:
+        """The replicas routing leaves out now: open breakers' and idle standbys'."""
+        avoided = self._open()
+        if self._joined is None:
+            return avoided
+        return avoided | standby(self._joined(), self.replicas, avoided)
+
+    def _open(self) -> frozenset[str]:
+        return self.breakers.avoided() if self.breakers is not None else frozenset()
 
     def _outcome(self, replica_id: str | None, failed: bool) -> None:
         if self.breakers is None or replica_id is None:

@@ -14,7 +14,9 @@ _BREAKER = BreakerSettings()
 
 @dataclass(frozen=True)
 class ReplicaSettings:
-    """``replicas``: engine replicas on Ray Serve (0: one process, no Ray); ``ray_address``:
+    """``replicas``: engine replicas on Ray Serve (0: one process, no Ray);
+    ``standby_replicas``: warm replicas beside them that take calls only while breakers
+    keep serving replicas out; ``ray_address``:
     a cluster to join (None: a local one, started and stopped with the server);
     ``routing``: the routing policy (:mod:`domain.routing`); ``replica_cpus``: CPUs Ray
     reserves per replica (None: ``--threads``, else 1); ``replica_start_timeout``: seconds
@@ -25,6 +27,7 @@ class ReplicaSettings:
     (:class:`~domain.breaker.BreakerSettings`, sglang-router's spelling)."""
 
     replicas: int = 0
+    standby_replicas: int = 0
     ray_address: str | None = None
     routing: str = "prefix"
     replica_cpus: float | None = None
@@ -41,6 +44,8 @@ class ReplicaSettings:
     def __post_init__(self) -> None:
         if self.replicas < 0:
             raise InvalidParameterError("replicas", f"must be >= 0, got {self.replicas}")
+        if self.standby_replicas < 0 or (self.standby_replicas and not self.replicas):
+            raise InvalidParameterError("standby_replicas", "must be >= 0, with --replicas")
         if self.routing not in POLICIES:
             raise InvalidParameterError("routing", f"one of {', '.join(POLICIES)}")
         if self.replica_cpus is not None and self.replica_cpus <= 0:
@@ -76,6 +81,13 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.replicas,
         help="engine replicas behind this server's port, on Ray Serve, routed by "
         "--routing (default %(default)s: one process, Ray not used)",
+    )
+    group.add_argument(
+        "--standby-replicas",
+        type=int,
+        default=defaults.standby_replicas,
+        help="warm replicas beside --replicas (started, loaded, routed to only while "
+        "circuit breakers keep serving replicas out; default %(default)s)",
     )
     group.add_argument(
         "--ray-address",

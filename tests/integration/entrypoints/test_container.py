@@ -81,7 +81,7 @@ def test_the_fake_backend_loads_no_model(tmp_path) -> None:
 
 def test_the_backends_and_the_trainings_have_one_shape_each() -> None:
     assert set(TorchBackend.providers) == set(FakeBackend.providers)
-    fleet_only = {"described", "handles", "dispatch", "breakers"}
+    fleet_only = {"described", "handles", "dispatch", "breakers", "joined"}
     assert set(RemoteBackend.providers) == set(TorchBackend.providers) | fleet_only
     assert set(LoraTraining.providers) == set(ToyTraining.providers)
 
@@ -127,7 +127,7 @@ def test_a_fleets_ingress_is_built_by_the_config_alone_and_loads_no_model(tmp_pa
     assert container.tinker() is None
     assert isinstance(container.tinker_checkpoints(), SharedCheckpoints)
     rows = asyncio.run(container.replicas()())
-    assert rows == [{"id": "r1", "state": "running", "breaker": "closed"}]
+    assert rows == [{"id": "r1", "state": "running", "breaker": "closed", "role": "serving"}]
     assert engine.breakers is backend.breakers() and engine.breakers.settings.enabled
     services = container.http_services()
     assert services.on_startup[-1] == view.start

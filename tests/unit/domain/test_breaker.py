@@ -3,7 +3,7 @@ one; its replica is probed after the cool-down (half-open) and put back when it 
 
 import pytest
 
-from domain.breaker import CLOSED, HALF_OPEN, OPEN, Breakers, BreakerSettings
+from domain.breaker import CLOSED, HALF_OPEN, OPEN, Breakers, BreakerSettings, standby
 from domain.errors import InvalidParameterError
 
 
@@ -75,3 +75,11 @@ def test_disabled_breakers_never_open() -> None:
 def test_bad_settings_name_their_flag(bad: dict[str, float]) -> None:
     with pytest.raises(InvalidParameterError, match="cb_"):
         BreakerSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_standbys_take_calls_only_while_breakers_keep_serving_replicas_out() -> None:
+    joined = ["r0", "r1", "r2"]  # 2 serving, 1 warm standby
+    assert standby(joined, 2, frozenset()) == {"r2"}
+    assert standby(joined, 2, frozenset({"r0"})) == frozenset()  # r2 steps in for r0
+    assert standby(joined, 2, frozenset({"r0", "r1"})) == frozenset()
+    assert standby(joined, 3, frozenset()) == frozenset()

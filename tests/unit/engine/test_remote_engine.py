@@ -349,3 +349,38 @@ async def test_a_replica_failing_every_call_is_broken_out_and_nothing_is_lost(
     fleet.failing.add("r1")
     assert not await engine.probe("r1")  # a probe of a failing replica fails
     await engine.stop()
+
+
+async def test_a_warm_standby_takes_calls_only_while_a_breaker_keeps_the_replica_out(
+    fleet: LocalFleet,
+) -> None:
+    """One serving replica (r1) and a standby (r0, the router's first choice on a tie):
+    the standby gets nothing while r1 serves; r1 failing, its calls run again on the
+    standby, and once its breaker opens every call goes there."""
+    breakers = Breakers(BreakerSettings(failure_threshold=2, cooldown_s=30), Clock())
+    any_engine = next(iter(fleet.replicas.values()))
+    engine = RemoteEngine(
+        EngineConfig(kv_block_size=BLOCK),
+        any_engine.inputs.tokenizer,
+        fleet,
+        replicas=1,
+        breakers=breakers,
+        joined=lambda: ["r1", "r0"],  # r1 joined first: it serves
+    )
+    engine.start()
+
+    async def call(i: int) -> None:
+        prompt = await engine.inputs.prepare(f"request {i}", PARAMS)
+        [stream] = engine.group().admit(AdmitCall.one(f"s{i}", prompt, PARAMS))
+        out = await read_all(stream)
+        assert out[-1].error is None and out[-1].finished  # 0 lost
+
+    for i in range(3):
+        await call(i)
+    assert [r for r, _ in fleet.calls] == ["r1"] * 3 and engine.avoided() == {"r0"}
+    fleet.failing.add("r1")
+    for i in range(3, 7):
+        await call(i)
+    assert [r for r, _ in fleet.calls[3:]] == ["r1", "r0", "r1", "r0", "r0", "r0"]
+    assert engine.avoided() == {"r1"}  # open: the standby serves
+    await engine.stop()

@@ -1,0 +1,79 @@
+"""``--standby-replicas``: a warm replica beside the serving one, routed to only while a
+circuit breaker keeps the serving one out. One replica serving, one standby on a local Ray
+cluster; the fault hook makes the serving one fail every call: every call is answered (the
+failed ones ran again on the standby), and once its breaker opens the standby serves."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.server import INFER, free_port
+from tests.e2e.test_replicas_server import START_TIMEOUT_S, ray_processes, running_replicas
+
+pytestmark = pytest.mark.slow
+RAY = Path(INFER).with_name("ray")
+
+
+def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path: Path) -> None:
+    assert not ray_processes(), "a Ray cluster is already running here"
+    log, port = tmp_path / "serve.log", free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [
+                *(str(INFER), "serve", "--port", str(port), "--replicas", "1"),
+                *("--standby-replicas", "1", "--threads", "1", "--usage-db", ":memory:"),
+                *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "600"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "INFER_FAULT_INJECTION": "1"},
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(running_replicas(url)) < 2 or any("role" not in r for r in running_replicas(url)):
+            assert process.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(1)
+        time.sleep(2)  # the ingress has polled both replicas (the order they joined)
+        roles = {r["id"]: r["role"] for r in running_replicas(url)}
+        assert sorted(roles.values()) == ["serving", "standby"], roles
+        serving = next(r for r, role in roles.items() if role == "serving")
+        spare = next(r for r, role in roles.items() if role == "standby")
+
+        def call(i: int) -> str:
+            reply = httpx.post(
+                f"{url}/v1/completions",
+                json={"prompt": f"{i}: the weather", "max_tokens": 2},
+                timeout=120,
+            )
+            assert reply.status_code == 200, reply.text  # 0 lost
+            return reply.headers["x-infer-replica"]
+
+        assert {call(i) for i in range(4)} == {serving}  # the standby idles
+        hooked = httpx.post(f"{url}/admin/replicas/{serving}/fault", json={"fail": True})
+        assert hooked.status_code == 200, hooked.text
+        for i in range(4, 7):
+            call(i)  # each failed call ran again on the standby
+        rows = {r["id"]: r for r in running_replicas(url)}
+        assert rows[serving]["breaker"] == "open" and rows[spare]["role"] == "serving"
+        assert {call(i) for i in range(7, 11)} == {spare}
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                subprocess.run([str(RAY), "stop", "--force"], check=False)
+        for _ in range(30):
+            if not ray_processes():
+                break
+            time.sleep(1)
+    assert not ray_processes()
