@@ -30,6 +30,9 @@ class SchedulerStats:
     prefix_hit_tokens: int = 0
     # The fraction of the KV cache's blocks free but keeping reusable KV (prefix cache).
     kv_cached: float = 0.0
+    # The LoRA adapters of the running and of the waiting requests (each once).
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

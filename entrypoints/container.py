@@ -187,6 +187,7 @@ class Container(containers.DeclarativeContainer):
         backend.served_names,
         backend.engine_config,
         backend.kv_cache_bytes,
+        config.provided.model.max_loras,
     )
     tracing = providers.Singleton(
         build_tracing, config.provided.observability, backend.served_names

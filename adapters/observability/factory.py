@@ -22,8 +22,10 @@ def build_metrics(
     names: Sequence[str],
     engine: EngineConfig,
     kv_cache_bytes: int,
+    max_loras: int = 16,
 ) -> Metrics | None:
-    """Prometheus metrics labelled with the served name (None: ``--disable-metrics``)."""
+    """Prometheus metrics labelled with the served name (None: ``--disable-metrics``);
+    ``max_loras``: ``--max-loras``, for vLLM's LoRA gauge."""
     if not settings.metrics:
         return None
     return Metrics(
@@ -31,6 +33,7 @@ def build_metrics(
         max_num_seqs=engine.max_num_seqs,
         kv_cache_bytes=kv_cache_bytes,
         max_tenants=settings.max_tenant_labels,
+        max_loras=max_loras,
     )
 
 

@@ -133,6 +133,7 @@ class Metrics:
         max_num_seqs: int,
         kv_cache_bytes: int = 0,
         max_tenants: int = 100,
+        max_loras: int = 16,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -140,6 +141,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._kv_cache_bytes = kv_cache_bytes
         self._max_tenants = max_tenants
+        self._max_loras = max_loras
         self._clock = clock
         self._engine_metrics()
         self._engine_histograms(max_num_seqs)
@@ -185,6 +187,16 @@ class Metrics:
                 "vllm:kv_cache_usage_perc", "Fraction of the KV cache in use (vLLM's name)."
             ),
         )
+        # vLLM's LoRA gauge, as llm-d's endpoint picker reads it: one sample whose labels
+        # name the adapters running and waiting (comma-separated) and the most loaded at
+        # once, its value the time it was set (the newest sample is the state).
+        self._lora_info = Gauge(
+            "vllm:lora_requests_info",
+            "Running and waiting LoRA adapters (vLLM's gauge; the value: when it was set).",
+            ("model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"),
+            registry=self.registry,
+        )
+        self._lora_labels: tuple[str, str] | None = None
         self._prefix_queries = self._counter(
             "infer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
@@ -432,6 +444,12 @@ class Metrics:
             strict=True,
         ):
             gauge.set(value)
+        labels = (",".join(scheduler.running_adapters), ",".join(scheduler.waiting_adapters))
+        if labels != self._lora_labels:  # one sample: the current adapters
+            if self._lora_labels is not None:
+                self._lora_info.remove(self.model_name, str(self._max_loras), *self._lora_labels)
+            self._lora_labels = labels
+            self._lora_info.labels(self.model_name, str(self._max_loras), *labels).set(time.time())
         self._kv_bytes.set(scheduler.kv_usage * self._kv_cache_bytes)
         if scheduler.prefix_queried_tokens:
             self._prefix_queries.inc(scheduler.prefix_queried_tokens)

@@ -69,10 +69,23 @@ class StepStatsCollector:
         queried = kv.prefix_queried_tokens - self._prefix_counts[0]
         hit = kv.prefix_hit_tokens - self._prefix_counts[1]
         self._prefix_counts = (kv.prefix_queried_tokens, kv.prefix_hit_tokens)
+        running_adapters, waiting_adapters = self._scheduler.adapters()
+        scheduler = SchedulerStats(
+            running,
+            waiting,
+            prefill,
+            decode,
+            kv.usage,
+            queried,
+            hit,
+            kv.cached,
+            running_adapters,
+            waiting_adapters,
+        )
         return StepStats(
             ran,
             now,
-            SchedulerStats(running, waiting, prefill, decode, kv.usage, queried, hit, kv.cached),
+            scheduler,
             sampled,
             tuple(first),
             tuple(request_stats(r, now) for r in ended),

@@ -51,6 +51,11 @@ class Scheduler(Protocol):
         """vLLM's KV cache events since the last call (``kv_events_config``)."""
         ...
 
+    def adapters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The LoRA adapters of the running requests, then of the waiting ones (each once,
+        sorted; the base model is none)."""
+        ...
+
 
 class WaitingQueue(Protocol):
     """The waiting requests, however a policy orders them."""
@@ -98,6 +103,18 @@ class QueueingScheduler:
 
     def take_kv_events(self) -> list[KVEvent]:
         return self.blocks.take_events()
+
+    def adapters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        running = {r.adapter_id for r in self._running() if not r.is_done}
+        waiting = {r.adapter_id for r in self.waiting}
+        return (
+            tuple(sorted(a for a in running if a is not None)),
+            tuple(sorted(a for a in waiting if a is not None)),
+        )
+
+    def _running(self) -> Iterable[Request]:
+        """The requests admitted to the batch."""
+        raise NotImplementedError
 
     def _table(self, chunk: ScheduledChunk) -> ScheduledChunk:
         """``chunk`` with its request's block table (the blocks its positions need)."""

@@ -286,6 +286,9 @@ class ContinuousScheduler(QueueingScheduler):
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self.running)
 
+    def _running(self) -> list[Request]:
+        return self.running
+
     def _live(self, request_id: str) -> Request | None:
         return next((r for r in self.running if r.request_id == request_id), None)
 

@@ -61,6 +61,9 @@ class StaticScheduler(QueueingScheduler):
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self.active)
 
+    def _running(self) -> list[Request]:
+        return self.active
+
     def _live(self, request_id: str) -> Request | None:
         # An active request that ends early idles its row until the batch ends.
         return next((r for r in self.active if r.request_id == request_id), None)

@@ -281,3 +281,14 @@ def test_continuous_runs_at_most_max_batch_size_requests() -> None:
         scheduler.add_request(request(name))
     assert ids(scheduler.schedule()) == ["a", "b"]
     assert len(scheduler.waiting) == 2
+
+
+def test_the_adapters_running_and_waiting_are_reported_once_each() -> None:
+    scheduler = ContinuousScheduler(EngineConfig(max_num_seqs=2), [EOS])
+    for rid, adapter in (("a", "sql"), ("b", None), ("c", "chat"), ("d", "sql")):
+        r = request(rid)
+        r.adapter_id = adapter
+        assert scheduler.add_request(r)
+    assert scheduler.adapters() == ((), ("chat", "sql"))  # all waiting
+    scheduler.schedule()  # two admitted: a (sql) and b (the base model)
+    assert scheduler.adapters() == (("sql",), ("chat", "sql"))

@@ -203,7 +203,12 @@ def test_every_sample_has_the_prefix_and_the_model_label() -> None:
     metrics.on_step(StepStats(True, 1.0, SchedulerStats(1, 0, 3, 0, 0.5), start_s=0.0))
     s = scrape(metrics)
     assert s
-    vllm = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+    vllm = {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:lora_requests_info",
+    }
     assert vllm <= {name for name, _ in s}
     for name, labels in s:
         assert name.startswith("infer:") or name in vllm
@@ -444,3 +449,19 @@ def test_speculative_decoding_counts_drafts_and_accepted_tokens() -> None:
     assert value(s, "infer:spec_decode_num_drafts_total") == 3
     assert value(s, "infer:spec_decode_num_draft_tokens_total") == 12
     assert value(s, "infer:spec_decode_num_accepted_tokens_total") == 5
+
+
+def test_the_lora_gauge_names_the_running_and_waiting_adapters_as_vllm_does() -> None:
+    """One sample (the current state), its labels the adapters, as llm-d's picker reads."""
+    metrics = Metrics("m", max_num_seqs=4, max_loras=8)
+    stats = SchedulerStats(2, 1, 0, 2, 0.1, running_adapters=("a", "b"), waiting_adapters=("c",))
+    metrics.on_step(StepStats(True, 1.0, stats, start_s=0.5))
+    body = metrics.render()[0].decode()
+    infos = [line for line in body.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert len(infos) == 1
+    assert 'max_lora="8"' in infos[0] and 'running_lora_adapters="a,b"' in infos[0]
+    assert 'waiting_lora_adapters="c"' in infos[0]
+    metrics.on_step(StepStats(True, 2.0, SchedulerStats(0, 0, 0, 0, 0.0), start_s=1.5))
+    body = metrics.render()[0].decode()
+    infos = [line for line in body.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert len(infos) == 1 and 'running_lora_adapters=""' in infos[0]  # none now
