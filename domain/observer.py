@@ -30,7 +30,8 @@ class SchedulerStats:
     prefix_hit_tokens: int = 0
     # The fraction of the KV cache's blocks free but keeping reusable KV (prefix cache).
     kv_cached: float = 0.0
-    # The LoRA adapters of the running and of the waiting requests (each once).
+    # The LoRA adapters of the running and of the waiting requests (each once; the engine
+    # scans them at most once a second).
     running_adapters: tuple[str, ...] = ()
     waiting_adapters: tuple[str, ...] = ()
 

@@ -8,6 +8,8 @@ from domain.observer import RequestStart, RequestStats, SchedulerStats, StepRow,
 from domain.request import Request, StepOutput
 from domain.scheduler import Scheduler, SchedulerOutput
 
+ADAPTERS_EVERY_S = 1.0
+
 
 class StepStatsCollector:
     def __init__(self, scheduler: Scheduler) -> None:
@@ -16,6 +18,10 @@ class StepStatsCollector:
         self._started: list[RequestStart] = []  # queued since the last step's stats
         self._step_start = 0.0
         self._prefix_counts = (0, 0)  # the scheduler's cumulative prefix counters, last seen
+        # The running and waiting LoRA adapters, scanned at most every ADAPTERS_EVERY_S (a
+        # walk over every request: not each step's work, for a gauge scraped per second).
+        self._adapters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self._adapters_at = float("-inf")
 
     def started(self, start: RequestStart) -> None:
         """A request was queued (reported with the next step)."""
@@ -69,7 +75,9 @@ class StepStatsCollector:
         queried = kv.prefix_queried_tokens - self._prefix_counts[0]
         hit = kv.prefix_hit_tokens - self._prefix_counts[1]
         self._prefix_counts = (kv.prefix_queried_tokens, kv.prefix_hit_tokens)
-        running_adapters, waiting_adapters = self._scheduler.adapters()
+        if now - self._adapters_at >= ADAPTERS_EVERY_S:
+            self._adapters, self._adapters_at = self._scheduler.adapters(), now
+        running_adapters, waiting_adapters = self._adapters
         scheduler = SchedulerStats(
             running,
             waiting,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import START_TIMEOUT_S, ray_processes, running_replicas
+from tests.e2e.test_replicas_server import ray_processes, running_replicas, wait_for_replicas
 
 pytestmark = pytest.mark.slow
 RAY = Path(INFER).with_name("ray")
@@ -53,11 +53,7 @@ def test_each_replica_gets_its_own_gpu_from_the_cluster(tmp_path: Path) -> None:
                 start_new_session=True,
                 env=env,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while len(running_replicas(url)) < 2:
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(1)
+        wait_for_replicas(url, process, log, 2)
         devices = sorted(r["cuda_visible_devices"] for r in running_replicas(url))
         assert devices == ["0", "1"], devices  # one GPU each, not the same one
         assert "1 GPU each" in log.read_text()

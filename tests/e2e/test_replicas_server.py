@@ -57,6 +57,15 @@ def running_replicas(url: str) -> list[dict]:
     return [r for r in listed if r["state"] == "running"]
 
 
+def wait_for_replicas(url: str, process: subprocess.Popen, log: Path, count: int) -> None:
+    """Until ``count`` replicas run behind ``url`` (the server's log in the failure)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while len(running_replicas(url)) < count:
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(1)
+
+
 BASE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model's served name
 
 
@@ -98,11 +107,7 @@ def server(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while len(running_replicas(url)) < 2:
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(1)
+        wait_for_replicas(url, process, log, 2)
         yield url, process
     finally:
         if process.poll() is None:

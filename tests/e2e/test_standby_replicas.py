@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import START_TIMEOUT_S, ray_processes, running_replicas
+from tests.e2e.test_replicas_server import ray_processes, running_replicas, wait_for_replicas
 
 pytestmark = pytest.mark.slow
 RAY = Path(INFER).with_name("ray")
@@ -36,11 +36,7 @@ def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path:
             env={**os.environ, "INFER_FAULT_INJECTION": "1"},
         )
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while len(running_replicas(url)) < 2 or any("role" not in r for r in running_replicas(url)):
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(1)
+        wait_for_replicas(url, process, log, 2)
         time.sleep(2)  # the ingress has polled both replicas (the order they joined)
         roles = {r["id"]: r["role"] for r in running_replicas(url)}
         assert sorted(roles.values()) == ["serving", "standby"], roles
