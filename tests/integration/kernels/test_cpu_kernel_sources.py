@@ -17,13 +17,26 @@ CSRC = kernels._CSRC
 DECLARED = r"^(?!//)\S[^(]*?\b(\w+)\("  # a declaration's (or definition's) name
 
 
-def test_every_declared_kernel_is_bound_once() -> None:
+def test_every_declared_kernel_is_registered_once_as_a_torch_op() -> None:
+    """Each kernel of kernels.h is ``torch.ops.infer.<name>_bf16`` (no pybind11 module), and
+    :func:`cpu_kernels` names every one of them."""
     declared = re.findall(DECLARED, (CSRC / "kernels.h").read_text(), re.M)
-    bound = re.findall(r'm\.def\("(\w+)", &(\w+)', (CSRC / "bindings.cpp").read_text())
-    assert all(name == fn for name, fn in bound)
-    assert sorted(name for name, _ in bound) == sorted(declared)
+    text = (CSRC / "bindings.cpp").read_text()
+    assert "PYBIND11_MODULE" not in text
+    bound = re.findall(r'm\.def\(\s*"(\w+)\(.*?&(\w+)\);', text, re.S)
+    assert all(op == f"{fn}_bf16" for op, fn in bound), bound
+    assert sorted(fn for _, fn in bound) == sorted(declared) == sorted(kernels.OPS)
     # attention, write_rows, decode_layer retired; set_split_keys (batch invariance) added
     assert len(declared) == len(set(declared)) == 13
+
+
+def test_one_torch_library_owns_the_infer_namespace() -> None:
+    """One ``TORCH_LIBRARY(infer)`` over both builds; every other file adds a fragment."""
+    csrc = CSRC.parent
+    owners = [p for p in csrc.glob("*/*.cpp") if "TORCH_LIBRARY(infer," in p.read_text()]
+    assert [p.relative_to(csrc).as_posix() for p in owners] == ["portable/paged_attention.cpp"]
+    for path in csrc.glob("*/*.cpp"):
+        assert "PYBIND11_MODULE" not in path.read_text(), path
 
 
 def test_each_kernel_is_defined_in_exactly_one_source() -> None:

@@ -200,7 +200,9 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
   return out;
 }
 
-TORCH_LIBRARY_FRAGMENT(infer, m) {
+// The infer op namespace's one TORCH_LIBRARY: every other file of this library and of the
+// AVX512-BF16 one (csrc/avx512_bf16/bindings.cpp) adds its ops with TORCH_LIBRARY_FRAGMENT.
+TORCH_LIBRARY(infer, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, Tensor lengths, "
       "int window, float scale) -> Tensor",
