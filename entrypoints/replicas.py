@@ -12,55 +12,33 @@
   deployment's handle, routed by :class:`FleetRequestRouter` (``--routing``) on the
   server's event loop; the fleet's registry for ``/admin/replicas`` and ``/metrics``).
 
-``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), the replicas, then
-serves until SIGINT/SIGTERM (drained as one process is), then stops what it started. A
-cluster that cannot be reached, or replicas that do not start within
-``--replica-start-timeout``, is an error naming the flag, and nothing is left running.
+``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), the replicas
+(:mod:`adapters.ray.deployment`), then serves until SIGINT/SIGTERM (drained as one process
+is), then stops what it started. A cluster that cannot be reached, or replicas that do not
+start within ``--replica-start-timeout``, is an error naming the flag, and nothing is left
+running (:mod:`adapters.ray.launch`).
 """
 
-import contextlib
 import os
-import signal
 import sys
-import threading
-import time
 from dataclasses import replace
 from typing import Any
 
-import ray
-import structlog
-from ray import serve
-from ray._private import auto_init_hook
-from ray.serve.config import ProxyLocation, RequestRouterConfig
-from ray.serve.handle import DeploymentHandle
-
 from adapters.http.replica_header import ReplicaHeader
 from adapters.observability.logging import configure_logging
+from adapters.ray import launch
+from adapters.ray.deployment import EngineDeployment, engine_app, replica_gpus
 from adapters.ray.dispatch import HandleForward
 from adapters.ray.forward import TinkerForwarder
-from adapters.ray.ingress import APP_NAME, ENGINE
-from adapters.ray.registry import REGISTRY_NAME, FleetRegistry
-from adapters.ray.replica import EngineReplica
-from adapters.ray.router import FleetRequestRouter
 from adapters.torch.cpu.threads import set_threads
 from adapters.torch.factory import default_device
 from adapters.torch.lora.peft import ADAPTER_WEIGHTS
 from application.engine.remote_engine import ReplicaAdapters
 from application.serving.served_models import check_lora_module
-from domain.errors import InvalidParameterError
-from domain.routing import imbalance_for
 from entrypoints.config import ServerConfig, from_json, to_json
 from entrypoints.config.access import sighup_reloader
 from entrypoints.container import Container, create_container
 from entrypoints.server import serve_configured
-
-log = structlog.get_logger(__name__)
-
-ROUTING_STATS_PERIOD_S = 1.0
-# An engine replica runs its engine on the replica's own event loop, not on a thread of its
-# own (one thread hop fewer each way per call; Ray's health checks and routing-stats calls
-# are answered between engine steps).
-REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
 def replica_container(config_json: bytes, replica_id: str) -> Any:
@@ -90,46 +68,18 @@ def ingress_app(container: Container) -> Any:
     return app
 
 
-def replica_gpus(config: ServerConfig, device: str) -> float:
-    """GPUs per replica: ``--replica-gpus``, else one where the model runs on CUDA
-    (``--device``, else ``device``: this machine's default) and none on a CPU."""
-    if config.fleet.replica_gpus is not None:
-        return config.fleet.replica_gpus
-    return 1.0 if (config.model.device or device).startswith("cuda") else 0.0
-
-
-def deployments(config: ServerConfig, gpus: float = 0.0) -> Any:
-    """The application: ``replicas`` engine replicas (no HTTP: the ingress is ours), each
-    reserving ``gpus`` GPUs."""
-    fleet = config.fleet
-    cpus = fleet.replica_cpus or float(config.model.threads or 1)
-    config_json = to_json(config)
-    router: dict[str, Any] = {
-        "request_router_class": FleetRequestRouter,
-        "request_router_kwargs": {
-            "policy": fleet.routing,
-            "imbalance": imbalance_for(config.engine.max_num_seqs),
-            "capacity": config.engine.max_num_seqs,
-        },
-        "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
-        "request_routing_stats_timeout_s": 5,
-    }
-    engine = serve.deployment(
-        EngineReplica,
-        name=ENGINE,
-        num_replicas=fleet.replicas + fleet.standby_replicas,
-        ray_actor_options={
-            "num_cpus": cpus,
-            "num_gpus": gpus,
-            "runtime_env": {"env_vars": REPLICA_ENV},
-        },
-        max_ongoing_requests=config.engine.max_num_seqs + config.engine.max_waiting_requests,
-        health_check_period_s=2,
-        health_check_timeout_s=10,
-        graceful_shutdown_timeout_s=config.http.drain_timeout,
-        request_router_config=RequestRouterConfig(**router),
+def engine_deployment(config: ServerConfig, gpus: float) -> EngineDeployment:
+    """The engine deployment ``config`` asks for, each replica reserving ``gpus`` GPUs."""
+    fleet, engine = config.fleet, config.engine
+    return EngineDeployment(
+        replicas=fleet.replicas + fleet.standby_replicas,
+        cpus=fleet.replica_cpus or float(config.model.threads or 1),
+        gpus=gpus,
+        routing=fleet.routing,
+        max_num_seqs=engine.max_num_seqs,
+        max_waiting_requests=engine.max_waiting_requests,
+        drain_timeout=config.http.drain_timeout,
     )
-    return engine.bind(config_json, replica_container)  # type: ignore[attr-defined]
 
 
 def serve_replicas(config: ServerConfig) -> int:
@@ -142,13 +92,12 @@ def serve_replicas(config: ServerConfig) -> int:
         # One machine: its cores shared between the replicas.
         threads = max(1, (os.cpu_count() or 1) // fleet.replicas)
         config = replace(config, model=replace(config.model, threads=threads))
-    _on_stop_signals()
-    _start_ray(fleet.ray_address, fleet.replica_start_timeout)
-    _on_stop_signals()
+    launch.on_stop_signals()
+    launch.start_ray(fleet.ray_address, fleet.replica_start_timeout)
+    launch.on_stop_signals()
     try:
-        registry = FleetRegistry.options(name=REGISTRY_NAME).remote()  # type: ignore[attr-defined]
-        serve.start(proxy_location=ProxyLocation.Disabled)  # the HTTP port is ours
-        gpus = replica_gpus(config, default_device())
+        registry = launch.start_serve()
+        gpus = replica_gpus(fleet.replica_gpus, config.model.device, default_device())
         gpus_note = f", {gpus:g} GPU each" if gpus else ""
         if fleet.standby_replicas:
             gpus_note += f"; {fleet.standby_replicas} more as warm standbys"
@@ -156,8 +105,9 @@ def serve_replicas(config: ServerConfig) -> int:
             f"starting {fleet.replicas} engine replicas on Ray Serve "
             f"(routing: {fleet.routing}{gpus_note})"
         )
-        handle = _run_bounded(deployments(config, gpus), fleet.replica_start_timeout)
-        if _STOPPED:
+        app = engine_app(engine_deployment(config, gpus), to_json(config), replica_container)
+        handle = launch.run_bounded(app, fleet.replica_start_timeout)
+        if launch.STOPPED:
             raise KeyboardInterrupt
         handle.shutdown()  # its router's thread and long poll: the calls use their own
         keys_file = config.access.api_keys_file
@@ -175,65 +125,7 @@ def serve_replicas(config: ServerConfig) -> int:
         _note("stopped during the start")
         return 130
     finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        # A handle's long poll answered during the shutdown must not start Ray again: that
-        # waits on the lock ray.shutdown holds while it waits for that callback (a hang).
-        auto_init_hook.enable_auto_connect = False
-        ray.shutdown()
-
-
-def _start_ray(address: str | None, timeout_s: float) -> None:
-    try:
-        if address is None:
-            ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
-        else:
-            _within(timeout_s, "ray_address", lambda: ray.init(address=address))
-    except ConnectionError as e:
-        raise InvalidParameterError("ray_address", f"no Ray cluster reached: {e}") from e
-
-
-def _run_bounded(app: Any, timeout_s: float) -> DeploymentHandle:
-    handles: list[DeploymentHandle] = []
-    _within(
-        timeout_s,
-        "replica_start_timeout",
-        lambda: handles.append(serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)),
-        what="the replicas did not start (a cluster short of CPUs for --replicas?)",
-    )
-    return handles[0]
-
-
-def _within(timeout_s: float, flag: str, work: Any, what: str = "no answer") -> None:
-    """Run ``work`` on a thread; past ``timeout_s`` it is an error naming ``flag``."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as e:  # reported on the caller's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True, name=f"ray-{flag}")
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while thread.is_alive() and time.monotonic() < deadline and not _STOPPED:
-        thread.join(0.2)
-    if _STOPPED:
-        raise KeyboardInterrupt  # stopped during the start: clean up what started
-    if thread.is_alive():
-        raise InvalidParameterError(flag, f"{what} within {timeout_s:g} s")
-    if errors:
-        raise errors[0]
-
-
-_STOPPED: list[int] = []  # signals received (a flag: a handler must take no lock)
-
-
-def _on_stop_signals() -> None:
-    """SIGINT/SIGTERM set the flag from now on (again after ray.init, which sets its own)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _: _STOPPED.append(signum))
+        launch.stop_ray()
 
 
 def _note(text: str) -> None:

@@ -106,6 +106,15 @@ class EngineSettings:
 
 
 def add_engine_args(serve: argparse.ArgumentParser) -> None:
+    """The engine's flags, in the order ``--help`` lists them."""
+    _add_batching_args(serve)
+    _add_kv_pool_args(serve)
+    _add_execution_args(serve)
+    _add_vllm_json_args(serve)
+
+
+def _add_batching_args(serve: argparse.ArgumentParser) -> None:
+    """The running cap, the queue, the context length, the prefill budget, prefix caching."""
     serve.add_argument(
         "--max-batch-size",
         "--max-num-seqs",
@@ -134,6 +143,10 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         action="store_false",
         help="compute every prompt in full (default: reuse cached KV blocks of shared prefixes)",
     )
+
+
+def _add_kv_pool_args(serve: argparse.ArgumentParser) -> None:
+    """The KV pool: its budget (or its blocks) and its block size."""
     kv_pool = serve.add_mutually_exclusive_group()
     kv_pool.add_argument(
         "--kv-cache-memory",
@@ -152,6 +165,10 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--kv-block-size", type=int, default=16, help="positions per KV block (default 16)"
     )
+
+
+def _add_execution_args(serve: argparse.ArgumentParser) -> None:
+    """How steps run: eager or CUDA graphs, static batching's wait, batch invariance."""
     serve.add_argument(
         "--enforce-eager",
         action="store_true",
@@ -167,6 +184,10 @@ def add_engine_args(serve: argparse.ArgumentParser) -> None:
         "CPU (off by default: it costs throughput at many rows and prefill speed; "
         "docs/batch-invariance.md)",
     )
+
+
+def _add_vllm_json_args(serve: argparse.ArgumentParser) -> None:
+    """vLLM's JSON-spelled configs: speculative decoding and KV cache events."""
     serve.add_argument(
         "--speculative-config",
         type=speculative_config,

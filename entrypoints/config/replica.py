@@ -75,6 +75,20 @@ class ReplicaSettings:
 def add_replica_args(parser: argparse.ArgumentParser) -> None:
     defaults = ReplicaSettings()
     group = parser.add_argument_group("replicas (Ray Serve; see README: several machines)")
+    _add_fleet_args(group, defaults)
+    _add_resource_args(group, defaults)
+    _add_breaker_args(group, defaults)
+    group.add_argument(
+        "--replica-start-timeout",
+        type=float,
+        default=defaults.replica_start_timeout,
+        help="seconds the replicas may take to load and start; past it the server stops "
+        "with an error (default %(default)s)",
+    )
+
+
+def _add_fleet_args(group: argparse._ArgumentGroup, defaults: ReplicaSettings) -> None:
+    """How many replicas (serving, standby), on which cluster, routed how."""
     group.add_argument(
         "--replicas",
         type=int,
@@ -103,6 +117,10 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         "weighed with queue and KV use), pow2 (the less loaded of two), round-robin "
         "(default %(default)s)",
     )
+
+
+def _add_resource_args(group: argparse._ArgumentGroup, defaults: ReplicaSettings) -> None:
+    """What Ray reserves per replica."""
     group.add_argument(
         "--replica-cpus",
         type=float,
@@ -117,6 +135,10 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         "(CUDA_VISIBLE_DEVICES; a fraction shares one; default: 1 where the model runs on "
         "CUDA, 0 on a CPU)",
     )
+
+
+def _add_breaker_args(group: argparse._ArgumentGroup, defaults: ReplicaSettings) -> None:
+    """Each replica's circuit breaker at the ingress."""
     group.add_argument(
         "--cb-failure-threshold",
         type=int,
@@ -154,11 +176,4 @@ def add_replica_args(parser: argparse.ArgumentParser) -> None:
         "--disable-circuit-breaker",
         action="store_true",
         help="never take a replica out of routing for its failures",
-    )
-    group.add_argument(
-        "--replica-start-timeout",
-        type=float,
-        default=defaults.replica_start_timeout,
-        help="seconds the replicas may take to load and start; past it the server stops "
-        "with an error (default %(default)s)",
     )
