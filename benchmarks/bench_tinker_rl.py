@@ -26,24 +26,19 @@ Usage:
 """
 
 import argparse
-import json
-import os
 import random
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-from bench_serving import _free_port, _stop, _wait_healthy  # noqa: E402
+import tinker_bench  # noqa: E402
+from tinker_bench import MODEL, peft_model  # noqa: E402
 
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FEWSHOT = [
     {"role": "user", "content": "What is 4 + 5?"},
     {"role": "assistant", "content": "9"},
@@ -154,30 +149,6 @@ def run_sdk(args: argparse.Namespace, url: str, peft_step: Any = None) -> dict[s
     }
 
 
-def peft_model(folder: Path, rank: int, lr: float) -> tuple[Any, Any]:
-    """transformers + PEFT as ours trains: rank ``rank``, alpha 32, the same targets, bf16
-    base weights, float32 LoRA weights, AdamW with our defaults; (model, optimizer)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    config = LoraConfig(r=rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
-    model = get_peft_model(model, config)
-    for p in model.parameters():  # LoRA weights in float32, as ours
-        if p.requires_grad:
-            p.data = p.data.float()
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=lr,
-        betas=(0.9, 0.95),
-        eps=1e-12,
-        weight_decay=0.0,
-    )
-    return model, optimizer
-
-
 Sample = tuple[list[int], list[int], list[float], float]  # prompt, sampled, logprobs, adv
 
 
@@ -212,9 +183,7 @@ def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
     def step(batch: list[Sample]) -> float:
         start = time.perf_counter()
         peft_stable_reinforce_backward(model, batch)
-        optimizer.step()
-        optimizer.zero_grad()
-        return time.perf_counter() - start
+        return tinker_bench.finish_peft_step(optimizer, start)
 
     return step
 
@@ -228,35 +197,9 @@ def main() -> None:
     parser.add_argument(
         "--max-operand", type=int, default=100, help="x, y in 0..this (the cookbook's 100)"
     )
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--peft-baseline", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--result-json", type=Path, default=None)
+    tinker_bench.add_lora_args(parser, lr=2e-4)
     args = parser.parse_args()
-
-    from adapters.weights.factory import resolve
-
-    folder = resolve(None, None, progress=True).path
-    peft_step = make_peft_step(args, folder) if args.peft_baseline else None
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "server.log"
-        command = [
-            str(Path(sys.executable).with_name("infer")),
-            "serve",
-            "--port",
-            str(port),
-            "--checkpoint-dir",
-            str(Path(tmp) / "checkpoints"),
-        ]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(proc, url, 300, log)
-            o = run_sdk(args, url, peft_step)
-        finally:
-            _stop(proc)
+    o = tinker_bench.run_with_server(args, make_peft_step, run_sdk)
     rewards = o["rewards"]
     third = max(1, len(rewards) // 3)
     print(
@@ -274,17 +217,7 @@ def main() -> None:
             f"median {statistics.median(o['train_s']):.2f} s "
             f"({statistics.median(o['train_tokens']):.0f} tokens)"
         )
-    if o["peft_train_s"]:
-        ratios = [p / q for p, q in zip(o["peft_train_s"], o["train_s"], strict=True)]
-        o["peft_over_ours_median"] = statistics.median(ratios)
-        print(
-            f"  transformers + PEFT, same batches, interleaved: median "
-            f"{statistics.median(o['peft_train_s']):.2f} s/step; PEFT / ours per training "
-            f"step: median {o['peft_over_ours_median']:.2f}x "
-            f"(range {min(ratios):.2f}-{max(ratios):.2f})"
-        )
-    if args.result_json is not None:
-        args.result_json.write_text(json.dumps(o, indent=1))
+    tinker_bench.report_peft(args, o, "peft_train_s", "train_s", "training step")
 
 
 if __name__ == "__main__":

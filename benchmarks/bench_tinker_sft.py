@@ -25,23 +25,19 @@ Usage:
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-from bench_serving import _free_port, _stop, _wait_healthy  # noqa: E402
+import tinker_bench  # noqa: E402
+from tinker_bench import MODEL  # noqa: E402
 
-os.environ.setdefault("TINKER_TELEMETRY", "0")
 DATASET = REPO_ROOT / "benchmarks" / "data" / "fictional_facts.jsonl"
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def load_examples(tokenizer: Any) -> list[dict[str, Any]]:
@@ -162,26 +158,12 @@ def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
     """A function running one step of transformers + PEFT on a batch (by example indices);
     returns its seconds."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     examples = load_examples(tokenizer)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(device)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    config = LoraConfig(r=args.rank, lora_alpha=32, target_modules=[*targets, "lm_head"])
-    model = get_peft_model(model, config)
-    for p in model.parameters():  # LoRA weights in float32, as ours
-        if p.requires_grad:
-            p.data = p.data.float()
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-        eps=1e-12,
-        weight_decay=0.0,
-    )
+    model, optimizer = tinker_bench.peft_model(folder, args.rank, args.lr, device)
 
     def step(idx: list[int]) -> float:
         batch = [examples[i] for i in idx]
@@ -199,11 +181,7 @@ def make_peft_step(args: argparse.Namespace, folder: Path) -> Any:
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
         (-(logp * weights).sum()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return tinker_bench.finish_peft_step(optimizer, start, device)
 
     return step
 
@@ -212,37 +190,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--peft-baseline", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--result-json", type=Path, default=None)
+    tinker_bench.add_lora_args(parser, lr=1e-3)
     parser.add_argument("--device", default=None, help="server and PEFT device (default: auto)")
     args = parser.parse_args()
-
-    from adapters.weights.factory import resolve
-
-    folder = resolve(None, None, progress=True).path
-    peft_step = make_peft_step(args, folder) if args.peft_baseline else None
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "server.log"
-        command = [
-            str(Path(sys.executable).with_name("infer")),
-            "serve",
-            "--port",
-            str(port),
-            "--checkpoint-dir",
-            str(Path(tmp) / "checkpoints"),
-            *(["--device", args.device] if args.device else []),
-        ]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(proc, url, 300, log)
-            o = run_sdk(args, url, peft_step)
-        finally:
-            _stop(proc)
+    device_flags = ["--device", args.device] if args.device else []
+    o = tinker_bench.run_with_server(args, make_peft_step, run_sdk, *device_flags)
     print(f"\nSFT of {MODEL} (LoRA rank {args.rank}, lr {args.lr}) on {o['examples']} chats:")
     print(f"  mean loss/token over the dataset: {o['loss_before']:.3f} -> {o['loss_after']:.3f}")
     print(
@@ -257,16 +209,7 @@ def main() -> None:
         f"  seconds per step (batch {args.batch_size}): median {o['step_s_median']:.2f}, "
         f"mean {o['step_s_mean']:.2f}; {o['train_tokens_per_s']:.0f} training tokens/s"
     )
-    if o["peft_step_s"]:
-        ratios = [p / q for p, q in zip(o["peft_step_s"], o["step_s"], strict=True)]
-        o["peft_over_ours_median"] = statistics.median(ratios)
-        print(
-            f"  transformers + PEFT, same batches, interleaved: median "
-            f"{statistics.median(o['peft_step_s']):.2f} s/step; PEFT / ours per step: median "
-            f"{o['peft_over_ours_median']:.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})"
-        )
-    if args.result_json is not None:
-        args.result_json.write_text(json.dumps(o, indent=1))
+    tinker_bench.report_peft(args, o, "peft_step_s", "step_s", "step")
 
 
 if __name__ == "__main__":

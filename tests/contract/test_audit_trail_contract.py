@@ -1,7 +1,6 @@
 """The audit trail port held against memory, SQLite and a real PostgreSQL: events read
 back whole (details as JSON), newest first, within [since, until), at most ``limit``."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,15 +8,6 @@ import pytest
 from adapters.storage.audit_sql import open_audit_trail
 from application.access.audit import Audit, MemoryAuditTrail
 from domain.audit import AuditEvent, AuditTrail
-from tests.support.postgres import postgres_bin, postgres_server
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    if postgres_bin() is None:
-        pytest.skip("no PostgreSQL binaries (apt install postgresql; make test does)")
-    with postgres_server() as url:
-        yield url
 
 
 @pytest.fixture(params=["memory", "sqlite-file", "postgres"])

@@ -3,14 +3,12 @@ PostgreSQL: rollouts saved, replaced, deleted and read back whole (targets, weig
 pinned tenants, rollback policy); the version changes with every change; a second store
 on the same database sees the first's changes."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from adapters.storage.rollouts_sql import SqlRolloutStore, open_rollout_store
 from domain.rollout import RollbackPolicy, Rollout, RolloutTarget
-from tests.support.postgres import postgres_bin, postgres_server
 
 CANARY = Rollout(
     "support",
@@ -18,14 +16,6 @@ CANARY = Rollout(
 )
 QUIET = Rollout("quiet", (RolloutTarget("v1", 1),), rollback=None)
 TUNED = Rollout("support", (RolloutTarget("v2", 1),), RollbackPolicy(0.5, 5, 10))
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    if postgres_bin() is None:
-        pytest.skip("no PostgreSQL binaries (apt install postgresql; make test does)")
-    with postgres_server() as url:
-        yield url
 
 
 @pytest.fixture(params=["sqlite-file", "postgres"])

@@ -86,6 +86,28 @@ def logprobs(trainer: Any, model_id: str, datum: Datum) -> list[float]:
     return list(out.outputs[0]["logprobs"].data)
 
 
+def ce_pass(trainer: Any, model_id: str, backward: bool = True) -> Any:
+    """Cross entropy on ``ce_datum()``: forward, and backward unless ``backward`` is off."""
+    return trainer.forward_backward(
+        model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=backward
+    )
+
+
+def create_trained(trainer: Any, model_id: str, seed: int, steps: int) -> None:
+    """A rank-4 adapter ``model_id`` of ``seed`` created and trained ``steps`` Adam steps
+    (cross entropy on ``ce_datum()``, learning rate 0.05)."""
+    trainer.create(model_id, BASE, LoraSpec(rank=4, seed=seed))
+    for _ in range(steps):
+        ce_pass(trainer, model_id)
+        trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
+
+
+def assert_same_logprobs(trainer: Any, model_id: str, other: str, tolerance: float) -> None:
+    assert logprobs(trainer, model_id, ce_datum()) == pytest.approx(
+        logprobs(trainer, other, ce_datum()), abs=tolerance
+    )
+
+
 # --- TrainingBackend -------------------------------------------------------------------
 
 
@@ -94,9 +116,7 @@ def test_base_models_and_fresh_adapters_are_deterministic(backends) -> None:
     assert [m.name for m in trainer.base_models] == [BASE]
     trainer.create("a", BASE, LoraSpec(rank=4, seed=1))
     trainer.create("b", BASE, LoraSpec(rank=4, seed=1))
-    out = trainer.forward_backward(
-        "a", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=False
-    )
+    out = ce_pass(trainer, "a", backward=False)
     lp = list(out.outputs[0]["logprobs"].data)
     assert len(lp) == len(SEQ) - 1 and all(v <= 0 for v in lp)
     assert out.metrics["loss:sum"] == pytest.approx(-sum(lp), rel=1e-5)
@@ -119,9 +139,7 @@ def test_gradients_accumulate_until_the_optimizer_step_lowers_the_loss(backends)
     else:
         adam = AdamParams(learning_rate=5e-3, grad_clip_norm=1.0)
     for _ in range(5):
-        trainer.forward_backward(
-            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
+        ce_pass(trainer, "m")
         metrics = trainer.optim_step("m", adam)
         assert all(k.count(":") == 1 for k in metrics)
     assert -sum(logprobs(trainer, "m", ce_datum())) < 0.8 * before
@@ -129,17 +147,11 @@ def test_gradients_accumulate_until_the_optimizer_step_lowers_the_loss(backends)
     trainer.create("fresh-m", BASE, LoraSpec(rank=4, seed=3))
     trainer.create("fresh-n", BASE, LoraSpec(rank=4, seed=3))
     for model_id, extra in (("fresh-m", True), ("fresh-n", False)):
-        trainer.forward_backward(
-            model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
+        ce_pass(trainer, model_id)
         if extra:
-            trainer.forward_backward(
-                model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=False
-            )
+            ce_pass(trainer, model_id, backward=False)
         trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
-    assert logprobs(trainer, "fresh-m", ce_datum()) == pytest.approx(
-        logprobs(trainer, "fresh-n", ce_datum()), abs=1e-6
-    )
+    assert_same_logprobs(trainer, "fresh-m", "fresh-n", 1e-6)
 
 
 def test_forward_backward_in_pieces_interleaves_models_with_the_same_result(
@@ -226,26 +238,15 @@ def test_each_loss_reports_its_formula_over_the_logprobs(backends) -> None:
 
 def test_save_and_load_round_trip_with_and_without_the_optimizer(backends, tmp_path) -> None:
     trainer, _ = backends
-    trainer.create("m", BASE, LoraSpec(rank=4, seed=5))
-    for _ in range(2):
-        trainer.forward_backward(
-            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
-        trainer.optim_step("m", AdamParams(learning_rate=0.05))
+    create_trained(trainer, "m", seed=5, steps=2)
     trainer.save("m", tmp_path, optimizer=True)
     trainer.create("copy", BASE, LoraSpec(rank=4, seed=9))
     trainer.load("copy", tmp_path, optimizer=True)
-    assert logprobs(trainer, "copy", ce_datum()) == pytest.approx(
-        logprobs(trainer, "m", ce_datum()), abs=1e-6
-    )
+    assert_same_logprobs(trainer, "copy", "m", 1e-6)
     for model_id in ("m", "copy"):  # the same next step: the optimizer state came along
-        trainer.forward_backward(
-            model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
+        ce_pass(trainer, model_id)
         trainer.optim_step(model_id, AdamParams(learning_rate=0.05))
-    assert logprobs(trainer, "copy", ce_datum()) == pytest.approx(
-        logprobs(trainer, "m", ce_datum()), abs=1e-5
-    )
+    assert_same_logprobs(trainer, "copy", "m", 1e-5)
 
 
 def test_dimuon_steps_lower_the_loss_and_its_momentum_survives_save_and_load(
@@ -258,9 +259,7 @@ def test_dimuon_steps_lower_the_loss_and_its_momentum_survives_save_and_load(
     dimuon = DimuonParams(learning_rate=lr, beta1=0.8)
 
     def step(model_id: str) -> dict[str, float]:
-        trainer.forward_backward(
-            model_id, ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
+        ce_pass(trainer, model_id)
         return trainer.optim_step(model_id, dimuon)
 
     trainer.create("m", BASE, LoraSpec(rank=4, seed=5))
@@ -299,9 +298,7 @@ def test_bad_input_and_unknown_models_raise_the_domain_errors(backends) -> None:
         )
     trainer.release("m")
     with pytest.raises(NotFoundError):
-        trainer.forward_backward(
-            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
+        ce_pass(trainer, "m")
     trainer.release("m")  # twice: ignored
 
 
@@ -310,12 +307,7 @@ def test_bad_input_and_unknown_models_raise_the_domain_errors(backends) -> None:
 
 def test_samples_carry_logprobs_stop_reasons_and_prompt_logprobs(backends, tmp_path) -> None:
     trainer, sampler = backends
-    trainer.create("m", BASE, LoraSpec(rank=4, seed=7))
-    for _ in range(3):
-        trainer.forward_backward(
-            "m", ForwardBackwardInput([ce_datum()], "cross_entropy"), backward=True
-        )
-        trainer.optim_step("m", AdamParams(learning_rate=0.05))
+    create_trained(trainer, "m", seed=7, steps=3)
     trainer.save("m", tmp_path, optimizer=False)
 
     async def run(source: WeightsSource, params: TinkerSamplingParams, n: int = 2) -> Any:

@@ -14,17 +14,8 @@ import pytest
 from adapters.storage.usage_sql import open_ledger
 from application.access.usage_ledger import MemoryUsageLedger
 from domain.usage import COMPLETIONS, EMBEDDINGS, UsageLedger, UsageQuery, UsageRecord
-from tests.support.postgres import postgres_bin, postgres_server
 
 T0 = 1_700_000_000.0  # a whole minute
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    if postgres_bin() is None:
-        pytest.skip("no PostgreSQL binaries (apt install postgresql; make test does)")
-    with postgres_server() as url:
-        yield url
 
 
 def _postgres(url: str) -> UsageLedger:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -68,6 +69,19 @@ def infer_serve(*flags: str, timeout_s: float = 120) -> Iterator[str]:
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+def bearer_client(url: str, key: str, timeout: float = 30) -> httpx.Client:
+    """A client of the server at ``url`` sending ``key`` as its bearer token."""
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
+
+
+def get_ok(url: str, key: str, path: str, timeout: float = 30, **params: Any) -> Any:
+    """``GET path`` with ``key``, a 200 asserted: its JSON."""
+    with bearer_client(url, key, timeout) as http:
+        answer = http.get(path, params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
 
 
 @contextmanager

@@ -14,8 +14,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
-from tests.e2e.server import keyed_serve
+from tests.e2e.browser import browser, save_screenshot, wait_for
+from tests.e2e.console_page import page_errors, retype, use_key
+from tests.e2e.server import bearer_client, get_ok, keyed_serve
 
 pytestmark = pytest.mark.slow
 OPS_KEY = "sk-ops-audit"  # faces openai, admin
@@ -37,34 +38,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def admin(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {OPS_KEY}"}, timeout=30)
-
-
 def trail(url: str) -> list[dict[str, Any]]:
     """The whole trail from the API (``GET /admin/audit``, newest first)."""
-    with admin(url) as http:
-        listed = http.get("/admin/audit", params={"limit": 1000})
-    assert listed.status_code == 200, listed.text
-    assert listed.json()["has_more"] is False
-    events: list[dict[str, Any]] = listed.json()["data"]
+    listed = get_ok(url, OPS_KEY, "/admin/audit", limit=1000)
+    assert listed["has_more"] is False
+    events: list[dict[str, Any]] = listed["data"]
     return events
 
 
 def ok(response: httpx.Response) -> httpx.Response:
     assert response.is_success, response.text
     return response
-
-
-def use_key(driver: Any, url: str, key: str) -> None:
-    """Open the console on the audit tab and give it ``key`` (the page asks for one)."""
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{url}/#audit")
-    field = wait_for(driver, lambda d: d.find_elements(By.ID, "api-key"))[0]
-    field.send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
-    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "section.tab-audit"))
 
 
 # The table's rows as shown, read in one script (the page refreshes every 10 s).
@@ -96,21 +80,10 @@ def shown(events: list[dict[str, Any]]) -> list[tuple[float, str, str]]:
     return [(e["at"], e["event"], e["subject"]) for e in events]
 
 
-def page_errors(driver: Any) -> list[str]:
-    """The browser console's errors but the refused calls the test provokes (Chromium logs
-    each 4xx answer as "Failed to load resource"): CSP violations, uncaught errors."""
-    return [e for e in console_errors(driver) if "Failed to load resource" not in e]
-
-
 def set_filter(driver: Any, text: str) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
 
-    field = driver.find_element(By.ID, "audit-filter")
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.BACKSPACE)
-    if text:
-        field.send_keys(text)
+    retype(driver.find_element(By.ID, "audit-filter"), text)
 
 
 def test_an_admin_reads_the_changes_newest_first_and_filters_them(
@@ -118,7 +91,7 @@ def test_an_admin_reads_the_changes_newest_first_and_filters_them(
 ) -> None:
     from selenium.webdriver.common.by import By
 
-    with admin(server) as http:
+    with bearer_client(server, OPS_KEY) as http:
         ok(http.put("/admin/tenants/acme", json={"weight": 2}))
         key_id = ok(http.post("/admin/tenants/acme/keys")).json()["id"]
         rollout = {"targets": [{"model": "A", "weight": 9}, {"model": "B", "weight": 1}]}
@@ -132,7 +105,7 @@ def test_an_admin_reads_the_changes_newest_first_and_filters_them(
         "tenant created",
     ]
 
-    use_key(browser, server, OPS_KEY)
+    use_key(browser, server, OPS_KEY, "audit")
     wait_for(browser, lambda d: len(rows(d)) == len(expected))
     table = rows(browser)
     assert shown(table) == shown(expected)  # newest first, each once
@@ -164,7 +137,7 @@ def test_an_admin_reads_the_changes_newest_first_and_filters_them(
     # nothing twice.
     set_filter(browser, "acme")
     before = len(rows(browser))
-    with admin(server) as http:
+    with bearer_client(server, OPS_KEY) as http:
         ok(http.put("/admin/tenants/acme", json={"weight": 3}))
     wait_for(browser, lambda d: len(rows(d)) == before + 1, timeout_s=REFRESH_S + 10)
     assert browser.find_element(By.ID, "audit-filter").get_attribute("value") == "acme"
@@ -179,13 +152,13 @@ def test_an_admin_reads_the_changes_newest_first_and_filters_them(
 def test_load_older_pages_back_past_the_newest_hundred(browser: Any, server: str) -> None:
     from selenium.webdriver.common.by import By
 
-    with admin(server) as http:
+    with bearer_client(server, OPS_KEY) as http:
         for weight in range(1, 121):
             ok(http.put("/admin/tenants/bulk", json={"weight": weight}))
     expected = trail(server)
     assert len(expected) > 120
 
-    use_key(browser, server, OPS_KEY)
+    use_key(browser, server, OPS_KEY, "audit")
     wait_for(browser, lambda d: len(rows(d)) == 100)
     assert shown(rows(browser)) == shown(expected[:100])
     assert rows(browser)[0]["details"].endswith("weight: 120; limits: {}")
@@ -209,12 +182,12 @@ def test_load_older_pages_back_past_the_newest_hundred(browser: Any, server: str
 def test_a_hostile_name_is_text_and_other_keys_are_refused(browser: Any, server: str) -> None:
     from selenium.webdriver.common.by import By
 
-    with admin(server) as http:
+    with bearer_client(server, OPS_KEY) as http:
         body = {"targets": [{"model": "A", "weight": 1, "tenants": ["<b>alice</b>"]}]}
         ok(http.put(f"/admin/rollouts/{quote(HOSTILE, safe='')}", json=body))
         ok(http.delete(f"/admin/rollouts/{quote(HOSTILE, safe='')}"))
 
-    use_key(browser, server, OPS_KEY)
+    use_key(browser, server, OPS_KEY, "audit")
     wait_for(browser, lambda d: rows(d) and rows(d)[0]["event"] == "rollout removed")
     removed, hostile = rows(browser)[:2]
     assert removed["subject"] == hostile["subject"] == f"rollout:{HOSTILE}"
@@ -250,7 +223,7 @@ def test_a_hostile_name_is_text_and_other_keys_are_refused(browser: Any, server:
 
     # A key without the admin face: the 403's message, no rows, no controls.
     browser.find_element(By.ID, "forget-key").click()
-    use_key(browser, server, ALICE_KEY)
+    use_key(browser, server, ALICE_KEY, "audit")
     error = wait_for(browser, lambda d: d.find_element(By.ID, "audit-error").text)
     assert "admin" in error
     assert rows(browser) == []

@@ -16,6 +16,7 @@ import pytest
 
 from application.access.keys import hash_key
 from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
+from tests.e2e.console_page import use_key
 from tests.e2e.server import infer_serve
 from tests.support.tinker_client import Api
 
@@ -76,17 +77,6 @@ class Trainer:
         self.seq += 1
         path: str = self.api.run("save_weights_for_sampler", body)["path"]
         return path
-
-
-def use_key(driver: Any, url: str, key: str, tab: str) -> None:
-    """Open the console on ``tab`` and give it ``key`` (the page asks for one)."""
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{url}/#{tab}")
-    field = wait_for(driver, lambda d: d.find_elements(By.ID, "api-key"))[0]
-    field.send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
-    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, f"section.tab-{tab}"))
 
 
 def curve_points(driver: Any) -> int:

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
-from tests.e2e.server import keyed_serve
+from tests.e2e.browser import browser, save_screenshot, wait_for
+from tests.e2e.console_page import PageItems, confirm, page_errors, press, retype, use_key
+from tests.e2e.server import bearer_client, get_ok, keyed_serve
 
 pytestmark = pytest.mark.slow
 OPS_KEY = "sk-ops-rollouts"  # faces openai, admin
@@ -30,31 +31,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def admin(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {OPS_KEY}"}, timeout=30)
-
-
 def rollouts(url: str) -> dict[str, dict[str, Any]]:
     """``GET /admin/rollouts`` by name."""
-    with admin(url) as http:
-        listed = http.get("/admin/rollouts")
-    assert listed.status_code == 200, listed.text
-    return {r["name"]: r for r in listed.json()["data"]}
+    return {r["name"]: r for r in get_ok(url, OPS_KEY, "/admin/rollouts")["data"]}
 
 
 def weights(url: str, name: str) -> dict[str, float]:
     return {t["model"]: t["weight"] for t in rollouts(url)[name]["targets"]}
-
-
-def use_key(driver: Any, url: str, key: str) -> None:
-    """Open the console on the rollouts tab and give it ``key`` (the page asks for one)."""
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{url}/#rollouts")
-    field = wait_for(driver, lambda d: d.find_elements(By.ID, "api-key"))[0]
-    field.send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
-    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "section.tab-rollouts"))
 
 
 # The page's rollouts, read in one script (the page refreshes every 5 s): by name, the
@@ -76,54 +59,25 @@ return Object.fromEntries([...document.querySelectorAll('#rollouts-list .rollout
     error: card.querySelector('.rollout-error').textContent,
   }]));
 """
-
-
-def page_errors(driver: Any) -> list[str]:
-    """The browser console's errors but the refused calls the test provokes (Chromium logs
-    each 4xx answer as "Failed to load resource"): CSP violations, uncaught errors."""
-    return [e for e in console_errors(driver) if "Failed to load resource" not in e]
-
-
-def cards(driver: Any) -> dict[str, dict[str, Any]]:
-    result: dict[str, dict[str, Any]] = driver.execute_script(CARDS_JS)
-    return result
-
-
-def card_button(driver: Any, name: str, css: str) -> Any:
-    """A button of ``name``'s card (found by script: the name may be any text)."""
-    script = (
-        "return [...document.querySelectorAll('#rollouts-list .rollout')]"
-        ".find((c) => c.dataset.rollout === arguments[0]).querySelector(arguments[1]);"
-    )
-    return driver.execute_script(script, name, css)
-
-
-def press(driver: Any, element: Any) -> None:
-    """Click ``element``, scrolled to the middle first (the sticky header covers the top)."""
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-    element.click()
+CARDS = PageItems("#rollouts-list .rollout", "rollout", CARDS_JS)
 
 
 def weight_input(driver: Any, name: str, model: str) -> Any:
-    return card_button(driver, name, f'input.weight-input[data-model="{model}"]')
+    return CARDS.element(driver, name, f'input.weight-input[data-model="{model}"]')
 
 
 def set_weight(driver: Any, name: str, model: str, value: str) -> None:
-    from selenium.webdriver.common.keys import Keys
-
     field = weight_input(driver, name, model)
     press(driver, field)
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.BACKSPACE)
-    field.send_keys(value)
+    retype(field, value)
 
 
 def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, server: str) -> None:
     from selenium.webdriver.common.by import By
 
-    use_key(browser, server, OPS_KEY)
-    wait_for(browser, lambda d: "support" in cards(d))
-    support = cards(browser)["support"]
+    use_key(browser, server, OPS_KEY, "rollouts")
+    wait_for(browser, lambda d: "support" in CARDS.read(d))
+    support = CARDS.read(browser)["support"]
     assert support["targets"]["A"]["share"] == "90 %" and support["targets"]["B"]["share"] == "10 %"
     assert support["targets"]["A"]["weight"] == "90" and support["targets"]["B"]["weight"] == "10"
     assert support["targets"]["A"]["tenants"] == "none"
@@ -144,7 +98,7 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
     wait_for(
         browser,
         lambda d: (
-            sorted(t["recent"] for t in cards(d)["support"]["targets"].values())
+            sorted(t["recent"] for t in CARDS.read(d)["support"]["targets"].values())
             == ["0 of 3 (0 %)", "–"]
         ),
     )
@@ -156,7 +110,7 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
     save_screenshot(browser, "console-rollouts")
 
     # B's weight to 50: Save PUTs every target, the policy kept.
-    save = card_button(browser, "support", "button.save-weights")
+    save = CARDS.element(browser, "support", "button.save-weights")
     assert not save.is_enabled()  # nothing changed yet
     set_weight(browser, "support", "B", "50")
     assert save.is_enabled()
@@ -167,31 +121,31 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
         "min_requests": 20,
         "window": 100,
     }
-    wait_for(browser, lambda d: cards(d)["support"]["targets"]["B"]["share"] == "35.7 %")
+    wait_for(browser, lambda d: CARDS.read(d)["support"]["targets"]["B"]["share"] == "35.7 %")
 
     # A weight typed is kept while the page refreshes (every 5 s), until saved or discarded.
     set_weight(browser, "support", "A", "7")
     browser.execute_script("document.activeElement.blur()")
     status = browser.find_element(By.ID, "rollouts-status").text
     wait_for(browser, lambda d: d.find_element(By.ID, "rollouts-status").text != status)
-    assert cards(browser)["support"]["targets"]["A"]["weight"] == "7"
-    press(browser, card_button(browser, "support", "button.reset-weights"))
-    assert cards(browser)["support"]["targets"]["A"]["weight"] == "90"
+    assert CARDS.read(browser)["support"]["targets"]["A"]["weight"] == "7"
+    press(browser, CARDS.element(browser, "support", "button.reset-weights"))
+    assert CARDS.read(browser)["support"]["targets"]["A"]["weight"] == "90"
 
     # An API error (a weight below 0) is shown as the error's message, the rollout unchanged.
     set_weight(browser, "support", "B", "-1")
-    press(browser, card_button(browser, "support", "button.save-weights"))
-    error = wait_for(browser, lambda d: cards(d)["support"]["error"])
+    press(browser, CARDS.element(browser, "support", "button.save-weights"))
+    error = wait_for(browser, lambda d: CARDS.read(d)["support"]["error"])
     assert "weight must be 0 or more" in error
     assert weights(server, "support") == {"A": 90.0, "B": 50.0}
-    press(browser, card_button(browser, "support", "button.reset-weights"))
+    press(browser, CARDS.element(browser, "support", "button.reset-weights"))
 
     # Roll back to A: A weight 1, B 0.
-    press(browser, card_button(browser, "support", 'button.rollback-to[data-model="A"]'))
+    press(browser, CARDS.element(browser, "support", 'button.rollback-to[data-model="A"]'))
     wait_for(browser, lambda d: weights(server, "support") == {"A": 1.0, "B": 0.0})
-    wait_for(browser, lambda d: cards(d)["support"]["targets"]["A"]["share"] == "100 %")
-    assert cards(browser)["support"]["error"] == ""
-    assert not card_button(browser, "support", 'button.rollback-to[data-model="A"]').is_enabled()
+    wait_for(browser, lambda d: CARDS.read(d)["support"]["targets"]["A"]["share"] == "100 %")
+    assert CARDS.read(browser)["support"]["error"] == ""
+    assert not CARDS.element(browser, "support", 'button.rollback-to[data-model="A"]').is_enabled()
 
     # A new rollout from the form: its targets are the served models, not the rollouts.
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#rollout-new-models input"))
@@ -208,9 +162,9 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
         field.clear()
         field.send_keys(weight)
     press(browser, browser.find_element(By.ID, "rollout-create"))
-    wait_for(browser, lambda d: "canary" in cards(d))
+    wait_for(browser, lambda d: "canary" in CARDS.read(d))
     assert weights(server, "canary") == {"A": 3.0, "B": 1.0}
-    canary = cards(browser)["canary"]
+    canary = CARDS.read(browser)["canary"]
     assert canary["targets"]["A"]["share"] == "75 %" and canary["targets"]["B"]["share"] == "25 %"
     assert browser.find_element(By.ID, "rollout-create-error").text == ""
     # The same name again is refused by the page (a PUT would replace it).
@@ -226,14 +180,11 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
     assert "served model" in create_error
 
     # Delete, after confirm(): dismissed, nothing happens; accepted, it is gone.
-    press(browser, card_button(browser, "canary", "button.delete-rollout"))
-    browser.switch_to.alert.dismiss()
-    assert "canary" in rollouts(server) and "canary" in cards(browser)
-    press(browser, card_button(browser, "canary", "button.delete-rollout"))
-    alert = browser.switch_to.alert
-    assert "canary" in alert.text
-    alert.accept()
-    wait_for(browser, lambda d: "canary" not in cards(d))
+    delete = "button.delete-rollout"
+    confirm(browser, CARDS.element(browser, "canary", delete), accept=False)
+    assert "canary" in rollouts(server) and "canary" in CARDS.read(browser)
+    assert "canary" in confirm(browser, CARDS.element(browser, "canary", delete), accept=True)
+    wait_for(browser, lambda d: "canary" not in CARDS.read(d))
     assert "canary" not in rollouts(server)
     assert page_errors(browser) == []
 
@@ -241,31 +192,31 @@ def test_an_admin_moves_rolls_back_creates_and_deletes_rollouts(browser: Any, se
 def test_a_hostile_name_is_text_and_other_keys_are_refused(browser: Any, server: str) -> None:
     from selenium.webdriver.common.by import By
 
-    with admin(server) as http:
+    with bearer_client(server, OPS_KEY) as http:
         body = {"targets": [{"model": "A", "weight": 1, "tenants": ["<b>alice</b>"]}]}
         put = http.put(f"/admin/rollouts/{HOSTILE}", json=body)
         assert put.status_code == 200, put.text
     try:
-        use_key(browser, server, OPS_KEY)
-        wait_for(browser, lambda d: HOSTILE in cards(d))
-        hostile = cards(browser)[HOSTILE]
+        use_key(browser, server, OPS_KEY, "rollouts")
+        wait_for(browser, lambda d: HOSTILE in CARDS.read(d))
+        hostile = CARDS.read(browser)[HOSTILE]
         assert hostile["title"] == HOSTILE  # the name as text
         assert hostile["targets"]["A"]["tenants"] == "<b>alice</b>"
         assert browser.execute_script("return window.__xss") is None
         assert not browser.find_elements(By.CSS_SELECTOR, "#rollouts-list img, #rollouts-list b")
         # Its buttons work on the name as it is (sent percent-encoded).
         set_weight(browser, HOSTILE, "A", "2")
-        press(browser, card_button(browser, HOSTILE, "button.save-weights"))
+        press(browser, CARDS.element(browser, HOSTILE, "button.save-weights"))
         wait_for(browser, lambda d: weights(server, HOSTILE) == {"A": 2.0})
         assert rollouts(server)[HOSTILE]["targets"][0]["tenants"] == ["<b>alice</b>"]
         assert browser.execute_script("return window.__xss") is None
     finally:
-        with admin(server) as http:
+        with bearer_client(server, OPS_KEY) as http:
             http.delete(f"/admin/rollouts/{HOSTILE}")
 
     # A key without the admin face: the 403's message, no rollout, no form.
     browser.find_element(By.ID, "forget-key").click()
-    use_key(browser, server, ALICE_KEY)
+    use_key(browser, server, ALICE_KEY, "rollouts")
     error = wait_for(browser, lambda d: d.find_element(By.ID, "rollouts-error").text)
     assert "admin" in error
     assert not browser.find_elements(By.CSS_SELECTOR, "#rollouts-list .rollout")

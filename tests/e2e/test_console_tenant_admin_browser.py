@@ -14,8 +14,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.e2e.browser import browser, console_errors, save_screenshot, wait_for
-from tests.e2e.server import infer_serve, keyed_serve
+from tests.e2e.browser import browser, save_screenshot, wait_for
+from tests.e2e.console_page import PageItems, confirm, page_errors, press, retype, use_key
+from tests.e2e.server import bearer_client, get_ok, infer_serve, keyed_serve
 
 pytestmark = pytest.mark.slow
 OPS_KEY = "sk-ops-tenant-admin"  # faces openai, admin: the only admin key
@@ -40,40 +41,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def admin(url: str) -> httpx.Client:
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {OPS_KEY}"}, timeout=60)
-
-
 def tenants(url: str) -> dict[str, dict[str, Any]]:
     """``GET /admin/tenants`` by id."""
-    with admin(url) as http:
-        listed = http.get("/admin/tenants")
-    assert listed.status_code == 200, listed.text
-    return {t["id"]: t for t in listed.json()["data"]}
+    return {t["id"]: t for t in get_ok(url, OPS_KEY, "/admin/tenants", 60)["data"]}
 
 
 def served_model(url: str) -> str:
-    with admin(url) as http:
-        models = http.get("/v1/models")
-    assert models.status_code == 200, models.text
-    return str(models.json()["data"][0]["id"])
+    return str(get_ok(url, OPS_KEY, "/v1/models", 60)["data"][0]["id"])
 
 
 def complete(url: str, key: str, model: str) -> httpx.Response:
     body = {"model": model, "prompt": "Hi", "max_tokens": 1}
     headers = {"Authorization": f"Bearer {key}"}
     return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
-
-
-def use_key(driver: Any, url: str, key: str) -> None:
-    """Open the console on the tenants tab and give it ``key`` (the page asks for one)."""
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{url}/#tenants")
-    field = wait_for(driver, lambda d: d.find_elements(By.ID, "api-key"))[0]
-    field.send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
-    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "section.tab-tenants"))
 
 
 # The changes' table, read in one script (the page refreshes every 5 s): by tenant id,
@@ -86,50 +66,21 @@ return Object.fromEntries([...document.querySelectorAll('#tenant-admin-table tbo
     error: row.querySelector('.tenant-admin-error').textContent,
   }]));
 """
-
-
-def rows(driver: Any) -> dict[str, dict[str, Any]]:
-    result: dict[str, dict[str, Any]] = driver.execute_script(ROWS_JS)
-    return result
-
-
-def row_element(driver: Any, tenant: str, css: str) -> Any:
-    """An element of ``tenant``'s row (found by script: the id may be any text)."""
-    script = (
-        "return [...document.querySelectorAll('#tenant-admin-table tbody tr')]"
-        ".find((r) => r.dataset.tenant === arguments[0]).querySelector(arguments[1]);"
-    )
-    return driver.execute_script(script, tenant, css)
-
-
-def press(driver: Any, element: Any) -> None:
-    """Click ``element``, scrolled to the middle first (the sticky header covers the top)."""
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-    element.click()
+ROWS = PageItems("#tenant-admin-table tbody tr", "tenant", ROWS_JS)
 
 
 def fill(driver: Any, element_id: str, value: str) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
 
     field = driver.find_element(By.ID, element_id)
     press(driver, field)
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.BACKSPACE)
-    if value:
-        field.send_keys(value)
+    retype(field, value)
 
 
 def value(driver: Any, element_id: str) -> str:
     from selenium.webdriver.common.by import By
 
     return str(driver.find_element(By.ID, element_id).get_attribute("value"))
-
-
-def page_errors(driver: Any) -> list[str]:
-    """The browser console's errors but the refused calls the test provokes (Chromium logs
-    each 4xx answer as "Failed to load resource"): CSP violations, uncaught errors."""
-    return [e for e in console_errors(driver) if "Failed to load resource" not in e]
 
 
 def next_refresh(driver: Any) -> None:
@@ -153,10 +104,10 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
     from selenium.webdriver.common.by import By
 
     model = served_model(server)
-    use_key(browser, server, OPS_KEY)
-    wait_for(browser, lambda d: "ops" in rows(d))
-    assert rows(browser)["ops"]["keys"] == [tenants(server)["ops"]["keys"][0]["id"]]
-    assert "admin" in rows(browser)["ops"]["name"]
+    use_key(browser, server, OPS_KEY, "tenants")
+    wait_for(browser, lambda d: "ops" in ROWS.read(d))
+    assert ROWS.read(browser)["ops"]["keys"] == [tenants(server)["ops"]["keys"][0]["id"]]
+    assert "admin" in ROWS.read(browser)["ops"]["name"]
 
     # A new tenant: the default faces, every model, weight 1, 2 requests a minute.
     assert value(browser, "tenant-form-weight") == "1"
@@ -165,7 +116,7 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
     fill(browser, "tenant-form-id", "acme")
     fill(browser, "tenant-form-requests_per_minute", "2")
     press(browser, browser.find_element(By.ID, "tenant-form-save"))
-    wait_for(browser, lambda d: "acme" in rows(d))
+    wait_for(browser, lambda d: "acme" in ROWS.read(d))
     acme = tenants(server)["acme"]
     assert acme["faces"] == ["openai", "tinker"] and acme["models"] is None
     assert acme["weight"] == 1.0 and acme["keys"] == [] and not acme["admin"]
@@ -180,14 +131,14 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
     press(browser, browser.find_element(By.ID, "tenant-form-cancel"))
 
     # A key: shown once in the box, with a note; it answers until the limit, then 429.
-    press(browser, row_element(browser, "acme", "button.new-key"))
+    press(browser, ROWS.element(browser, "acme", "button.new-key"))
     box = wait_for(browser, lambda d: d.find_element(By.ID, "tenant-new-key-value").text)
     key = str(box)
     assert key.startswith("sk-infer-")
     note = browser.find_element(By.ID, "tenant-new-key-note").text
     assert "will not be shown again" in note
     key_id = tenants(server)["acme"]["keys"][0]["id"]
-    wait_for(browser, lambda d: rows(d)["acme"]["keys"] == [key_id])
+    wait_for(browser, lambda d: ROWS.read(d)["acme"]["keys"] == [key_id])
     assert key not in browser.execute_script(STORED_JS)  # never stored
     press(browser, browser.find_element(By.ID, "tenant-new-key-copy"))
     wait_for(browser, lambda d: d.find_element(By.ID, "tenant-new-key-copied").text)
@@ -203,7 +154,7 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
     assert key not in browser.execute_script(STORED_JS)
 
     # Edit: the form prefilled from the admin API; a value typed survives the refresh.
-    press(browser, row_element(browser, "acme", "button.edit-tenant"))
+    press(browser, ROWS.element(browser, "acme", "button.edit-tenant"))
     assert "acme" in browser.find_element(By.ID, "tenant-form-title").text
     assert value(browser, "tenant-form-id") == "acme"
     assert browser.find_element(By.ID, "tenant-form-id").get_attribute("readonly") is not None
@@ -221,7 +172,7 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
     assert "saved" in browser.find_element(By.ID, "tenant-form-done").text
 
     # A bad value: the API's error as text, the tenant unchanged.
-    press(browser, row_element(browser, "acme", "button.edit-tenant"))
+    press(browser, ROWS.element(browser, "acme", "button.edit-tenant"))
     fill(browser, "tenant-form-weight", "0")
     press(browser, browser.find_element(By.ID, "tenant-form-save"))
     error = wait_for(browser, lambda d: d.find_element(By.ID, "tenant-form-error").text)
@@ -231,33 +182,29 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
     assert value(browser, "tenant-form-id") == ""
 
     # Revoke, after confirm(): dismissed, nothing happens; accepted, the key is refused.
-    press(browser, row_element(browser, "acme", f'button.revoke-key[data-key="{key_id}"]'))
-    browser.switch_to.alert.dismiss()
+    revoke = f'button.revoke-key[data-key="{key_id}"]'
+    confirm(browser, ROWS.element(browser, "acme", revoke), accept=False)
     assert tenants(server)["acme"]["keys"] == [{"id": key_id}]
-    press(browser, row_element(browser, "acme", f'button.revoke-key[data-key="{key_id}"]'))
-    alert = browser.switch_to.alert
-    assert key_id in alert.text
-    alert.accept()
-    wait_for(browser, lambda d: rows(d)["acme"]["keys"] == [])
+    assert key_id in confirm(browser, ROWS.element(browser, "acme", revoke), accept=True)
+    wait_for(browser, lambda d: ROWS.read(d)["acme"]["keys"] == [])
     assert tenants(server)["acme"]["keys"] == []
     assert complete(server, key, model).status_code == 401
 
     # The last admin key cannot go: the API's refusal, as text in its row.
-    ops_key = rows(browser)["ops"]["keys"][0]
-    press(browser, row_element(browser, "ops", f'button.revoke-key[data-key="{ops_key}"]'))
-    browser.switch_to.alert.accept()
-    locked = wait_for(browser, lambda d: rows(d)["ops"]["error"])
+    ops_key = ROWS.read(browser)["ops"]["keys"][0]
+    revoke = f'button.revoke-key[data-key="{ops_key}"]'
+    confirm(browser, ROWS.element(browser, "ops", revoke), accept=True)
+    locked = wait_for(browser, lambda d: ROWS.read(d)["ops"]["error"])
     assert "locked out" in locked
     assert tenants(server)["ops"]["keys"] == [{"id": ops_key}]
     next_refresh(browser)
-    assert "locked out" in rows(browser)["ops"]["error"]  # kept until the next action
+    assert "locked out" in ROWS.read(browser)["ops"]["error"]  # kept until the next action
 
     # Delete, after confirm().
-    press(browser, row_element(browser, "acme", "button.delete-tenant"))
-    alert = browser.switch_to.alert
-    assert "acme" in alert.text
-    alert.accept()
-    wait_for(browser, lambda d: "acme" not in rows(d))
+    assert "acme" in confirm(
+        browser, ROWS.element(browser, "acme", "button.delete-tenant"), accept=True
+    )
+    wait_for(browser, lambda d: "acme" not in ROWS.read(d))
     assert "acme" not in tenants(server)
     assert page_errors(browser) == []
 
@@ -265,22 +212,21 @@ def test_an_admin_creates_keys_limits_and_deletes_a_tenant(browser: Any, server:
 def test_a_hostile_tenant_id_is_text(browser: Any, server: str) -> None:
     from selenium.webdriver.common.by import By
 
-    with admin(server) as http:
+    with bearer_client(server, OPS_KEY, 60) as http:
         put = http.put(f"/admin/tenants/{quote(HOSTILE, safe='')}", json={"weight": 2})
         assert put.status_code == 201, put.text
-    use_key(browser, server, OPS_KEY)
-    wait_for(browser, lambda d: HOSTILE in rows(d))
-    assert rows(browser)[HOSTILE]["name"] == HOSTILE  # the id as text
-    press(browser, row_element(browser, HOSTILE, "button.edit-tenant"))
+    use_key(browser, server, OPS_KEY, "tenants")
+    wait_for(browser, lambda d: HOSTILE in ROWS.read(d))
+    assert ROWS.read(browser)[HOSTILE]["name"] == HOSTILE  # the id as text
+    press(browser, ROWS.element(browser, HOSTILE, "button.edit-tenant"))
     assert HOSTILE in browser.find_element(By.ID, "tenant-form-title").text
     assert value(browser, "tenant-form-weight") == "2"
     press(browser, browser.find_element(By.ID, "tenant-form-cancel"))
     assert browser.execute_script("return window.__xss") is None
     assert not browser.find_elements(By.CSS_SELECTOR, "#tenant-admin img, #tenants-table img")
     # Its buttons work on the id as it is (sent percent-encoded).
-    press(browser, row_element(browser, HOSTILE, "button.delete-tenant"))
-    browser.switch_to.alert.accept()
-    wait_for(browser, lambda d: HOSTILE not in rows(d))
+    confirm(browser, ROWS.element(browser, HOSTILE, "button.delete-tenant"), accept=True)
+    wait_for(browser, lambda d: HOSTILE not in ROWS.read(d))
     assert HOSTILE not in tenants(server)
     assert browser.execute_script("return window.__xss") is None
     assert page_errors(browser) == []

@@ -81,23 +81,25 @@ def answered(path: str, status: int, text: str) -> None:
         assert_error_format(path, status, text)
 
 
+def put_answered(client: TestClient, path: str, payload: Payload) -> Any:
+    """``PUT path`` of the fuzzed ``payload`` with the admin key, answered without a 5xx
+    and any error in the face's format; the response."""
+    answer = client.put(path, content=payload.content, headers=payload.headers(ADMIN))
+    answered(path, answer.status_code, answer.text)
+    return answer
+
+
 @given(payload=payloads(TENANT_BODY, TENANT_PATHS))
 def test_fuzzed_tenant_bodies(served: tuple[TestClient, Path], payload: Payload) -> None:
     client, keys = served
-    answer = client.put(
-        "/admin/tenants/acme", content=payload.content, headers=payload.headers(ADMIN)
-    )
-    answered("/admin/tenants/acme", answer.status_code, answer.text)
+    put_answered(client, "/admin/tenants/acme", payload)
     assert next(e.tenant.id for e in load_entries(keys)) == "ops"  # the file still reads
 
 
 @given(payload=payloads(ROLLOUT_BODY, ROLLOUT_PATHS))
 def test_fuzzed_rollout_bodies(served: tuple[TestClient, Path], payload: Payload) -> None:
     client, _ = served
-    answer = client.put(
-        "/admin/rollouts/support", content=payload.content, headers=payload.headers(ADMIN)
-    )
-    answered("/admin/rollouts/support", answer.status_code, answer.text)
+    answer = put_answered(client, "/admin/rollouts/support", payload)
     if answer.status_code == 200:  # whatever was accepted serves
         chat = client.post(
             "/v1/chat/completions",

@@ -10,9 +10,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.ports import port_listens
 
 
 def postgres_bin() -> Path | None:
@@ -83,11 +84,5 @@ def postgres_server() -> Iterator[str]:
 
 
 def _wait_for(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"PostgreSQL did not listen on port {port}")
+    if not port_listens(port, 30):
+        raise TimeoutError(f"PostgreSQL did not listen on port {port}")

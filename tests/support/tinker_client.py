@@ -1,7 +1,6 @@
 """Raw HTTP against the Tinker API (a TestClient or an httpx.Client): the test key's headers,
 a session, a model, futures polled to their result, and request bodies (JSON and protobuf)."""
 
-import os
 import time
 from typing import Any
 
@@ -10,8 +9,6 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tests.support.tinker_server import BASE_MODEL
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 KEY = "tml-test"
 HEADERS = {"X-API-Key": KEY}
@@ -68,6 +65,12 @@ class Api:
         model_id: str = self.run("create_model", body)["model_id"]
         return model_id
 
+    def sampler(self, session_id: str, **source: Any) -> str:
+        """A sampling session (seq id 0) of ``source``: ``base_model=`` or ``model_path=``."""
+        body = {"session_id": session_id, "sampling_session_seq_id": 0, **source}
+        sampling_session_id: str = self.post("create_sampling_session", body)["sampling_session_id"]
+        return sampling_session_id
+
     def forward_backward(self, model_id: str, seq_id: int, *, forward_only: bool = False) -> str:
         msg = forward_backward_proto(model_id, seq_id, forward_only=forward_only)
         response = post_proto(self.http, msg, self.headers)
@@ -115,6 +118,15 @@ def datum(tokens: list[int]) -> types.Datum:
     inputs = {
         "target_tokens": types.TensorData.from_numpy(np.array(tokens[1:], dtype=np.int64)),
         "weights": types.TensorData.from_numpy(np.ones(len(tokens) - 1, dtype=np.float32)),
+    }
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+def list_datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum:
+    """The datum with its inputs as plain lists (the SDK sends them as such)."""
+    inputs: dict[str, Any] = {
+        "target_tokens": tokens[1:],
+        "weights": weights or [1.0] * (len(tokens) - 1),
     }
     return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
 

@@ -1,10 +1,12 @@
 """A Tinker API server on 127.0.0.1 in a background thread, for the real tinker SDK."""
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import uvicorn
@@ -26,6 +28,8 @@ from domain.tinker.values import SampleRequest, TinkerSampleResult, WeightsSourc
 from tests.fakes import torch_async_engine
 from tests.support.uvicorn_thread import running
 
+os.environ.setdefault("TINKER_TELEMETRY", "0")  # the tinker SDK reports nothing home
+
 API_KEY = "tml-test-key"
 BASE_MODEL = "test/base"
 
@@ -45,6 +49,18 @@ def lora_service(root: Path, model_folder: Path) -> tuple[TinkerService, AsyncEn
 def toy_service(root: Path, **kwargs: object) -> TinkerService:
     backend = ToyBackend(BASE_MODEL, aliases=("Qwen/Qwen3-toy",), custom_loss=custom_loss_gradient)
     return TinkerService(backend, backend, FileCheckpointStorage(root), **kwargs)  # type: ignore[arg-type]
+
+
+def backend_app(
+    kind: str, root: Path, model_folder: Path, **kwargs: Any
+) -> tuple[Litestar, TinkerService]:
+    """A server (``tinker_app`` with ``kwargs``) and its service over ``root``: on the toy
+    backend (``kind`` "toy") or the real ones on the (tiny) model in ``model_folder``."""
+    if kind == "toy":
+        service = toy_service(root)
+        return tinker_app(service, **kwargs), service
+    service, engine = lora_service(root, model_folder)
+    return tinker_app(service, engine=engine, **kwargs), service
 
 
 class GatedSampler:

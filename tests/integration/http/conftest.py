@@ -5,13 +5,14 @@ tests)."""
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 from litestar.testing import TestClient
+
+from tests.support.ports import port_listens
 
 
 @pytest.fixture
@@ -43,13 +44,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(folder)],
         stdout=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    port_listens(port, 10)
     yield f"redis://127.0.0.1:{port}/0"
     process.terminate()
     process.wait(timeout=10)

@@ -4,10 +4,8 @@ key's identity. Over raw HTTP: each tenant sees only its own, and bad input is a
 Tinker's error form."""
 
 import json
-import os
 import urllib.request
 import warnings
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,16 +19,8 @@ from tinker.cli.auth_api import AuthApiError, TinkerAuthApi
 from tinker.lib.experimental import ExperimentalWarning
 
 from adapters.http.auth import tenant_id
-from application.tinker.service import TinkerService
-from tests.support.tinker_client import SEQ, Api
+from tests.support.tinker_client import SEQ, Api, list_datum
 from tests.support.tinker_server import API_KEY, BASE_MODEL, serve, tinker_app, toy_service
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-
-
-def datum(tokens: list[int]) -> types.Datum:
-    inputs: dict[str, Any] = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
 
 
 def this_hour() -> tuple[datetime, datetime]:
@@ -49,7 +39,7 @@ def test_rest_and_admin_clients_of_the_sdk(tmp_path: Path) -> None:
         admin = tinker.AdminClient(base_url=url, api_key=API_KEY)
         try:
             tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
-            tc.forward_backward([datum(SEQ)], "cross_entropy").result()
+            tc.forward_backward([list_datum(SEQ)], "cross_entropy").result()
             saved = tc.save_state("c1").result().path
             sampler = sc.create_sampling_client(base_model=BASE_MODEL).result()
             prompt = types.ModelInput.from_ints(SEQ[:3])
@@ -138,26 +128,12 @@ def test_rest_and_admin_clients_of_the_sdk(tmp_path: Path) -> None:
 # --- raw HTTP: tenancy and bad input ----------------------------------------------------
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> TinkerService:
-    return toy_service(tmp_path)
-
-
-@pytest.fixture
-def client(service: TinkerService) -> Iterator[TestClient[Any]]:
-    with TestClient(tinker_app(service)) as test_client:
-        yield test_client
-
-
 def setup_work(api: Api) -> dict[str, str]:
     """A session with a run, a checkpoint, a sampler and a finished sample."""
     session = api.session(display_name="mine", project_id="p")
     model_id = api.model(session)
     path = api.run("save_weights", {"model_id": model_id, "path": "c"})["path"]
-    sampler = api.post(
-        "create_sampling_session",
-        {"session_id": session, "sampling_session_seq_id": 0, "base_model": BASE_MODEL},
-    )["sampling_session_id"]
+    sampler = api.sampler(session, base_model=BASE_MODEL)
     sample = api.post(
         "asample",
         {

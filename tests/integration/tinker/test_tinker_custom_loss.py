@@ -8,7 +8,7 @@ import builtins
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,11 @@ from tests.support.tinker_client import Api, post_proto
 from tests.support.tinker_server import (
     API_KEY,
     BASE_MODEL,
-    lora_service,
+    backend_app,
     serve,
     tinker_app,
     toy_service,
 )
-from tests.support.tiny_models import save_tiny_model
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 SEQS = [[5, 17, 42, 7, 99, 3, 250, 8], [11, 3, 64, 64, 2, 9], [200, 100, 50, 25, 12]]
 
@@ -87,13 +84,6 @@ DPO_RANKS: dict[str, types.CustomLossInputRank] = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder)
-    return folder
-
-
 Make = Callable[[Path, bool], Any]
 
 
@@ -103,10 +93,7 @@ def make_server(request: pytest.FixtureRequest, tiny_model: Path) -> Make:
 
     def make(root: Path, server_side: bool) -> Any:
         config = {} if server_side else {"custom_loss_server_side": False}
-        if request.param == "toy":
-            return serve(tinker_app(toy_service(root), client_config=config))
-        service, engine = lora_service(root, tiny_model)
-        return serve(tinker_app(service, engine=engine, client_config=config))
+        return serve(backend_app(request.param, root, tiny_model, client_config=config)[0])
 
     return make
 
@@ -176,17 +163,6 @@ def test_the_sdk_uploads_and_the_server_refuses_what_the_data_lack(tmp_path: Pat
 
 
 # --- raw HTTP -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> TinkerService:
-    return toy_service(tmp_path)
-
-
-@pytest.fixture
-def client(service: TinkerService) -> Iterator[TestClient[Any]]:
-    with TestClient(tinker_app(service)) as test_client:
-        yield test_client
 
 
 def body(session_id: str, nodes: list[dict[str, Any]], seq: int = 0, **extra: Any) -> dict:

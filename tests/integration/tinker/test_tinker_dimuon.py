@@ -4,44 +4,31 @@ it at creation and keeps it (get_info, weights_info, resumes, restarts), optim_s
 DimuonParams on it and nothing else; bad parameters and configs are 400s naming the field."""
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tinker
-from litestar import Litestar
-from litestar.testing import TestClient
 from tinker import types
 
 from application.tinker.service import TinkerService
-from tests.support.tinker_client import Api, model_body
+from tests.support.tinker_client import SEQ, Api, list_datum, model_body
 from tests.support.tinker_server import (
     API_KEY,
     BASE_MODEL,
-    lora_service,
+    backend_app,
     serve,
-    tinker_app,
     toy_service,
 )
-from tests.support.tiny_models import save_tiny_model
 
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-
-SEQ = [5, 17, 42, 7, 99, 3, 250, 8]
 DIMUON = types.DimuonOptimizerConfig()
 # Each LoRA matrix moves by learning_rate * sqrt(rank) per step: the LoRA backend's B·A
 # counts alpha / rank = 8 times, the toy's once.
 LEARNING_RATE = {"toy": 0.4, "lora": 0.05}
 
 
-def datum(tokens: list[int]) -> types.Datum:
-    inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
-
-
-DATA = [datum(SEQ)]
+DATA = [list_datum(SEQ)]
 
 
 def step(tc: tinker.TrainingClient, params: Any) -> float:
@@ -66,30 +53,15 @@ def forward_loss(tc: tinker.TrainingClient) -> float:
     return loss
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder)
-    return folder
-
-
 @pytest.fixture(params=["toy", "lora"])
 def backend_kind(request: pytest.FixtureRequest) -> str:
     kind: str = request.param
     return kind
 
 
-def make_app(kind: str, root: Path, tiny_model: Path) -> tuple[Litestar, TinkerService]:
-    if kind == "toy":
-        service = toy_service(root)
-        return tinker_app(service), service
-    service, engine = lora_service(root, tiny_model)
-    return tinker_app(service, engine=engine), service
-
-
 @pytest.fixture
 def url(backend_kind: str, tmp_path: Path, tiny_model: Path) -> Iterator[str]:
-    with serve(make_app(backend_kind, tmp_path / "ckpt", tiny_model)[0]) as base_url:
+    with serve(backend_app(backend_kind, tmp_path / "ckpt", tiny_model)[0]) as base_url:
         yield base_url
 
 
@@ -154,7 +126,7 @@ def test_a_dimuon_run_trains_keeps_its_momentum_and_takes_no_adam_params(
 def test_the_runs_optimizer_survives_a_restart(tmp_path: Path, tiny_model: Path) -> None:
     root = tmp_path / "ckpt"
     dimuon = types.DimuonParams(learning_rate=LEARNING_RATE["toy"])
-    with serve(make_app("toy", root, tiny_model)[0]) as url:
+    with serve(backend_app("toy", root, tiny_model)[0]) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
         tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, optimizer=DIMUON)
         tc = tc.result()
@@ -163,7 +135,7 @@ def test_the_runs_optimizer_survives_a_restart(tmp_path: Path, tiny_model: Path)
         run_id = tc.model_id
         sc.close("success").result()
 
-    app, service = make_app("toy", root, tiny_model)
+    app, service = backend_app("toy", root, tiny_model)
     assert service.checkpoints.runs[run_id].optimizer == "dimuon"
     with serve(app) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
@@ -179,9 +151,8 @@ def test_the_runs_optimizer_survives_a_restart(tmp_path: Path, tiny_model: Path)
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[Api]:
-    with TestClient(tinker_app(toy_service(tmp_path / "ckpt"))) as http:
-        yield Api(http)
+def service(tmp_path: Path) -> TinkerService:
+    return toy_service(tmp_path / "ckpt")
 
 
 def test_create_model_refuses_optimizers_it_does_not_have(api: Api) -> None:

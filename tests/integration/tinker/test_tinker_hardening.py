@@ -182,10 +182,7 @@ def test_a_deleted_checkpoints_sampler_error_names_no_server_path(api: Api, tmp_
     sid = api.session()
     model_id = api.model(sid)
     path = api.run("save_weights_for_sampler", {"model_id": model_id, "path": "s1"})["path"]
-    sampler = api.post(
-        "create_sampling_session",
-        {"session_id": sid, "sampling_session_seq_id": 0, "model_path": path},
-    )["sampling_session_id"]
+    sampler = api.sampler(sid, model_path=path)
     assert "error" not in api.run("asample", sample_body([1, 2], sampling_session_id=sampler))
     api.http.delete(
         f"/api/v1/training_runs/{model_id}/checkpoints/sampler_weights/s1", headers=HEADERS

@@ -3,7 +3,6 @@ unknown fields, the retrieve_future long poll, failed futures, error statuses, c
 downloads, ttl, publishing and session listings."""
 
 import io
-import os
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +29,6 @@ from tests.support.tinker_client import (
     sample_body,
 )
 from tests.support.tinker_server import API_KEY, BASE_MODEL, serve, tinker_app, toy_service
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 EXTRA = {"future_field": 1}  # a field a newer SDK might send
 
@@ -131,15 +128,7 @@ def test_unknown_fields_in_every_request_are_ignored(api: Api) -> None:
     )
     assert loaded["model_id"] == model_id
 
-    sampler = api.post(
-        "create_sampling_session",
-        {
-            "session_id": sid,
-            "sampling_session_seq_id": 0,
-            "model_path": for_sampler["path"],
-            **EXTRA,
-        },
-    )["sampling_session_id"]
+    sampler = api.sampler(sid, model_path=for_sampler["path"], **EXTRA)
     body = sample_body(SEQ[:3], sampling_session_id=sampler, seq_id=0, **EXTRA)
     body["sampling_params"] |= EXTRA
     body["prompt"] |= EXTRA
@@ -474,10 +463,7 @@ def test_sessions_are_listed_per_key_with_their_runs_and_samplers(api: Api) -> N
 
     model_id = api.model(mine[0])
     api.run("save_weights_for_sampler", {"model_id": model_id, "path": "s"})
-    sampler = api.post(
-        "create_sampling_session",
-        {"session_id": mine[0], "sampling_session_seq_id": 0, "base_model": BASE_MODEL},
-    )["sampling_session_id"]
+    sampler = api.sampler(mine[0], base_model=BASE_MODEL)
     snapshot = api.run(
         "save_weights_for_sampler", {"model_id": model_id, "sampling_session_seq_id": 1}
     )["sampling_session_id"]

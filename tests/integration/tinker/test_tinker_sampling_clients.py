@@ -4,7 +4,6 @@ acknowledged so the server drops them), an unpickled client joins for its own cl
 and an abandoned sample is cancelled on the server (``cancel_future``: its work stops, in
 the serving engine too, with no slot, stream or pinned adapter left behind)."""
 
-import os
 import pickle
 import threading
 import time
@@ -12,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import tinker
 from litestar.testing import TestClient
 from tinker import types
@@ -35,9 +33,6 @@ from tests.support.tinker_server import (
     tinker_app,
     toy_service,
 )
-from tests.support.tiny_models import save_tiny_model
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 PROMPT = types.ModelInput.from_ints([5, 17, 42])
 PARAMS = types.SamplingParams(max_tokens=4, seed=1)
@@ -132,13 +127,6 @@ def test_an_abandoned_sample_is_cancelled_on_the_server(tmp_path: Path) -> None:
             sc.close("success").result()
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder)
-    return folder
-
-
 def test_cancelling_a_sample_frees_the_engine_slots_streams_and_adapter(
     tmp_path: Path, tiny_model: Path
 ) -> None:
@@ -153,10 +141,7 @@ def test_cancelling_a_sample_frees_the_engine_slots_streams_and_adapter(
         session = api.session()
         model_id = api.model(session)
         path = api.run("save_weights_for_sampler", {"model_id": model_id, "path": "s"})["path"]
-        sampling = api.post(
-            "create_sampling_session",
-            {"session_id": session, "sampling_session_seq_id": 0, "model_path": path},
-        )["sampling_session_id"]
+        sampling = api.sampler(session, model_path=path)
         params = {"max_tokens": 200, "seed": 1, "stop_token_ids": []}
         body = {
             "prompt": {"chunks": [{"type": "encoded_text", "tokens": [3, 14, 15]}]},
@@ -199,10 +184,7 @@ def test_retrieve_futures_long_polls_until_a_completion_and_trims_by_cursor(
     with TestClient(tinker_app(service)) as client:
         api = Api(client)
         session = api.session()
-        sampling = api.post(
-            "create_sampling_session",
-            {"session_id": session, "sampling_session_seq_id": 0, "base_model": BASE_MODEL},
-        )["sampling_session_id"]
+        sampling = api.sampler(session, base_model=BASE_MODEL)
         body = {
             "prompt": {"chunks": [{"type": "encoded_text", "tokens": [3, 14, 15]}]},
             "sampling_params": {"max_tokens": 2},

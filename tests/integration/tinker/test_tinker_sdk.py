@@ -3,7 +3,6 @@ over real HTTP (uvicorn on 127.0.0.1), on both backends: the numpy ToyBackend, a
 real one — LoRA training on our torch model (a tiny random Llama) and sampling through the
 serving engine with multi-LoRA."""
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,24 +16,13 @@ from tinker import types
 
 from adapters.fake.toy_backend import ToyBackend
 from application.tinker.service import TinkerService
+from tests.support.tinker_client import SEQ, list_datum
 from tests.support.tinker_server import (
     API_KEY,
     BASE_MODEL,
-    lora_service,
+    backend_app,
     serve,
-    tinker_app,
-    toy_service,
 )
-from tests.support.tiny_models import save_tiny_model
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-
-SEQ = [5, 17, 42, 7, 99, 3, 250, 8]
-
-
-def datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum:
-    inputs = {"target_tokens": tokens[1:], "weights": weights or [1.0] * (len(tokens) - 1)}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
 
 
 def train_steps(
@@ -56,13 +44,6 @@ def forward_loss(tc: tinker.TrainingClient, data: list[types.Datum]) -> float:
     return tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder)
-    return folder
-
-
 MakeApp = Callable[..., tuple[Litestar, TinkerService]]
 
 
@@ -71,11 +52,7 @@ def make_app(request: pytest.FixtureRequest, tiny_model: Path) -> MakeApp:
     """``make_app(root, **tinker_app kwargs)``: a server (and its service) over ``root``."""
 
     def make(root: Path, **kwargs: Any) -> tuple[Litestar, TinkerService]:
-        if request.param == "toy":
-            service = toy_service(root)
-            return tinker_app(service, **kwargs), service
-        service, engine = lora_service(root, tiny_model)
-        return tinker_app(service, engine=engine, **kwargs), service
+        return backend_app(request.param, root, tiny_model, **kwargs)
 
     return make
 
@@ -113,7 +90,7 @@ def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
     assert info.model_id == tc.model_id and info.lora_rank == 4
     assert tc.model_id.endswith(":train:0")
 
-    data = [datum(SEQ)]
+    data = [list_datum(SEQ)]
     # The LoRA backend's B·A counts alpha / rank = 8 times, the toy's once. At 0.05 the tiny
     # Llama's loss jumped about (the last of 8 up to 2.9x the first, for some seeds and
     # dtypes); at 5e-3, the gradient clipped, 0.06-0.12x for every one tried.
@@ -169,7 +146,7 @@ def test_train_save_sample_list_close(url: str, service: TinkerService) -> None:
 def test_resume_with_optimizer_state_continues_the_same_trajectory(
     client: tinker.ServiceClient,
 ) -> None:
-    data = [datum(SEQ)]
+    data = [list_datum(SEQ)]
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=1).result()
     train_steps(tc, data, 3)
     path = tc.save_state("s3").result().path
@@ -194,7 +171,7 @@ def test_chunked_forward_backward_runs_in_order_and_accumulates(
     app, _ = make_app(tmp_path, client_config={"fwdbwd_max_chunk_len": 2})
     with serve(app) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-        data = [datum(SEQ[: n + 2]) for n in range(5)]
+        data = [list_datum(SEQ[: n + 2]) for n in range(5)]
         chunked = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2).result()
         stepwise = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2).result()
 
@@ -213,7 +190,7 @@ def test_chunked_forward_backward_runs_in_order_and_accumulates(
 def test_rl_losses_take_the_sdk_inputs(client: tinker.ServiceClient) -> None:
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=4).result()
     n = len(SEQ) - 1
-    base = tc.forward([datum(SEQ)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    base = tc.forward([list_datum(SEQ)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
     inputs = {
         "target_tokens": types.TensorData.from_numpy(np.array(SEQ[1:], dtype=np.int64)),
         "logprobs": base,
@@ -234,11 +211,11 @@ def test_unnamed_sampler_snapshot_keeps_the_weights_of_its_moment(
     client: tinker.ServiceClient,
 ) -> None:
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
-    train_steps(tc, [datum(SEQ)], 2)
+    train_steps(tc, [list_datum(SEQ)], 2)
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(SEQ)
     before = sampler.compute_logprobs(prompt).result()
-    train_steps(tc, [datum(SEQ)], 3)
+    train_steps(tc, [list_datum(SEQ)], 3)
     assert sampler.compute_logprobs(prompt).result() == before
     newer = tc.save_weights_and_get_sampling_client().result()
     assert newer.compute_logprobs(prompt).result() != before
@@ -246,7 +223,7 @@ def test_unnamed_sampler_snapshot_keeps_the_weights_of_its_moment(
 
 def test_checkpoints_survive_a_restart(make_app: MakeApp, tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
-    data = [datum(SEQ)]
+    data = [list_datum(SEQ)]
     with serve(make_app(root)[0]) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=API_KEY)
         tc = sc.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=6).result()
@@ -320,7 +297,7 @@ def test_unsupported_requests_fail_fast_with_a_clear_4xx(client: tinker.ServiceC
 
 
 def test_custom_loss_load_state_and_last_n_prompt_logprobs(client: tinker.ServiceClient) -> None:
-    data = [datum(SEQ)]
+    data = [list_datum(SEQ)]
     # forward_backward_custom: the SDK runs forward, computes the loss and its gradient
     # per token locally, then sends a weighted cross_entropy backward. -sum(logprobs) is
     # cross-entropy itself, so both runs land on the same weights.
@@ -357,7 +334,7 @@ def test_custom_loss_load_state_and_last_n_prompt_logprobs(client: tinker.Servic
 
 def test_top_k_logprobs_of_samples_and_prompt(client: tinker.ServiceClient) -> None:
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=9).result()
-    train_steps(tc, [datum(SEQ)], 2)
+    train_steps(tc, [list_datum(SEQ)], 2)
     sampler = tc.save_weights_and_get_sampling_client().result()
     out = sampler.sample(
         types.ModelInput.from_ints(SEQ),
@@ -390,7 +367,7 @@ def test_target_prompt_logprobs_prompt_alt_tokens_and_last_n(
     cookbook's decisions recipe sends them), k draws at every position, and the last n
     prompt logprobs with their top-k rows — all from one prefill per call."""
     tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=10).result()
-    train_steps(tc, [datum(SEQ)], 1)
+    train_steps(tc, [list_datum(SEQ)], 1)
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt, n = types.ModelInput.from_ints(SEQ), len(SEQ) - 1
     params = types.SamplingParams(max_tokens=1, temperature=1.0, seed=3)

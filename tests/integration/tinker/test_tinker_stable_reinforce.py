@@ -12,7 +12,7 @@ from tests.integration.tinker import test_tinker_sdk as sdk
 from tests.support.tinker_server import API_KEY, BASE_MODEL
 
 # The SDK tests' fixtures: a server on each backend (toy, LoRA) and a client of it.
-tiny_model, make_app, app_and_service = sdk.tiny_model, sdk.make_app, sdk.app_and_service
+make_app, app_and_service = sdk.make_app, sdk.app_and_service
 service, url, client = sdk.service, sdk.url, sdk.client
 SEQ = sdk.SEQ
 PROMPT = SEQ[:5]

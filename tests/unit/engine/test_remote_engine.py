@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from application.engine.async_engine import AsyncEngine
+from application.engine.engine_client import OwnedRequests
 from application.engine.remote_engine import (
     CURRENT_NOTE,
     REPLICA_LOST,
@@ -80,13 +82,16 @@ class LocalFleet:
                 raise ReplicaLostError(replica, "killed mid-stream")
 
 
-def remote(fleet: LocalFleet, **config: object) -> RemoteEngine:
+def remote(fleet: LocalFleet, replicas: int | None = None, **options: Any) -> RemoteEngine:
+    """A started RemoteEngine over ``fleet`` (``replicas``: how many serve, all by default;
+    ``options``: RemoteEngine's)."""
     any_engine = next(iter(fleet.replicas.values()))
     engine = RemoteEngine(
-        EngineConfig(kv_block_size=BLOCK, **config),  # type: ignore[arg-type]
+        EngineConfig(kv_block_size=BLOCK),
         any_engine.inputs.tokenizer,
         fleet,
-        replicas=len(fleet.replicas),
+        replicas=len(fleet.replicas) if replicas is None else replicas,
+        **options,
     )
     engine.start()
     return engine
@@ -94,6 +99,15 @@ def remote(fleet: LocalFleet, **config: object) -> RemoteEngine:
 
 async def read_all(stream: AsyncIterator[StepOutput]) -> list[StepOutput]:
     return [o async for o in stream]
+
+
+def hold_r0(fleet: LocalFleet) -> OwnedRequests:
+    """Replica r0's one slot and one waiting place taken by two long sequences; their
+    group (close it to free them)."""
+    hold = fleet.replicas["r0"].group()
+    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    hold.admit(AdmitCall(("held-0", "held-1"), ([1, 2, 3], [1, 2, 4]), long))
+    return hold
 
 
 @pytest.fixture
@@ -176,9 +190,7 @@ async def test_a_full_replica_passes_the_call_to_another() -> None:
     fleet = LocalFleet(2, policy="round-robin", max_num_seqs=1, max_waiting_requests=1)
     fleet.start()
     engine = remote(fleet)
-    hold = fleet.replicas["r0"].group()
-    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    hold.admit(AdmitCall(("held-0", "held-1"), ([1, 2, 3], [1, 2, 4]), long))
+    hold = hold_r0(fleet)
     [stream] = engine.group().admit(AdmitCall(("passed",), ([4, 5, 6],), PARAMS))
     out = await asyncio.wait_for(read_all(stream), 10)
     assert out[-1].finished and out[-1].error is None
@@ -192,9 +204,7 @@ async def test_a_replicas_refusal_ends_the_streams_with_its_error() -> None:
     fleet = LocalFleet(1, max_num_seqs=1, max_waiting_requests=1)
     fleet.start()
     engine = remote(fleet)
-    hold = fleet.replicas["r0"].group()
-    long = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    hold.admit(AdmitCall(("held-0", "held-1"), ([1, 2, 3], [1, 2, 4]), long))
+    hold = hold_r0(fleet)
     [stream] = engine.group().admit(AdmitCall(("refused",), ([4, 5, 6],), PARAMS))
     out = await asyncio.wait_for(read_all(stream), 10)
     assert out[-1].error is not None and out[-1].error.startswith("the engine is full")
@@ -275,14 +285,7 @@ async def test_a_call_names_its_adapters_folder_for_a_replica_to_load(
 ) -> None:
     served = ReplicaAdapters("adapter_model.safetensors")
     served.load_folder("path:ckpt", tmp_path)  # as ServedModels.use does for a checkpoint
-    engine = RemoteEngine(
-        EngineConfig(kv_block_size=BLOCK),
-        next(iter(fleet.replicas.values())).inputs.tokenizer,
-        fleet,
-        replicas=2,
-        adapters=served,
-    )
-    engine.start()
+    engine = remote(fleet, 2, adapters=served)
     [stream] = engine.group().admit(AdmitCall(("x",), ([1, 2, 3],), PARAMS, adapter_id="path:ckpt"))
     assert (await read_all(stream))[-1].error is None
     [(_, call)] = fleet.calls
@@ -320,16 +323,7 @@ async def test_a_replica_failing_every_call_is_broken_out_and_nothing_is_lost(
     clock = Clock()
     told: list[Transition] = []
     breakers = Breakers(BreakerSettings(failure_threshold=2, cooldown_s=30), clock)
-    any_engine = next(iter(fleet.replicas.values()))
-    engine = RemoteEngine(
-        EngineConfig(kv_block_size=BLOCK),
-        any_engine.inputs.tokenizer,
-        fleet,
-        replicas=2,
-        breakers=breakers,
-        on_breaker=told.append,
-    )
-    engine.start()
+    engine = remote(fleet, 2, breakers=breakers, on_breaker=told.append)
     fleet.failing.add("r0")  # the router's first choice on a tie
     for i in range(6):
         prompt = await engine.inputs.prepare(f"request {i}", PARAMS)
@@ -358,16 +352,8 @@ async def test_a_warm_standby_takes_calls_only_while_a_breaker_keeps_the_replica
     the standby gets nothing while r1 serves; r1 failing, its calls run again on the
     standby, and once its breaker opens every call goes there."""
     breakers = Breakers(BreakerSettings(failure_threshold=2, cooldown_s=30), Clock())
-    any_engine = next(iter(fleet.replicas.values()))
-    engine = RemoteEngine(
-        EngineConfig(kv_block_size=BLOCK),
-        any_engine.inputs.tokenizer,
-        fleet,
-        replicas=1,
-        breakers=breakers,
-        joined=lambda: ["r1", "r0"],  # r1 joined first: it serves
-    )
-    engine.start()
+    # r1 joined first: it serves
+    engine = remote(fleet, 1, breakers=breakers, joined=lambda: ["r1", "r0"])
 
     async def call(i: int) -> None:
         prompt = await engine.inputs.prepare(f"request {i}", PARAMS)

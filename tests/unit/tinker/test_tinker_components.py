@@ -250,9 +250,7 @@ async def test_checkpoint_ttl_deletes_it(tmp_path: Path) -> None:
     store = CheckpointStore(storage, wall_clock=clock)
     backend = RecordingBackend()
     training = TrainingController(backend, store, FutureStore(), wall_clock=clock)
-    await training.futures.wait(
-        "me", training.create("me", "s", 0, "base", LoraSpec(4), None).id, 5
-    )
+    await create_model(training)
     fut = training.save("me", "s:train:0", 1, "sampler", "t", ttl_seconds=10)
     await training.futures.wait("me", fut.id, 5)
     folder = storage.folder("s:train:0", "sampler", "t")
@@ -262,6 +260,13 @@ async def test_checkpoint_ttl_deletes_it(tmp_path: Path) -> None:
     assert not folder.exists() and store.find("me") == []
 
 
+async def create_model(training: TrainingController) -> None:
+    """Tenant ``me``'s model ``s:train:0`` (session ``s``, seq 0) created, rank 4."""
+    await training.futures.wait(
+        "me", training.create("me", "s", 0, "base", LoraSpec(4), None).id, 5
+    )
+
+
 # --- TrainingController: the sequence guard -------------------------------------------
 
 
@@ -269,9 +274,7 @@ async def test_requests_run_in_seq_id_order_and_wait_for_gaps(
     controller: tuple[TrainingController, RecordingBackend],
 ) -> None:
     training, backend = controller
-    await training.futures.wait(
-        "me", training.create("me", "s", 0, "base", LoraSpec(4), None).id, 5
-    )
+    await create_model(training)
     # Chunks arrive out of order (the SDK sends the first chunk last), then an optim step.
     f3 = training.forward_backward(
         "me", "s:train:0", 3, [datum(3)], "cross_entropy", {}, forward_only=False
@@ -308,9 +311,7 @@ async def test_ending_a_session_fails_requests_waiting_on_a_gap_and_frees_the_mo
     controller: tuple[TrainingController, RecordingBackend],
 ) -> None:
     training, backend = controller
-    await training.futures.wait(
-        "me", training.create("me", "s", 0, "base", LoraSpec(4), None).id, 5
-    )
+    await create_model(training)
     waiting = training.optim_step("me", "s:train:0", 2, AdamParams())
     training.end_session("s", "expired")
     done = await training.futures.wait("me", waiting.id, 5)
@@ -329,9 +330,7 @@ async def test_bad_requests_are_refused_before_queueing(
         training.create("me", "s", 0, "nope", LoraSpec(4), None)
     with pytest.raises(InvalidTrainingRequest, match="rank"):
         training.create("me", "s", 0, "base", LoraSpec(0), None)
-    await training.futures.wait(
-        "me", training.create("me", "s", 0, "base", LoraSpec(4), None).id, 5
-    )
+    await create_model(training)
     with pytest.raises(SequenceConflictError):
         training.create("me", "s", 0, "base", LoraSpec(4), None)
     with pytest.raises(InvalidTrainingRequest, match="loss_fn"):
