@@ -95,21 +95,15 @@ def serve_replicas(config: ServerConfig) -> int:
     launch.on_stop_signals()
     launch.start_ray(fleet.ray_address, fleet.replica_start_timeout)
     launch.on_stop_signals()
+    member: launch.Membership | None = None
     try:
-        registry = launch.start_serve()
-        gpus = replica_gpus(fleet.replica_gpus, config.model.device, default_device())
-        gpus_note = f", {gpus:g} GPU each" if gpus else ""
-        if fleet.standby_replicas:
-            gpus_note += f"; {fleet.standby_replicas} more as warm standbys"
-        _note(
-            f"starting {fleet.replicas} engine replicas on Ray Serve "
-            f"(routing: {fleet.routing}{gpus_note})"
-        )
-        app = engine_app(engine_deployment(config, gpus), to_json(config), replica_container)
-        handle = launch.run_bounded(app, fleet.replica_start_timeout)
-        if launch.STOPPED:
-            raise KeyboardInterrupt
-        handle.shutdown()  # its router's thread and long poll: the calls use their own
+        launch.start_serve()
+        member = launch.Membership(config.http.port)
+        what = (config.model, config.engine, fleet.replicas, fleet.standby_replicas, fleet.routing)
+        if member.join(what):
+            _note(f"attaching to the fleet of {fleet.replicas} replicas the cluster runs")
+        else:
+            deploy(config)
         keys_file = config.access.api_keys_file
         ingress = create_container(
             config, on_startup=[lambda: sighup_reloader(ingress.access(), keys_file)()]
@@ -118,14 +112,32 @@ def serve_replicas(config: ServerConfig) -> int:
         url = f"{'https' if http.tls else 'http'}://{http.host}:{http.port}"
         _note(f"serving {fleet.replicas} replicas at {url}")
         serve_configured(ingress_app(ingress), config, ingress.draining())
-        _note("stopping the replicas")
-        del registry
         return 0
     except KeyboardInterrupt:
         _note("stopped during the start")
         return 130
     finally:
-        launch.stop_ray()
+        last = member is None or member.leave()
+        _note("stopping the replicas" if last else "leaving the replicas to the other ingresses")
+        launch.stop_ray(last)
+
+
+def deploy(config: ServerConfig) -> None:
+    """The engine replicas, started within ``--replica-start-timeout``."""
+    fleet = config.fleet
+    gpus = replica_gpus(fleet.replica_gpus, config.model.device, default_device())
+    gpus_note = f", {gpus:g} GPU each" if gpus else ""
+    if fleet.standby_replicas:
+        gpus_note += f"; {fleet.standby_replicas} more as warm standbys"
+    _note(
+        f"starting {fleet.replicas} engine replicas on Ray Serve "
+        f"(routing: {fleet.routing}{gpus_note})"
+    )
+    app = engine_app(engine_deployment(config, gpus), to_json(config), replica_container)
+    handle = launch.run_bounded(app, fleet.replica_start_timeout)
+    if launch.STOPPED:
+        raise KeyboardInterrupt
+    handle.shutdown()  # its router's thread and long poll: the calls use their own
 
 
 def _note(text: str) -> None:

@@ -7,10 +7,9 @@ import asyncio
 import contextlib
 from typing import Any
 
-import ray
 from ray.serve.handle import DeploymentHandle
 
-from adapters.ray.registry import REGISTRY_NAME, REPORT_EVERY_S
+from adapters.ray.registry import REPORT_EVERY_S, registry
 
 APP_NAME = "infer"  # the Ray Serve application
 ENGINE = "engine"  # its deployment of engine replicas
@@ -35,7 +34,7 @@ class FleetView:
     :data:`REPORT_EVERY_S` from :meth:`start` (on the server's event loop) on."""
 
     def __init__(self) -> None:
-        self._registry = ray.get_actor(REGISTRY_NAME)
+        self._registry = registry()
         self._expositions: list[tuple[str, str]] = []
         self._joined: list[str] = []  # the running replicas, in the order they were seen
         self._poller: asyncio.Task[None] | None = None

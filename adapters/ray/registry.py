@@ -1,6 +1,10 @@
-"""The fleet's registry (a Ray actor): what every engine replica last reported (its load,
-its pid and node, its ``/metrics`` exposition), which the ingress lists at
-``/admin/replicas`` and merges into its own ``/metrics``."""
+"""The fleet's registry (a detached Ray actor, named in its own namespace so that every
+ingress and replica finds it): what every engine replica last reported (its load, its pid
+and node, its ``/metrics`` exposition), which an ingress lists at ``/admin/replicas`` and
+merges into its own ``/metrics``; and the fleet's ingresses (several ``infer serve
+--replicas N --ray-address ...`` on one cluster): which are alive (each beats every
+second), what the fleet was deployed with (an ingress asking for another fleet is
+refused), and so who is the last one out (it stops the application)."""
 
 import time
 from typing import Any
@@ -8,10 +12,25 @@ from typing import Any
 import ray
 
 REGISTRY_NAME = "infer-fleet-registry"
+NAMESPACE = "infer"  # the registry's Ray namespace: every driver's and replica's the same
 REPORT_EVERY_S = 1.0  # how often each replica reports
 # A replica not heard from for this long is listed as unreachable, and then dropped.
 STALE_AFTER_S = 5.0
 FORGET_AFTER_S = 60.0
+# An ingress not heard from for this long (killed) no longer keeps the application up.
+INGRESS_STALE_AFTER_S = 5.0
+
+
+def registry() -> Any:
+    """The running registry's handle (from any driver or replica of the cluster)."""
+    return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
+
+
+def registry_or_new() -> Any:
+    """The registry, created where none runs yet: detached (it outlives the ingress that
+    made it; the last ingress out kills it)."""
+    options = {"name": REGISTRY_NAME, "namespace": NAMESPACE, "lifetime": "detached"}
+    return FleetRegistry.options(**options, get_if_exists=True).remote()  # type: ignore[attr-defined]
 
 
 @ray.remote(num_cpus=0)
@@ -21,6 +40,34 @@ class FleetRegistry:
 
     def __init__(self) -> None:
         self._reports: dict[str, dict[str, Any]] = {}
+        self._ingresses: dict[str, float] = {}  # ingress id -> when it last beat
+        self._fingerprint: str | None = None  # what the running fleet was deployed with
+
+    def join(self, ingress_id: str, fingerprint: str, deployed: bool) -> str | None:
+        """Count an ingress in. ``deployed``: the application runs (the ingress attaches;
+        else it deploys, with ``fingerprint``). An ingress asking for another fleet than
+        the running one's is not counted: the running fingerprint is returned."""
+        if deployed and self._fingerprint not in (None, fingerprint):
+            return self._fingerprint
+        self._fingerprint = fingerprint
+        self._ingresses[ingress_id] = time.time()
+        return None
+
+    def beat(self, ingress_id: str) -> None:
+        self._ingresses[ingress_id] = time.time()
+
+    def leave(self, ingress_id: str) -> list[str]:
+        """Count an ingress out; the ingresses still alive (none: it was the last one)."""
+        self._ingresses.pop(ingress_id, None)
+        return self.ingresses()
+
+    def ingresses(self) -> list[str]:
+        """The ingresses alive (heard from within :data:`INGRESS_STALE_AFTER_S`)."""
+        now = time.time()
+        for ingress_id, beat in list(self._ingresses.items()):
+            if now - beat > INGRESS_STALE_AFTER_S:
+                del self._ingresses[ingress_id]
+        return sorted(self._ingresses)
 
     def report(self, replica_id: str, stats: dict[str, Any]) -> None:
         self._reports[replica_id] = {**stats, "reported_at": time.time()}

@@ -16,11 +16,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import ray
 from ray import serve
 
 from adapters.ray.forward import HttpCall, HttpReply, lost_future_reply, run_asgi
-from adapters.ray.registry import REGISTRY_NAME, REPORT_EVERY_S
+from adapters.ray.registry import REPORT_EVERY_S, registry
 from application.engine.remote_engine import serve_call
 from application.lifecycle import Lifecycle
 from domain.errors import QueueFullError
@@ -60,7 +59,7 @@ class EngineReplica:
         self.container.served_models()  # the --lora-modules folders loaded (kept loaded)
         self.lora = self.container.backend.lora_serving()  # a call's checkpoint loads here
         self.node = socket.gethostname()
-        self._registry = ray.get_actor(REGISTRY_NAME)
+        self._registry = registry()
         self._reporter = asyncio.create_task(self._report_forever())
         self._reports = 0
         self.failing = False  # set by the fault hook: every call fails

@@ -261,8 +261,14 @@ def test_a_replica_failing_every_call_is_broken_out_of_routing_and_nothing_is_lo
             await aio.close()
 
     try:
-        asyncio.run(wave("first"))  # both replicas get calls: the bad one's run again
-        rows = {r["id"]: r for r in running_replicas(fleet)}
+        # Waves until the bad replica has failed twice (routing picks by prefix and load,
+        # so one wave may give it fewer than two calls): each call answered all the same,
+        # the bad one's run again on the other replica.
+        for n in range(6):
+            asyncio.run(wave("first" if n == 0 else f"again {n}"))
+            rows = {r["id"]: r for r in running_replicas(fleet)}
+            if rows[bad]["breaker"] in ("open", "half_open"):
+                break
         assert rows[bad]["breaker"] in ("open", "half_open"), rows
         assert bad not in asyncio.run(wave("second"))  # left out while open
         metrics = httpx.get(f"{fleet}/metrics", timeout=30).text
