@@ -8,7 +8,7 @@ request), and the total tokens.
 
 Usage:
     .venv/bin/python benchmarks/bench_offline.py --model dummy:Qwen3-0.6B --device cuda
-        [--num-seqs 256] [--min-len 100] [--max-len 1024] [--max-batch-size 256]
+        [--num-seqs 256] [--min-len 100] [--max-len 1024] [--max-num-seqs 256]
         [--max-num-batched-tokens 8192] [--dtype bfloat16] [--result-json PATH]
 """
 
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--max-num-seqs", "--max-batch-size", dest="max_num_seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

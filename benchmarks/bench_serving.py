@@ -400,7 +400,7 @@ def launched_server(args: argparse.Namespace, mode: str) -> Iterator[str]:
     serve_args = ["--model", args.model] if args.model else []
     serve_args += ["--device", args.device] if args.device else []
     serve_args += ["--dtype", args.dtype]
-    serve_args += ["--batching-mode", mode, "--max-batch-size", str(args.max_num_seqs)]
+    serve_args += ["--batching-mode", mode, "--max-num-seqs", str(args.max_num_seqs)]
     serve_args += ["--max-waiting-requests", "256", "--max-seq-len", "1536", *args.server_arg]
     with serve_process(serve_args, mode, args.startup_timeout) as (base_url, _):
         yield base_url
@@ -839,7 +839,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
         help="launch every mode this many times, alternating the order; report each round's "
         "continuous/static ratio and their median (default: 1)",
     )
-    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-num-seqs", "--max-batch-size", dest="max_num_seqs", type=int, default=64)
     p.add_argument(
         "--server-arg",
         action="append",

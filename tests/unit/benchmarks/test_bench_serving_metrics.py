@@ -210,3 +210,11 @@ def test_round_ratios_lists_each_round_and_the_median() -> None:
     ]
     ratios = bench.round_ratios(rounds, ["W2"])
     assert ratios == {"W2 continuous/static by round": "1.20, 1.50, 1.30 (median 1.30×)"}
+
+
+def test_the_batch_flag_is_vllms_with_the_old_spelling_kept() -> None:
+    """``--max-num-seqs`` (``--max-batch-size`` still read) sets what the report and the
+    launched servers use."""
+    assert bench._args([]).max_num_seqs == 64
+    assert bench._args(["--max-num-seqs", "8"]).max_num_seqs == 8
+    assert bench._args(["--max-batch-size", "16"]).max_num_seqs == 16
