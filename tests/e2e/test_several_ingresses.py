@@ -1,8 +1,9 @@
 """Several ingresses, one fleet: ``infer serve --replicas 1 --ray-address ...`` started twice
 against one Ray cluster; the second attaches to the fleet the first deployed. Clients run
 against both through a retrying client (the other ingress on a refused or cut connection,
-as a load balancer does): ``kill -9`` of one ingress loses nothing the client retried and
-does not touch the other; an ingress started again attaches again; an ingress that stops
+as a load balancer does): a Tinker run made through one ingress trains through the other;
+``kill -9`` of one ingress loses nothing the client retried and does not touch the other
+(nor the run); an ingress started again attaches again; an ingress that stops
 leaves the application to the other, and the last one out stops the replicas. An ingress
 asking for another fleet than the running one is refused, naming the flag."""
 
@@ -17,7 +18,13 @@ import httpx
 import pytest
 
 from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import ray_processes, running_replicas, wait_for_replicas
+from tests.e2e.test_replicas_server import (
+    BASE_NAME,
+    ray_processes,
+    running_replicas,
+    wait_for_replicas,
+)
+from tests.support.tinker_client import Api
 
 pytestmark = pytest.mark.slow
 RAY = Path(INFER).with_name("ray")
@@ -134,6 +141,13 @@ def test_two_ingresses_serve_one_fleet_and_survive_each_other(tmp_path: Path) ->
         assert "ray_address" in other.stderr or "--ray-address" in other.stderr, other.stderr
         assert running_replicas(url_a) and running_replicas(url_b)  # not disturbed
 
+        # A Tinker run made through A trains through B (its ids name its replica).
+        tinker_a = Api(httpx.Client(base_url=url_a, timeout=120), {"X-API-Key": "tml-x"})
+        tinker_b = Api(httpx.Client(base_url=url_b, timeout=120), {"X-API-Key": "tml-x"})
+        session = tinker_a.session()
+        model_id = tinker_a.model(session, base_model=BASE_NAME)
+        assert "error" not in tinker_b.result(tinker_b.forward_backward(model_id, 1))
+
         # Clients against both while A is killed outright.
         client = RetryingClient([url_a, url_b])
         threads = [threading.Thread(target=client.complete, args=(i,)) for i in range(40)]
@@ -149,6 +163,9 @@ def test_two_ingresses_serve_one_fleet_and_survive_each_other(tmp_path: Path) ->
         b_errors = [e for e in client.errors if e.startswith(url_b)]
         assert not b_errors, b_errors  # the other ingress unaffected
         assert b.poll() is None and running_replicas(url_b)
+        # the run lives on its replica, not on the ingress that made it
+        assert "error" not in tinker_b.result(tinker_b.forward_backward(model_id, 2))
+        tinker_b.post("session_heartbeat", {"session_id": session})
 
         # A started again attaches; then stopped, it leaves the fleet to B.
         url_a, a = start_ingress(tmp_path / "a2.log", ray_port)
