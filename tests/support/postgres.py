@@ -33,6 +33,26 @@ def _as_server_user() -> list[str]:
     return [runuser, "-u", "postgres", "--"]
 
 
+# A running server's data folder and options by its URL (for :func:`restart_postgres`).
+_RUNNING: dict[str, tuple[Path, str, Path]] = {}
+
+
+def restart_postgres(url: str) -> None:
+    """Stop the server at ``url`` (its open connections cut, as a crash of the database
+    would) and start it again on the same port and data."""
+    data, options, log = _RUNNING[url]
+    binaries = postgres_bin()
+    assert binaries is not None
+    pg_ctl = [*_as_server_user(), str(binaries / "pg_ctl"), "-D", str(data)]
+    subprocess.run([*pg_ctl, "-m", "fast", "stop"], capture_output=True, check=True, timeout=60)
+    subprocess.run(
+        [*pg_ctl, "-o", options, "-l", str(log), "-w", "start"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+
+
 @contextlib.contextmanager
 def postgres_server() -> Iterator[str]:
     """A running server; yields its URL (database ``postgres``, user ``postgres``,
@@ -71,7 +91,9 @@ def postgres_server() -> Iterator[str]:
             **quiet,  # type: ignore[call-overload]
         )
         _wait_for(port)
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        _RUNNING[url] = (data, options, folder / "log")
+        yield url
     finally:
         with contextlib.suppress(Exception):
             subprocess.run(

