@@ -47,10 +47,10 @@ import psycopg  # noqa: E402
 from application.access.keys import hash_key  # noqa: E402
 from tests.e2e.server import INFER, free_port  # noqa: E402
 from tests.support.postgres import postgres_server, restart_postgres  # noqa: E402
+from tests.support.ray_cluster import ENV, ray_cluster, stop_server  # noqa: E402
 from tests.support.redis_server import redis_server  # noqa: E402
 
-RAY = Path(INFER).with_name("ray")
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "TINKER_TELEMETRY": "0"}
+os.environ.setdefault("TINKER_TELEMETRY", "0")
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KEY, ADMIN = "tml-chaos", "sk-chaos-ops"
 TRIES, CALL_DEADLINE_S = 8, 120.0
@@ -241,11 +241,13 @@ def tinker_loop(url: str, stop: threading.Event, tally: TinkerTally) -> None:
         model_input=types.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
     )
-    service = tinker.ServiceClient(base_url=url, api_key=KEY)
-    training = None
+    service, training = None, None
     while not stop.is_set():
         try:
             if training is None:
+                # a new session too: a session lives on the replica that made it, and is
+                # gone with it (the SDK's heartbeats then get 404s)
+                service = tinker.ServiceClient(base_url=url, api_key=KEY)
                 training = service.create_lora_training_client(base_model=MODEL, rank=4)
                 tally.runs += 1
             fb = training.forward_backward([datum], "cross_entropy")
@@ -257,6 +259,17 @@ def tinker_loop(url: str, stop: threading.Event, tally: TinkerTally) -> None:
             tally.errors.append(f"{type(e).__name__}: {e}"[:200])
             training = None
             stop.wait(2)
+
+
+def fill_kv(fleet: Fleet, tally: Tally, tag: str) -> None:
+    """16 long prompts at once (a replica's KV pool filled)."""
+    threads = [
+        threading.Thread(target=fleet.call, args=(tally, tag, long_prompt)) for _ in range(16)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def process_stats(pid: int) -> dict[str, int]:
@@ -301,43 +314,24 @@ def faults(fleet: Fleet, pg_url: str, redis: subprocess.Popen[bytes], kv: Tally)
         stalled.sendall(head.encode())
         time.sleep(20)
     yield "stalled a client body 20 s"
-    threads = [
-        threading.Thread(target=fleet.call, args=(kv, "kv_fill", long_prompt)) for _ in range(16)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    fill_kv(fleet, kv, "kv_fill")
     yield f"filled a KV pool: 16 long prompts, {kv.answered} answered, {kv.lost} lost"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="infer-chaos-"))
-    ray_port = free_port()
-    subprocess.run(
-        [
-            *(str(RAY), "start", "--head", "--port", str(ray_port), "--num-cpus", "4"),
-            *("--node-ip-address", "127.0.0.1", "--disable-usage-stats"),
-            *("--include-dashboard", "false"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-        env=ENV,
-    )
-    try:
-        with postgres_server() as pg_url, redis_server(folder) as (redis_url, redis):
-            fleet = Fleet(folder, ray_port, redis_url, pg_url)
-            try:
-                return _chaos(args, fleet, pg_url, redis)
-            finally:
-                for ingress in fleet.ingresses:
-                    if ingress.process is not None and ingress.process.poll() is None:
-                        ingress.process.send_signal(signal.SIGTERM)
-                        with contextlib.suppress(subprocess.TimeoutExpired):
-                            ingress.process.wait(timeout=120)
-    finally:
-        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, check=False, env=ENV)
+    with (
+        ray_cluster(num_cpus=4) as ray_port,
+        postgres_server() as pg_url,
+        redis_server(folder) as (redis_url, redis),
+    ):
+        fleet = Fleet(folder, ray_port, redis_url, pg_url)
+        try:
+            return _chaos(args, fleet, pg_url, redis)
+        finally:
+            for ingress in fleet.ingresses:
+                if ingress.process is not None:
+                    stop_server(ingress.process)
 
 
 def _chaos(
@@ -370,7 +364,17 @@ def _chaos(
     ]
     for worker in workers:
         worker.start()
-    time.sleep(min(20.0, args.duration / 10))  # warm: the start's figures
+    # Warm, the KV pools touched once (memory a pool takes as it is first used is not a
+    # leak): then the start's figures.
+    warm = Tally()
+    threads = [
+        threading.Thread(target=fleet.call, args=(warm, "warm", long_prompt)) for _ in range(16)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(min(20.0, args.duration / 10))
     pids = replica_pids(fleet)
     before = {name: process_stats(pid) for name, pid in survivors.items()}
     before.update({f"replica_{pid}": process_stats(pid) for pid in pids[1:]})

@@ -24,6 +24,7 @@ from adapters.weights.resolve import resolve_model
 from tests.e2e.server import INFER, free_port
 from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
 from tests.support.peft_adapters import trained_adapter
+from tests.support.ray_cluster import RAY, ray_processes, stop_server, wait_for_no_ray
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -37,16 +38,6 @@ SYSTEM = (
     "You are the support assistant of a small bakery. Answer in one short sentence, "
     "politely, and never invent opening hours or prices that you were not given. "
 )
-
-
-def ray_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [
-        line
-        for line in out.splitlines()
-        if ("ray::" in line or "raylet" in line or "gcs_server" in line)
-        and "<defunct>" not in line  # ended, not yet reaped by its parent
-    ]
 
 
 def running_replicas(url: str) -> list[dict]:
@@ -110,21 +101,10 @@ def server(
         wait_for_replicas(url, process, log, 2)
         yield url, process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            subprocess.run([str(Path(INFER).with_name("ray")), "stop", "--force"], check=False)
-            raise
-        for _ in range(30):  # Ray's own processes end shortly after the driver
-            if not ray_processes():
-                break
-            time.sleep(1)
-        left = ray_processes()
+        assert stop_server(process) is not None, "the server did not stop within 120 s"
+        left = wait_for_no_ray()
         if left:
-            subprocess.run([str(Path(INFER).with_name("ray")), "stop", "--force"], check=False)
+            subprocess.run([str(RAY), "stop", "--force"], check=False)
         assert not left, f"Ray processes left after the server stopped: {left}"
 
 

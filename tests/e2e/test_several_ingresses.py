@@ -18,17 +18,11 @@ import httpx
 import pytest
 
 from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import (
-    BASE_NAME,
-    ray_processes,
-    running_replicas,
-    wait_for_replicas,
-)
+from tests.e2e.test_replicas_server import BASE_NAME, running_replicas, wait_for_replicas
+from tests.support.ray_cluster import ENV, ray_cluster, ray_processes, start_server, stop_server
 from tests.support.tinker_client import Api
 
 pytestmark = pytest.mark.slow
-RAY = Path(INFER).with_name("ray")
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a throwaway cluster on 127.0.0.1 only
 
 
 def replica_processes() -> list[str]:
@@ -42,25 +36,13 @@ def serve_processes() -> list[str]:
 
 def start_ingress(log: Path, ray_port: int, *extra: str) -> tuple[str, subprocess.Popen]:
     port = free_port()
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [
-                *(str(INFER), "serve", "--port", str(port), "--replicas", "1"),
-                *("--threads", "1", "--replica-cpus", "1", "--usage-db", ":memory:"),
-                *("--ray-address", f"127.0.0.1:{ray_port}", *extra),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=ENV,
-        )
+    process = start_server(
+        log,
+        port,
+        *("--replicas", "1", "--threads", "1", "--replica-cpus", "1", "--usage-db", ":memory:"),
+        *("--ray-address", f"127.0.0.1:{ray_port}", *extra),
+    )
     return f"http://127.0.0.1:{port}", process
-
-
-def stop(process: subprocess.Popen) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    return process.wait(timeout=120)
 
 
 class RetryingClient:
@@ -101,19 +83,12 @@ class RetryingClient:
 
 
 def test_two_ingresses_serve_one_fleet_and_survive_each_other(tmp_path: Path) -> None:
-    assert not ray_processes(), "a Ray cluster is already running here"
-    ray_port = free_port()
-    subprocess.run(
-        [
-            *(str(RAY), "start", "--head", "--port", str(ray_port), "--num-cpus", "2"),
-            *("--node-ip-address", "127.0.0.1", "--disable-usage-stats"),
-            *("--include-dashboard", "false"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-        env=ENV,
-    )
+    with ray_cluster(num_cpus=2) as ray_port:
+        several_ingresses(tmp_path, ray_port)
+    assert not ray_processes()
+
+
+def several_ingresses(tmp_path: Path, ray_port: int) -> None:
     processes: list[subprocess.Popen] = []
     try:
         url_a, a = start_ingress(tmp_path / "a.log", ray_port)
@@ -172,14 +147,14 @@ def test_two_ingresses_serve_one_fleet_and_survive_each_other(tmp_path: Path) ->
         processes.append(a)
         wait_for_replicas(url_a, a, tmp_path / "a2.log", 1)
         assert "attaching to the fleet" in (tmp_path / "a2.log").read_text()
-        assert stop(a) == 0
+        assert stop_server(a) == 0
         assert "leaving the replicas to the other ingresses" in (tmp_path / "a2.log").read_text()
         reply = httpx.post(f"{url_b}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         assert reply.status_code == 200, reply.text
         assert replica_processes()
 
         # B, the last one out, stops the replicas.
-        assert stop(b) == 0
+        assert stop_server(b) == 0
         assert "stopping the replicas" in (tmp_path / "b.log").read_text()
         deadline = time.monotonic() + 60
         while serve_processes() and time.monotonic() < deadline:
@@ -187,15 +162,4 @@ def test_two_ingresses_serve_one_fleet_and_survive_each_other(tmp_path: Path) ->
         assert not serve_processes()  # the cluster itself stays (the user started it)
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-        subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True, env=ENV)
-        for _ in range(30):
-            if not ray_processes():
-                break
-            time.sleep(1)
-    assert not ray_processes()
+            stop_server(process)

@@ -4,7 +4,6 @@ cluster; the fault hook makes the serving one fail every call: every call is ans
 failed ones ran again on the standby), and once its breaker opens the standby serves."""
 
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,10 +12,10 @@ import httpx
 import pytest
 
 from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import ray_processes, running_replicas, wait_for_replicas
+from tests.e2e.test_replicas_server import running_replicas, wait_for_replicas
+from tests.support.ray_cluster import ray_processes, stop_server, wait_for_no_ray
 
 pytestmark = pytest.mark.slow
-RAY = Path(INFER).with_name("ray")
 
 
 def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path: Path) -> None:
@@ -61,15 +60,6 @@ def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path:
         assert rows[serving]["breaker"] == "open" and rows[spare]["role"] == "serving"
         assert {call(i) for i in range(7, 11)} == {spare}
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                subprocess.run([str(RAY), "stop", "--force"], check=False)
-        for _ in range(30):
-            if not ray_processes():
-                break
-            time.sleep(1)
+        stop_server(process)
+        wait_for_no_ray()
     assert not ray_processes()
