@@ -107,6 +107,7 @@ class _Call:
     replica_id: str | None = None
     produced: bool = False
     note: "ReplicaNote | None" = None
+    noted: bool = False  # the note has this call's replica (replaced if it runs again)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,14 @@ class ReplicaNote:
         self.pending -= 1
         if self.pending <= 0:
             self.routed.set()
+
+    def rerouted(self, failed: str | None, replica_id: str) -> None:
+        """A call that ``failed`` replica gave nothing for ran again on ``replica_id``:
+        named in its place (where the response has not started yet)."""
+        if failed in self.replicas:
+            self.replicas.remove(failed)
+        if replica_id not in self.replicas:
+            self.replicas.append(replica_id)
 
 
 CURRENT_NOTE: ContextVar[ReplicaNote | None] = ContextVar("infer_replica_note", default=None)
@@ -246,7 +255,7 @@ class RemoteEngine(AdmittingClient):
         try:
             await self._run(call, admit, route)
         finally:
-            if call.note is not None:  # never routed (refused, lost, cancelled)
+            if call.note is not None and not call.noted:  # never routed (refused, ...)
                 call.note.routed_to(None)
 
     async def _run(self, call: _Call, admit: AdmitCall, route: RouteRequest) -> None:
@@ -254,10 +263,12 @@ class RemoteEngine(AdmittingClient):
         for attempt in range(RETRIES + 1):
             try:
                 routed = await self._dispatch(route, admit, avoid)
-                call.replica_id = routed.replica_id
-                if call.note is not None:
+                before, call.replica_id = call.replica_id, routed.replica_id
+                if call.note is not None and call.noted:  # run again: this one answers
+                    call.note.rerouted(before, routed.replica_id)
+                elif call.note is not None:
                     call.note.routed_to(routed.replica_id)
-                    call.note = None
+                    call.noted = True
                 failed = False
                 async for batch in routed.outputs:
                     if not call.produced and batch and all(o.error for o in batch):

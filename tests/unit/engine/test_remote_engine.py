@@ -245,6 +245,27 @@ async def test_the_note_names_the_replica_each_call_went_to(fleet: LocalFleet) -
     await engine.stop()
 
 
+async def test_the_note_names_the_replica_that_answered_a_call_run_again(
+    fleet: LocalFleet,
+) -> None:
+    """A call its first replica failed before any output ran again on the other: the note
+    (``x-infer-replica``) names the one that answered, not the one that failed."""
+    engine = remote(fleet, 2)
+    fleet.failing.add("r0")  # the router's first choice on a tie
+    note = ReplicaNote()
+    token = CURRENT_NOTE.set(note)
+    try:
+        prompt = await engine.inputs.prepare("note me", PARAMS)
+        [stream] = engine.group().admit(AdmitCall.one("n", prompt, PARAMS))
+    finally:
+        CURRENT_NOTE.reset(token)
+    out = await read_all(stream)
+    assert out[-1].error is None and out[-1].finished
+    assert [replica for replica, _ in fleet.calls] == ["r0", "r1"]
+    assert note.replicas == ["r1"]
+    await engine.stop()
+
+
 async def test_the_callers_context_and_trace_travel_with_the_call(fleet: LocalFleet) -> None:
     engine = remote(fleet)
     trace = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
