@@ -34,12 +34,16 @@ class EngineReplica:
     """One engine replica (a Ray Serve deployment, see the module)."""
 
     async def __init__(  # type: ignore[misc]
-        self, config_json: bytes, build: Callable[[bytes, str], Any]
+        self, config_json: bytes, build: Callable[[bytes, str, int | None], Any]
     ) -> None:
-        """``build``: the replica's container from the server's configuration (JSON) and
-        its replica id (the entrypoint's composition root, handed in by reference)."""
-        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
-        self.container = build(config_json, self.replica_id)
+        """``build``: the replica's container from the server's configuration (JSON), its
+        replica id and its rank (Ray Serve's: 0 to the replicas less one, a restarted
+        replica taking the rank its predecessor freed; the entrypoint's composition root,
+        handed in by reference)."""
+        context = serve.get_replica_context()
+        self.replica_id = str(context.replica_id.unique_id)
+        self.rank: int | None = getattr(context.rank, "rank", None)
+        self.container = build(config_json, self.replica_id, self.rank)
         config = self.container.config()
         self.engine = self.container.async_engine()
         # The replica's own app answers the Tinker calls the ingress forwards here (run
@@ -132,6 +136,7 @@ class EngineReplica:
         return {
             "pid": os.getpid(),
             "node": self.node,
+            "rank": self.rank,  # its KV events' port offset and data_parallel_rank
             # The GPUs Ray gave this replica (--replica-gpus; None: none, every GPU hidden).
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") or None,
             "running": load.running,
