@@ -6,7 +6,8 @@ process, with the ``--lora-modules`` loaded. A call (``generate``) queues one
 :class:`~domain.request.AdmitCall` and streams its outputs back in batches
 (:func:`~application.engine.remote_engine.serve_call`); a Tinker call the ingress forwards
 (``tinker_http``) is answered by the replica's own Tinker face. Every second it reports its
-load to the fleet registry and, through ``record_routing_stats``, to the request router."""
+load to the fleet registry and, through ``record_routing_stats``, to the request router
+(with the LoRA adapters it holds)."""
 
 import asyncio
 import contextlib
@@ -167,6 +168,8 @@ class EngineReplica:
             "kv_usage": load.kv_usage,
             "report": self._reports,
             "evicted": self.engine.take_evicted(),
+            # the LoRA adapters it holds (the router prefers it for calls on them)
+            "adapters": self.lora.loaded() if self.lora is not None else [],
         }
 
     def check_health(self) -> None:

@@ -33,6 +33,7 @@ SECRET = "The secret word is pineapple."
 PARENT_ID = "b7ad6b7169203331"
 
 START_TIMEOUT_S = 420
+RAY = Path(INFER).with_name("ray")
 SYSTEM = (
     "You are the support assistant of a small bakery. Answer in one short sentence, "
     "politely, and never invent opening hours or prices that you were not given. "
@@ -66,6 +67,45 @@ def wait_for_replicas(url: str, process: subprocess.Popen, log: Path, count: int
         time.sleep(1)
 
 
+def start_fleet(
+    log: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen]:
+    """``infer serve --port <a free one> FLAGS`` in a session of its own, its output in
+    ``log``: its URL and its process."""
+    port = free_port()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(INFER), "serve", "--port", str(port), *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    return f"http://127.0.0.1:{port}", process
+
+
+def stop_fleet(process: subprocess.Popen) -> list[str]:
+    """SIGTERM the server (past 120 s killed, Ray's processes stopped, and
+    ``TimeoutExpired``); the Ray processes still running 30 s after it ended (stopped then:
+    the caller asserts there were none)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run([str(RAY), "stop", "--force"], check=False)
+        raise
+    for _ in range(30):  # Ray's own processes end shortly after the driver
+        if not ray_processes():
+            break
+        time.sleep(1)
+    left = ray_processes()
+    if left:
+        subprocess.run([str(RAY), "stop", "--force"], check=False)
+    return left
+
+
 BASE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model's served name
 
 
@@ -90,41 +130,20 @@ def server(
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     assert not ray_processes(), "a Ray cluster is already running here"
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
-    port = free_port()
     otlp = f"http://127.0.0.1:{traces.server_address[1]}"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [
-                *(str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"),
-                *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
-                *("--usage-db", ":memory:", "--model-rollout", f"canary={BASE_NAME}:1,secret:1"),
-                *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "3"),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "INFER_FAULT_INJECTION": "1"},  # the breaker test's hook
-        )
-    url = f"http://127.0.0.1:{port}"
+    url, process = start_fleet(
+        log,
+        *("--replicas", "2", "--threads", "1"),
+        *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
+        *("--usage-db", ":memory:", "--model-rollout", f"canary={BASE_NAME}:1,secret:1"),
+        *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "3"),
+        env={**os.environ, "INFER_FAULT_INJECTION": "1"},  # the breaker test's hook
+    )
     try:
         wait_for_replicas(url, process, log, 2)
         yield url, process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            subprocess.run([str(Path(INFER).with_name("ray")), "stop", "--force"], check=False)
-            raise
-        for _ in range(30):  # Ray's own processes end shortly after the driver
-            if not ray_processes():
-                break
-            time.sleep(1)
-        left = ray_processes()
-        if left:
-            subprocess.run([str(Path(INFER).with_name("ray")), "stop", "--force"], check=False)
+        left = stop_fleet(process)
         assert not left, f"Ray processes left after the server stopped: {left}"
 
 
