@@ -26,6 +26,12 @@ and corrected by what replicas report (evictions, a restart).
   shortest by more than ``imbalance`` requests, as Ray's prefix-aware router checks), pow2
   instead, so one hot prefix cannot pile work on one replica.
 
+A request on a LoRA adapter (``adapter``) goes, under ``prefix`` and ``pow2``, to the
+replicas that hold it (as each reports, and where calls on it were routed since): the
+policy chooses among them while the lightest of them is within ``imbalance`` requests of
+the lightest replica, else among all (a replica that does not hold it loads it at the
+call); when none holds it, among all.
+
 A request with a ``session`` (a client's sticky key) goes to the replica its session was
 pinned to while that replica lives; its first request is routed by the policy and pins it.
 A request naming its ``replica`` (a Tinker call: the ids of Tinker's sessions, runs and
@@ -35,7 +41,7 @@ once it is gone.
 
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,13 +83,15 @@ class ReplicaLoad:
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What routing needs of a request: its prompt's block-hash chain, its session, and
-    the replica it must go to while that one lives (``replica``: where its state is, as a
-    Tinker session's or future's id names it)."""
+    """What routing needs of a request: its prompt's block-hash chain, its session, the
+    replica it must go to while that one lives (``replica``: where its state is, as a
+    Tinker session's or future's id names it) and its LoRA adapter's id (None: the base
+    model)."""
 
     block_hashes: tuple[BlockHash, ...] = ()
     session: str | None = None
     replica: str | None = None
+    adapter: str | None = None
 
 
 @dataclass(slots=True)
@@ -184,6 +192,8 @@ class Router:
         self._rng = rng or random.Random()
         self._turn = 0
         self._sessions: dict[str, str] = {}
+        # The LoRA adapters each replica holds: its last report, and those routed there since.
+        self._adapters: dict[str, set[str]] = {}
 
     def route(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> Route:
         """The replica for ``request`` among the live ``replicas`` (not empty); records
@@ -193,21 +203,50 @@ class Router:
         live = {r.replica_id: r for r in replicas}
         if request.replica in live:
             replica = request.replica
-            return Route(replica, "owner", self.index.matched(replica, request.block_hashes))
+            route = Route(replica, "owner", self.index.matched(replica, request.block_hashes))
+            self._holds(replica, request.adapter)
+            return route
         pinned = self._sessions.get(request.session) if request.session is not None else None
         if pinned is not None and pinned in live:
             route = Route(pinned, "session", self.index.matched(pinned, request.block_hashes))
         else:
-            route = self._choose(request, replicas)
+            route = self._choose(request, self._holding(request.adapter, replicas))
             if request.session is not None:
                 self._sessions[request.session] = route.replica_id
         self.index.record(route.replica_id, request.block_hashes)
+        self._holds(route.replica_id, request.adapter)
         return route
+
+    def reported_adapters(self, replica_id: str, adapter_ids: Iterable[str]) -> None:
+        """The LoRA adapters ``replica_id`` reports holding (what it loaded and has not
+        evicted), in place of what the router thought."""
+        self._adapters[replica_id] = set(adapter_ids)
+
+    def _holds(self, replica_id: str, adapter: str | None) -> None:
+        if adapter is not None:  # the replica loads it for the call, if not already
+            self._adapters.setdefault(replica_id, set()).add(adapter)
+
+    def _holding(
+        self, adapter: str | None, replicas: Sequence[ReplicaLoad]
+    ) -> Sequence[ReplicaLoad]:
+        """The replicas the policy chooses among for a call on ``adapter``: those holding
+        it while the lightest of them is within ``imbalance`` of the lightest replica, else
+        all (see the module)."""
+        if adapter is None or self.settings.policy == "round-robin":
+            return replicas
+        holding = [r for r in replicas if adapter in self._adapters.get(r.replica_id, ())]
+        if not holding or len(holding) == len(replicas):
+            return replicas
+        lightest = min(r.queue for r in replicas)
+        if min(r.queue for r in holding) - lightest > self.settings.imbalance:
+            return replicas
+        return holding
 
     def replica_gone(self, replica_id: str) -> None:
         """A replica died or restarted: its cache is empty, its sessions move on their next
         request (Tinker's runs on it have failed: the caller says so to their clients)."""
         self.index.forget(replica_id)
+        self._adapters.pop(replica_id, None)
         for session in [s for s, r in self._sessions.items() if r == replica_id]:
             del self._sessions[session]
 

@@ -194,9 +194,17 @@ class Container(containers.DeclarativeContainer):
     )
     # The web console's per-second view of the steps (None: --no-ui).
     timeline = providers.Singleton(build_timeline, config.provided.http.ui)
-    # vLLM's KV cache events on ZeroMQ (--kv-events-config; None: off).
-    kv_events = providers.Singleton(
-        build_kv_events, backend.engine_config.provided.kv_events_config
+    # vLLM's KV cache events on ZeroMQ (--kv-events-config; None: off), published where the
+    # engine steps: one process, or each of a fleet's replicas (its rank: its port), never
+    # a fleet's ingress.
+    kv_events = providers.Selector(
+        backend.engine_kind,
+        local=providers.Singleton(
+            build_kv_events,
+            backend.engine_config.provided.kv_events_config,
+            config.provided.fleet.replica_rank,
+        ),
+        fleet=providers.Object(None),
     )
     observer = providers.Singleton(step_observer, metrics, tracing, timeline, kv_events)
 

@@ -11,13 +11,16 @@ but its checkpoints served by path from the shared ``--checkpoint-dir``
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from dependency_injector import containers, providers
 
 from adapters.ray.dispatch import HandleDispatch, fault_hook, loop_handle
 from adapters.ray.ingress import APP_NAME, ENGINE, FleetView, describe_replicas
 from adapters.storage.factory import checkpoint_storage
-from adapters.torch.lora.peft import ADAPTER_WEIGHTS
+from adapters.torch.lora.peft import ADAPTER_WEIGHTS, check_folder
+from adapters.torch.models.config import ModelConfig
+from adapters.weights import ResolvedModel
 from application.engine.remote_engine import ReplicaAdapters
 from application.serving.served_models import SharedCheckpoints
 from application.tinker.checkpoints import CheckpointStore
@@ -34,14 +37,26 @@ from entrypoints.config.replica import ReplicaSettings
 
 
 def replica_adapters(
-    lora_modules: object, tinker: bool, enable_lora: bool = False
+    lora_modules: object,
+    tinker: bool,
+    enable_lora: bool = False,
+    model: ResolvedModel | None = None,
+    max_lora_rank: int | None = None,
 ) -> ReplicaAdapters | None:
     """The ingress's view of the replicas' LoRA adapters (the ``--lora-modules`` folders
     loaded at their start, a Tinker checkpoint served by path or an adapter loaded at run
-    time loaded by the replica a call goes to, from the folder the call names); None
+    time loaded by the replica a call goes to, from the folder the call names), each
+    folder checked as a replica's load would check it (``model``'s widths from its
+    ``config.json``, ``max_lora_rank``: ``--max-lora-rank``) without loading it; None
     without any of them."""
-    wanted = lora_modules or tinker or enable_lora
-    return ReplicaAdapters(ADAPTER_WEIGHTS) if wanted else None
+    if not (lora_modules or tinker or enable_lora):
+        return None
+    if model is None:
+        return ReplicaAdapters(ADAPTER_WEIGHTS)
+    widths = ModelConfig.from_folder(model.path)
+    return ReplicaAdapters(
+        ADAPTER_WEIGHTS, partial(check_folder, model=widths, max_rank=max_lora_rank)
+    )
 
 
 def shared_checkpoints(tinker: bool, checkpoint_dir: str | None) -> SharedCheckpoints | None:
@@ -81,6 +96,8 @@ class RemoteBackend(containers.DeclarativeContainer):
         config.provided.model.lora_modules,
         config.provided.tinker.enabled,
         config.provided.model.enable_lora,
+        resolved_model,
+        config.provided.model.max_lora_rank,
     )
     runner: providers.Object[None] = providers.Object(None)
     draft_runner: providers.Object[None] = providers.Object(None)

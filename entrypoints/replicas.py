@@ -41,16 +41,23 @@ from entrypoints.container import Container, create_container
 from entrypoints.server import serve_configured
 
 
-def replica_container(config_json: bytes, replica_id: str) -> Any:
+def replica_container(config_json: bytes, replica_id: str, rank: int | None = None) -> Any:
     """An engine replica's container (:class:`~adapters.ray.replica.EngineReplica` calls
     it in its own process): the one :class:`ServerConfig` from JSON as one process's, with
-    the replica's id (Tinker puts it in its ids), without a usage ledger (the ingress
+    the replica's id (Tinker puts it in its ids) and rank (its KV events' port and
+    ``data_parallel_rank``), without a usage ledger (the ingress
     records usage and holds the rollouts) or an embedding model (``/v1/embeddings`` is the
     ingress's); its logging and threads set."""
     config = from_json(config_json)
     config = replace(
         config,
-        fleet=replace(config.fleet, replicas=0, standby_replicas=0, replica_id=replica_id),
+        fleet=replace(
+            config.fleet,
+            replicas=0,
+            standby_replicas=0,
+            replica_id=replica_id,
+            replica_rank=rank,
+        ),
         access=replace(config.access, usage_db=None),
         embeddings=replace(config.embeddings, embedding_model=None),
     )

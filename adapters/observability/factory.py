@@ -102,9 +102,11 @@ def shutdown_hooks(
     return tuple(hooks)
 
 
-def build_kv_events(config: KVEventsConfig | None) -> ZmqKVEventPublisher | None:
+def build_kv_events(
+    config: KVEventsConfig | None, rank: int | None = None
+) -> ZmqKVEventPublisher | None:
     """The KV events' publisher of ``--kv-events-config`` (None: off, or recorded for no
-    one: publisher ``null``)."""
+    one: publisher ``null``); ``rank``: a fleet's replica's (its port, its batches' rank)."""
     if config is None or not config.recording or config.publisher != "zmq":
         return None
-    return ZmqKVEventPublisher(config)
+    return ZmqKVEventPublisher(config, rank=rank)

@@ -49,10 +49,10 @@ def replica_gpus(requested: float | None, device: str | None, default: str) -> f
 
 
 def engine_app(
-    spec: EngineDeployment, config_json: bytes, build: Callable[[bytes, str], Any]
+    spec: EngineDeployment, config_json: bytes, build: Callable[[bytes, str, int | None], Any]
 ) -> Any:
     """The application: ``spec``'s engine replicas, each building its container with
-    ``build(config_json, its replica id)``."""
+    ``build(config_json, its replica id, its rank)``."""
     router: dict[str, Any] = {
         "request_router_class": FleetRequestRouter,
         "request_router_kwargs": {

@@ -6,7 +6,8 @@ process, with the ``--lora-modules`` loaded. A call (``generate``) queues one
 :class:`~domain.request.AdmitCall` and streams its outputs back in batches
 (:func:`~application.engine.remote_engine.serve_call`); a Tinker call the ingress forwards
 (``tinker_http``) is answered by the replica's own Tinker face. Every second it reports its
-load to the fleet registry and, through ``record_routing_stats``, to the request router."""
+load to the fleet registry and, through ``record_routing_stats``, to the request router
+(with the LoRA adapters it holds)."""
 
 import asyncio
 import contextlib
@@ -34,12 +35,16 @@ class EngineReplica:
     """One engine replica (a Ray Serve deployment, see the module)."""
 
     async def __init__(  # type: ignore[misc]
-        self, config_json: bytes, build: Callable[[bytes, str], Any]
+        self, config_json: bytes, build: Callable[[bytes, str, int | None], Any]
     ) -> None:
-        """``build``: the replica's container from the server's configuration (JSON) and
-        its replica id (the entrypoint's composition root, handed in by reference)."""
-        self.replica_id = str(serve.get_replica_context().replica_id.unique_id)
-        self.container = build(config_json, self.replica_id)
+        """``build``: the replica's container from the server's configuration (JSON), its
+        replica id and its rank (Ray Serve's: 0 to the replicas less one, a restarted
+        replica taking the rank its predecessor freed; the entrypoint's composition root,
+        handed in by reference)."""
+        context = serve.get_replica_context()
+        self.replica_id = str(context.replica_id.unique_id)
+        self.rank: int | None = getattr(context.rank, "rank", None)
+        self.container = build(config_json, self.replica_id, self.rank)
         config = self.container.config()
         self.engine = self.container.async_engine()
         # The replica's own app answers the Tinker calls the ingress forwards here (run
@@ -132,6 +137,7 @@ class EngineReplica:
         return {
             "pid": os.getpid(),
             "node": self.node,
+            "rank": self.rank,  # its KV events' port offset and data_parallel_rank
             # The GPUs Ray gave this replica (--replica-gpus; None: none, every GPU hidden).
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") or None,
             "running": load.running,
@@ -162,6 +168,8 @@ class EngineReplica:
             "kv_usage": load.kv_usage,
             "report": self._reports,
             "evicted": self.engine.take_evicted(),
+            # the LoRA adapters it holds (the router prefers it for calls on them)
+            "adapters": self.lora.loaded() if self.lora is not None else [],
         }
 
     def check_health(self) -> None:

@@ -9,7 +9,8 @@ lost a try of it), builds each candidate's :class:`~domain.routing.ReplicaLoad` 
 Ray knows (its ongoing calls), what the replica reports every
 ``request_routing_stats_period_s`` (``record_routing_stats``: running, waiting, KV usage)
 and the calls chosen for it but not yet sent (a burst's calls see each other); each
-report's evicted block hashes leave what the router thinks the replica holds;
+report's evicted block hashes leave what the router thinks the replica holds, and its
+LoRA adapters (those loaded and not evicted) replace those the router thought it held;
 and ranks the policy's choice first, the rest after it — except where the call's state or
 cache is (a Tinker call's replica, a session's, a matched prefix): there it ranks that
 replica alone, so a slow answer to Ray's queue probe (a replica busy with a step answers
@@ -87,6 +88,7 @@ class FleetRequestRouter(RequestRouter):
             self._report[key] = stats.get("report")
             self._routed[key] = 0
             self.policy.index.evicted(key, stats.get("evicted", ()))
+            self.policy.reported_adapters(key, stats.get("adapters", ()))
         # In flight: the last report's, or Ray's count of ongoing calls where higher (it is
         # fresher), and the calls chosen for it not yet sent; those past a batch wait.
         reported = int(stats.get("running", 0)) + int(stats.get("waiting", 0))

@@ -10,7 +10,8 @@ client spreads over one stream per request id, as :class:`AsyncEngine` gives the
 
 The call carries what routing needs (:class:`~domain.routing.RouteRequest`): the first
 prompt's block-hash chain, keyed as the replica's cache keys it (adapter, ``cache_salt``),
-and the session (a Tinker run) that pins it to a replica.
+the session (a Tinker run) that pins it to a replica, and its LoRA adapter (the replicas
+holding it preferred).
 
 No silent loss: a replica that dies before a call produced anything is retried once on
 another (:data:`RETRIES`); a call that had produced output ends each open stream with an
@@ -208,7 +209,7 @@ class RemoteEngine(AdmittingClient):
     def route_of(self, call: AdmitCall, session: str | None = None) -> RouteRequest:
         namespace = key_namespace(call.adapter_id, call.params.cache_salt)
         hashes = prompt_block_hashes(call.prompts[0], self.block_size, namespace)
-        return RouteRequest(hashes, session)
+        return RouteRequest(hashes, session, adapter=call.adapter_id)
 
     def submit(
         self, call: AdmitCall, *, session: str | None = None
@@ -453,11 +454,14 @@ async def _merged(streams: Sequence[AsyncIterator[StepOutput]]) -> AsyncIterator
 class ReplicaAdapters:
     """The ingress's :class:`~domain.tinker.ports.ServingAdapters`: the LoRA adapters live on
     the replicas, each of which loads the ``--lora-modules`` folders at its start under the
-    ids the served models give them. Here a load only notes the id (the folder was checked
-    by the caller); a request names its adapter by id and its replica applies it."""
+    ids the served models give them. Here a load checks the folder with ``check`` (what a
+    replica's load would refuse, without loading it: raises as the replica's load does;
+    None: no check) and notes the id; a request names its adapter by id and its replica
+    applies it."""
 
-    def __init__(self, weights_name: str) -> None:
+    def __init__(self, weights_name: str, check: Callable[[Path], None] | None = None) -> None:
         self.weights_name = weights_name
+        self._check = check
         self._folders: dict[str, Path] = {}
 
     def __contains__(self, adapter_id: object) -> bool:
@@ -471,6 +475,8 @@ class ReplicaAdapters:
         return folder / self.weights_name
 
     def load_folder(self, adapter_id: str, folder: Path) -> None:
+        if self._check is not None:
+            self._check(folder)
         self._folders[adapter_id] = folder
 
     def add_live(self, adapter_id: str, model_id: str) -> None:

@@ -61,7 +61,6 @@ import msgspec
 from adapters.http.uvicorn_server import ConnectionLimits
 from adapters.observability.settings import ObservabilitySettings
 from domain.config import EngineConfig
-from domain.errors import InvalidParameterError
 from domain.memory import AUTO
 from entrypoints.config import observability as observability_flags
 from entrypoints.config.access import AccessSettings
@@ -98,11 +97,8 @@ class ServerConfig:
         if self.model.kv_cache_memory is not None and self.engine.num_kv_blocks is not None:
             raise ValueError("give kv_cache_memory or the engine's num_kv_blocks, not both")
         events = self.engine.kv_events_config
-        if events is not None and events.publisher == "zmq" and self.fleet.replicas:
-            raise InvalidParameterError(
-                "kv_events_config",
-                "not with --replicas yet: each replica would bind the same endpoint",
-            )
+        if events is not None and self.fleet.replicas:  # each replica publishes its own
+            events.check_fleet(self.fleet.replicas + self.fleet.standby_replicas)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, device: str) -> "ServerConfig":

@@ -209,7 +209,9 @@ def _add_vllm_json_args(serve: argparse.ArgumentParser) -> None:
         help="publish the prefix cache's stored and evicted blocks for KV-aware routers, "
         'vLLM\'s spelling and wire format: \'{"enable_kv_cache_events": true, "publisher": '
         '"zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}\' (msgpack batches on a '
-        "ZeroMQ PUB socket; default: off)",
+        "ZeroMQ PUB socket, bound at a wildcard endpoint, else connected; "
+        '"replay_endpoint", "buffer_steps", "hwm", "max_queue_size" as vLLM\'s; with '
+        "--replicas each replica publishes, a bound port + its rank; default: off)",
     )
 
 

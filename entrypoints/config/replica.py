@@ -22,7 +22,9 @@ class ReplicaSettings:
     reserves per replica (None: ``--threads``, else 1); ``replica_start_timeout``: seconds
     the replicas may take to start before the server gives up with an error;
     ``replica_id``: in a replica's own configuration, its id (no flag: the fleet sets it;
-    Tinker puts it in its ids), else empty. The ``cb_*`` fields and
+    Tinker puts it in its ids), else empty; ``replica_rank``: there, its rank (Ray Serve's:
+    0 to the replicas less one, a restarted replica taking the rank its predecessor freed;
+    the KV events' port and ``data_parallel_rank``), else None. The ``cb_*`` fields and
     ``disable_circuit_breaker``: each replica's circuit breaker at the ingress
     (:class:`~domain.breaker.BreakerSettings`, sglang-router's spelling)."""
 
@@ -34,6 +36,7 @@ class ReplicaSettings:
     replica_gpus: float | None = None
     replica_start_timeout: float = 300.0
     replica_id: str = ""
+    replica_rank: int | None = None
     cb_failure_threshold: int = _BREAKER.failure_threshold
     cb_failure_rate: float = _BREAKER.failure_rate
     cb_window_duration_secs: float = _BREAKER.window_s
@@ -69,7 +72,7 @@ class ReplicaSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplicaSettings":
-        return from_flags(cls, args, replica_id="")
+        return from_flags(cls, args, replica_id="", replica_rank=None)
 
 
 def add_replica_args(parser: argparse.ArgumentParser) -> None:

@@ -24,7 +24,13 @@ from adapters.weights.resolve import resolve_model
 from tests.e2e.server import INFER, free_port
 from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
 from tests.support.peft_adapters import trained_adapter
-from tests.support.ray_cluster import RAY, ray_processes, stop_server, wait_for_no_ray
+from tests.support.ray_cluster import (
+    RAY,
+    ray_processes,
+    start_server,
+    stop_server,
+    wait_for_no_ray,
+)
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -57,6 +63,26 @@ def wait_for_replicas(url: str, process: subprocess.Popen, log: Path, count: int
         time.sleep(1)
 
 
+def start_fleet(
+    log: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen]:
+    """``infer serve --port <a free one> FLAGS`` in a session of its own, its output in
+    ``log``: its URL and its process."""
+    port = free_port()
+    return f"http://127.0.0.1:{port}", start_server(log, port, *flags, env=env)
+
+
+def stop_fleet(process: subprocess.Popen) -> list[str]:
+    """SIGTERM the server (past 120 s killed, Ray's processes stopped: a failure); the Ray
+    processes still running 30 s after it ended (stopped then: the caller asserts there
+    were none)."""
+    assert stop_server(process) is not None, "the server did not stop within 120 s"
+    left = wait_for_no_ray()
+    if left:
+        subprocess.run([str(RAY), "stop", "--force"], check=False)
+    return left
+
+
 BASE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model's served name
 
 
@@ -81,30 +107,20 @@ def server(
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     assert not ray_processes(), "a Ray cluster is already running here"
     log = tmp_path_factory.mktemp("fleet") / "serve.log"
-    port = free_port()
     otlp = f"http://127.0.0.1:{traces.server_address[1]}"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [
-                *(str(INFER), "serve", "--port", str(port), "--replicas", "2", "--threads", "1"),
-                *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
-                *("--usage-db", ":memory:", "--model-rollout", f"canary={BASE_NAME}:1,secret:1"),
-                *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "3"),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "INFER_FAULT_INJECTION": "1"},  # the breaker test's hook
-        )
-    url = f"http://127.0.0.1:{port}"
+    url, process = start_fleet(
+        log,
+        *("--replicas", "2", "--threads", "1"),
+        *("--otlp-traces-endpoint", otlp, "--lora-modules", f"secret={lora_folder}"),
+        *("--usage-db", ":memory:", "--model-rollout", f"canary={BASE_NAME}:1,secret:1"),
+        *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "3"),
+        env={**os.environ, "INFER_FAULT_INJECTION": "1"},  # the breaker test's hook
+    )
     try:
         wait_for_replicas(url, process, log, 2)
         yield url, process
     finally:
-        assert stop_server(process) is not None, "the server did not stop within 120 s"
-        left = wait_for_no_ray()
-        if left:
-            subprocess.run([str(RAY), "stop", "--force"], check=False)
+        left = stop_fleet(process)
         assert not left, f"Ray processes left after the server stopped: {left}"
 
 

@@ -4,36 +4,33 @@ cluster; the fault hook makes the serving one fail every call: every call is ans
 failed ones ran again on the standby), and once its breaker opens the standby serves."""
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import running_replicas, wait_for_replicas
-from tests.support.ray_cluster import ray_processes, stop_server, wait_for_no_ray
+from tests.e2e.test_replicas_server import (
+    ray_processes,
+    running_replicas,
+    start_fleet,
+    stop_fleet,
+    wait_for_replicas,
+)
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path: Path) -> None:
     assert not ray_processes(), "a Ray cluster is already running here"
-    log, port = tmp_path / "serve.log", free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [
-                *(str(INFER), "serve", "--port", str(port), "--replicas", "1"),
-                *("--standby-replicas", "1", "--threads", "1", "--usage-db", ":memory:"),
-                *("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "600"),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "INFER_FAULT_INJECTION": "1"},
-        )
+    log = tmp_path / "serve.log"
+    url, process = start_fleet(
+        log,
+        *("--replicas", "1", "--standby-replicas", "1", "--threads", "1"),
+        *("--usage-db", ":memory:", "--cb-failure-threshold", "2"),
+        *("--cb-timeout-duration-secs", "600"),
+        env={**os.environ, "INFER_FAULT_INJECTION": "1"},
+    )
     try:
         wait_for_replicas(url, process, log, 2)
         time.sleep(2)  # the ingress has polled both replicas (the order they joined)
@@ -60,6 +57,5 @@ def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path:
         assert rows[serving]["breaker"] == "open" and rows[spare]["role"] == "serving"
         assert {call(i) for i in range(7, 11)} == {spare}
     finally:
-        stop_server(process)
-        wait_for_no_ray()
-    assert not ray_processes()
+        left = stop_fleet(process)
+    assert not left

@@ -61,15 +61,18 @@ def ray_cluster(num_cpus: int, num_gpus: int = 0) -> Iterator[int]:
         wait_for_no_ray()
 
 
-def start_server(log: Path, port: int, *flags: str) -> subprocess.Popen:
-    """``infer serve --port PORT FLAGS...`` in a session of its own, its output in ``log``."""
+def start_server(
+    log: Path, port: int, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``infer serve --port PORT FLAGS...`` in a session of its own, its output in ``log``
+    (``env``: the environment, default :data:`ENV`)."""
     with log.open("w") as out:
         return subprocess.Popen(
             [str(INFER), "serve", "--port", str(port), *flags],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=ENV,
+            env=ENV if env is None else env,
         )
 
 

@@ -9,10 +9,11 @@ modules in row order (``wqkv``: q, k, v; ``w13``: gate, up); updates are scaled 
 """
 
 import json
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from adapters.torch.models.config import ModelConfig
@@ -30,6 +31,7 @@ UNEMBED_TARGETS = ("lm_head",)
 GROUPS = {"attn": ATTN_TARGETS, "mlp": MLP_TARGETS, "unembed": UNEMBED_TARGETS}
 
 Pair = tuple[Tensor | None, Tensor | None]  # (A [r, in], B [out, r]) as far as found
+T = TypeVar("T")
 
 
 def tensor_key(module: str, matrix: Literal["A", "B"]) -> str:
@@ -37,9 +39,10 @@ def tensor_key(module: str, matrix: Literal["A", "B"]) -> str:
     return f"base_model.model.{module}.lora_{matrix}.weight"
 
 
-def module_pairs(state: Mapping[str, Tensor]) -> dict[str, Pair]:
-    """``state``'s (A, B) by module name; tensors that are not LoRA matrices are ignored."""
-    pairs: dict[str, Pair] = {}
+def module_pairs(state: Mapping[str, T]) -> dict[str, tuple[T | None, T | None]]:
+    """``state``'s (A, B) by module name (tensors, or their shapes); tensors that are not
+    LoRA matrices are ignored."""
+    pairs: dict[str, tuple[T | None, T | None]] = {}
     for key, value in state.items():
         if not key.endswith((".lora_A.weight", ".lora_B.weight")):
             continue
@@ -73,6 +76,63 @@ def part_rows(config: ModelConfig, parts: tuple[str, ...]) -> list[int]:
         "lm_head": config.vocab_size,
     }
     return [rows[name.rsplit(".", 1)[-1]] for name in parts]
+
+
+def in_features(config: ModelConfig, path: str) -> int:
+    """Input features of our linear at ``path`` (a site of :func:`site_parts`)."""
+    if path.endswith(".wo"):
+        return config.q_size
+    return config.intermediate_size if path.endswith(".w2") else config.hidden_size
+
+
+def check_pair(
+    name: str, a: Sequence[int] | None, b: Sequence[int] | None, features: int, rows: int
+) -> None:
+    """``InvalidTrainingRequest`` unless the shapes of PEFT module ``name``'s A and B are
+    ``[r, features]`` and ``[rows, r]`` (this model's widths)."""
+    if a is None or b is None or len(a) != 2 or len(b) != 2 or a[0] != b[1]:
+        raise InvalidTrainingRequest(f"adapter tensors for {name} have wrong shapes")
+    width = (a[1], b[0])
+    if width != (features, rows):  # another base model's widths
+        raise InvalidTrainingRequest(
+            f"adapter tensors for {name} map {width[0]} -> {width[1]} features, "
+            f"this model's {features} -> {rows}: an adapter of another base model"
+        )
+
+
+def check_rank(config: Mapping[str, Any], max_rank: int | None) -> None:
+    """``InvalidTrainingRequest`` when an ``adapter_config.json``'s rank is over
+    ``max_rank`` (``--max-lora-rank``; None: any)."""
+    rank = config.get("r")
+    if max_rank is not None and isinstance(rank, int) and rank > max_rank:
+        raise InvalidTrainingRequest(
+            f"its rank {rank} is over the server's --max-lora-rank {max_rank}"
+        )
+
+
+def check_folder(folder: Path, model: ModelConfig, max_rank: int | None = None) -> None:
+    """What loading the PEFT adapter in ``folder`` for ``model`` checks (its
+    ``adapter_config.json``, its rank, each matrix's widths), without loading it: the
+    shapes are read from the safetensors header. ``InvalidTrainingRequest`` saying what is
+    wrong, as :meth:`~adapters.torch.lora.serving.LoraServing.load_folder` says it (a fleet's
+    ingress checks a folder so, holding no weights)."""
+    config = read_config(folder)
+    check_rank(config, max_rank)
+    try:
+        scale(config)
+        with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as weights:
+            shapes = {k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()}  # noqa: SIM118
+    except (OSError, ValueError, SafetensorError) as e:  # named without the server's path
+        raise InvalidTrainingRequest("the checkpoint is not a readable LoRA adapter") from e
+    pairs = module_pairs(shapes)
+    targeted = False
+    for path, names in site_parts(model.num_layers):
+        for name, rows in zip(names, part_rows(model, names), strict=True):
+            if name in pairs:
+                check_pair(name, *pairs[name], in_features(model, path), rows)
+                targeted = True
+    if not targeted:
+        raise InvalidTrainingRequest("the adapter targets no module of this model")
 
 
 def targets(spec: LoraSpec) -> frozenset[str]:

@@ -109,17 +109,17 @@ class LoraServing:
     def __len__(self) -> int:
         return len(self._adapters)
 
+    def loaded(self) -> list[str]:
+        """The ids of the adapters loaded (not evicted), least recently used first."""
+        return list(self._adapters)
+
     def weights_file(self, folder: Path) -> Path:
         return folder / ADAPTER_WEIGHTS
 
     def load_folder(self, adapter_id: str, folder: Path) -> None:
         """Load a PEFT adapter folder under ``adapter_id`` (kept until evicted)."""
         config = peft.read_config(folder)
-        rank = config.get("r")
-        if self.max_rank is not None and isinstance(rank, int) and rank > self.max_rank:
-            raise InvalidTrainingRequest(
-                f"its rank {rank} is over the server's --max-lora-rank {self.max_rank}"
-            )
+        peft.check_rank(config, self.max_rank)
         try:
             scale = peft.scale(config)
             state = load_file(str(folder / ADAPTER_WEIGHTS))
@@ -210,20 +210,20 @@ class LoraServing:
             return None
         a_blocks, b_blocks = [], []
         for (name, rows), (_, pair) in zip(parts, found, strict=True):
+            features = peft.in_features(self.config, path)
             if pair is None:  # an untargeted slice of a fused projection: no update
-                a_blocks.append(torch.zeros(0, self.config_in(path)))
+                a_blocks.append(torch.zeros(0, features))
                 b_blocks.append(torch.zeros(rows, 0))
                 continue
             a, b = pair
-            if a is None or b is None or a.shape[0] != b.shape[1]:
-                raise InvalidTrainingRequest(f"adapter tensors for {name} have wrong shapes")
-            width = (a.shape[1], b.shape[0])
-            if width != (self.config_in(path), rows):  # another base model's widths
-                raise InvalidTrainingRequest(
-                    f"adapter tensors for {name} map {width[0]} -> {width[1]} features, "
-                    f"this model's {self.config_in(path)} -> {rows}: an adapter of "
-                    "another base model"
-                )
+            peft.check_pair(
+                name,
+                None if a is None else a.shape,
+                None if b is None else b.shape,
+                features,
+                rows,
+            )
+            assert a is not None and b is not None  # checked
             a_blocks.append(a.float())
             b_blocks.append(b.float())
         a_cat = torch.cat(a_blocks)
@@ -231,15 +231,6 @@ class LoraServing:
         return (
             a_cat.to(self.device, self.dtype).contiguous(),
             b_diag.to(self.device, self.dtype).contiguous(),
-        )
-
-    def config_in(self, path: str) -> int:
-        """Input features of the linear at ``path``."""
-        c = self.config
-        return (
-            c.q_size
-            if path.endswith(".wo")
-            else (c.intermediate_size if path.endswith(".w2") else c.hidden_size)
         )
 
     def _evict(self) -> None:

@@ -14,6 +14,7 @@ from adapters.fake.runner import FakeModelRunner, reply_script
 from adapters.fake.toy_backend import ToyBackend
 from adapters.observability.metrics import Metrics
 from adapters.torch.lora.custom_loss import custom_loss_gradient
+from adapters.weights.resolve import resolve_model
 from application.access.audit import Audit
 from application.access.keys import hash_key
 from application.engine.remote_engine import RemoteEngine
@@ -31,6 +32,8 @@ from entrypoints.config.tinker import TinkerSettings
 from entrypoints.container import breaker_listener, create_container
 from entrypoints.fleet_backend import RemoteBackend
 from tests.fakes import fake_container
+from tests.support.peft_adapters import random_adapter
+from tests.support.tiny_models import save_tiny_model
 
 REPLY = "Paris is the capital."
 
@@ -135,6 +138,43 @@ def test_a_fleets_ingress_is_built_by_the_config_alone_and_loads_no_model(tmp_pa
     assert render is not None
     body = render()[0].decode()
     assert 'infer_x_total{replica="r1"} 3' in body and 'replica="ingress"' in body
+
+
+def test_a_fleets_ingress_checks_an_adapter_at_its_load(tmp_path) -> None:
+    """``/v1/load_lora_adapter`` at a fleet's ingress checks the folder as one process does,
+    without the model (its widths from its ``config.json``): a missing folder, no PEFT
+    weights, another base model's adapter, a rank over ``--max-lora-rank`` are each a 400
+    naming ``lora_path``; a good one is served, its folder named to the replicas' calls."""
+    model = resolve_model(None, progress=False).path  # the ingress's model (its tokenizer)
+    tiny = tmp_path / "tiny"
+    save_tiny_model("llama", tiny)
+    engine_config = EngineConfig(max_model_len=256, max_num_seqs=4)
+    described = {"engine_config": engine_config, "vocab_size": 49152, "kv_cache_bytes": 4096}
+    config = ServerConfig.for_model(replicas=2, enable_lora=True, max_lora_rank=4)
+    container = create_container(config)
+    backend = container.backend()
+    backend.described.override(providers.Object(described))  # no Ray here: what it gives
+    backend.fleet.override(providers.Object(FakeFleetView()))
+    refused = [
+        (tmp_path / "missing", "no such folder"),
+        (tmp_path, "not a PEFT LoRA adapter folder"),
+        (random_adapter(tmp_path / "other", tiny, rank=4), "an adapter of another base model"),
+        (random_adapter(tmp_path / "wide", model, rank=8), "rank 8 is over"),
+    ]
+    good = random_adapter(tmp_path / "good", model, rank=4)
+    with TestClient(app=container.http_app()) as http:
+        for folder, says in refused:
+            body = {"lora_name": "sql", "lora_path": str(folder)}
+            reply = http.post("/v1/load_lora_adapter", json=body)
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert error["param"] == "lora_path" and says in error["message"], error
+        body = {"lora_name": "sql", "lora_path": str(good)}
+        assert http.post("/v1/load_lora_adapter", json=body).status_code == 200
+        assert "sql" in [m["id"] for m in http.get("/v1/models").json()["data"]]
+    [entry] = [e for e in container.served_models().entries() if e.id == "sql"]
+    assert entry.adapter_id is not None
+    assert backend.lora_serving().folder_of(entry.adapter_id) == good
 
 
 def test_one_process_has_no_fleet() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from domain.kv_blocks import BlockManager
 from domain.routing import (
+    Policy,
     PrefixIndex,
     ReplicaLoad,
     Router,
@@ -152,6 +153,53 @@ def test_a_request_naming_its_replica_goes_there_while_it_lives() -> None:
         assert route.replica_id == "r1" and route.reason == "owner"
     gone = router.route(RouteRequest(replica="r1"), [r for r in replicas if r.replica_id != "r1"])
     assert gone.replica_id != "r1" and gone.reason == "round-robin"
+
+
+def _on(adapter: str, tokens: list[int]) -> RouteRequest:
+    return RouteRequest(prompt_block_hashes(tokens, BLOCK, adapter), adapter=adapter)
+
+
+@pytest.mark.parametrize("policy", ["prefix", "pow2"])
+def test_a_call_on_an_adapter_goes_to_a_replica_holding_it(policy: Policy) -> None:
+    """The replicas reporting the adapter take its calls (fresh prompts: no prefix to
+    follow) while they are within the imbalance gap, even a little busier than the rest."""
+    router = Router(RouterSettings(policy=policy, imbalance=4), random.Random(0))
+    router.reported_adapters("r2", ["lora:sql@1"])
+    replicas = _replicas(0, 0, 2, 0)
+    chosen = {router.route(_on("lora:sql@1", [i, i + 1]), replicas).replica_id for i in range(40)}
+    assert chosen == {"r2"}
+    # Two hold it: the policy chooses between them by load.
+    router.reported_adapters("r0", ["lora:sql@1", "lora:chat@2"])
+    assert router.route(_on("lora:sql@1", [9, 9]), replicas).replica_id == "r0"
+
+
+def test_an_adapter_nobody_holds_goes_by_load_and_sticks_where_it_went() -> None:
+    router = Router(RouterSettings(policy="prefix"))
+    replicas = _replicas(3, 0, 3)
+    first = router.route(_on("lora:new@1", [1, 2]), replicas)
+    assert first.replica_id == "r1"  # the lightest: it loads the adapter
+    # Until the next report, the router counts the adapter as loaded where it sent it.
+    busier = _replicas(3, 2, 1)
+    assert router.route(_on("lora:new@1", [5, 6]), busier).replica_id == "r1"
+    router.reported_adapters("r1", [])  # evicted there since
+    assert router.route(_on("lora:new@1", [7, 8]), busier).replica_id == "r2"
+
+
+def test_a_holder_past_the_imbalance_gap_is_not_piled_on() -> None:
+    router = Router(RouterSettings(policy="prefix", imbalance=4))
+    router.reported_adapters("r0", ["lora:sql@1"])
+    assert router.route(_on("lora:sql@1", [1, 2]), _replicas(4, 0)).replica_id == "r0"
+    route = router.route(_on("lora:sql@1", [3, 4]), _replicas(5, 0))  # 5 > 0 + 4
+    assert route.replica_id == "r1"
+    router.replica_gone("r0")  # its adapters with it
+    assert router.route(_on("lora:sql@1", [5, 6]), _replicas(0, 1)).replica_id == "r1"
+
+
+def test_round_robin_ignores_adapters() -> None:
+    router = Router(RouterSettings(policy="round-robin"))
+    router.reported_adapters("r1", ["lora:sql@1"])
+    chosen = [router.route(_on("lora:sql@1", [1, 2]), _replicas(0, 0)).replica_id for _ in range(4)]
+    assert chosen == ["r0", "r1", "r0", "r1"]
 
 
 def test_the_imbalance_gap_is_half_a_replicas_batch() -> None:

@@ -29,6 +29,7 @@ from domain.config import EngineConfig
 from domain.request import AdmitCall, RequestContext, StepOutput
 from domain.routing import ReplicaLoad, Router, RouteRequest, RouterSettings
 from domain.sampling import SamplingParams
+from domain.tinker.errors import InvalidTrainingRequest
 from tests.fakes import fake_async_engine
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0)
@@ -311,6 +312,7 @@ async def test_a_call_names_its_adapters_folder_for_a_replica_to_load(
     assert (await read_all(stream))[-1].error is None
     [(_, call)] = fleet.calls
     assert call.adapter_folder == tmp_path
+    assert engine.route_of(call).adapter == "path:ckpt"  # routing prefers its holders
     await engine.stop()
 
     # The replica's side loads it where it is not held, pinned while the call runs.
@@ -325,6 +327,23 @@ async def test_a_call_names_its_adapters_folder_for_a_replica_to_load(
     async for _ in serve_call(fleet.replicas["r0"], plain, replica):
         pass
     assert replica.loads == [("path:ckpt", tmp_path)]  # no adapter: nothing loaded
+
+
+def test_the_ingress_checks_a_folder_at_its_load(tmp_path: Path) -> None:
+    """What a replica's load would refuse is refused at the ingress's load, nothing noted."""
+    checked: list[Path] = []
+
+    def check(folder: Path) -> None:
+        checked.append(folder)
+        if folder.name == "bad":
+            raise InvalidTrainingRequest("an adapter of another base model")
+
+    adapters = ReplicaAdapters("adapter_model.safetensors", check)
+    with pytest.raises(InvalidTrainingRequest, match="another base model"):
+        adapters.load_folder("lora:bad", tmp_path / "bad")
+    adapters.load_folder("lora:good", tmp_path)
+    assert "lora:bad" not in adapters and adapters.folder_of("lora:good") == tmp_path
+    assert checked == [tmp_path / "bad", tmp_path]
 
 
 class Clock:

@@ -23,6 +23,7 @@ from application.serving.embeddings import EmbeddingLimits
 from application.serving.served_models import LoraModule
 from domain.config import EngineConfig
 from domain.errors import InvalidParameterError
+from domain.kv_events import KVEventsConfig, binds
 from domain.memory import KVCacheMemory
 from domain.speculation import SpeculativeConfig
 from domain.tinker.values import TinkerLimits
@@ -366,14 +367,44 @@ def test_dense_weights_memory_is_a_size_auto_or_none() -> None:
         ModelSettings(dense_weights_memory=-1)
 
 
-def test_kv_events_config_takes_vllms_json_and_refuses_a_fleet() -> None:
+def test_kv_events_config_takes_vllms_json_and_a_fleet() -> None:
     flag = (
         '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}'
     )
     events = serve("--kv-events-config", flag).engine.engine_config().kv_events_config
     assert events is not None and events.recording and events.publisher == "zmq"
+    assert (events.replay_endpoint, events.buffer_steps, events.hwm) == (None, 10_000, 100_000)
     assert serve().engine.engine_config().kv_events_config is None  # off by default
     with pytest.raises(SystemExit):
         serve("--kv-events-config", '{"frobnicate": 1}')
+    with pytest.raises(SystemExit):
+        serve("--kv-events-config", '{"max_queue_size": 0}')
+    # A fleet: each replica publishes; a connected endpoint as given, a bound one (and the
+    # replay socket, always bound) on the port + the replica's rank (vLLM's rule).
+    fleet = serve("--kv-events-config", flag, "--replicas", "2")
+    assert fleet.engine.kv_events_config == events
+    assert events.for_replica(1) == events and events.for_replica(None) == events
+    bound = KVEventsConfig(True, "zmq", "tcp://*:5557", replay_endpoint="tcp://*:6000", topic="kv")
+    assert binds("tcp://*:5557") and binds("tcp://[::]:5557") and binds("ipc:///tmp/kv")
+    assert not binds("tcp://indexer:5557") and not binds("tcp://127.0.0.1:5557")
+    second = bound.for_replica(2)
+    assert (second.endpoint, second.replay_endpoint) == ("tcp://*:5559", "tcp://*:6002")
+    assert KVEventsConfig(True, "zmq", "ipc:///tmp/kv").for_replica(1).endpoint == (
+        "ipc:///tmp/kv_dp1"
+    )
+    bound.check_fleet(3)
+    near = KVEventsConfig(True, "zmq", "tcp://*:5557", replay_endpoint="tcp://*:5558")
+    near.check_fleet(1)
+    for bad, says in (
+        (near, "5557-5558 and the replay_endpoint 5558-5559"),
+        (KVEventsConfig(True, "zmq", "inproc://kv"), "inproc"),
+        (KVEventsConfig(True, "zmq", "tcp://*:any"), "port number"),
+    ):
+        with pytest.raises(InvalidParameterError, match="kv_events_config") as refused:
+            bad.check_fleet(2)
+        assert says in refused.value.message
+    near_flag = '{"enable_kv_cache_events": true, "publisher": "zmq", ' + (
+        '"replay_endpoint": "tcp://*:5558"}'
+    )
     with pytest.raises(InvalidParameterError, match="kv_events_config"):
-        serve("--kv-events-config", flag, "--replicas", "2")
+        serve("--kv-events-config", near_flag, "--replicas", "1", "--standby-replicas", "1")
