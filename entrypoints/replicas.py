@@ -1,22 +1,12 @@
 """``infer serve --replicas N``: N engine replicas on Ray Serve behind this process's port.
 
-- **engine** (:class:`~adapters.ray.replica.EngineReplica`, a Ray Serve deployment of N
-  replicas): each builds its container here (:func:`replica_container`, from the one
-  :class:`ServerConfig` carried as JSON) and runs its engine on the replica's own event
-  loop; its load goes to the registry (:mod:`adapters.ray.registry`) and the router.
-- **ingress** (this process, a Ray driver): the same Litestar app as one process (auth,
-  limits, parsing, chat rendering, tokenizing), served by the same uvicorn with every HTTP
-  flag (Ray Serve's proxy is off), built by ``create_container(config)`` as one process's
-  is: ``--replicas`` chooses the fleet's backend (:mod:`entrypoints.fleet_backend`: the
-  tokenizer, not the model; a :class:`RemoteEngine` whose calls go through the engine
-  deployment's handle, routed by :class:`FleetRequestRouter` (``--routing``) on the
-  server's event loop; the fleet's registry for ``/admin/replicas`` and ``/metrics``).
-
-``serve_replicas`` starts Ray (a local cluster, or ``--ray-address``'s), the replicas
-(:mod:`adapters.ray.deployment`), then serves until SIGINT/SIGTERM (drained as one process
-is), then stops what it started. A cluster that cannot be reached, or replicas that do not
-start within ``--replica-start-timeout``, is an error naming the flag, and nothing is left
-running (:mod:`adapters.ray.launch`).
+The replicas (:mod:`adapters.ray.deployment`) each build their container here
+(:func:`replica_container`: the one :class:`ServerConfig`, carried as JSON, as one
+process's); the ingress (this process, a Ray driver) is the same app as one process's,
+built by ``create_container(config)`` on the fleet's backend (:mod:`entrypoints.fleet_backend`)
+and served by the same uvicorn. :func:`serve_replicas` starts Ray, joins the fleet's
+ingresses (attaching to a fleet the cluster runs, else deploying it), serves until
+SIGINT/SIGTERM and stops what it started, each step bounded (:mod:`adapters.ray.launch`).
 """
 
 import os
@@ -45,19 +35,13 @@ def replica_container(config_json: bytes, replica_id: str, rank: int | None = No
     """An engine replica's container (:class:`~adapters.ray.replica.EngineReplica` calls
     it in its own process): the one :class:`ServerConfig` from JSON as one process's, with
     the replica's id (Tinker puts it in its ids) and rank (its KV events' port and
-    ``data_parallel_rank``), without a usage ledger (the ingress
-    records usage and holds the rollouts) or an embedding model (``/v1/embeddings`` is the
-    ingress's); its logging and threads set."""
+    ``data_parallel_rank``), without a usage ledger (the ingress records usage and holds
+    the rollouts) or an embedding model (``/v1/embeddings`` is the ingress's)."""
     config = from_json(config_json)
+    fleet = replace(config.fleet, replicas=0, standby_replicas=0, replica_id=replica_id)
     config = replace(
         config,
-        fleet=replace(
-            config.fleet,
-            replicas=0,
-            standby_replicas=0,
-            replica_id=replica_id,
-            replica_rank=rank,
-        ),
+        fleet=replace(fleet, replica_rank=rank),
         access=replace(config.access, usage_db=None),
         embeddings=replace(config.embeddings, embedding_model=None),
     )
