@@ -435,6 +435,7 @@ def report(
         "tinker": vars(tinker) | {"errors": tinker.errors[:5]},
         "faults": faults_done,
         "processes": {name: {"start": before[name], "end": after.get(name)} for name in before},
+        "logs": str(fleet.folder),  # the ingresses' logs, kept
     }
 
 
@@ -461,6 +462,7 @@ def main() -> None:
         log(f"{kind}: {counts}")
     log(f"usage records: {result['usage_records']}")
     log(f"tinker: steps {result['tinker']['steps']}, lost {result['tinker']['lost']}")
+    log(f"logs: {result['logs']}")
 
 
 if __name__ == "__main__":
