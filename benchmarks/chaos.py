@@ -4,7 +4,7 @@ limits), serves OpenAI streams, Anthropic Messages and Responses calls, a Tinker
 (the stock SDK) and usage-API reads, while a scheduler of faults, one after another, kills
 a replica (``kill -9``), kills an ingress (``kill -9``, started again 5 s later), restarts
 PostgreSQL, pauses Redis (SIGSTOP for 5 s), stalls a client body (headers and a few bytes,
-then nothing for 20 s) and fills a replica's KV pool (16 long prompts at once).
+then nothing for 20 s) and fills the replicas' KV pools (64 distinct long prompts at once).
 
 Every API call goes through a retrying client, as a load balancer in front would: on a
 refused or cut connection, a 5xx or a stream ended by an error event, the same call goes
@@ -215,7 +215,10 @@ def usage_read(url: str, request_id: str) -> str | None:
 
 
 def long_prompt(url: str, request_id: str) -> str | None:
-    body = {"model": MODEL, "prompt": "the river runs " * 400, "max_tokens": 256}
+    # each its own from the first token: nothing of it is in the prefix cache, every block
+    # of its KV is new
+    prompt = f"{request_id.rsplit('-', 1)[0]}: " + "the river runs " * 400
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 256}
     reply = httpx.post(
         f"{url}/v1/completions", json=body, headers=_headers(request_id), timeout=120
     )
@@ -261,10 +264,14 @@ def tinker_loop(url: str, stop: threading.Event, tally: TinkerTally) -> None:
             stop.wait(2)
 
 
+KV_FILL = 64  # --max-num-seqs: as many long prompts as the fleet runs at once per replica
+
+
 def fill_kv(fleet: Fleet, tally: Tally, tag: str) -> None:
-    """16 long prompts at once (a replica's KV pool filled)."""
+    """:data:`KV_FILL` distinct long prompts at once (~1,600 tokens each, 256 out: the KV
+    pools as full as the replicas' running requests can make them)."""
     threads = [
-        threading.Thread(target=fleet.call, args=(tally, tag, long_prompt)) for _ in range(16)
+        threading.Thread(target=fleet.call, args=(tally, tag, long_prompt)) for _ in range(KV_FILL)
     ]
     for thread in threads:
         thread.start()
@@ -315,7 +322,7 @@ def faults(fleet: Fleet, pg_url: str, redis: subprocess.Popen[bytes], kv: Tally)
         time.sleep(20)
     yield "stalled a client body 20 s"
     fill_kv(fleet, kv, "kv_fill")
-    yield f"filled a KV pool: 16 long prompts, {kv.answered} answered, {kv.lost} lost"
+    yield f"filled the KV pools: {KV_FILL} long prompts, {kv.answered} answered, {kv.lost} lost"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -366,14 +373,7 @@ def _chaos(
         worker.start()
     # Warm, the KV pools touched once (memory a pool takes as it is first used is not a
     # leak): then the start's figures.
-    warm = Tally()
-    threads = [
-        threading.Thread(target=fleet.call, args=(warm, "warm", long_prompt)) for _ in range(16)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    fill_kv(fleet, Tally(), "warm")
     time.sleep(min(20.0, args.duration / 10))
     pids = replica_pids(fleet)
     before = {name: process_stats(pid) for name, pid in survivors.items()}
