@@ -9,8 +9,14 @@ import httpx
 import pytest
 
 from tests.e2e.server import free_port
-from tests.e2e.test_replicas_server import running_replicas, wait_for_replicas
-from tests.support.ray_cluster import ray_cluster, ray_processes, start_server, stop_server
+from tests.support.ray_cluster import (
+    ray_cluster,
+    ray_processes,
+    running_replicas,
+    start_server,
+    stop_server,
+    wait_for_replicas,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from adapters.weights.resolve import resolve_model
-from tests.e2e import test_replicas_server as fleets
 from tests.e2e.server import free_port
+from tests.support import ray_cluster as fleets
 from tests.support.kv_events import KVEventBatch, received, replayed, settle
 from tests.support.peft_adapters import random_adapter
 

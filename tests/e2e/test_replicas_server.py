@@ -25,11 +25,12 @@ from tests.e2e.server import INFER, free_port
 from tests.support.otlp_receiver import Receiver, find_spans, running_receiver
 from tests.support.peft_adapters import trained_adapter
 from tests.support.ray_cluster import (
-    RAY,
+    BASE_NAME,
     ray_processes,
-    start_server,
-    stop_server,
-    wait_for_no_ray,
+    running_replicas,
+    start_fleet,
+    stop_fleet,
+    wait_for_replicas,
 )
 
 pytestmark = pytest.mark.slow
@@ -39,51 +40,10 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 SECRET = "The secret word is pineapple."
 PARENT_ID = "b7ad6b7169203331"
 
-START_TIMEOUT_S = 420
 SYSTEM = (
     "You are the support assistant of a small bakery. Answer in one short sentence, "
     "politely, and never invent opening hours or prices that you were not given. "
 )
-
-
-def running_replicas(url: str) -> list[dict]:
-    try:
-        listed = httpx.get(f"{url}/admin/replicas", timeout=5).json()["data"]
-    except (httpx.TransportError, ValueError, KeyError):
-        return []
-    return [r for r in listed if r["state"] == "running"]
-
-
-def wait_for_replicas(url: str, process: subprocess.Popen, log: Path, count: int) -> None:
-    """Until ``count`` replicas run behind ``url`` (the server's log in the failure)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while len(running_replicas(url)) < count:
-        assert process.poll() is None, log.read_text()[-4000:]
-        assert time.monotonic() < deadline, log.read_text()[-4000:]
-        time.sleep(1)
-
-
-def start_fleet(
-    log: Path, *flags: str, env: dict[str, str] | None = None
-) -> tuple[str, subprocess.Popen]:
-    """``infer serve --port <a free one> FLAGS`` in a session of its own, its output in
-    ``log``: its URL and its process."""
-    port = free_port()
-    return f"http://127.0.0.1:{port}", start_server(log, port, *flags, env=env)
-
-
-def stop_fleet(process: subprocess.Popen) -> list[str]:
-    """SIGTERM the server (past 120 s killed, Ray's processes stopped: a failure); the Ray
-    processes still running 30 s after it ended (stopped then: the caller asserts there
-    were none)."""
-    assert stop_server(process) is not None, "the server did not stop within 120 s"
-    left = wait_for_no_ray()
-    if left:
-        subprocess.run([str(RAY), "stop", "--force"], check=False)
-    return left
-
-
-BASE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model's served name
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,16 @@ import httpx
 import pytest
 
 from tests.e2e.server import INFER, free_port
-from tests.e2e.test_replicas_server import BASE_NAME, running_replicas, wait_for_replicas
-from tests.support.ray_cluster import ENV, ray_cluster, ray_processes, start_server, stop_server
+from tests.support.ray_cluster import (
+    BASE_NAME,
+    ENV,
+    ray_cluster,
+    ray_processes,
+    running_replicas,
+    start_server,
+    stop_server,
+    wait_for_replicas,
+)
 from tests.support.tinker_client import Api
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_replicas_server import (
+from tests.support.ray_cluster import (
     ray_processes,
     running_replicas,
     start_fleet,

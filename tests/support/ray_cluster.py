@@ -1,4 +1,6 @@
 """Ray for the fleet's end-to-end tests and the chaos run: the Ray processes running here,
+a fleet server started and stopped (``start_fleet``, ``stop_fleet``) and its replicas
+waited for (``wait_for_replicas``),
 a throwaway cluster on 127.0.0.1 (``ray start --head``, without Ray's token auth: a
 cluster a user starts keeps it, its token in ~/.ray reaching ``infer serve`` on the same
 machine), and a server process stopped as an operator would (SIGTERM, then SIGKILL of its
@@ -12,10 +14,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+
 from tests.e2e.server import INFER, free_port
 
 RAY = Path(INFER).with_name("ray")
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+START_TIMEOUT_S = 420
+BASE_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default model's served name
 
 
 def ray_processes() -> list[str]:
@@ -87,3 +93,40 @@ def stop_server(process: subprocess.Popen, timeout_s: float = 120) -> int | None
         os.killpg(process.pid, signal.SIGKILL)
         subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True, env=ENV)
         return None
+
+
+def running_replicas(url: str) -> list[dict]:
+    try:
+        listed = httpx.get(f"{url}/admin/replicas", timeout=5).json()["data"]
+    except (httpx.TransportError, ValueError, KeyError):
+        return []
+    return [r for r in listed if r["state"] == "running"]
+
+
+def wait_for_replicas(url: str, process: subprocess.Popen, log: Path, count: int) -> None:
+    """Until ``count`` replicas run behind ``url`` (the server's log in the failure)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while len(running_replicas(url)) < count:
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(1)
+
+
+def start_fleet(
+    log: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen]:
+    """``infer serve --port <a free one> FLAGS`` in a session of its own, its output in
+    ``log``: its URL and its process."""
+    port = free_port()
+    return f"http://127.0.0.1:{port}", start_server(log, port, *flags, env=env)
+
+
+def stop_fleet(process: subprocess.Popen) -> list[str]:
+    """SIGTERM the server (past 120 s killed, Ray's processes stopped: a failure); the Ray
+    processes still running 30 s after it ended (stopped then: the caller asserts there
+    were none)."""
+    assert stop_server(process) is not None, "the server did not stop within 120 s"
+    left = wait_for_no_ray()
+    if left:
+        subprocess.run([str(RAY), "stop", "--force"], check=False)
+    return left
