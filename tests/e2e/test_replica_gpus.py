@@ -9,14 +9,7 @@ import httpx
 import pytest
 
 from tests.e2e.server import free_port
-from tests.support.ray_cluster import (
-    ray_cluster,
-    ray_processes,
-    running_replicas,
-    start_server,
-    stop_server,
-    wait_for_replicas,
-)
+from tests.support import ray_cluster as fleet
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +18,16 @@ def test_each_replica_gets_its_own_gpu_from_the_cluster(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with ray_cluster(num_cpus=2, num_gpus=2) as ray_port:
-        process = start_server(
+    with fleet.ray_cluster(num_cpus=2, num_gpus=2) as ray_port:
+        process = fleet.start_server(
             log,
             port,
             *("--replicas", "2", "--threads", "1", "--ray-address", f"127.0.0.1:{ray_port}"),
             *("--replica-gpus", "1", "--replica-cpus", "1", "--usage-db", ":memory:"),
         )
         try:
-            wait_for_replicas(url, process, log, 2)
-            devices = sorted(r["cuda_visible_devices"] for r in running_replicas(url))
+            fleet.wait_for_replicas(url, process, log, 2)
+            devices = sorted(r["cuda_visible_devices"] for r in fleet.running_replicas(url))
             assert devices == ["0", "1"], devices  # one GPU each, not the same one
             assert "1 GPU each" in log.read_text()
             reply = httpx.post(
@@ -42,5 +35,5 @@ def test_each_replica_gets_its_own_gpu_from_the_cluster(tmp_path: Path) -> None:
             )
             assert reply.status_code == 200, reply.text  # no GPU behind them: the CPU serves
         finally:
-            stop_server(process)
-    assert not ray_processes()
+            fleet.stop_server(process)
+    assert not fleet.ray_processes()

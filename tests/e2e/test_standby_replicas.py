@@ -10,21 +10,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.ray_cluster import (
-    ray_processes,
-    running_replicas,
-    start_fleet,
-    stop_fleet,
-    wait_for_replicas,
-)
+from tests.support import ray_cluster as fleet
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path: Path) -> None:
-    assert not ray_processes(), "a Ray cluster is already running here"
+    assert not fleet.ray_processes(), "a Ray cluster is already running here"
     log = tmp_path / "serve.log"
-    url, process = start_fleet(
+    url, process = fleet.start_fleet(
         log,
         *("--replicas", "1", "--standby-replicas", "1", "--threads", "1"),
         *("--usage-db", ":memory:", "--cb-failure-threshold", "2"),
@@ -32,9 +26,9 @@ def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path:
         env={**os.environ, "INFER_FAULT_INJECTION": "1"},
     )
     try:
-        wait_for_replicas(url, process, log, 2)
+        fleet.wait_for_replicas(url, process, log, 2)
         time.sleep(2)  # the ingress has polled both replicas (the order they joined)
-        roles = {r["id"]: r["role"] for r in running_replicas(url)}
+        roles = {r["id"]: r["role"] for r in fleet.running_replicas(url)}
         assert sorted(roles.values()) == ["serving", "standby"], roles
         serving = next(r for r, role in roles.items() if role == "serving")
         spare = next(r for r, role in roles.items() if role == "standby")
@@ -53,9 +47,9 @@ def test_the_standby_serves_while_the_serving_replicas_breaker_is_open(tmp_path:
         assert hooked.status_code == 200, hooked.text
         for i in range(4, 7):
             call(i)  # each failed call ran again on the standby
-        rows = {r["id"]: r for r in running_replicas(url)}
+        rows = {r["id"]: r for r in fleet.running_replicas(url)}
         assert rows[serving]["breaker"] == "open" and rows[spare]["role"] == "serving"
         assert {call(i) for i in range(7, 11)} == {spare}
     finally:
-        left = stop_fleet(process)
+        left = fleet.stop_fleet(process)
     assert not left
