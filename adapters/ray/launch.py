@@ -63,21 +63,20 @@ class Membership:
         self._beating = threading.Event()
 
     def join(self, fleet: object) -> bool:
-        """Counted in; True where the fleet runs already (attach to it). A running fleet
-        deployed from another ``fleet`` (what makes it: the model's, the engine's and the
-        replicas' settings, compared by their repr) is an error: one cluster serves one
-        fleet."""
+        """Counted in; True where the fleet runs already (attach to it), False where this
+        ingress deploys it. ``fleet``: what makes it (the model's, the engine's and the
+        replicas' settings, compared by their repr); another fleet than the one running
+        while other ingresses serve it is an error: one cluster serves one fleet."""
         fingerprint = hashlib.sha256(repr(fleet).encode()).hexdigest()[:16]
-        deployed = fleet_running()
-        running = ray.get(self._registry.join.remote(self.id, fingerprint, deployed))
-        if running is not None:
+        action = ray.get(self._registry.join.remote(self.id, fingerprint, fleet_running()))
+        if action == "refuse":
             raise InvalidParameterError(
                 "ray_address",
                 "this cluster already serves a fleet of another model, engine or replica "
                 "count; start this ingress with the same flags, or against another cluster",
             )
         threading.Thread(target=self._beat, daemon=True, name="fleet-membership").start()
-        return deployed
+        return action == "attach"
 
     def _beat(self) -> None:
         while not self._beating.wait(REPORT_EVERY_S):

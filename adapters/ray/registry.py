@@ -21,6 +21,18 @@ FORGET_AFTER_S = 60.0
 INGRESS_STALE_AFTER_S = 5.0
 
 
+def join_action(running: str | None, asked: str, deployed: bool, others_alive: bool) -> str:
+    """What an ingress asking for the fleet ``asked`` (a fingerprint) does: ``attach`` to
+    the running application deployed as ``running``; ``refuse`` where another fleet runs
+    and other ingresses serve it; else ``deploy`` (Serve replaces what runs: a fleet whose
+    ingresses were all killed, or one this registry does not know, blocks no next start)."""
+    if deployed and running == asked:
+        return "attach"
+    if deployed and running is not None and others_alive:
+        return "refuse"
+    return "deploy"
+
+
 def registry() -> Any:
     """The running registry's handle (from any driver or replica of the cluster)."""
     return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
@@ -43,15 +55,15 @@ class FleetRegistry:
         self._ingresses: dict[str, float] = {}  # ingress id -> when it last beat
         self._fingerprint: str | None = None  # what the running fleet was deployed with
 
-    def join(self, ingress_id: str, fingerprint: str, deployed: bool) -> str | None:
-        """Count an ingress in. ``deployed``: the application runs (the ingress attaches;
-        else it deploys, with ``fingerprint``). An ingress asking for another fleet than
-        the running one's is not counted: the running fingerprint is returned."""
-        if deployed and self._fingerprint not in (None, fingerprint):
-            return self._fingerprint
-        self._fingerprint = fingerprint
-        self._ingresses[ingress_id] = time.time()
-        return None
+    def join(self, ingress_id: str, fingerprint: str, deployed: bool) -> str:
+        """Count an ingress in; what it does (:func:`join_action`). ``deployed``: the
+        application runs; ``fingerprint``: the fleet the ingress asks for. A refused one is
+        not counted."""
+        action = join_action(self._fingerprint, fingerprint, deployed, bool(self.ingresses()))
+        if action != "refuse":
+            self._fingerprint = fingerprint
+            self._ingresses[ingress_id] = time.time()
+        return action
 
     def beat(self, ingress_id: str) -> None:
         self._ingresses[ingress_id] = time.time()
